@@ -113,7 +113,12 @@ def test_shell_context_window_example() -> None:
 
 
 def test_minimal_template_with_only_input() -> None:
-    assert build_sequence(DEFAULT_SHELL_TEMPLATE, {"input": "git com"}).tolist() == [257, 259, 264, *ids("git com")]
+    assert build_sequence(DEFAULT_SHELL_TEMPLATE, {"input": "git com"}).tolist() == [
+        257,
+        259,
+        264,
+        *ids("git com"),
+    ]
 
 
 # --------------------------------------------------------------------------- encode / decode
@@ -357,8 +362,11 @@ def reference_stop(tokens: list[int], patterns: tuple[bytes, ...]) -> bytes:
 @settings(max_examples=300)
 @given(
     st.lists(st.one_of(st.sampled_from(ids("&|;ab ")), st.sampled_from([256, 258, 268])), max_size=40),
-    st.lists(st.binary(min_size=1, max_size=3).filter(lambda b: b.strip() == b and b" " not in b),
-             min_size=0, max_size=4),  # fmt: skip
+    st.lists(
+        st.binary(min_size=1, max_size=3).filter(lambda b: b.strip() == b and b" " not in b),
+        min_size=0,
+        max_size=4,
+    ),
 )
 def test_stop_matcher_matches_brute_force(tokens: list[int], patterns: list[bytes]) -> None:
     conds = parse_stop_conditions(" ".join(p.decode("latin-1") for p in patterns))

@@ -103,7 +103,7 @@ def test_no_metadata_is_allowed_by_spec(tmp_path: Path) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    weights=st.lists(st.floats(-1e30, 1e30, width=32), min_size=1, max_size=50),
+    weights=st.lists(st.floats(-(2.0**100), 2.0**100, width=32), min_size=1, max_size=50),
     ewc=st.booleans(),
     tied=st.booleans(),
     domain=st.text(

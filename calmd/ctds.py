@@ -170,7 +170,7 @@ class CtdsReader:
         self._check(i, seq)
         return seq
 
-    def _check(self, i: int, seq: TokenArray) -> None:
+    def _check(self, i: int, seq: npt.NDArray[np.integer]) -> None:
         if seq.size and int(seq.max()) >= VALID_ID_LIMIT:
             pos = int(np.argmax(seq >= VALID_ID_LIMIT))
             raise FormatError(

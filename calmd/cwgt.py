@@ -93,13 +93,13 @@ class CwgtHeader:
         return bool(self.flags & FLAG_HAS_EWC)
 
     def pack(self) -> bytes:
-        values = asdict(self)
-        row = [MAGIC if name == "magic" else b"\0" * 9 if name == "reserved" else values[name]
-               for name in HEADER_FIELDS]  # fmt: skip
-        for (name, code), value in zip(_LAYOUT, row, strict=True):
-            if code in _WIDTHS and not 0 <= value <= _WIDTHS[code]:
-                raise ValueError(f"header field {name}={value} does not fit its {code!r} slot")
-        return HEADER.pack(*row)
+        values: dict[str, int] = asdict(self)
+        for name, code in _LAYOUT:
+            if code in _WIDTHS and not 0 <= values[name] <= _WIDTHS[code]:
+                raise ValueError(f"header field {name}={values[name]} does not fit its {code!r} slot")
+        return HEADER.pack(
+            *[MAGIC if n == "magic" else bytes(9) if n == "reserved" else values[n] for n in HEADER_FIELDS]
+        )
 
     @classmethod
     def unpack(cls, raw: bytes, *, path: str | None = None) -> CwgtHeader:

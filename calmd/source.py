@@ -25,7 +25,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 from calmd.atomic import atomic_write
 from calmd.errors import FormatError
@@ -102,7 +101,7 @@ class SourceParser:
             raise self.error(first, f"the block starting at line {first} has no <CMD> line")
         return example
 
-    def parse_stream(self, stream: BinaryIO) -> Iterator[Example]:
+    def parse_stream(self, stream: Iterable[bytes]) -> Iterator[Example]:
         block: list[tuple[int, str]] = []
         for line_no, raw in enumerate(stream, start=1):
             line = _text(raw.rstrip(b"\n").removesuffix(b"\r"))

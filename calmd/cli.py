@@ -226,6 +226,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- calm import
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from calmd.history import HistoryStore
+
+    store = HistoryStore(Path(args.db) if args.db else paths.history_path())
+    try:
+        for name in args.files:
+            result = store.import_file(name, args.format)
+            print(
+                f"{result.path}: {result.imported} commands imported ({result.format} format), "
+                f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
+            )
+        print(f"history: {store.count()} commands in {store.path}")
+    finally:
+        store.close()
+    return 0
+
+
 # --------------------------------------------------------------------------- parsers
 
 
@@ -267,6 +287,12 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true", help="also read every weight and check it is finite")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("import", help="import bash or zsh history files into the history store")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
+    p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.set_defaults(func=cmd_import)
     return parser
 
 

@@ -177,3 +177,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     install = re.search(r"```sh\n(python3 -m venv .*?) && \.venv/bin/calmd serve\n```", readme)
     assert install, "README must show the install-and-run command"
     assert install.group(1) in ci
+
+
+def test_import_history_files(tmp_path: Path) -> None:
+    bash = tmp_path / ".bash_history"
+    bash.write_text("ls\ngit status\nmysql -u root -phunter2\n")
+    zsh = tmp_path / ".zsh_history"
+    zsh.write_text(": 1700000000:0;make\n")
+    home = tmp_path / "home"
+    out = run("calm", "import", str(bash), str(zsh), env={"CALM_HOME": str(home)}).stdout
+    assert f"{bash}: 2 commands imported (bash format), 1 dropped as credentials" in out
+    assert f"{zsh}: 1 commands imported (zsh format)" in out
+    assert f"history: 3 commands in {home / 'history.sqlite3'}" in out
+    missing = run("calm", "import", str(tmp_path / "nope"), env={"CALM_HOME": str(home)}, check=False)
+    assert missing.returncode == 1 and "No such file" in missing.stderr

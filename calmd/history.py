@@ -1,0 +1,340 @@
+"""The history store: every executed command, in SQLite (WAL), with what the ranking needs.
+
+One row per executed command: time, shell session, cwd, git branch, the command, its exit code,
+the command that ran before it in the same session (for "what follows what"), and where it came
+from (`shell` for the hooks, `import:bash` / `import:zsh` for imported history files).
+
+Filters, applied to everything stored (docs/history.md):
+- commands that start with a space are not stored (the bash/zsh `ignorespace` convention);
+- commands holding credentials (calmd/secrets.py) are dropped and counted, never stored;
+- empty commands are ignored.
+
+History files (`~/.bash_history`, `~/.zsh_history` in plain or extended format, with zsh's
+metafied bytes) are imported incrementally: the store remembers how many bytes of each file it
+has read, so importing again only adds what the shell appended since.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from calmd.secrets import find_secret
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS commands (
+    id       INTEGER PRIMARY KEY,
+    ts       REAL NOT NULL,
+    session  TEXT NOT NULL DEFAULT '',
+    cwd      TEXT NOT NULL DEFAULT '',
+    git      TEXT NOT NULL DEFAULT '',
+    cmd      TEXT NOT NULL,
+    exit     INTEGER,
+    prev_cmd TEXT NOT NULL DEFAULT '',
+    source   TEXT NOT NULL DEFAULT 'shell'
+);
+CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
+CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
+CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    id: int
+    ts: float
+    session: str
+    cwd: str
+    git: str
+    cmd: str
+    exit: int | None
+    prev_cmd: str
+    source: str
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    stored: bool
+    reason: str = ""  # why not: "empty", "leading-space", "secret:<rule>"
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    path: str
+    format: str
+    imported: int
+    dropped_secrets: int
+    skipped: int  # empty or leading-space entries
+
+
+class HistoryStore:
+    """Thread-safe: one connection guarded by a lock (the daemon records from its event loop and
+    reads from a worker thread; SQLite work here is sub-millisecond)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+        self._db.execute("PRAGMA busy_timeout=5000")
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+            version = self._meta_get("schema_version")
+            if version is None:
+                self._meta_set("schema_version", str(SCHEMA_VERSION))
+            elif int(version) > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
+                )
+        os.chmod(self.path, 0o600)  # it is the user's whole shell history
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- meta ------------------------------------------------------------------------------------
+
+    def _meta_get(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _meta_set(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _meta_add(self, key: str, delta: int) -> None:
+        current = int(self._meta_get(key) or 0)
+        self._meta_set(key, str(current + delta))
+
+    def counter(self, key: str) -> int:
+        with self._lock:
+            return int(self._meta_get(key) or 0)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def check(cmd: str) -> RecordResult:
+        """Whether `cmd` may be stored, and why not."""
+        if not cmd.strip():
+            return RecordResult(False, "empty")
+        if cmd.startswith(" "):
+            return RecordResult(False, "leading-space")
+        rule = find_secret(cmd)
+        if rule:
+            return RecordResult(False, f"secret:{rule}")
+        return RecordResult(True)
+
+    def record(
+        self,
+        cmd: str,
+        *,
+        exit: int | None = None,
+        cwd: str = "",
+        git: str = "",
+        session: str = "",
+        ts: float | None = None,
+        source: str = "shell",
+    ) -> RecordResult:
+        verdict = self.check(cmd)
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return verdict
+
+    def _store(
+        self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
+        source: str,
+    ) -> None:  # fmt: skip
+        """Insert under the lock, inside the caller's transaction."""
+        if not verdict.stored:
+            if verdict.reason.startswith("secret:"):
+                self._meta_add("dropped_secrets", 1)
+            return
+        prev = self._db.execute(
+            "SELECT cmd FROM commands WHERE session = ? ORDER BY id DESC LIMIT 1", (session,)
+        ).fetchone()
+        self._db.execute(
+            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, prev_cmd, source) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (ts, session, cwd, git, cmd, exit, prev[0] if prev else "", source),
+        )
+        self._meta_add("recorded_since_train", 1)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM commands").fetchone()[0])
+
+    def _rows(self, sql: str, args: tuple[object, ...]) -> list[HistoryRow]:
+        with self._lock:
+            return [HistoryRow(*row) for row in self._db.execute(sql, args).fetchall()]
+
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, prev_cmd, source"
+
+    def recent(self, *, session: str | None = None, limit: int = 15) -> list[HistoryRow]:
+        """The latest `limit` commands, oldest first; of one session when given, topped up with
+        the user's other latest commands when the session has fewer (calmd.md)."""
+        rows: list[HistoryRow] = []
+        if session:
+            rows = self._rows(
+                f"SELECT {self._COLUMNS} FROM commands WHERE session = ? ORDER BY id DESC LIMIT ?",
+                (session, limit),
+            )
+        if len(rows) < limit:
+            seen = {r.id for r in rows}
+            more = self._rows(
+                f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit + len(rows),)
+            )
+            rows += [r for r in more if r.id not in seen][: limit - len(rows)]
+            rows.sort(key=lambda r: r.id, reverse=True)
+        return rows[::-1]
+
+    def all_rows(self, *, batch: int = 10_000) -> Iterator[HistoryRow]:
+        """Every stored command, oldest first, read in batches."""
+        last = 0
+        while True:
+            rows = self._rows(
+                f"SELECT {self._COLUMNS} FROM commands WHERE id > ? ORDER BY id LIMIT ?", (last, batch)
+            )
+            if not rows:
+                return
+            yield from rows
+            last = rows[-1].id
+
+    def prefix_matches(self, prefix: str, *, limit: int = 50) -> list[tuple[str, int, float]]:
+        """Distinct commands starting with `prefix`: (cmd, times run, last run), most recent first."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT cmd, COUNT(*), MAX(ts) FROM commands WHERE cmd LIKE ? ESCAPE '\\' "
+                "GROUP BY cmd ORDER BY MAX(id) DESC LIMIT ?",
+                (escaped + "%", limit),
+            ).fetchall()
+        # LIKE is case-insensitive for ASCII; the prefix must match exactly.
+        return [(c, int(n), float(t)) for c, n, t in rows if c.startswith(prefix)]
+
+    # -- importing -------------------------------------------------------------------------------
+
+    def import_file(self, path: str | os.PathLike[str], fmt: str = "auto") -> ImportResult:
+        """Import a bash or zsh history file, from where the previous import of it stopped."""
+        p = Path(path).expanduser()
+        raw = p.read_bytes()
+        key = f"imported:{p.resolve()}"
+        with self._lock:
+            state = self._meta_get(key)
+        start = 0
+        if state:
+            done, _, head = state.partition(":")
+            # Continue only if the file still starts with what was read (not truncated/rewritten).
+            if int(done) <= len(raw) and raw[: min(64, int(done))].hex() == head:
+                start = int(done)
+        kind = detect_format(raw) if fmt == "auto" else fmt
+        entries = list(parse_history(raw[start:], kind))
+        imported = dropped = skipped = 0
+        base_ts = p.stat().st_mtime
+        session, source = f"import:{p.name}", f"import:{kind}"
+        with self._lock:
+            self._db.execute("BEGIN")  # one transaction: all of the file or none of it
+            try:
+                for i, (ts, cmd) in enumerate(entries):
+                    verdict = self.check(cmd)
+                    # Files without timestamps keep their order, one microsecond apart before mtime.
+                    stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
+                    self._store(verdict, cmd, None, "", "", session, stamp, source)
+                    if verdict.stored:
+                        imported += 1
+                    elif verdict.reason.startswith("secret:"):
+                        dropped += 1
+                    else:
+                        skipped += 1
+                self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return ImportResult(str(p), kind, imported, dropped, skipped)
+
+
+# --------------------------------------------------------------------------- history file formats
+
+_ZSH_EXTENDED = re.compile(rb"^: *(\d+):(\d+);", re.MULTILINE)
+
+
+def detect_format(raw: bytes) -> str:
+    """`zsh` when most entries look like `: <epoch>:<duration>;cmd`, else `bash`."""
+    head = raw[:65536]
+    lines = head.count(b"\n") + 1
+    return "zsh" if len(_ZSH_EXTENDED.findall(head)) * 2 >= lines else "bash"
+
+
+def unmetafy(raw: bytes) -> bytes:
+    """zsh stores bytes 0x83-0x9f and NUL 'metafied': 0x83 followed by the byte XOR 0x20."""
+    if b"\x83" not in raw:
+        return raw
+    out = bytearray()
+    it = iter(raw)
+    for byte in it:
+        if byte == 0x83:
+            nxt = next(it, None)
+            if nxt is not None:
+                out.append(nxt ^ 0x20)
+        else:
+            out.append(byte)
+    return bytes(out)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_history(raw: bytes, kind: str) -> Iterator[tuple[float | None, str]]:
+    """(timestamp or None, command) pairs, oldest first.
+
+    bash: one command per line; `#<epoch>` lines (HISTTIMEFORMAT) give the next command's time.
+    zsh: `: <epoch>:<duration>;cmd` (extended) or plain lines; a line ending in a backslash
+    continues the command on the next line (zsh writes embedded newlines that way).
+    """
+    if kind not in ("bash", "zsh"):
+        raise ValueError(f"unknown history format {kind!r} (bash or zsh)")
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if kind == "bash":
+        stamp: float | None = None
+        for line in lines:
+            if line.startswith(b"#") and line[1:].isdigit():
+                stamp = float(line[1:])
+                continue
+            yield stamp, _text(line)
+            stamp = None
+        return
+    i = 0
+    while i < len(lines):
+        line = unmetafy(lines[i])
+        ts: float | None = None
+        match = _ZSH_EXTENDED.match(line)
+        if match:
+            ts = float(match.group(1))
+            line = line[match.end() :]
+        parts = [line]
+        while parts[-1].endswith(b"\\") and i + 1 < len(lines):
+            parts[-1] = parts[-1][:-1]
+            i += 1
+            parts.append(unmetafy(lines[i]))
+        i += 1
+        yield ts, _text(b"\n".join(parts))

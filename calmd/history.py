@@ -75,6 +75,12 @@ class ImportResult:
     skipped: int  # empty or leading-space entries
 
 
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (ESCAPE '\\') matching strings that start with `prefix`. LIKE ignores ASCII
+    case, so callers re-check with str.startswith."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
 class HistoryStore:
     """Thread-safe: one connection guarded by a lock (the daemon records from its event loop and
     reads from a worker thread; SQLite work here is sub-millisecond)."""
@@ -218,15 +224,35 @@ class HistoryStore:
 
     def prefix_matches(self, prefix: str, *, limit: int = 50) -> list[tuple[str, int, float]]:
         """Distinct commands starting with `prefix`: (cmd, times run, last run), most recent first."""
-        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         with self._lock:
             rows = self._db.execute(
                 "SELECT cmd, COUNT(*), MAX(ts) FROM commands WHERE cmd LIKE ? ESCAPE '\\' "
                 "GROUP BY cmd ORDER BY MAX(id) DESC LIMIT ?",
-                (escaped + "%", limit),
+                (_like_prefix(prefix), limit),
             ).fetchall()
         # LIKE is case-insensitive for ASCII; the prefix must match exactly.
         return [(c, int(n), float(t)) for c, n, t in rows if c.startswith(prefix)]
+
+    def followers(self, prev_cmd: str, *, prefix: str = "", limit: int = 10) -> list[tuple[str, int]]:
+        """Commands that ran right after `prev_cmd` (in the same session), starting with `prefix`:
+        (cmd, times), most frequent first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT cmd, COUNT(*) FROM commands WHERE prev_cmd = ? AND cmd LIKE ? ESCAPE '\\' "
+                "GROUP BY cmd ORDER BY COUNT(*) DESC, MAX(id) DESC LIMIT ?",
+                (prev_cmd, _like_prefix(prefix), limit),
+            ).fetchall()
+        return [(c, int(n)) for c, n in rows if c.startswith(prefix)]
+
+    def in_cwd(self, cwd: str, *, prefix: str = "", limit: int = 20) -> list[str]:
+        """Distinct commands run in `cwd` that start with `prefix`, most recent first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT cmd FROM commands WHERE cwd = ? AND cmd LIKE ? ESCAPE '\\' "
+                "GROUP BY cmd ORDER BY MAX(id) DESC LIMIT ?",
+                (cwd, _like_prefix(prefix), limit),
+            ).fetchall()
+        return [c for (c,) in rows if c.startswith(prefix)]
 
     # -- importing -------------------------------------------------------------------------------
 

@@ -138,3 +138,15 @@ def test_import_public_histories(tmp_path: Path) -> None:
         assert len(stored) == result.imported
         assert stored == [c for c in kept if c in set(stored)]  # order preserved
         store.close()
+
+
+def test_followers_and_cwd_queries(store: HistoryStore) -> None:
+    for session in ("a", "b", "c"):
+        store.record("git add -A", session=session, cwd="/repo")
+        store.record("git commit -m wip" if session != "c" else "git status", session=session, cwd="/repo")
+    store.record("git commit -m other", session="d", cwd="/tmp")
+    assert store.followers("git add -A") == [("git commit -m wip", 2), ("git status", 1)]
+    assert store.followers("git add -A", prefix="git s") == [("git status", 1)]
+    assert store.followers("nothing") == []
+    assert store.in_cwd("/repo", prefix="git c") == ["git commit -m wip"]
+    assert store.in_cwd("/tmp") == ["git commit -m other"]

@@ -1,0 +1,80 @@
+"""Corpus building from tldr pages and public histories: placeholders, scrubbing, contexts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from calmd.corpus import fill_placeholders, history_examples, scrub, tldr_examples
+from calmd.tokenizer import HistoryEntry
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_placeholders_are_filled() -> None:
+    rng = random.Random(0)
+    tar = fill_placeholders(
+        "tar xf {{path/to/source.tar[.gz|.bz2|.xz]}} {{[-C|--directory]}} {{path/to/directory}}", rng
+    )
+    words = tar.split()
+    assert words[:2] == ["tar", "xf"]
+    assert words[2].rsplit(".", 1)[-1] in ("gz", "bz2", "xz") and ".tar." in words[2]
+    assert words[3] in ("-C", "--directory")
+    assert "{{" not in tar and "path/to" not in tar
+    assert fill_placeholders("ssh {{username}}@{{host}} -p {{port}}", rng).count("{{") == 0
+    assert fill_placeholders("watchexec {{ls -la}}", rng) == "watchexec ls -la"
+    assert fill_placeholders("head -n {{10}} {{path/to/file}}", rng).startswith("head -n 10 ")
+    assert fill_placeholders("cmd --arch {{amd64|arm64}}", rng).split()[-1] in ("amd64", "arm64")
+    assert "PASSWORD" in fill_placeholders("mysql -p{{password}}", rng)  # never a literal password
+
+
+def test_both_spellings_of_alternatives_occur() -> None:
+    rng = random.Random(1)
+    seen = {fill_placeholders("ls {{[-a|--all]}}", rng) for _ in range(60)}
+    assert seen == {"ls -a", "ls --all"}
+
+
+def test_scrub_removes_people_and_private_hosts() -> None:
+    assert scrub("ssh alice@192.168.0.104") == "ssh user@example.com"
+    assert scrub("scp f root@myhost:/x") == "scp f user@server.example.com:/x"
+    assert (
+        scrub("cd /home/jdoe/src && ls /Users/jane/Desktop") == "cd /home/user/src && ls /Users/user/Desktop"
+    )
+    assert scrub("curl https://intranet.corp.lan/api") == "curl https://example.com/api"
+    assert (
+        scrub("git clone git@github.com:jdoe/dots.git", ["jdoe"]) == "git clone git@github.com:user/dots.git"
+    )
+    assert (
+        scrub("pip install requests && curl https://pypi.org/simple")
+        == "pip install requests && curl https://pypi.org/simple"
+    )
+    assert scrub("ping 10.1.2.3") == "ping 192.168.1.10"
+
+
+def test_history_examples_context_and_max_dup() -> None:
+    cmds = ["ls", "cd src", "make", "make", "make", "make", "x", "git status"]
+    examples = list(history_examples(cmds, context=2, max_dup=3))
+    assert [e.cmd for e in examples] == [
+        "ls",
+        "cd src",
+        "make",
+        "make",
+        "make",
+        "git status",
+    ]  # "x" too short
+    assert examples[0].fields == {}
+    assert examples[2].fields["history"] == [HistoryEntry("ls"), HistoryEntry("cd src")]
+    assert examples[-1].fields["history"] == [HistoryEntry("make"), HistoryEntry("x")]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data not beside the repo")
+def test_tldr_corpus_is_complete_and_reproducible() -> None:
+    first = list(tldr_examples(SHARED / "tldr", seed=3))
+    assert len(first) > 20_000
+    # (one page shows escaped literal braces, `\{\{`, which are not placeholders)
+    assert not any("{{" in e.cmd or "}}" in e.cmd for e in first if "\\{" not in e.cmd)
+    again = list(tldr_examples(SHARED / "tldr", seed=3))
+    assert [e.cmd for e in again] == [e.cmd for e in first]
+    assert any(e.cmd.startswith("tar ") for e in first)

@@ -193,22 +193,24 @@ class HistoryStore:
     _COLUMNS = "id, ts, session, cwd, git, cmd, exit, prev_cmd, source"
 
     def recent(self, *, session: str | None = None, limit: int = 15) -> list[HistoryRow]:
-        """The latest `limit` commands, oldest first; of one session when given, topped up with
-        the user's other latest commands when the session has fewer (calmd.md)."""
-        rows: list[HistoryRow] = []
-        if session:
-            rows = self._rows(
-                f"SELECT {self._COLUMNS} FROM commands WHERE session = ? ORDER BY id DESC LIMIT ?",
-                (session, limit),
+        """The latest `limit` commands, oldest first. With a session: that session's latest
+        commands, preceded (when it has fewer than `limit`) by the user's latest other commands,
+        so that what this shell ran last stays last, next to the prediction (calmd.md)."""
+        if not session:
+            return self._rows(f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit,))[
+                ::-1
+            ]
+        own = self._rows(
+            f"SELECT {self._COLUMNS} FROM commands WHERE session = ? ORDER BY id DESC LIMIT ?",
+            (session, limit),
+        )
+        others: list[HistoryRow] = []
+        if len(own) < limit:
+            others = self._rows(
+                f"SELECT {self._COLUMNS} FROM commands WHERE session != ? ORDER BY id DESC LIMIT ?",
+                (session, limit - len(own)),
             )
-        if len(rows) < limit:
-            seen = {r.id for r in rows}
-            more = self._rows(
-                f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit + len(rows),)
-            )
-            rows += [r for r in more if r.id not in seen][: limit - len(rows)]
-            rows.sort(key=lambda r: r.id, reverse=True)
-        return rows[::-1]
+        return others[::-1] + own[::-1]
 
     def all_rows(self, *, batch: int = 10_000) -> Iterator[HistoryRow]:
         """Every stored command, oldest first, read in batches."""

@@ -53,8 +53,8 @@ def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:
         store.record(f"a{i}", session="A", ts=100 + i)
         store.record(f"b{i}", session="B", ts=200 + i)
     assert [r.cmd for r in store.recent(session="A", limit=3)] == ["a2", "a3", "a4"]
-    # five of A, topped up with the newest two others, oldest first
-    assert [r.cmd for r in store.recent(session="A", limit=7)] == ["a0", "a1", "a2", "a3", "b3", "a4", "b4"]
+    # all five of A last (nearest the prediction), after the newest two of the others
+    assert [r.cmd for r in store.recent(session="A", limit=7)] == ["b3", "b4", "a0", "a1", "a2", "a3", "a4"]
     assert [r.cmd for r in store.recent(limit=2)] == ["a4", "b4"]
 
 

@@ -537,6 +537,13 @@ class StopMatcher:
         self.output = bytearray()
         self.stopped = False
 
+    def copy(self) -> StopMatcher:
+        """An independent matcher in the same position (beam search forks one per hypothesis)."""
+        twin = StopMatcher.__new__(StopMatcher)
+        twin._patterns, twin._longest, twin._run = self._patterns, self._longest, self._run
+        twin.output, twin.stopped = bytearray(self.output), self.stopped
+        return twin
+
     def feed(self, token: int) -> bool:
         assert not self.stopped, "feed() after stop"
         if token == Special.EOS or token == Special.PAD:

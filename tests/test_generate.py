@@ -1,0 +1,138 @@
+"""Generation: beam candidates, scoring, the prefix cache, sampling filters, stop conditions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from calmd.checkpoint import GenerationDefaults, LoadedModel, header_for
+from calmd.cwgt import Metadata
+from calmd.generate import Generator, SamplingOptions, filter_logits
+from calmd.model import CalmModel, ModelConfig
+from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, atn_position, build_sequence
+
+TINY = ModelConfig(d_model=32, n_layers=2, d_state=8)
+COMMANDS = ["git status", "git stash pop", "ls -la | grep x", "make test"]
+
+
+def as_loaded(model: CalmModel) -> LoadedModel:
+    return LoadedModel(Path("test"), model, header_for(model.cfg), Metadata(), GenerationDefaults())
+
+
+@pytest.fixture(scope="module")
+def trained() -> LoadedModel:
+    """A tiny model that has learned four commands (after `cd proj`), in a few seconds."""
+    torch.manual_seed(0)
+    model = CalmModel(TINY)
+    model.init_weights(0)
+    history = [{"cmd": "cd proj", "exit": 0}]
+    seqs = [build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True) for c in COMMANDS]
+    width = max(s.size for s in seqs)
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        tokens[i, : s.size] = torch.from_numpy(s.astype("int64"))
+        mask[i, atn_position(s) + 1 : s.size] = True
+    # weight "git status" up: the model must rank it above "git stash pop"
+    tokens = torch.cat([tokens, tokens[:1], tokens[:1]])
+    mask = torch.cat([mask, mask[:1], mask[:1]])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(250):
+        loss = model.loss(tokens, mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1, loss.item()
+    return as_loaded(model.eval())
+
+
+CTX = {"history": [{"cmd": "cd proj", "exit": 0}]}
+
+
+def test_candidates_complete_the_learned_commands_best_first(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    cands = list(gen.candidates({**CTX, "input": "git st"}, 3))
+    texts = [c.text for c in cands]
+    assert texts[:2] == ["git status", "git stash pop"]
+    assert all(a.logprob >= b.logprob for a, b in itertools.pairwise(cands))
+    assert len(set(texts)) == len(texts)
+
+
+def test_empty_input_predicts_the_next_command(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    texts = [c.text for c in gen.candidates({**CTX, "input": ""}, 4)]
+    assert texts[0] == "git status"
+    assert set(texts) <= {"git status", "git stash pop", "ls -la", "make test"} | set(texts[4:])
+
+
+def test_stop_condition_ends_a_candidate_at_the_pipe_unless_raw(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    assert [c.text for c in gen.candidates({**CTX, "input": "ls"}, 1)] == ["ls -la"]
+    assert [c.text for c in gen.candidates({**CTX, "input": "ls"}, 1, raw=True)] == ["ls -la | grep x"]
+
+
+def test_candidate_logprob_equals_the_score_of_its_text(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    for cand in gen.candidates(ctx, 2, raw=True):
+        assert gen.score(ctx, cand.text) == pytest.approx(cand.logprob, abs=1e-4)
+
+
+def test_score_many_ranks_learned_commands_and_rejects_other_prefixes(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git"}
+    good, other, wrong = gen.score_many(ctx, ["git status", "git sxyzzy", "make test"])
+    assert good > other + 5
+    assert wrong == -math.inf
+
+
+def test_prefix_cache_gives_the_same_answers_as_a_fresh_generator(trained: LoadedModel) -> None:
+    cached = Generator(trained)
+    for typed in ["", "g", "gi", "git", "git ", "git s", "gi", "git sta"]:  # includes a backspace
+        ctx = {**CTX, "input": typed}
+        fresh = Generator(trained, trace=False)
+        a = [(c.text, round(c.logprob, 4)) for c in cached.candidates(ctx, 2, session="s")]
+        b = [(c.text, round(c.logprob, 4)) for c in fresh.candidates(ctx, 2, session="s")]
+        assert a == b, typed
+    assert cached.cache.hits >= 6  # one byte typed: the previous state was extended
+
+
+def test_extra_candidates_are_ranked_with_the_beams_and_deduplicated(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    cands = list(gen.candidates(ctx, 3, extra=[("git stage all", 5.0), ("git status", 10.0)]))
+    assert [c.text for c in cands][:2] == ["git status", "git stage all"]
+    assert cands[0].logprob == 10.0
+    assert [c.text for c in cands].count("git status") == 1
+
+
+def test_sampling_is_seeded_and_greedy_at_temperature_zero(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    greedy = gen.sample(ctx, 2, options=SamplingOptions(temperature=0))
+    assert [c.text for c in greedy] == ["git status", "git status"]
+    a = gen.sample(ctx, 4, options=SamplingOptions(temperature=2.0, top_k=0, top_p=1.0, min_p=0), seed=3)
+    b = gen.sample(ctx, 4, options=SamplingOptions(temperature=2.0, top_k=0, top_p=1.0, min_p=0), seed=3)
+    assert [c.text for c in a] == [c.text for c in b]
+
+
+def test_filters_keep_what_they_should() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    base = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    kept = lambda **kw: (filter_logits(logits, SamplingOptions(**{**base, **kw})) > -math.inf)[0].tolist()  # noqa: E731
+    assert kept(top_k=2) == [True, True, False, False]
+    assert kept(top_p=0.7) == [True, True, False, False]  # 0.5 < 0.7, 0.8 crosses: kept
+    assert kept(top_p=0.5) == [True, False, False, False]
+    assert kept(min_p=0.2) == [True, True, True, False]  # 0.05 < 0.2 * 0.5
+    assert kept(temperature=0) == [True, False, False, False]
+    assert kept() == [True, True, True, True]
+
+
+def test_max_tokens_bounds_generation(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    cands = gen.sample({**CTX, "input": "git st"}, 1, options=SamplingOptions(max_tokens=2, temperature=0))
+    assert cands[0].tokens <= 2 and cands[0].text == "git stat"

@@ -30,7 +30,10 @@ def trained() -> LoadedModel:
     model = CalmModel(TINY)
     model.init_weights(0)
     history = [{"cmd": "cd proj", "exit": 0}]
-    seqs = [build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True) for c in COMMANDS]
+    seqs = [
+        build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True)
+        for c in COMMANDS
+    ]
     width = max(s.size for s in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.bool)

@@ -1,0 +1,313 @@
+"""`calm train`: the loss and its mask, the CLI a user runs, errors, atomic output, EWC and DDP.
+
+Tiny models (d_model 32, one layer) written with save_model and fine-tuned through `--model PATH`
+keep every run at a second or less; `--model new` is exercised once with nano and two steps.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from calmd.checkpoint import GenerationDefaults, load_model, save_model
+from calmd.cli import calm_main
+from calmd.ctds import CtdsReader, write_ctds
+from calmd.cwgt import Metadata, read_cwgt
+from calmd.evaluate import sequence_loss
+from calmd.model import SIZES, CalmModel, ModelConfig, flatten
+from calmd.tokenizer import (
+    DEFAULT_SHELL_STOPS,
+    DEFAULT_SHELL_TEMPLATE,
+    DEFAULT_SHELL_TEMPLATE_SPEC,
+    build_sequence,
+)
+from calmd.train import TrainConfig, pad_batch, supervised_nll, train, write_loss_png
+from calmd.train_cli import TRAIN_FLAGS
+
+TINY = ModelConfig(d_model=32, n_layers=1, expand=2, d_state=4, d_conv=4, l_max=256)
+BIN = Path(sys.executable).parent
+
+# Two disjoint tasks: different directories, different commands.
+TASK_A = [("/srv/alpha", "git status"), ("/srv/alpha", "git log --oneline"), ("/srv/alpha", "ls -la")]
+TASK_B = [("/opt/beta", "docker ps"), ("/opt/beta", "cargo build"), ("/opt/beta", "npm test")]
+
+
+def sequences(task: list[tuple[str, str]], n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.integers(0, len(task), size=n):
+        cwd, cmd = task[int(i)]
+        out.append(build_sequence(DEFAULT_SHELL_TEMPLATE, {"cwd": cwd, "input": cmd}, training=True))
+    return out
+
+
+def dataset(path: Path, task: list[tuple[str, str]], n: int = 48, seed: int = 0) -> Path:
+    return write_ctds(path, sequences(task, n, seed))
+
+
+def tiny_model_file(path: Path, seed: int = 0, cfg: ModelConfig = TINY, meta: Metadata | None = None) -> Path:
+    model = CalmModel(cfg)
+    model.init_weights(seed)
+    save_model(path, model, meta or Metadata(), defaults=GenerationDefaults())
+    return path
+
+
+def dataset_loss(model_path: Path, data: Path) -> float:
+    model = load_model(model_path).model
+    with CtdsReader(data) as reader:
+        seqs = [reader.sequence(i) for i in range(reader.count())]
+    nll, tokens, _ = sequence_loss(model, seqs)
+    return nll / tokens
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny tensors: one thread is fastest, and immune to a busy machine's oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def calm(*argv: str) -> int:
+    return calm_main(list(argv))
+
+
+QUICK = ("--threads", "1", "--fisher-samples", "8", "-q")
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+def test_loss_covers_only_tokens_after_atn_and_ignores_padding() -> None:
+    model = CalmModel(TINY)
+    model.init_weights(3)
+    seqs = sequences(TASK_A + TASK_B, 5, seed=1)
+    atns = [int(np.flatnonzero(s == 259)[0]) for s in seqs]
+    tokens, mask = pad_batch(seqs, atns)
+    with torch.no_grad():
+        batched = float(supervised_nll(model, tokens, mask))
+        padded = float(supervised_nll(model, *pad_batch(seqs, atns, pad_to=tokens.shape[1] + 37)))
+        # by hand: one sequence at a time, no padding, cross entropy of the command part only
+        manual = 0.0
+        for seq, atn in zip(seqs, atns, strict=True):
+            t = torch.from_numpy(seq.astype(np.int64))
+            logp = torch.log_softmax(model(t[None, :-1])[0], -1)  # (L-1, V)
+            manual -= float(sum(logp[p - 1, t[p]] for p in range(atn + 1, len(seq))))
+    assert batched == pytest.approx(manual, rel=1e-5)
+    assert padded == pytest.approx(manual, rel=1e-5)
+    assert int(mask.sum()) == sum(len(s) - a - 1 for s, a in zip(seqs, atns, strict=True))
+
+
+def test_every_train_config_field_has_one_flag() -> None:
+    from dataclasses import fields
+
+    assert list(TRAIN_FLAGS) == [f.name for f in fields(TrainConfig)]
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_training_lowers_the_loss_and_keeps_the_metadata(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A + TASK_B, n=60)
+    meta = Metadata("shell", DEFAULT_SHELL_TEMPLATE_SPEC, "|")  # not the default stops: must survive
+    start = tiny_model_file(tmp_path / "start.cwgt", meta=meta)
+    out = tmp_path / "out.cwgt"
+    argv = ["train", "--model", str(start), "-d", str(data), "-o", str(out), "--lr", "3e-3"]
+    assert calm(*argv, "--epochs", "4", "--batch-size", "8", "--threads", "1", "--fisher-samples", "8") == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s" in printed and "validation" in printed and f"wrote {out}" in printed
+    before, after = dataset_loss(start, data), dataset_loss(out, data)
+    assert after < 0.7 * before, (before, after)
+    loaded = load_model(out, with_ewc=True)
+    assert loaded.metadata == meta
+    assert loaded.fisher is not None and loaded.anchor is not None
+    assert np.array_equal(loaded.anchor, flatten(loaded.model))  # the anchor is the trained weights
+    assert (loaded.fisher >= 0).all() and loaded.fisher.max() > 0
+    assert start.read_bytes() != out.read_bytes() and load_model(start).metadata == meta
+
+
+def test_new_model_gets_the_shell_metadata_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A, n=8)
+    out = tmp_path / "new.cwgt"
+    argv = ["train", "--model", "new", "--size", "nano", "-d", str(data), "-o", str(out), "--max-steps", "2"]
+    assert calm(*argv, "--batch-size", "4", *QUICK) == 0
+    assert capsys.readouterr().out == ""  # --quiet
+    f = read_cwgt(out)
+    assert f.metadata == Metadata("shell", DEFAULT_SHELL_TEMPLATE_SPEC, DEFAULT_SHELL_STOPS)
+    assert f.header.has_ewc and f.header.d_model == SIZES["nano"].d_model
+    before = out.read_bytes()
+    assert calm(*argv, *QUICK) == 1
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert calm(*argv, "--seed", "1", "--force", *QUICK) == 0
+    assert out.read_bytes() != before
+
+
+def test_optimizers_and_schedules_run(tmp_path: Path) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A, n=12)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+    for i, opts in enumerate(
+        [("--optimizer", "sgd", "--lr", "0.1"), ("--optimizer", "adam", "--lr-schedule", "cosine")]
+    ):
+        out = tmp_path / f"o{i}.cwgt"
+        assert (
+            calm("train", "-m", str(start), "-d", str(data), "-o", str(out), *opts, "--epochs", "1", *QUICK)
+            == 0
+        )
+        assert not np.array_equal(flatten(load_model(out).model), flatten(load_model(start).model))
+
+
+def test_bad_inputs_name_the_file_and_leave_the_output_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good_data = dataset(tmp_path / "a.ctds", TASK_A, n=8)
+    model = tiny_model_file(tmp_path / "m.cwgt")
+    out = tiny_model_file(tmp_path / "out.cwgt", seed=5)
+    original = out.read_bytes()
+    corrupt = tmp_path / "corrupt.ctds"
+    corrupt.write_bytes(b"CTDX" + good_data.read_bytes()[4:])
+    broken_model = tmp_path / "broken.cwgt"
+    broken_model.write_bytes(model.read_bytes()[:-10])
+    short = tiny_model_file(tmp_path / "short.cwgt", cfg=ModelConfig(d_model=32, n_layers=1, l_max=16))
+    cases = [
+        (model, tmp_path / "missing.ctds", "missing.ctds: dataset not found"),
+        (model, corrupt, "corrupt.ctds: magic: expected b'CTDS'"),
+        (tmp_path / "nope.cwgt", good_data, "nope.cwgt: model not found"),
+        (broken_model, good_data, "broken.cwgt: param_count"),
+        (short, good_data, "over the model's l_max 16"),
+    ]
+    for model_path, data_path, message in cases:
+        assert calm("train", "-m", str(model_path), "-d", str(data_path), "-o", str(out), *QUICK) == 1
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert out.read_bytes() == original
+    assert calm("train", "-m", str(model), "-d", str(good_data), "--epochs", "0") == 1
+    assert "--epochs must be >= 1" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_leaves_the_output_intact(tmp_path: Path) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A, n=40)
+    out = tiny_model_file(tmp_path / "out.cwgt")
+    original = out.read_bytes()
+
+    def interrupt(step: int, loss: float) -> None:
+        if step == 3:
+            raise KeyboardInterrupt
+
+    cfg = TrainConfig(model=str(out), dataset=str(data), batch_size=4, threads=1, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, on_step=interrupt)
+    assert out.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ctds", "out.cwgt"]  # no temp file left
+
+
+def test_loss_curve_png(tmp_path: Path) -> None:
+    path = tmp_path / "loss.png"
+    write_loss_png(path, [3.0, 2.5, 2.0, 1.2, 1.1], [(5, 1.3)], width=200, height=100)
+    raw = path.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    _, kind = struct.unpack(">I4s", raw[8:16])
+    assert kind == b"IHDR" and struct.unpack(">II", raw[16:24]) == (200, 100)
+    idat = raw.index(b"IDAT")
+    (size,) = struct.unpack(">I", raw[idat - 4 : idat])
+    pixels = zlib.decompress(raw[idat + 4 : idat + 4 + size])
+    assert len(pixels) == 100 * (1 + 200 * 3)
+    image = np.frombuffer(pixels, dtype=np.uint8).reshape(100, 601)[:, 1:].reshape(100, 200, 3)
+    assert ((image == (31, 119, 180)).all(-1)).sum() > 50  # the curve was drawn
+
+
+# --------------------------------------------------------------------------- EWC
+
+
+def test_ewc_keeps_the_first_task(tmp_path: Path) -> None:
+    """Train on A, then on the disjoint B with and without EWC: with it, A's loss rises less."""
+    data_a = dataset(tmp_path / "a.ctds", TASK_A, n=48, seed=1)
+    data_b = dataset(tmp_path / "b.ctds", TASK_B, n=48, seed=2)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+    model_a = tmp_path / "a.cwgt"
+    common = ("--threads", "1", "-q", "--batch-size", "8", "--val-fraction", "0")
+    assert calm("train", "-m", str(start), "-d", str(data_a), "-o", str(model_a), "--lr", "1e-2",
+                "--epochs", "6", "--fisher-samples", "48", *common) == 0  # fmt: skip
+    assert read_cwgt(model_a).header.has_ewc
+    losses = {}
+    for lam in ("0", "1000"):
+        out = tmp_path / f"b{lam}.cwgt"
+        assert calm("train", "-m", str(model_a), "-d", str(data_b), "-o", str(out), "--lr", "1e-2",
+                    "--epochs", "3", "--ewc-lambda", lam, "--fisher-samples", "0", *common) == 0  # fmt: skip
+        losses[lam] = (dataset_loss(out, data_a), dataset_loss(out, data_b))
+    base = dataset_loss(model_a, data_a)
+    rise_plain, rise_ewc = losses["0"][0] - base, losses["1000"][0] - base
+    assert rise_plain > 0.5, (base, losses)  # plain fine-tuning forgets A
+    assert rise_ewc < 0.5 * rise_plain, (base, losses)
+    assert losses["1000"][1] < 0.3 * dataset_loss(model_a, data_b)  # and B was still learned
+
+
+def test_fisher_of_a_fine_tuned_model_is_gamma_old_plus_new(tmp_path: Path) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A, n=16)
+    first = tmp_path / "first.cwgt"
+    assert calm("train", "-m", str(tiny_model_file(tmp_path / "s.cwgt")), "-d", str(data), "-o", str(first),
+                "--epochs", "1", *QUICK) == 0  # fmt: skip
+    old = load_model(first, with_ewc=True).fisher
+    assert old is not None
+    fishers = {}
+    for gamma in ("0", "0.5"):
+        out = tmp_path / f"g{gamma}.cwgt"
+        assert calm("train", "-m", str(first), "-d", str(data), "-o", str(out), "--epochs", "1",
+                    "--ewc-gamma", gamma, *QUICK) == 0  # fmt: skip
+        fishers[gamma] = load_model(out, with_ewc=True).fisher
+    new, combined = fishers["0"], fishers["0.5"]
+    assert new is not None and combined is not None
+    np.testing.assert_allclose(combined, 0.5 * old + new, rtol=1e-5, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- data parallel
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_ranks_equal_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
+    """Each rank reads half of every global batch; DDP averages the gradients. If a rank read the
+    whole batch, the same half, or normalised by its own token count, the weights would differ."""
+    data = dataset(tmp_path / "a.ctds", TASK_A + TASK_B, n=30, seed=3)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+    # plain SGD without clipping: the step is proportional to the gradient (Adam would hide its scale)
+    args = ["train", "-m", str(start), "-d", str(data), "--epochs", "2", "--batch-size", "7",
+            "--threads", "1", "--optimizer", "sgd", "--lr", "0.5", "--grad-clip", "0",
+            "--fisher-samples", "6", "-q"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp_out = tmp_path / "ddp.cwgt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+         str(BIN / "calm"), *args, "-o", str(ddp_out)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single_out = tmp_path / "single.cwgt"
+    assert calm(*args, "-o", str(single_out)) == 0
+    ddp, single = load_model(ddp_out, with_ewc=True), load_model(single_out, with_ewc=True)
+    moved = np.abs(flatten(single.model) - flatten(load_model(start).model)).max()
+    assert moved > 1e-2  # training did change the weights
+    np.testing.assert_allclose(flatten(ddp.model), flatten(single.model), atol=1e-5, rtol=0)
+    assert ddp.fisher is not None and single.fisher is not None
+    np.testing.assert_allclose(ddp.fisher, single.fisher, rtol=1e-3, atol=1e-9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ctds", "ddp.cwgt", "single.cwgt", "start.cwgt"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -19,6 +21,8 @@ from calmd.errors import CalmError, SequenceTooLong
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
+
+    from calmd.client import CalmClient
 
 
 def _console(no_color: bool = False) -> Console:
@@ -246,6 +250,57 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_model() -> Path:
+    """The user's weights, else the default model shipped in the package."""
+    from calmd.engine import packaged_model
+
+    user = paths.weights_path()
+    return user if user.exists() else packaged_model()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from calmd.checkpoint import GenerationDefaults, save_model
+    from calmd.cwgt import Metadata
+    from calmd.model import SIZES, CalmModel
+
+    out = Path(args.output) if args.output else paths.weights_path()
+    if out.exists() and not args.force:
+        raise CalmError(f"{out} exists; pass --force to replace it (its weights would be lost)")
+    cfg = SIZES[args.size]
+    model = CalmModel(cfg)
+    model.init_weights(args.seed)
+    save_model(out, model, Metadata(), defaults=GenerationDefaults())
+    print(f"wrote {out}: {args.size}, {cfg.param_count():,} parameters, {out.stat().st_size:,} bytes")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from calmd.checkpoint import load_model
+    from calmd.generate import Generator, SamplingOptions
+
+    model_path = Path(args.model) if args.model else _default_model()
+    loaded = load_model(model_path)
+    gen = Generator(loaded, trace=False)
+    ctx: dict[str, object] = {"input": args.input}
+    if args.cwd:
+        ctx["cwd"] = args.cwd
+    if args.git:
+        ctx["git"] = args.git
+    if args.env:
+        ctx["env"] = args.env
+    if args.history:
+        ctx["history"] = [{"cmd": c, "exit": 0} for c in args.history]
+    if args.sample:
+        opts = SamplingOptions(args.temperature, args.top_k, args.top_p, args.min_p, args.max_tokens)
+        cands = gen.sample(ctx, args.n, options=opts, seed=args.seed, raw=args.raw)
+        cands.sort(key=lambda c: c.logprob, reverse=True)
+    else:
+        cands = list(gen.candidates(ctx, args.n, max_tokens=args.max_tokens, raw=args.raw))
+    for cand in cands:
+        print(f"{cand.logprob:8.3f}  {cand.text}" if args.scores else cand.text)
+    return 0
+
+
 # --------------------------------------------------------------------------- parsers
 
 
@@ -293,6 +348,37 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
+    p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano")
+    p.add_argument("-o", "--output", metavar="PATH", help=f"output (default {paths.weights_path()})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing file")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("generate", help="print completions of a context, best first")
+    p.add_argument("-m", "--model", metavar="FILE.cwgt", help="weights (default: yours, else the packaged)")
+    p.add_argument("--input", "-i", default="", help="what the user typed so far")
+    p.add_argument("--cwd")
+    p.add_argument("--git", help="git branch")
+    p.add_argument("--env", help="environment note (e.g. venv:proj)")
+    p.add_argument("--history", nargs="*", metavar="CMD", help="previous commands, oldest first")
+    p.add_argument("-n", type=int, default=5, help="candidates (default 5)")
+    p.add_argument("--raw", action="store_true", help="ignore the stop conditions (EOS only)")
+    p.add_argument("--sample", action="store_true", help="sample instead of beam search")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the header's)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--scores", action="store_true", help="print each candidate's log-probability")
+    p.set_defaults(func=cmd_generate)
+
+    # Subcommands that live beside their logic (these modules import nothing heavy at load time).
+    from calmd import train_cli
+
+    train_cli.add_parsers(sub)  # train, evaluate
     return parser
 
 
@@ -313,27 +399,193 @@ def calm_main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    print(
-        "calmd serve: the daemon arrives with a later change (issue 4); "
-        f"it will listen on {args.socket or paths.socket_path()} and serve {paths.weights_path()}."
+    import importlib
+    import logging
+
+    from calmd.server import ServerConfig, run_server
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    config = ServerConfig(
+        socket_path=Path(args.socket) if args.socket else paths.socket_path(),
+        data_dir=paths.data_dir(),
+        weights_path=Path(args.model) if args.model else paths.weights_path(),
+        import_shell_history=not args.no_import,
     )
-    return 0
+    module_name, _, func = args.engine.partition(":")
+    try:
+        loader = getattr(importlib.import_module(module_name), func)
+    except (ImportError, AttributeError) as exc:
+        raise CalmError(f"--engine {args.engine}: {exc}") from None
+    return run_server(config, loader)
+
+
+def _client(args: argparse.Namespace) -> CalmClient:
+    from calmd.client import CalmClient
+
+    return CalmClient(Path(args.socket) if args.socket else None, timeout=args.timeout)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    print("calmd status: no daemon is running (the daemon arrives with a later change).", file=sys.stderr)
-    return 3
+    from calmd.client import DaemonNotRunning
+
+    try:
+        with _client(args) as client:
+            status = client.status()["status"]
+    except DaemonNotRunning as exc:
+        if args.json:
+            print(json.dumps({"running": False, "error": str(exc)}))
+        else:
+            print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps({"running": True, **status}, indent=2))
+        return 0
+    from rich.table import Table
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    model = status.get("model") or {}
+    lat = status["latency_ms"]
+    hist = status["history"]
+    table = Table(title="calmd status", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [
+        ("model", str(model.get("path", "-"))),
+        ("size", f"{model.get('size', '-')} ({model.get('parameters', 0):,} parameters)"),
+        ("domain", str(model.get("domain", "-"))),
+        ("loaded at", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["loaded_at"]))
+         if status.get("loaded_at") else "-"),
+        ("last reload error", status.get("last_reload_error") or "none"),
+        ("requests served", f"{status['requests']} ({status['errors']} errors)"),
+        ("first candidate", f"p50 {ms(lat['first_p50'])}, p99 {ms(lat['first_p99'])}"),
+        ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
+        ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
+                    f"{hist['since_last_training']} since last training"),
+        ("training", str(status.get("training", {}).get("state", "-"))),
+        ("uptime", f"{status['uptime_s']:.0f} s"),
+        ("version / protocol", f"{status['version']} / {status['protocol']}"),
+        ("socket", status.get("socket", "-")),
+    ]  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    _console(args.no_color).print(table)
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from calmd.client import DaemonNotRunning
+
+    try:
+        with _client(args) as client:
+            pid = client.status()["status"]["pid"]
+            client.shutdown()
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    # Stopped means: nothing accepts connections on the socket any more (a pid may linger as a
+    # zombie of whoever started the daemon).
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            _client(args).close()
+        except (DaemonNotRunning, OSError):
+            print(f"calmd (pid {pid}) stopped")
+            return 0
+        time.sleep(0.05)
+    print(f"calmd (pid {pid}) did not stop within {args.timeout:g} s", file=sys.stderr)
+    return 1
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    from calmd.client import DaemonNotRunning
+
+    history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
+    try:
+        with _client(args) as client:
+            ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
+            for message in client.complete(args.text, n=args.n, session=args.session, **ctx):
+                if "candidate" in message:
+                    print(
+                        f"{message['score']:8.3f}  {message['candidate']}"
+                        if args.scores
+                        else message["candidate"]
+                    )
+                elif args.scores:
+                    print(
+                        f"done in {message['ms']:.1f} ms"
+                        + (" (cancelled)" if message.get("cancelled") else "")
+                    )
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    return 0
+
+
+def cmd_install_systemd(args: argparse.Namespace) -> int:
+    import shutil
+
+    source = Path(__file__).resolve().parent.parent / "systemd"
+    if not source.is_dir():
+        from importlib import resources
+
+        source = Path(str(resources.files("calmd") / "systemd"))
+    target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
+    target.mkdir(parents=True, exist_ok=True)
+    calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
+    for name in ("calmd.socket", "calmd.service"):
+        text = (source / name).read_text()
+        if name == "calmd.service":
+            text = text.replace("ExecStart=%h/.local/bin/calmd serve", f"ExecStart={calmd_bin} serve")
+        (target / name).write_text(text)
+        print(f"wrote {target / name}")
+    print("enable with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now calmd.socket")
+    print("or, without socket activation:\n  systemctl --user enable --now calmd.service")
+    return 0
 
 
 def calmd_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calmd", description="calmd: the CALM suggestion daemon.")
     parser.add_argument("--version", action="version", version=f"calmd {__version__}")
+    parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
+    parser.add_argument(
+        "--socket", metavar="PATH", help="socket path (default $CALMD_SOCKET or the runtime dir)"
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("serve", help="run the daemon in the foreground")
-    p.add_argument("--socket", metavar="PATH", help="socket path (default $CALMD_SOCKET or the runtime dir)")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
+    p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
+    p.add_argument(
+        "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
+    )
+    p.add_argument(
+        "--engine",
+        default="calmd.engine:load_engine",
+        metavar="MODULE:FUNC",
+        help="engine loader called with the weight path (tests plug in a scripted engine)",
+    )
+    p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("status", help="show the daemon's state (exit 3 when none runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("stop", help="stop the daemon gracefully")
+    p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
+    p.add_argument("text", metavar="TEXT")
+    p.add_argument("-n", type=int, default=5)
+    p.add_argument("--cwd")
+    p.add_argument("--git")
+    p.add_argument("--session", default="calmd-complete")
+    p.add_argument("--history", nargs="*", metavar="CMD", help="context commands (default: the store's)")
+    p.add_argument("--scores", action="store_true", help="show scores and timing")
+    p.set_defaults(func=cmd_complete)
+    p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
+    p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
+    p.set_defaults(func=cmd_install_systemd)
     return parser
 
 

@@ -187,12 +187,14 @@ class Generator:
         raw: bool = False,
         cancelled: threading.Event | None = None,
         extra: Sequence[tuple[str, float]] = (),
+        beam_offset: float = 0.0,
     ) -> Iterator[Candidate]:
         """Up to `n` distinct candidates, most probable first, each yielded once its rank is final.
 
         `extra` are candidates scored elsewhere (the daemon's history proposals, on the same
         log-probability scale plus their history bonus); they are ranked with the beams', and a
-        beam that reaches the same text later is a duplicate."""
+        beam that reaches the same text later is a duplicate. `beam_offset` is added to the
+        beams' scores to put them on the extras' scale (the engine's mixture weight)."""
         if n <= 0:
             return
         start, _ = self.prepare(ctx, session)
@@ -230,7 +232,7 @@ class Generator:
                     # nothing added to the input is no suggestion; the same text twice is one
                     if text and text != typed.rstrip() and text not in seen:
                         seen.add(text)
-                        finished.append(Candidate(text, score, step + 1))
+                        finished.append(Candidate(text, score + beam_offset, step + 1))
                 elif len(keep_rows) < width:
                     keep_rows.append(row)
                     keep_tokens.append(token)
@@ -238,7 +240,7 @@ class Generator:
                     keep_matchers.append(matcher)
             finished.sort(key=lambda c: c.logprob, reverse=True)
             # a finished candidate is final once no live beam can still beat it
-            bound = keep_scores[0] if keep_scores else -math.inf
+            bound = keep_scores[0] + beam_offset if keep_scores else -math.inf
             while finished and finished[0].logprob >= bound and yielded < n:
                 yield finished.pop(0)
                 yielded += 1
@@ -246,7 +248,7 @@ class Generator:
                 return
             # beams that cannot reach the top n any more are dropped
             if len(finished) + yielded >= n:
-                cutoff = finished[n - yielded - 1].logprob
+                cutoff = finished[n - yielded - 1].logprob - beam_offset
                 live = [i for i, s in enumerate(keep_scores) if s > cutoff]
                 keep_rows = [keep_rows[i] for i in live]
                 keep_tokens = [keep_tokens[i] for i in live]

@@ -12,11 +12,9 @@ import torch
 from calmd.checkpoint import GenerationDefaults, LoadedModel, header_for
 from calmd.cwgt import Metadata
 from calmd.generate import Generator, SamplingOptions, filter_logits
-from calmd.model import CalmModel, ModelConfig
-from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, atn_position, build_sequence
-
-TINY = ModelConfig(d_model=32, n_layers=2, d_state=8)
-COMMANDS = ["git status", "git stash pop", "ls -la | grep x", "make test"]
+from calmd.model import CalmModel
+from calmd.tokenizer import Special
+from tests.tiny_model import CONTEXT, train_tiny
 
 
 def as_loaded(model: CalmModel) -> LoadedModel:
@@ -26,34 +24,10 @@ def as_loaded(model: CalmModel) -> LoadedModel:
 @pytest.fixture(scope="module")
 def trained() -> LoadedModel:
     """A tiny model that has learned four commands (after `cd proj`), in a few seconds."""
-    torch.manual_seed(0)
-    model = CalmModel(TINY)
-    model.init_weights(0)
-    history = [{"cmd": "cd proj", "exit": 0}]
-    seqs = [
-        build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True)
-        for c in COMMANDS
-    ]
-    width = max(s.size for s in seqs)
-    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        tokens[i, : s.size] = torch.from_numpy(s.astype("int64"))
-        mask[i, atn_position(s) + 1 : s.size] = True
-    # weight "git status" up: the model must rank it above "git stash pop"
-    tokens = torch.cat([tokens, tokens[:1], tokens[:1]])
-    mask = torch.cat([mask, mask[:1], mask[:1]])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(250):
-        loss = model.loss(tokens, mask)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.1, loss.item()
-    return as_loaded(model.eval())
+    return as_loaded(train_tiny())
 
 
-CTX = {"history": [{"cmd": "cd proj", "exit": 0}]}
+CTX = CONTEXT
 
 
 def test_candidates_complete_the_learned_commands_best_first(trained: LoadedModel) -> None:
@@ -139,3 +113,12 @@ def test_max_tokens_bounds_generation(trained: LoadedModel) -> None:
     gen = Generator(trained)
     cands = gen.sample({**CTX, "input": "git st"}, 1, options=SamplingOptions(max_tokens=2, temperature=0))
     assert cands[0].tokens <= 2 and cands[0].text == "git stat"
+
+
+def test_the_input_is_built_from_the_weight_files_template(trained: LoadedModel) -> None:
+    meta = Metadata(template="BOS;CWD:cwd;ATN;CMD:input")
+    custom = LoadedModel(Path("t"), trained.model, trained.header, meta, trained.defaults)
+    ctx = {**CTX, "cwd": "/p", "input": "ls"}
+    seq = Generator(custom, trace=False).sequence(ctx)
+    assert Special.HIST not in seq and Special.CWD in seq
+    assert Special.HIST in Generator(trained, trace=False).sequence(ctx)

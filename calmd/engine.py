@@ -1,0 +1,134 @@
+"""The daemon's completion engine: model candidates merged with the user's history, ranked.
+
+For one keystroke (`ctx` with the typed `input`):
+1. the model proposes `n` completions by beam search from the cached context state
+   (calmd/generate.py), each with its log-probability;
+2. the history store proposes commands that start with the input (for an empty input: the
+   commands that followed the previous command, and the most recent ones);
+3. the likeliest history proposals are scored by the model too (log P(command | context), one
+   batched pass);
+4. both are ranked as a mixture of two predictors, a history "cache model" and the language
+   model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd),  where P_hist spreads over the
+   history proposals in proportion to their history signals (frequency, recency, same cwd, "it
+   followed the previous command before"; `RankWeights`, docs/ranking.md). A command the user
+   ran before thus needs no luck from the model, and the model still orders close calls and
+   proposes what the history has never seen;
+5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calmd.checkpoint import load_model
+from calmd.history import HistoryStore
+
+
+@dataclass(frozen=True)
+class RankWeights:
+    """The history predictor's weights: P_hist(cmd) is proportional to
+    count**frequency * (1 + recency * 0.5**(age / halflife)) * (1 + same_cwd) * (1 + follows)."""
+
+    history_mix: float = 0.6  # lam: the history predictor's share of the mixture
+    frequency: float = 1.0  # exponent of the number of runs
+    recency: float = 2.0
+    recency_halflife_s: float = 3600.0 * 24
+    same_cwd: float = 1.0  # factor 2 when it was run in this cwd before
+    follows_previous: float = 3.0  # factor 4 when it followed the previous command before
+
+
+class ModelEngine:
+    """Wraps a loaded model and its generator; thread-confined to the daemon's worker thread."""
+
+    def __init__(self, path: Path, weights: RankWeights | None = None) -> None:
+        import torch
+
+        from calmd.generate import Generator
+
+        torch.set_num_threads(1)  # one and two threads measured equal for batch-1 steps
+        self.path = path
+        self.loaded = load_model(path)
+        self.generator = Generator(self.loaded)
+        self.weights = weights or RankWeights()
+        self.history: HistoryStore | None = None
+        self.max_scored = 8  # history proposals scored by the model per request (latency bound)
+
+    def attach_history(self, store: HistoryStore) -> None:
+        self.history = store
+
+    def describe(self) -> dict[str, Any]:
+        h = self.loaded.header
+        return {
+            "path": str(self.path),
+            "size": f"d_model {h.d_model} x {h.n_layers} layers",
+            "parameters": h.param_count,
+            "domain": self.loaded.metadata.domain,
+            "file_bytes": self.path.stat().st_size if self.path.exists() else None,
+        }
+
+    def complete(
+        self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
+    ) -> Iterator[tuple[str, float]]:
+        """Stream the best `n` candidates, each as soon as its rank is final."""
+        if n <= 0:
+            return
+        typed = ctx.get("input", "")
+        proposals = self._history_proposals(typed, ctx, session)
+        lam = self.weights.history_mix if proposals else 0.0
+        total = sum(proposals.values())
+        # Score the likeliest history proposals with the model: one batched pass.
+        best = sorted(proposals, key=proposals.__getitem__, reverse=True)[: self.max_scored]
+        extra: list[tuple[str, float]] = []
+        if best and not cancelled.is_set():
+            scores = self.generator.score_many(ctx, best, session=session)
+            for cmd, lp in zip(best, scores, strict=True):
+                p = lam * proposals[cmd] / total + (1 - lam) * math.exp(lp)
+                extra.append((cmd, math.log(p)))
+        offset = math.log(1 - lam)  # the model's share, for candidates only the model proposes
+        for cand in self.generator.candidates(
+            ctx, n, session=session, cancelled=cancelled, extra=extra, beam_offset=offset
+        ):
+            if cancelled.is_set():
+                return
+            yield cand.text, cand.logprob
+
+    def _history_proposals(self, typed: str, ctx: dict[str, Any], session: str) -> dict[str, float]:
+        """History commands that extend the input, each with its (unnormalised) history weight."""
+        store = self.history
+        if store is None:
+            return {}
+        w = self.weights
+        now = time.time()
+        prev = (ctx.get("history") or [{}])[-1].get("cmd", "") if ctx.get("history") else ""
+        proposals: dict[str, float] = {}
+        for cmd, count, last_ts in store.prefix_matches(typed, limit=20):
+            if cmd == typed:
+                continue
+            age = max(now - last_ts, 0.0)
+            proposals[cmd] = count**w.frequency * (1 + w.recency * 0.5 ** (age / w.recency_halflife_s))
+        if prev:
+            for cmd, _count in store.followers(prev, prefix=typed, limit=10):
+                if cmd in proposals:
+                    proposals[cmd] *= 1 + w.follows_previous
+        cwd = ctx.get("cwd")
+        if cwd:
+            for cmd in store.in_cwd(cwd, prefix=typed, limit=20):
+                if cmd in proposals:
+                    proposals[cmd] *= 1 + w.same_cwd
+        return proposals
+
+
+def packaged_model() -> Path:
+    """The default model shipped inside the package (built by `python -m calmd.recipe`)."""
+    return Path(__file__).resolve().parent / "data" / "default.cwgt"
+
+
+def load_engine(path: Path) -> ModelEngine:
+    """The server's engine loader: the weight file, else the default model shipped in the package."""
+    return ModelEngine(path if path.exists() else packaged_model())

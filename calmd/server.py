@@ -1,0 +1,476 @@
+"""calmd: the daemon. One `Server` object owns the socket, the history store and the model.
+
+- asyncio on uvloop (asyncio's own loop when uvloop is missing);
+- the socket comes from systemd (LISTEN_FDS) or is bound at the calmd.md path with mode 0600 in a
+  0700 folder; peers of another uid are refused (SO_PEERCRED); a stale socket file left by a
+  killed daemon is replaced, a live one means another daemon runs: refuse to start;
+- completions run on one worker thread, off the event loop, so `status` and `record` stay instant;
+  a newer `complete` from the same session cancels the older one;
+- the weight file is watched (watchfiles) and reloaded when its mtime changes, debounced; a bad
+  file is rejected, logged and shown by `status`, and the old model keeps serving;
+- SIGTERM/SIGINT: stop accepting, answer in-flight requests, exit; SIGHUP: reload the weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgpack
+
+from calmd import __version__, paths
+from calmd.history import HistoryStore
+from calmd.protocol import (
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    CompleteRequest,
+    ProtocolError,
+    RecordRequest,
+    SimpleRequest,
+    error_reply,
+    parse_request,
+    reply,
+)
+
+log = logging.getLogger("calmd")
+
+EXIT_ALREADY_RUNNING = 4
+EXIT_STARTUP_FAILURE = 3
+SD_LISTEN_FDS_START = 3
+
+
+class Engine(Protocol):
+    """What the server needs from the model side (calmd/engine.py implements it)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def attach_history(self, store: HistoryStore) -> None: ...
+
+    def complete(
+        self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
+    ) -> Iterator[tuple[str, float]]: ...
+
+
+EngineLoader = Callable[[Path], Engine]
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket_path: Path = field(default_factory=paths.socket_path)
+    data_dir: Path = field(default_factory=paths.data_dir)
+    weights_path: Path = field(default_factory=paths.weights_path)
+    reload_debounce_ms: int = 300
+    history_context: int = 5  # history frames put in the model's context when the client sends none
+    import_shell_history: bool = True  # import ~/.bash_history and ~/.zsh_history on first start
+
+
+class LatencyStats:
+    """Recent latencies in ms; percentiles for `status`."""
+
+    def __init__(self, size: int = 2000) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+
+    def add(self, ms: float) -> None:
+        self.values.append(ms)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+# --------------------------------------------------------------------------- sockets
+
+
+def systemd_socket() -> socket.socket | None:
+    """The listening socket systemd passed in (socket activation), if any."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    count = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    if count < 1:
+        return None
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)  # not inherited by children (the training process)
+    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise RuntimeError("the socket passed by systemd is not a Unix stream socket")
+    return sock
+
+
+def bind_socket(path: Path) -> socket.socket:
+    """Bind `path` (0600 in a 0700 folder). A live daemon there: AlreadyRunning; a stale file: replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("replacing stale socket %s", path)
+            path.unlink(missing_ok=True)
+        else:
+            raise AlreadyRunning(f"calmd is already running on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others may connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Server:
+    def __init__(self, config: ServerConfig, engine_loader: EngineLoader) -> None:
+        self.config = config
+        self.engine_loader = engine_loader
+        self.engine: Engine | None = None
+        self.loaded_at: float | None = None
+        self.loaded_mtime: float | None = None
+        self.last_reload_error: str | None = None
+        self.started = time.time()
+        self.requests = 0
+        self.errors = 0
+        self.first_ms = LatencyStats()
+        self.done_ms = LatencyStats()
+        self.history: HistoryStore | None = None
+        self.should_exit = asyncio.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._sessions: dict[str, threading.Event] = {}
+        self._reload_lock = asyncio.Lock()
+        self._server: asyncio.base_events.Server | None = None
+        self.socket_path: str = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def serve(self, sock: socket.socket | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        sock = sock or systemd_socket() or bind_socket(self.config.socket_path)
+        self.socket_path = str(sock.getsockname())
+        self.history = HistoryStore(self.config.data_dir / "history.sqlite3")
+        if self.config.import_shell_history:
+            await asyncio.to_thread(self._first_start_import)
+        await self.reload(initial=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.should_exit.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, limit=MAX_MESSAGE_BYTES)
+        watcher = asyncio.ensure_future(self._watch_weights())
+        log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
+        print(f"calmd ready on {self.socket_path}", flush=True)
+        try:
+            await self.should_exit.wait()
+        finally:
+            log.info("shutting down: answering %d in-flight requests", len(self._inflight))
+            watcher.cancel()
+            self._server.close()
+            if self._inflight:
+                await asyncio.wait(self._inflight, timeout=5.0)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.history.close()
+            if sock.family == socket.AF_UNIX and not os.environ.get("CALMD_KEEP_SOCKET"):
+                with contextlib.suppress(OSError):
+                    if self.socket_path and Path(self.socket_path).exists() and self._owns_socket():
+                        Path(self.socket_path).unlink()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    def _owns_socket(self) -> bool:
+        # Under socket activation systemd owns the file; we bound it otherwise.
+        return self.socket_path == str(self.config.socket_path)
+
+    def _first_start_import(self) -> None:
+        assert self.history is not None
+        if self.history.counter("first_start_done"):
+            return
+        home = Path.home()
+        for name in (".bash_history", ".zsh_history"):
+            path = home / name
+            if path.is_file():
+                try:
+                    result = self.history.import_file(path)
+                    log.info("imported %d commands from %s", result.imported, path)
+                except OSError as exc:
+                    log.warning("could not import %s: %s", path, exc)
+        with self.history._lock:
+            self.history._meta_set("first_start_done", "1")
+
+    # -- model hosting ---------------------------------------------------------------------------
+
+    async def reload(self, *, initial: bool = False) -> dict[str, Any]:
+        """Load the weight file in a thread; keep the old engine when the new file is bad."""
+        async with self._reload_lock:
+            path = self.config.weights_path
+            try:
+                mtime = path.stat().st_mtime if path.exists() else None
+                engine = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self.engine_loader, path
+                )
+            except Exception as exc:  # a bad file must never take the daemon down
+                self.last_reload_error = f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {exc}"
+                log.error("reload of %s failed, keeping the current model: %s", path, exc)
+                if initial and self.engine is None:
+                    raise
+                return {"ok": False, "reload_error": self.last_reload_error}
+            if self.history is not None:
+                engine.attach_history(self.history)
+            self.engine = engine
+            self.loaded_at = time.time()
+            self.loaded_mtime = mtime
+            self.last_reload_error = None
+            log.info("model loaded: %s", engine.describe().get("path"))
+            return {"ok": True}
+
+    async def _watch_weights(self) -> None:
+        from watchfiles import awatch
+
+        folder = self.config.weights_path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        target = self.config.weights_path.name
+        async for changes in awatch(
+            folder,
+            debounce=self.config.reload_debounce_ms,
+            step=50,
+            watch_filter=lambda _change, p: Path(p).name == target,
+            stop_event=self.should_exit,
+        ):
+            del changes
+            path = self.config.weights_path
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if mtime != self.loaded_mtime:
+                await self.reload()
+
+    # -- connections -------------------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        if uid is not None and uid != os.getuid():
+            log.warning("refused a connection from uid %d", uid)
+            writer.write(msgpack.packb(error_reply(None, "forbidden", "peer belongs to another user")))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES, strict_map_key=False)
+        conn_tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not self.should_exit.is_set():
+                data = await reader.read(65536)
+                if not data:
+                    break
+                try:
+                    unpacker.feed(data)
+                    messages = list(unpacker)
+                except (msgpack.exceptions.BufferFull, ValueError, msgpack.exceptions.ExtraData) as exc:
+                    self.errors += 1
+                    log.warning("closing a connection after an undecodable or oversized message: %s", exc)
+                    self._send(
+                        writer, error_reply(None, "bad_message", f"undecodable or oversized message: {exc}")
+                    )
+                    break  # the stream cannot be resynchronised
+                for message in messages:
+                    task = asyncio.ensure_future(self._dispatch(message, writer))
+                    conn_tasks.add(task)
+                    self._inflight.add(task)
+                    task.add_done_callback(conn_tasks.discard)
+                    task.add_done_callback(self._inflight.discard)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if conn_tasks:
+                await asyncio.wait(conn_tasks, timeout=5.0)
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.drain()
+            writer.close()
+
+    def _send(self, writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+        if not writer.is_closing():
+            writer.write(msgpack.packb(message, use_bin_type=True))
+
+    async def _dispatch(self, message: Any, writer: asyncio.StreamWriter) -> None:
+        self.requests += 1
+        try:
+            request = parse_request(message)
+            if isinstance(request, CompleteRequest):
+                await self._complete(request, writer)
+            elif isinstance(request, RecordRequest):
+                self._send(writer, reply(request.id, **await self._record(request)))
+            else:
+                self._send(writer, reply(request.id, **await self._simple(request)))
+        except ProtocolError as exc:
+            self.errors += 1
+            self._send(writer, error_reply(exc.request_id, exc.code, exc.message))
+        except Exception as exc:  # never a dead daemon: log, answer, carry on
+            self.errors += 1
+            rid = message.get("id") if isinstance(message, dict) else None
+            log.exception("request failed")
+            self._send(writer, error_reply(rid if isinstance(rid, int) else None, "internal", str(exc)))
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.drain()
+
+    async def _record(self, request: RecordRequest) -> dict[str, Any]:
+        assert self.history is not None
+        result = await asyncio.to_thread(
+            self.history.record,
+            request.cmd,
+            exit=request.exit,
+            cwd=request.cwd,
+            git=request.git,
+            session=request.session,
+            ts=request.ts,
+        )
+        return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    async def _simple(self, request: SimpleRequest) -> dict[str, Any]:
+        if request.op == "status":
+            return {"status": await asyncio.to_thread(self.status)}
+        if request.op == "reload":
+            return await self.reload()
+        if request.op == "shutdown":
+            asyncio.get_running_loop().call_soon(self.should_exit.set)
+            return {"ok": True}
+        raise ProtocolError(
+            "not_available", f"op {request.op!r} is not available in this version", request.id
+        )
+
+    async def _complete(self, request: CompleteRequest, writer: asyncio.StreamWriter) -> None:
+        start = time.perf_counter()
+        engine = self.engine
+        if engine is None:
+            raise ProtocolError("no_model", "no model is loaded", request.id)
+        ctx = dict(request.ctx)
+        if not request.history_given and self.history is not None:
+            rows = self.history.recent(session=request.session or None, limit=self.config.history_context)
+            ctx["history"] = [{"cmd": r.cmd, "exit": r.exit} for r in rows]
+        # A newer request of the same session cancels the older one.
+        cancelled = threading.Event()
+        if request.session:
+            previous = self._sessions.get(request.session)
+            if previous is not None:
+                previous.set()
+            self._sessions[request.session] = cancelled
+        loop = asyncio.get_running_loop()
+        first: list[float] = []
+
+        def emit(candidate: str, score: float) -> None:
+            if not first:
+                first.append((time.perf_counter() - start) * 1e3)
+            self._send(writer, reply(request.id, candidate=candidate, score=round(score, 4)))
+
+        def work() -> bool:
+            if cancelled.is_set():
+                return False
+            for candidate, score in engine.complete(ctx, request.n, request.session, cancelled):
+                if cancelled.is_set():
+                    return False
+                loop.call_soon_threadsafe(emit, candidate, score)
+            return not cancelled.is_set()
+
+        try:
+            finished = request.n == 0 or await loop.run_in_executor(self._pool, work)
+        finally:
+            if request.session and self._sessions.get(request.session) is cancelled:
+                del self._sessions[request.session]
+        await asyncio.sleep(0)  # let the emits scheduled by the worker run before `done`
+        ms = (time.perf_counter() - start) * 1e3
+        if finished:
+            self.done_ms.add(ms)
+            if first:
+                self.first_ms.add(first[0])
+            self._send(writer, reply(request.id, done=True, ms=round(ms, 3)))
+        else:
+            self._send(writer, reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        engine = self.engine.describe() if self.engine else {}
+        return {
+            "version": __version__,
+            "protocol": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "socket": self.socket_path,
+            "uptime_s": round(time.time() - self.started, 1),
+            "model": engine,
+            "loaded_at": self.loaded_at,
+            "last_reload_error": self.last_reload_error,
+            "requests": self.requests,
+            "errors": self.errors,
+            "latency_ms": {
+                "first_p50": self.first_ms.percentile(50),
+                "first_p99": self.first_ms.percentile(99),
+                "done_p50": self.done_ms.percentile(50),
+                "done_p99": self.done_ms.percentile(99),
+            },
+            "history": {
+                "commands": self.history.count() if self.history else 0,
+                "dropped_secrets": self.history.counter("dropped_secrets") if self.history else 0,
+                "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
+            },
+            "training": {"state": "not available in this version"},
+        }
+
+
+def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
+    """Run until SIGTERM/SIGINT or a `shutdown` request. Exit codes: 0 ok, 3 startup failure,
+    4 another daemon already serves the socket."""
+    try:
+        import uvloop
+
+        runner: Callable[[Any], Any] = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    server = Server(config, engine_loader)
+    try:
+        runner(server.serve())
+    except AlreadyRunning as exc:
+        log.error("%s", exc)
+        print(f"calmd: {exc}", flush=True)
+        return EXIT_ALREADY_RUNNING
+    except Exception as exc:
+        log.exception("startup failed")
+        print(f"calmd: startup failed: {exc}", flush=True)
+        return EXIT_STARTUP_FAILURE
+    return 0

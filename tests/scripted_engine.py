@@ -1,0 +1,64 @@
+"""A scripted completion engine for daemon-mechanics tests (like nanochat's MockModel).
+
+It validates the weight file with the real CWGT reader (so hot-reload tests see real
+rejections) and answers `input + suffix` candidates, sleeping CALMD_TEST_DELAY seconds per
+candidate so that cancellation and interleaving can be observed. The real model engine is
+tested end to end in test_daemon_model.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from calmd.cwgt import read_cwgt
+from calmd.history import HistoryStore
+
+SUFFIXES = ["mmit", "mmand", "nfig", "py", "unt"]
+
+
+class ScriptedEngine:
+    def __init__(self, path: Path) -> None:
+        f = read_cwgt(path)
+        f.check_finite()
+        self.path = path
+        self.param_count = f.header.param_count
+        self.domain = f.metadata.domain if f.metadata else "?"
+        self.delay = float(os.environ.get("CALMD_TEST_DELAY", "0"))
+        self.history: HistoryStore | None = None
+
+    def attach_history(self, store: HistoryStore) -> None:
+        self.history = store
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "size": "scripted",
+            "parameters": self.param_count,
+            "domain": self.domain,
+        }
+
+    def complete(
+        self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
+    ) -> Iterator[tuple[str, float]]:
+        typed = ctx["input"]
+        seen = [c for c, _, _ in self.history.prefix_matches(typed)] if self.history and typed else []
+        history_cmds = [h["cmd"] for h in ctx.get("history", [])]
+        results = seen + [typed + s for s in SUFFIXES]
+        if not typed and history_cmds:
+            results = [f"after {history_cmds[-1]}", *results]
+        for i, cand in enumerate(results[:n]):
+            deadline = time.monotonic() + self.delay
+            while time.monotonic() < deadline:
+                if cancelled.is_set():
+                    return
+                time.sleep(0.005)
+            yield cand, -float(i)
+
+
+def load(path: Path) -> ScriptedEngine:
+    return ScriptedEngine(path)

@@ -1,0 +1,70 @@
+"""The daemon with its real model engine, over its real socket: model candidates, history
+proposals scored by the model, and hot reload of real weights."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from calmd.client import CalmClient
+from tests.daemon import running_daemon
+from tests.tiny_model import CONTEXT, save_tiny, train_tiny
+
+ENGINE = "calmd.engine:load_engine"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("w") / "tiny.cwgt")
+
+
+def install(home: Path, weights: Path) -> None:
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    (home / "data" / "shell.cwgt").write_bytes(weights.read_bytes())
+
+
+def candidates(c: CalmClient, text: str, **kw: object) -> list[str]:
+    return [m["candidate"] for m in c.complete(text, **kw) if "candidate" in m]  # type: ignore[arg-type]
+
+
+def test_model_candidates_stream_best_first(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        messages = list(c.complete("git st", n=2, session="s", history=CONTEXT["history"]))
+        assert [m.get("candidate") for m in messages[:2]] == ["git status", "git stash pop"]
+        assert messages[0]["score"] >= messages[1]["score"]
+        assert messages[-1]["done"] is True
+        # the stop condition `|` ends a candidate at the pipe
+        assert candidates(c, "ls", n=1, session="s", history=CONTEXT["history"]) == ["ls -la"]
+        status = c.status()["status"]
+        assert status["model"]["parameters"] > 0 and status["model"]["domain"] == "shell"
+
+
+def test_recorded_commands_are_proposed_and_ranked_by_the_model(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        assert "git stash list --all" not in candidates(c, "git stash l", n=3, session="s")
+        for _ in range(3):
+            c.record("git stash list --all", exit=0, cwd="/p", session="s")
+        got = candidates(c, "git stash l", n=3, session="s", cwd="/p")
+        assert got[0] == "git stash list --all"
+        assert len(got) == len(set(got))
+
+
+def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        before = c.status()["status"]["loaded_at"]
+        assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make test"]
+        other = train_tiny(("make install", "git status"), favourite=0)
+        target = tmp_path / "data" / "shell.cwgt"
+        save_tiny(tmp_path / "new.cwgt", other)
+        os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
+        deadline = time.monotonic() + 10
+        while c.status()["status"]["loaded_at"] == before:
+            assert time.monotonic() < deadline, d.read_output()
+            time.sleep(0.05)
+        assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make install"]

@@ -79,11 +79,34 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     if args.view:
         return dataset_view(args)
     if args.source is None:
-        raise CalmError(
-            "building a dataset from the shell history needs the history store, which arrives with the "
-            "daemon; for now pass --from FILE (a training-source text file, see docs/formats.md)"
-        )
+        return dataset_from_history(args)
     return dataset_from_text(args)
+
+
+def dataset_from_history(args: argparse.Namespace) -> int:
+    """The shell-history path of calm-dataset.txt: the history store -> CTDS."""
+    from calmd.continual import DatasetOptions, write_history_dataset
+    from calmd.history import HistoryStore
+
+    db = Path(args.db) if args.db else paths.history_path()
+    if not db.exists():
+        raise CalmError(f"{db}: no history store yet (the daemon creates it; or run calm import FILE)")
+    opts = DatasetOptions(
+        max_entries=args.max_entries, hist_frames=args.hist_frames, comp_frames=args.comp_frames,
+        max_dup=args.max_dup, min_cmd_len=args.min_cmd_len, include_failed=args.include_failed,
+        include_trivial=args.include_trivial,
+    )  # fmt: skip
+    output = Path(args.output) if args.output else paths.dataset_path()
+    store = HistoryStore(db)
+    try:
+        counts = write_history_dataset(store, output, opts, l_max=args.l_max)
+    finally:
+        store.close()
+    if not args.quiet:
+        skipped = counts["skipped_too_long"]
+        print(f"wrote {output}: {counts['sequences']:,} sequences from {db}"
+              + (f" ({skipped} too long, skipped)" if skipped else ""))  # fmt: skip
+    return 0
 
 
 def dataset_from_text(args: argparse.Namespace) -> int:
@@ -301,6 +324,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from calmd.continual import rollback
+
+    weights = Path(args.weights) if args.weights else paths.weights_path()
+    rollback(weights)
+    print(f"restored {weights} from {weights.with_name('shell.prev.cwgt')} (the daemon reloads it)")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from calmd import replay
+
+    files = replay.expand(args.files)
+    if args.held_out:
+        from calmd.recipe import held_out
+
+        files = [f for f in files if held_out(f.stem)]
+    if not files:
+        raise CalmError("no history files to replay")
+    model = Path(args.model) if args.model else _default_model()
+    cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
+                              typing_positions=args.typing)  # fmt: skip
+    result = replay.replay(files, cfg, progress=not args.quiet)
+    print(replay.format_table(result))
+    if args.json:
+        replay.write_json(result, Path(args.json))
+        print(f"wrote {args.json}")
+    return 0
+
+
 # --------------------------------------------------------------------------- parsers
 
 
@@ -335,6 +388,15 @@ def calm_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--count", "-c", type=int, default=5, help="sequences to show with --view (default 5)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    g = p.add_argument_group("from the shell history (without --from)")
+    g.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    g.add_argument("--max-entries", "-n", type=int, default=0, help="latest N history entries (0: all)")
+    g.add_argument("--hist-frames", "-H", type=int, default=5, help="history frames per sequence (5)")
+    g.add_argument("--comp-frames", type=int, default=3, help="completion items per sequence (3)")
+    g.add_argument("--max-dup", type=int, default=3, help="max uses of one command as a target (3)")
+    g.add_argument("--min-cmd-len", type=int, default=2, help="min command length in chars (2)")
+    g.add_argument("--include-failed", action="store_true", help="include non-zero exit commands")
+    g.add_argument("--include-trivial", action="store_true", help="include trivial commands (ls, cd, ...)")
     p.set_defaults(func=cmd_dataset)
 
     p = sub.add_parser("inspect", help="show a CWGT weight file's header, metadata and sizes")
@@ -375,6 +437,22 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", action="store_true", help="print each candidate's log-probability")
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("rollback", help="restore the weights a background training run replaced")
+    p.add_argument("--weights", metavar="FILE.cwgt", help=f"(default {paths.weights_path()})")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("replay", help="replay shell histories and score suggestions against baselines")
+    p.add_argument("files", nargs="+", metavar="HISTORY", help="bash/zsh history files, or folders of *.txt")
+    p.add_argument("-m", "--model", metavar="FILE.cwgt", help="weights (default: yours, else the packaged)")
+    p.add_argument("--positions", type=int, default=40, help="sampled positions per user (default 40)")
+    p.add_argument("--typing", type=int, default=15, help="positions typed out for keystrokes saved")
+    p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
+    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(func=cmd_replay)
+
     # Subcommands that live beside their logic (these modules import nothing heavy at load time).
     from calmd import train_cli
 
@@ -411,6 +489,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data_dir=paths.data_dir(),
         weights_path=Path(args.model) if args.model else paths.weights_path(),
         import_shell_history=not args.no_import,
+        train_threshold=args.train_threshold,
+        train_max_load=args.train_max_load,
+        train_args=tuple(args.train_arg or ()),
     )
     module_name, _, func = args.engine.partition(":")
     try:
@@ -567,6 +648,12 @@ def calmd_parser() -> argparse.ArgumentParser:
         metavar="MODULE:FUNC",
         help="engine loader called with the weight path (tests plug in a scripted engine)",
     )
+    p.add_argument("--train-threshold", type=int, default=200, metavar="N",
+                   help="new commands before a background training run (default 200; 0: only on request)")
+    p.add_argument("--train-max-load", type=float, default=1.0, metavar="LOAD",
+                   help="start a run automatically only below this 1-minute load average (default 1.0)")
+    p.add_argument("--train-arg", action="append", metavar="ARG",
+                   help="extra argument for the training process (python -m calmd.continual --help)")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("status", help="show the daemon's state (exit 3 when none runs)")

@@ -121,6 +121,10 @@ class HistoryStore:
         current = int(self._meta_get(key) or 0)
         self._meta_set(key, str(current + delta))
 
+    def reset_counter(self, key: str) -> None:
+        with self._lock:
+            self._meta_set(key, "0")
+
     def counter(self, key: str) -> int:
         with self._lock:
             return int(self._meta_get(key) or 0)

@@ -22,6 +22,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from calmd import __version__, paths
+from calmd import __version__, continual, paths
 from calmd.history import HistoryStore
 from calmd.protocol import (
     MAX_MESSAGE_BYTES,
@@ -80,6 +81,9 @@ class ServerConfig:
     reload_debounce_ms: int = 300
     history_context: int = 5  # history frames put in the model's context when the client sends none
     import_shell_history: bool = True  # import ~/.bash_history and ~/.zsh_history on first start
+    train_threshold: int = 200  # new commands before a background run; 0: only on request
+    train_max_load: float = 1.0  # start automatically only when the 1-minute load is below this
+    train_args: tuple[str, ...] = ()  # extra `python -m calmd.continual` arguments (tests shorten runs)
 
 
 class LatencyStats:
@@ -178,6 +182,9 @@ class Server:
         self._reload_lock = asyncio.Lock()
         self._server: asyncio.base_events.Server | None = None
         self.socket_path: str = ""
+        self._trainer: asyncio.subprocess.Process | None = None
+        self._trainer_task: asyncio.Task[None] | None = None
+        self.last_training_exit: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -205,6 +212,12 @@ class Server:
             if self._inflight:
                 await asyncio.wait(self._inflight, timeout=5.0)
             self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._trainer is not None and self._trainer.returncode is None:
+                # the run writes only temp files until its final rename: stopping it loses nothing
+                with contextlib.suppress(ProcessLookupError):
+                    self._trainer.terminate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._trainer.wait(), 5.0)
             self.history.close()
             if sock.family == socket.AF_UNIX and not os.environ.get("CALMD_KEEP_SOCKET"):
                 with contextlib.suppress(OSError):
@@ -361,13 +374,53 @@ class Server:
             session=request.session,
             ts=request.ts,
         )
+        if result.stored and self.config.train_threshold and self._trainer_idle():
+            pending = self.history.counter("recorded_since_train")
+            if pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load:
+                await self.start_training("threshold")
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    # -- background training ----------------------------------------------------------------------
+
+    def _trainer_idle(self) -> bool:
+        return self._trainer is None or self._trainer.returncode is not None
+
+    async def start_training(self, why: str) -> dict[str, Any]:
+        """Start `python -m calmd.continual` at the lowest priority with one thread."""
+        if not self._trainer_idle():
+            return {"ok": True, "started": False, "reason": "a training run is in progress"}
+        assert self.history is not None
+        self.history.reset_counter("recorded_since_train")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        argv = [sys.executable, "-m", "calmd.continual", "--data-dir", str(self.config.data_dir),
+                "--weights", str(self.config.weights_path), *self.config.train_args]  # fmt: skip
+        log_file = open(self.config.data_dir / "training.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._trainer = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=lambda: os.nice(19),
+            )  # fmt: skip
+        finally:
+            log_file.close()
+        log.info("training started (%s): pid %d", why, self._trainer.pid)
+        self._trainer_task = asyncio.ensure_future(self._await_trainer(self._trainer))
+        return {"ok": True, "started": True, "pid": self._trainer.pid}
+
+    async def _await_trainer(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self.last_training_exit = code
+        result = continual.read_status(self.config.data_dir)
+        log.info("training finished (exit %d): %s", code, result.get("reason", "?"))
+        if result.get("swapped"):
+            await self.reload()  # do not wait for the file watcher
 
     async def _simple(self, request: SimpleRequest) -> dict[str, Any]:
         if request.op == "status":
             return {"status": await asyncio.to_thread(self.status)}
         if request.op == "reload":
             return await self.reload()
+        if request.op == "train":
+            return await self.start_training("request")
         if request.op == "shutdown":
             asyncio.get_running_loop().call_soon(self.should_exit.set)
             return {"ok": True}
@@ -425,6 +478,23 @@ class Server:
 
     # -- status ------------------------------------------------------------------------------------
 
+    def _training_status(self) -> dict[str, Any]:
+        info = continual.read_status(self.config.data_dir)
+        running = not self._trainer_idle()
+        state = str(info.get("state", "idle")) if running else "idle"
+        if not running and info.get("state") in ("dataset", "training", "evaluating"):
+            state = "interrupted"  # the run ended without writing a result (killed)
+        finished = info.get("state") in ("done", "failed")
+        return {
+            "state": state,
+            "pid": self._trainer.pid if running and self._trainer else None,
+            "threshold": self.config.train_threshold,
+            "progress": {k: info[k] for k in ("step", "loss", "sequences", "held_out") if k in info},
+            "last_result": {k: info.get(k) for k in ("state", "swapped", "reason", "finished")}
+            if finished
+            else None,
+        }
+
     def status(self) -> dict[str, Any]:
         engine = self.engine.describe() if self.engine else {}
         return {
@@ -449,7 +519,7 @@ class Server:
                 "dropped_secrets": self.history.counter("dropped_secrets") if self.history else 0,
                 "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
             },
-            "training": {"state": "not available in this version"},
+            "training": self._training_status(),
         }
 
 

@@ -6,14 +6,18 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from calmd.client import CalmClient
 from calmd.ctds import CtdsReader
 from calmd.cwgt import CwgtHeader, Metadata, write_cwgt
+from calmd.engine import packaged_model
 from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+from tests.daemon import Daemon, daemon_env, wait_ready
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -156,10 +160,29 @@ def test_inspect_rejects_corrupt_file(tmp_path: Path) -> None:
     )
 
 
-def test_calmd_serve_placeholder_does_not_fail() -> None:
-    proc = run("calmd", "serve")
-    assert "later change" in proc.stdout
-    assert run("calmd", "status", check=False).returncode == 3
+def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> None:
+    """A fresh user (no weights, no history): `calmd serve` loads the model shipped in the
+    package and suggests from the first keystroke; `calmd stop` ends it."""
+    assert packaged_model().exists(), "build it with: python -m calmd.recipe"
+    env = daemon_env(tmp_path)
+    proc = subprocess.Popen([str(BIN / "calmd"), "serve"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
+    threading.Thread(target=daemon._pump, daemon=True).start()
+    try:
+        wait_ready(daemon)
+        with CalmClient(daemon.socket, timeout=30) as c:
+            status = c.status()["status"]
+            assert status["model"]["path"] == str(packaged_model())
+            got = [m["candidate"] for m in c.complete("git ", n=3, session="s") if "candidate" in m]
+            assert len(got) == 3 and all(g.startswith("git ") and len(g) > 4 for g in got), got
+        assert run("calmd", "stop", env=env).returncode == 0
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert run("calmd", "status", env=env, check=False).returncode == 3
 
 
 @pytest.mark.parametrize("script", ["calm", "calmd"])

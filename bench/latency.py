@@ -1,0 +1,161 @@
+"""calmd latency while typing, over the real socket, next to the same work done in-process.
+
+    python bench/latency.py [--model FILE.cwgt] [--commands 20]
+
+Starts `calmd serve` in a scratch HOME with the given weights (default: the packaged model),
+records five commands, then types commands one character at a time (one `complete` per
+keystroke, one session, as the shell client does) and measures, client side:
+- request -> first candidate and request -> done, p50 and p99, with 5 history frames, and
+  again with a context near l_max (long history frames);
+- the daemon's overhead (socket + msgpack + sequence building + history queries): the same
+  keystrokes run through the same engine in this process, without the socket, ratio of medians;
+- cold start (spawn -> the socket answers `status`) and resident memory of the daemon.
+Goals (issue 4): first-candidate p50 <= 10 ms, done p99 <= 30 ms, near-l_max within 1.2x of
+the short case, overhead <= 10%, cold start <= 2 s, RSS <= 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from calmd.client import CalmClient
+from calmd.engine import ModelEngine, packaged_model
+from calmd.history import HistoryStore
+
+COMMANDS = [
+    "git status", "git commit -m 'fix the parser'", "ls -la", "cd ..", "docker ps -a", "make test",
+    "python3 -m pytest -q", "grep -rn TODO src", "vim README.md", "ssh server", "git push origin main",
+    "kubectl get pods", "npm run build", "cat /etc/os-release", "tail -f /var/log/syslog",
+    "git log --oneline", "htop", "pip install -e .", "cargo build --release", "du -sh *",
+]  # fmt: skip
+HISTORY = ["cd ~/project", "git pull", "make", "ls", "git status"]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def long_history() -> list[dict[str, Any]]:
+    """15 history frames of ~45 bytes: a context near the template's l_max of 768 tokens."""
+    return [
+        {"cmd": f"docker run --rm -v $PWD:/src build-image:{i:02d} make all", "exit": 0} for i in range(15)
+    ]
+
+
+def type_commands(c: CalmClient, commands: list[str], history: list[dict[str, Any]] | None,
+                  session: str) -> tuple[list[float], list[float]]:  # fmt: skip
+    first, done = [], []
+    for cmd in commands:
+        for i in range(len(cmd) + 1):
+            t0 = time.perf_counter()
+            got_first = None
+            ctx: dict[str, Any] = {"cwd": "/home/user/project", "git": "main"}
+            if history is not None:
+                ctx["history"] = history
+            for m in c.complete(cmd[:i], n=5, session=session, **ctx):
+                if got_first is None and "candidate" in m:
+                    got_first = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            first.append(got_first if got_first is not None else total)
+            done.append(total)
+    return first, done
+
+
+def in_process(
+    model: Path, db: Path, commands: list[str], history: list[dict[str, Any]] | None
+) -> list[float]:
+    engine = ModelEngine(model)
+    engine.attach_history(HistoryStore(db))
+    never = threading.Event()
+    times = []
+    for cmd in commands:
+        for i in range(len(cmd) + 1):
+            ctx: dict[str, Any] = {"input": cmd[:i], "cwd": "/home/user/project", "git": "main"}
+            ctx["history"] = history if history is not None else [{"cmd": h, "exit": 0} for h in HISTORY]
+            t0 = time.perf_counter()
+            list(engine.complete(ctx, 5, "bench", never))
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=packaged_model())
+    parser.add_argument("--commands", type=int, default=len(COMMANDS))
+    args = parser.parse_args()
+    commands = COMMANDS[: args.commands]
+    home = Path(tempfile.mkdtemp(prefix="calmd-bench-"))
+    run = home / "run"
+    run.mkdir(mode=0o700)
+    (home / "data").mkdir()
+    shutil.copy(args.model, home / "data" / "shell.cwgt")
+    sock = run / "calm" / "calmd.sock"
+    env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
+           "CALMD_SOCKET": str(sock)}  # fmt: skip
+    calmd = Path(sys.executable).parent / "calmd"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([str(calmd), "serve", "--no-import"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        while True:
+            try:
+                with CalmClient(sock, timeout=1) as c:
+                    c.status()
+                break
+            except Exception:
+                if proc.poll() is not None or time.perf_counter() - t0 > 60:
+                    raise SystemExit("calmd did not start") from None
+                time.sleep(0.01)
+        cold = time.perf_counter() - t0
+        with CalmClient(sock, timeout=30) as c:
+            for h in HISTORY:
+                c.record(h, exit=0, cwd="/home/user/project", session="bench")
+            type_commands(c, commands[:2], None, "warm-up")
+            short_first, short_done = type_commands(c, commands, None, "bench")
+            long_first, long_done = type_commands(c, commands, long_history(), "bench-long")
+            rss = rss_mb(proc.pid)
+        local = in_process(args.model, home / "data" / "history.sqlite3", commands, None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(home, ignore_errors=True)
+
+    ms = 1000.0
+    size_mb = args.model.stat().st_size / 1e6
+    print(f"model {args.model} ({size_mb:.1f} MB), {len(short_done)} keystrokes per case\n")
+    print(f"{'context':<22}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
+    for name, first, done in (("5 history frames", short_first, short_done),
+                              ("near l_max (15 long)", long_first, long_done)):  # fmt: skip
+        print(f"{name:<22}{pct(first, .5) * ms:>10.1f}{pct(first, .99) * ms:>10.1f}"
+              f"{pct(done, .5) * ms:>10.1f}{pct(done, .99) * ms:>10.1f}")  # fmt: skip
+    ratio = statistics.median(long_done) / statistics.median(short_done)
+    overhead = statistics.median(short_done) / statistics.median(local) - 1
+    print(f"\nnear-l_max / short, median done: {ratio:.2f}x (goal <= 1.2x)")
+    socket_ms, local_ms = statistics.median(short_done) * ms, statistics.median(local) * ms
+    print(f"daemon overhead over in-process engine, median: {overhead * 100:+.1f}% "
+          f"({socket_ms:.2f} vs {local_ms:.2f} ms; goal <= 10%)")  # fmt: skip
+    print(f"cold start to ready: {cold:.2f} s (goal <= 2 s); resident memory: {rss:.0f} MB (goal <= 300 MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""`calm replay`: replay shell histories through the daemon's pipeline and score the suggestions.
+
+For each history file (one user), in order: a fresh history store; every command is recorded
+after it has been predicted, so a prediction only sees the past. At sampled positions (after a
+warm-up) the next command is asked for given its first k characters (k = 0, 1, 2, 4, 8; k = 0
+means "predict the next command" on an empty prompt, k only when the command is longer than k):
+top-1 and top-5 exact matches of the whole command line. Keystrokes saved: the user types the
+command one character at a time and accepts the top suggestion (one key) as soon as it is the
+whole command; saved = (length - typed - 1) / length, 0 when it never is.
+
+The candidates come from the same code the daemon runs: the context is built as the server
+builds it (the store's latest commands of the session), ranked by `ModelEngine.complete` with
+its history proposals. The baselines answer the same queries from the same past:
+- `zsh-autosuggestions:history`: the most recent command that starts with the input;
+- `zsh-autosuggestions:match_prev_cmd`: the most recent such command whose predecessor equals
+  the previous command, else the most recent match;
+- `fish`: the most frequent command that starts with the input (ties: the most recent).
+Their top-5 continue in the same order. Histories carry no timestamps: command i is replayed at
+`ts = start + 60 i` (one command a minute), which is what the recency signal sees.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calmd.history import HistoryStore, detect_format, parse_history
+
+KS = (0, 1, 2, 4, 8)
+HISTORY_CONTEXT = 5  # as the server: ServerConfig.history_context
+SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+
+
+@dataclass
+class Tally:
+    queries: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    top1: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    top5: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
+    typed: int = 0
+
+    def add(self, other: Tally) -> None:
+        for k in KS:
+            self.queries[k] += other.queries[k]
+            self.top1[k] += other.top1[k]
+            self.top5[k] += other.top5[k]
+        self.saved += other.saved
+        self.typed += other.typed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "queries": self.queries,
+            "top1": {k: self.top1[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "keystrokes_saved": self.saved / self.typed if self.typed else None,
+            "typed_commands": self.typed,
+        }
+
+
+class PastOnly:
+    """The baselines' view of the history: what was run before the current position."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.last_index: dict[str, int] = {}
+        self.after: dict[str, dict[str, int]] = defaultdict(dict)  # prev -> cmd -> last index
+
+    def add(self, cmd: str) -> None:
+        if self.commands:
+            self.after[self.commands[-1]][cmd] = len(self.commands)
+        self.commands.append(cmd)
+        self.counts[cmd] += 1
+        self.last_index[cmd] = len(self.commands) - 1
+
+    def matches(self, prefix: str) -> list[str]:
+        """Distinct commands starting with prefix, most recent first."""
+        found = [c for c in self.last_index if c.startswith(prefix) and c != prefix]
+        return sorted(found, key=self.last_index.__getitem__, reverse=True)
+
+    def suggest(self, system: str, prefix: str, n: int = 5) -> list[str]:
+        recent = self.matches(prefix)
+        if system == "zsh-autosuggestions:history":
+            return recent[:n]
+        if system == "fish":
+            return sorted(recent, key=lambda c: (self.counts[c], self.last_index[c]), reverse=True)[:n]
+        assert system == "zsh-autosuggestions:match_prev_cmd"
+        prev = self.commands[-1] if self.commands else None
+        followers = self.after.get(prev, {}) if prev is not None else {}
+        first = sorted((c for c in followers if c.startswith(prefix) and c != prefix),
+                       key=followers.__getitem__, reverse=True)  # fmt: skip
+        ordered = first + [c for c in recent if c not in first]
+        return ordered[:n]
+
+
+def read_commands(path: Path) -> list[str]:
+    raw = path.read_bytes()
+    fmt = detect_format(raw)
+    if fmt == "bash" and path.suffix == ".txt":
+        text = raw.decode("utf-8", "replace")
+        return [line for line in text.split("\n") if line.strip()]
+    return [cmd for _, cmd in parse_history(raw, fmt) if cmd.strip()]
+
+
+def _first(items: list[str]) -> str | None:
+    return items[0] if items else None
+
+
+def _keystrokes_saved(cmd: str, suggest: Any) -> float:
+    """Fraction of keystrokes saved typing `cmd` and accepting the first correct top-1."""
+    for typed in range(len(cmd)):
+        if suggest(cmd[:typed]) == cmd:
+            return max(0, len(cmd) - typed - 1) / len(cmd)
+    return 0.0
+
+
+@dataclass
+class ReplayConfig:
+    model: Path
+    positions: int = 40  # sampled prediction positions per user
+    warmup: int = 50  # commands replayed before the first sampled position
+    seed: int = 0
+    typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
+    with_training: bool = False
+
+
+def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str, Tally]:
+    commands = read_commands(path)
+    tallies = {s: Tally() for s in SYSTEMS}
+    if len(commands) <= cfg.warmup:
+        return tallies
+    rng = random.Random(f"{cfg.seed}:{path.stem}")
+    candidates_pos = list(range(cfg.warmup, len(commands)))
+    sampled = sorted(rng.sample(candidates_pos, min(cfg.positions, len(candidates_pos))))
+    typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
+    with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
+        store = HistoryStore(Path(tmp) / "history.sqlite3")
+        engine = engine_factory()
+        engine.attach_history(store)
+        past = PastOnly()
+        start_ts = time.time() - 60 * len(commands)
+        never = threading.Event()
+        session = "replay"
+        sampled_set = set(sampled)
+
+        def calmd_top(prefix: str, n: int) -> list[str]:
+            rows = store.recent(session=session, limit=HISTORY_CONTEXT)
+            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in rows]}
+            return [c for c, _ in engine.complete(ctx, n, session, never)]
+
+        for i, cmd in enumerate(commands):
+            if i in sampled_set:
+                for k in KS:
+                    if k > 0 and len(cmd) <= k:
+                        continue
+                    prefix = cmd[:k]
+                    answers = {"calmd": calmd_top(prefix, 5)}
+                    for system in SYSTEMS[1:]:
+                        answers[system] = past.suggest(system, prefix)
+                    for system, got in answers.items():
+                        t = tallies[system]
+                        t.queries[k] += 1
+                        t.top1[k] += bool(got) and got[0] == cmd
+                        t.top5[k] += cmd in got[:5]
+                if i in typed_out:
+                    tallies["calmd"].saved += _keystrokes_saved(cmd, lambda p: _first(calmd_top(p, 1)))
+                    tallies["calmd"].typed += 1
+                    for system in SYSTEMS[1:]:
+                        tallies[system].saved += _keystrokes_saved(
+                            cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
+                        )
+                        tallies[system].typed += 1
+            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)
+            past.add(cmd)
+        store.close()
+    return tallies
+
+
+def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+    from calmd.engine import ModelEngine
+
+    totals = {s: Tally() for s in SYSTEMS}
+    per_user: dict[str, Any] = {}
+    started = time.monotonic()
+    for n, path in enumerate(files, 1):
+        tallies = replay_user(path, cfg, lambda: ModelEngine(cfg.model))
+        per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
+        for s, t in tallies.items():
+            totals[s].add(t)
+        if progress:
+            top1 = totals["calmd"].to_json()["top1"]
+            so_far = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
+            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, calmd top-1 {so_far}",
+                  flush=True)  # fmt: skip
+    return {
+        "model": str(cfg.model),
+        "users": len(files),
+        "positions_per_user": cfg.positions,
+        "seed": cfg.seed,
+        "totals": {s: t.to_json() for s, t in totals.items()},
+        "per_user": per_user,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS) + f"{'top5 k=0':>10}{'saved':>8}"]
+    for system, t in result["totals"].items():
+        top1 = "".join(f"{(t['top1'][k] or 0) * 100:>7.1f}%" for k in KS)
+        saved = t["keystrokes_saved"]
+        lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
+                     f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    from calmd.atomic import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(json.dumps(result, indent=1).encode())
+
+
+def expand(files: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for name in files:
+        p = Path(name)
+        out.extend(sorted(p.glob("*.txt")) if p.is_dir() else [p])
+    return out

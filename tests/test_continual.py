@@ -1,0 +1,152 @@
+"""Continual training: history datasets, the background run, and the daemon driving it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from calmd.cli import calm_main
+from calmd.client import CalmClient
+from calmd.continual import DatasetOptions, RunOptions, history_examples, is_trivial, read_status, run
+from calmd.ctds import CtdsReader
+from calmd.history import HistoryStore
+from tests.daemon import running_daemon
+from tests.tiny_model import save_tiny
+
+WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("w") / "tiny.cwgt")
+
+
+def fill(store: HistoryStore, rounds: int) -> None:
+    for i in range(rounds):
+        for j, cmd in enumerate(WORK):
+            text = f"{cmd} {i}" if cmd.startswith("git commit") else cmd
+            store.record(text, exit=1 if cmd == "false cmd" else 0, cwd="/p", git="main", session="s",
+                         ts=1000 + 10 * i + j)  # fmt: skip
+
+
+def test_trivial_commands() -> None:
+    assert is_trivial("ls") and is_trivial("cd  ..") and is_trivial("pwd")
+    assert not is_trivial("ls -la") and not is_trivial("cd src")
+
+
+def test_history_examples_filter_and_keep_context(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    fill(store, 6)
+    pairs = history_examples(store, DatasetOptions())
+    cmds = [c for _, c in pairs]
+    assert "ls" not in cmds and "cd .." not in cmds  # trivial
+    assert "false cmd" not in cmds  # failed
+    assert cmds.count("make build") == 3  # --max-dup 3
+    assert len([c for c in cmds if c.startswith("git commit")]) == 6  # distinct commands
+    ctx, _ = pairs[-1]
+    assert [h["cmd"] for h in ctx["history"]][-1] in WORK  # the preceding commands, trivial ones too
+    assert len(ctx["history"]) == 5 and ctx["cwd"] == "/p" and ctx["git"] == "main"
+    wide = history_examples(store, DatasetOptions(include_failed=True, include_trivial=True, max_dup=100))
+    assert len(wide) == 6 * len(WORK)
+    assert len(history_examples(store, DatasetOptions(max_entries=7, max_dup=100))) == 4
+
+
+def test_calm_dataset_without_from_reads_the_history_store(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite3"
+    store = HistoryStore(db)
+    fill(store, 4)
+    store.close()
+    out = tmp_path / "hist.ctds"
+    assert calm_main(["dataset", "--db", str(db), "-o", str(out), "--max-dup", "100", "--quiet"]) == 0
+    # per round: make build, make test, git status, git commit (ls, cd .., a failure dropped)
+    assert CtdsReader(out).count() == 4 * 4
+
+
+def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 30)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    result = run(RunOptions(tmp_path, weights, min_examples=10, holdout=10, epochs=3, lr=3e-3))
+    assert result["state"] == "done", result
+    assert result["swapped"] is True and result["new_loss"] <= result["old_loss"], result
+    assert (tmp_path / "shell.prev.cwgt").read_bytes() == tiny.read_bytes()
+    assert weights.read_bytes() != tiny.read_bytes()
+    assert read_status(tmp_path)["reason"].endswith("swapped in")
+    assert not list(tmp_path.glob(".shell.candidate.*"))
+    assert calm_main(["rollback", "--weights", str(weights)]) == 0
+    assert weights.read_bytes() == tiny.read_bytes()
+
+
+def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 1)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    result = run(RunOptions(tmp_path, weights))
+    assert result["swapped"] is False and "training examples" in result["reason"]
+    assert weights.read_bytes() == tiny.read_bytes()
+
+
+TRAIN_ARGS = ("--train-arg=--min-examples=10", "--train-arg=--holdout=10", "--train-arg=--epochs=3")
+
+
+def wait_status(c: CalmClient, check: object, timeout: float = 120) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = c.status()["status"]
+        if check(status):  # type: ignore[operator]
+            return status  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
+    args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
+    with (
+        running_daemon(tmp_path, engine="calmd.engine:load_engine", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for i in range(30):
+            for cmd in WORK:
+                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        before = c.status()["status"]["loaded_at"]
+        assert c.train()["started"] is True
+        assert c.train()["started"] is False  # one run at a time
+        status = wait_status(
+            c, lambda s: s["training"]["last_result"] is not None and s["training"]["pid"] is None
+        )
+        assert status["training"]["last_result"]["swapped"] is True, status  # type: ignore[index]
+        wait_status(c, lambda s: s["loaded_at"] != before)
+        assert (tmp_path / "data" / "shell.prev.cwgt").exists()
+        # completions keep working with the new weights
+        assert any("candidate" in m for m in c.complete("make", n=2, session="s"))
+
+
+def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
+    args = ("--no-import", "--train-threshold", "40", "--train-max-load", "1000", *TRAIN_ARGS,
+            "--train-arg=--epochs=50")  # fmt: skip
+    with (
+        running_daemon(tmp_path, engine="calmd.engine:load_engine", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for i in range(6):
+            for cmd in WORK:
+                c.record(f"{cmd} {i}", exit=0, session="s")
+        status = wait_status(c, lambda s: s["training"]["state"] == "training", timeout=60)
+        assert status["history"]["since_last_training"] < 40  # type: ignore[index]
+        os.kill(status["training"]["pid"], signal.SIGKILL)  # type: ignore[index]
+        status = wait_status(c, lambda s: s["training"]["state"] == "interrupted")
+        assert (tmp_path / "data" / "shell.cwgt").read_bytes() == tiny.read_bytes()
+        assert not (tmp_path / "data" / "shell.prev.cwgt").exists()
+        assert any("candidate" in m for m in c.complete("make", n=2, session="s"))

@@ -1,0 +1,73 @@
+"""`calm replay`: the baselines answer from the past only, and the whole replay runs from the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calmd.cli import calm_main
+from calmd.replay import PastOnly, _keystrokes_saved
+from tests.tiny_model import save_tiny
+
+
+def past_of(*commands: str) -> PastOnly:
+    past = PastOnly()
+    for c in commands:
+        past.add(c)
+    return past
+
+
+def test_zsh_history_strategy_is_the_most_recent_match() -> None:
+    past = past_of("git status", "git stash", "git status", "ls")
+    assert past.suggest("zsh-autosuggestions:history", "git st") == ["git status", "git stash"]
+    assert past.suggest("zsh-autosuggestions:history", "") == ["ls", "git status", "git stash"]
+
+
+def test_match_prev_cmd_prefers_what_followed_the_previous_command() -> None:
+    past = past_of("make", "make test", "make", "make install", "ls", "make")
+    # after "make": "make install" followed it most recently, then "make test"
+    assert past.suggest("zsh-autosuggestions:match_prev_cmd", "make ")[:2] == ["make install", "make test"]
+    past.add("cd /")  # nothing ever followed "cd /": fall back to the most recent match
+    assert past.suggest("zsh-autosuggestions:match_prev_cmd", "make ") == ["make install", "make test"]
+
+
+def test_fish_strategy_is_the_most_frequent_match() -> None:
+    past = past_of("git pull", "git push", "git pull", "git push", "git pull", "git prune")
+    assert past.suggest("fish", "git p") == ["git pull", "git push", "git prune"]
+
+
+def test_keystrokes_saved_counts_the_accept_key() -> None:
+    # right after typing 2 of 10 characters: 7 saved (10 - 2 - 1 for the accept key)
+    assert _keystrokes_saved("git status", lambda p: "git status" if len(p) >= 2 else None) == pytest.approx(
+        0.7
+    )
+    assert _keystrokes_saved("git status", lambda p: None) == 0.0
+
+
+def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Path) -> None:
+    model = save_tiny(tmp_path / "tiny.cwgt")
+    # a strictly periodic history: after warm-up, "what followed the previous command" is always right
+    cycle = ["cd proj", "git status", "make test", "ls -la"]
+    history = tmp_path / "user1.txt"
+    history.write_text("\n".join(cycle * 30) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "12", "--typing", "4",
+                      "--warmup", "20", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    totals = result["totals"]
+    assert set(totals) == {
+        "calmd",
+        "zsh-autosuggestions:history",
+        "zsh-autosuggestions:match_prev_cmd",
+        "fish",
+    }
+    queries = {s: t["queries"] for s, t in totals.items()}
+    assert len({json.dumps(q, sort_keys=True) for q in queries.values()}) == 1  # the same queries for all
+    assert totals["calmd"]["queries"]["0"] == 12
+    assert totals["zsh-autosuggestions:match_prev_cmd"]["top1"]["0"] == 1.0
+    assert totals["zsh-autosuggestions:history"]["top1"]["0"] == 0.0  # the last command never repeats
+    assert totals["calmd"]["top1"]["0"] == 1.0  # the follows-previous signal finds it too
+    assert totals["calmd"]["keystrokes_saved"] > 0.5

@@ -185,6 +185,7 @@ class Server:
         self._trainer: asyncio.subprocess.Process | None = None
         self._trainer_task: asyncio.Task[None] | None = None
         self.last_training_exit: int | None = None
+        self._recent_cache: dict[str, list[dict[str, Any]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -374,11 +375,26 @@ class Server:
             session=request.session,
             ts=request.ts,
         )
+        if result.stored:
+            self._recent_cache.clear()  # other sessions top up with this command too
         if result.stored and self.config.train_threshold and self._trainer_idle():
             pending = self.history.counter("recorded_since_train")
             if pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load:
                 await self.start_training("threshold")
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    def _recent_history(self, session: str) -> list[dict[str, Any]]:
+        """The context's history frames, cached per session until the next stored command (a
+        keystroke must not cost a database query)."""
+        cached = self._recent_cache.get(session)
+        if cached is None:
+            assert self.history is not None
+            rows = self.history.recent(session=session or None, limit=self.config.history_context)
+            cached = [{"cmd": r.cmd, "exit": r.exit} for r in rows]
+            if len(self._recent_cache) > 256:
+                self._recent_cache.clear()
+            self._recent_cache[session] = cached
+        return cached
 
     # -- background training ----------------------------------------------------------------------
 
@@ -435,8 +451,7 @@ class Server:
             raise ProtocolError("no_model", "no model is loaded", request.id)
         ctx = dict(request.ctx)
         if not request.history_given and self.history is not None:
-            rows = self.history.recent(session=request.session or None, limit=self.config.history_context)
-            ctx["history"] = [{"cmd": r.cmd, "exit": r.exit} for r in rows]
+            ctx["history"] = self._recent_history(request.session)
         # A newer request of the same session cancels the older one.
         cancelled = threading.Event()
         if request.session:

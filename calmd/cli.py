@@ -454,9 +454,10 @@ def calm_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
 
     # Subcommands that live beside their logic (these modules import nothing heavy at load time).
-    from calmd import train_cli
+    from calmd import shell, train_cli
 
     train_cli.add_parsers(sub)  # train, evaluate
+    shell.add_calm_parsers(sub)  # enable, disable
     return parser
 
 
@@ -673,6 +674,10 @@ def calmd_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.set_defaults(func=cmd_install_systemd)
+
+    from calmd import shell
+
+    shell.add_calmd_parsers(sub)  # init zsh|bash, shell-helper
     return parser
 
 

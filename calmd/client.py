@@ -100,6 +100,25 @@ class CalmClient:
                 raise ConnectionError("calmd closed the connection")
             self._unpacker.feed(data)
 
+    def fileno(self) -> int:
+        """The socket's descriptor, for select()/poll() beside other inputs (the shell helper)."""
+        return self._sock.fileno()
+
+    def read_available(self) -> list[dict[str, Any]]:
+        """Every message already received, without blocking; ConnectionError when the daemon
+        has closed the connection."""
+        messages: list[dict[str, Any]] = []
+        timeout = self._sock.gettimeout()
+        self._sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    messages.append(self.read_message())
+                except (BlockingIOError, TimeoutError):
+                    return messages
+        finally:
+            self._sock.settimeout(timeout)
+
     def replies(self, request_id: int) -> Iterator[dict[str, Any]]:
         """Messages for `request_id` until its last one (done/ok/error/status); messages for other
         ids that arrive meanwhile are kept for their own `replies()` call."""

@@ -1,0 +1,433 @@
+"""Shell integration: `calmd init zsh|bash`, the per-shell helper, `calm enable|disable`.
+
+The hooks in client/ (calm.zsh, calm.bash) never start a Python process per keystroke. Each shell
+starts one helper (`calmd shell-helper`) when the hook loads, talks to it over two pipes with one
+line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
+whenever the daemon comes back. The helper is silent: its errors go to a log file.
+
+Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`):
+
+    shell -> helper   c <seq> <n> <cwd> <git> <input>           complete `input`, best `n`
+                      r <exit> <cwd> <git> <ts> <cmd>           record an executed command
+    helper -> shell   <seq> <final> <candidate> <candidate>...  (fields separated by tabs)
+
+A `c` line is answered with a line holding the best candidate as soon as it arrives (final=0),
+then a line with every candidate, best first (final=1), which may hold none (no daemon, disabled,
+nothing to suggest). Only the newest `c` matters: older ones that are still queued are skipped,
+and the daemon cancels an older request of the same session when a newer one arrives. `r` lines
+get no answer; they are sent before the next `c`, and kept (up to 256) while no daemon runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from calmd import paths
+
+if TYPE_CHECKING:
+    from calmd.client import CalmClient
+
+SHELLS = ("zsh", "bash")
+DISABLED_FLAG = "shell-disabled"  # in the data dir: `calm disable` creates it, `calm enable` removes it
+LOG_NAME = "shell-helper.log"
+LOG_MAX_BYTES = 1 << 20
+BACKLOG = 256  # records kept while the daemon is away
+MAX_CANDIDATES = 32  # the protocol's limit for `n`
+PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
+
+log = logging.getLogger("calmd.shell")
+
+
+# --------------------------------------------------------------------------- escaping
+
+
+def escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(nxt, "\\" + nxt))
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- paths and flags
+
+
+def disabled_flag() -> Path:
+    return paths.data_dir() / DISABLED_FLAG
+
+
+def log_path() -> Path:
+    return paths.data_dir() / LOG_NAME
+
+
+def script_path(shell: str) -> Path:
+    """client/calm.<shell> beside the package (a source or editable install), else inside it."""
+    here = Path(__file__).resolve().parent
+    for folder in (here.parent / "client", here / "data" / "client"):
+        candidate = folder / f"calm.{shell}"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
+
+
+def init_script(shell: str, socket: str | None = None) -> str:
+    """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
+    helper = [sys.executable, "-m", "calmd.shell", "shell-helper"]
+    if socket:
+        helper += ["--socket", socket]
+    head = [
+        f'# calmd {shell} integration: eval "$(calmd init {shell})"',
+        "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
+        f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
+    ]
+    return "\n".join(head) + "\n" + script_path(shell).read_text()
+
+
+# --------------------------------------------------------------------------- the helper
+
+
+@dataclass
+class Complete:
+    seq: str
+    n: int
+    input: str
+    cwd: str
+    git: str
+
+
+@dataclass
+class Record:
+    cmd: str
+    exit: int | None
+    cwd: str
+    git: str
+    ts: float | None
+
+    def fields(self, session: str) -> dict[str, Any]:
+        """The `record` request's fields besides `cmd`, unset ones left out."""
+        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session}
+        return {k: v for k, v in fields.items() if v is not None and v != ""}
+
+
+def parse_request(line: str) -> Complete | Record | None:
+    parts = line.split("\t")
+    try:
+        if parts[0] == "c" and len(parts) == 6:
+            n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
+            return Complete(parts[1], n, unescape(parts[5]), unescape(parts[3]), unescape(parts[4]))
+        if parts[0] == "r" and len(parts) == 6:
+            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+            ts = float(parts[4]) if parts[4] else None
+            return Record(unescape(parts[5]), exit_code, unescape(parts[2]), unescape(parts[3]), ts)
+    except ValueError:
+        pass
+    log.warning("ignoring a malformed request: %.200r", line)
+    return None
+
+
+@dataclass
+class Active:
+    """The complete request in flight: its line seq, its request id, the candidates so far."""
+
+    seq: str
+    rid: int
+    candidates: list[str] = field(default_factory=list)
+
+
+class Helper:
+    """One per shell: stdin/stdout lines on one side, one daemon connection on the other."""
+
+    def __init__(
+        self,
+        session: str,
+        socket_path: Path,
+        *,
+        stdin: int = 0,
+        stdout: int = 1,
+        autostart: bool = False,
+    ) -> None:
+        self.session = session
+        self.socket_path = socket_path
+        self.stdin = stdin
+        self.stdout = stdout
+        self.autostart = autostart
+        self.autostarted = False
+        self.client: CalmClient | None = None
+        self.connected_once = False
+        self.inbuf = b""
+        self.backlog: deque[Record] = deque(maxlen=BACKLOG)
+        self.pending_records: set[int] = set()
+        self.queued: Complete | None = None
+        self.active: Active | None = None
+        self.flag = disabled_flag()
+
+    # -- shell side ------------------------------------------------------------------------------
+
+    def emit(self, seq: str, final: bool, candidates: list[str]) -> None:
+        line = "\t".join([seq, "1" if final else "0", *(escape(c) for c in candidates)]) + "\n"
+        data = line.encode()
+        while data:
+            written = os.write(self.stdout, data)
+            data = data[written:]
+
+    def read_stdin(self) -> bool:
+        """Take in what the shell wrote; False at end of file (the shell is gone)."""
+        chunk = os.read(self.stdin, 65536)
+        if not chunk:
+            return False
+        self.inbuf += chunk
+        *lines, self.inbuf = self.inbuf.split(b"\n")
+        for raw in lines:
+            request = parse_request(raw.decode("utf-8", "replace"))
+            if isinstance(request, Record):
+                self.backlog.append(request)
+            elif isinstance(request, Complete):
+                self.queued = request  # one still queued is superseded: the shell waits for the newest
+        return True
+
+    # -- daemon side -----------------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        """Connect when not connected (a failed attempt costs microseconds: no throttling)."""
+        if self.client is not None:
+            return True
+        from calmd.client import CalmClient
+
+        try:
+            self.client = CalmClient(self.socket_path, timeout=2.0)
+        except OSError as exc:
+            if self.connected_once:
+                log.info("daemon away (%s)", exc)
+                self.connected_once = False
+            self.maybe_autostart()
+            return False
+        log.info("connected to %s", self.socket_path)
+        self.connected_once = True
+        return True
+
+    def maybe_autostart(self) -> None:
+        if not self.autostart or self.autostarted:
+            return
+        self.autostarted = True
+        calmd = Path(sys.executable).parent / "calmd"
+        argv = [str(calmd)] if calmd.exists() else [sys.executable, "-m", "calmd.cli"]
+        with open(log_path(), "ab") as out:
+            subprocess.Popen(
+                [*argv, "serve"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        log.info("started the daemon in the background")
+
+    def drop(self, exc: BaseException) -> None:
+        """The connection broke: answer the shell's pending request with nothing, retry later."""
+        log.info("connection lost: %s", exc)
+        if self.client is not None:
+            self.client.close()
+        self.client = None
+        self.pending_records.clear()
+        self.connected_once = False
+        if self.active is not None:
+            self.emit(self.active.seq, True, [])
+            self.active = None
+
+    def send_work(self) -> None:
+        """Records first (in order), then the newest complete once the records are stored, so that
+        the prediction after a command already sees it. A newer complete makes the daemon cancel
+        the older one (same session); replies to it are then dropped by `on_message`."""
+        if self.queued is not None and self.flag.exists():
+            self.emit(self.queued.seq, True, [])
+            self.queued = None
+        if not self.backlog and self.queued is None:
+            return
+        if not self.connect():
+            if self.queued is not None:
+                self.emit(self.queued.seq, True, [])
+                self.queued = None
+            return
+        assert self.client is not None
+        try:
+            while self.backlog:
+                record = self.backlog[0]
+                self.pending_records.add(
+                    self.client.send("record", cmd=record.cmd, **record.fields(self.session))
+                )
+                self.backlog.popleft()
+            if self.queued is not None and not self.pending_records:
+                q, self.queued = self.queued, None
+                ctx = {
+                    "input": q.input,
+                    **({"cwd": q.cwd} if q.cwd else {}),
+                    **({"git": q.git} if q.git else {}),
+                }
+                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx)
+                self.active = Active(q.seq, rid)
+        except OSError as exc:
+            self.drop(exc)
+
+    def on_message(self, message: dict[str, Any]) -> None:
+        rid = message.get("id")
+        if rid in self.pending_records:
+            if "error" in message:
+                log.warning("record failed: %s", message["error"])
+            self.pending_records.discard(rid)
+            return
+        active = self.active
+        if active is None or rid != active.rid:
+            return  # a cancelled or superseded request
+        if "candidate" in message:
+            candidate = str(message["candidate"])
+            if candidate and candidate not in active.candidates:
+                active.candidates.append(candidate)
+                if len(active.candidates) == 1:
+                    self.emit(active.seq, False, active.candidates)  # the ghost text, at once
+            return
+        if "error" in message:
+            log.warning("complete failed: %s", message["error"])
+        self.emit(active.seq, True, active.candidates)
+        self.active = None
+
+    def read_daemon(self) -> None:
+        """Every message the daemon has sent so far (the socket is non-blocking meanwhile)."""
+        client = self.client
+        assert client is not None
+        try:
+            messages = client.read_available()
+        except (OSError, ValueError, RuntimeError) as exc:  # ConnectionError, ProtocolMismatch, msgpack
+            self.drop(exc)
+            return
+        for message in messages:
+            self.on_message(message)
+
+    def run(self) -> int:
+        parent = os.getppid()
+        while True:
+            self.send_work()
+            fds = [self.stdin]
+            if self.client is not None:
+                fds.append(self.client.fileno())
+            try:
+                ready, _, _ = select.select(fds, [], [], PARENT_CHECK_EVERY)
+            except InterruptedError:
+                continue
+            if not ready and os.getppid() != parent:
+                return 0  # the shell is gone; a process it started may still hold our stdin open
+            if self.stdin in ready and not self.read_stdin():
+                return 0
+            if self.client is not None and self.client.fileno() in ready:
+                self.read_daemon()
+
+
+def _setup_log() -> None:
+    path = log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > LOG_MAX_BYTES:
+            path.replace(path.with_suffix(".log.old"))
+        handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{os.getpid()}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def cmd_shell_helper(args: argparse.Namespace) -> int:
+    # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    _setup_log()
+    socket = Path(args.socket) if getattr(args, "socket", None) else paths.socket_path()
+    session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
+    helper = Helper(session, socket, autostart=args.autostart)
+    try:
+        return helper.run()
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0
+    except Exception:
+        log.exception("shell helper crashed")
+        return 1
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    sys.stdout.write(init_script(args.shell, getattr(args, "socket", None)))
+    return 0
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    flag = disabled_flag()
+    with contextlib.suppress(FileNotFoundError):
+        flag.unlink()
+    print(f"calm: suggestions enabled (removed {flag})")
+    return 0
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    flag = disabled_flag()
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.touch()
+    print(f"calm: suggestions disabled in every shell until `calm enable` (flag file {flag})")
+    return 0
+
+
+def add_calmd_parsers(sub: Any) -> None:
+    """`calmd init SHELL` and `calmd shell-helper` (`sub` is an argparse subparsers object)."""
+    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
+    p.add_argument("shell", choices=SHELLS)
+    p.set_defaults(func=cmd_init)
+    p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
+    p.add_argument("--session", default="", help="session id (default: from the parent pid)")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
+    p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
+    p.set_defaults(func=cmd_shell_helper)
+
+
+def add_calm_parsers(sub: Any) -> None:
+    """`calm enable` and `calm disable`: suggestions on or off in every shell, no rc edit."""
+    p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
+    p.set_defaults(func=cmd_enable)
+    p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
+    p.set_defaults(func=cmd_disable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m calmd.shell ...`: what the hooks run, independent of the rest of the CLI."""
+    parser = argparse.ArgumentParser(prog="calmd")
+    parser.add_argument("--socket", metavar="PATH", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_calmd_parsers(sub)
+    add_calm_parsers(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

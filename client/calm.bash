@@ -1,0 +1,262 @@
+# calm.bash: command suggestions from calmd.  Load with  eval "$(calmd init bash)"  (last in ~/.bashrc)
+#
+# Readline offers no hook per keystroke, so bash gets a key instead of ghost text: CALM_KEY
+# (Shift-Tab) puts the best candidate for the line into READLINE_LINE, pressing it again cycles
+# through the others and back to what was typed; on an empty line it offers the predicted next
+# command. One helper process per shell (`calmd shell-helper`) holds the daemon connection.
+# `calmd init` sets _CALM_HELPER and _CALM_DISABLED_FILE before this file. Options: docs/shells.md.
+
+[[ $- == *i* ]] || return 0
+[[ -n ${_CALM_LOADED-} ]] && return 0
+(( BASH_VERSINFO[0] >= 5 )) || return 0  # EPOCHREALTIME, {fd} redirections
+_CALM_LOADED=1
+
+# Options: set only what the user has not set.
+: "${CALM_KEY=\e[Z}"
+: "${CALM_MAX_CANDIDATES=5}"
+: "${CALM_MIN_LENGTH=1}"
+: "${CALM_PREDICT=1}"
+: "${CALM_RECORD=1}"
+: "${CALM_AUTOSTART=0}"
+: "${CALM_TIMEOUT=1}"
+
+_CALM_SESSION="bash-${HOSTNAME%%.*}-$$-$EPOCHSECONDS"
+_CALM_WFD= _CALM_RFD= _CALM_STARTED_AT=0 _CALM_SEQ=0 _CALM_PRED_SEQ=-1 _CALM_OFF=0
+_CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH=
+_CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0
+_CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+
+# --------------------------------------------------------------------------- the helper
+
+_calm_start() {
+  [[ -n $_CALM_WFD ]] && return 0
+  (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
+  _CALM_STARTED_AT=$EPOCHSECONDS
+  local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
+  command mkfifo -m 600 -- "$fifo" 2>/dev/null || return 1
+  local argv=("${_CALM_HELPER[@]}" --session "$_CALM_SESSION")
+  (( CALM_AUTOSTART )) && argv+=(--autostart)
+  exec {_CALM_RFD}< <(exec "${argv[@]}" <"$fifo" 2>/dev/null)
+  exec {_CALM_WFD}>"$fifo"
+  command rm -f -- "$fifo"
+}
+
+_calm_stop() {
+  [[ -n $_CALM_RFD ]] && exec {_CALM_RFD}<&-
+  [[ -n $_CALM_WFD ]] && exec {_CALM_WFD}>&-
+  _CALM_RFD= _CALM_WFD=
+}
+
+# REPLY = $1 with backslash, newline and tab escaped (the helper's line format).
+_calm_esc() {
+  REPLY=${1//\\/\\\\}
+  REPLY=${REPLY//$'\n'/\\n}
+  REPLY=${REPLY//$'\t'/\\t}
+}
+
+# Write $1 to the helper. An interactive bash dies of SIGPIPE when it writes to a pipe nobody
+# reads, so the write happens in a subshell that ignores it (once per prompt or key press).
+_calm_write() {
+  [[ -n $_CALM_WFD ]] || return 1
+  ( trap '' PIPE; printf '%s' "$1" >&"$_CALM_WFD" ) 2>/dev/null || _calm_stop
+}
+
+# Throw away replies nobody waits for any more.
+_calm_drain() {
+  local line
+  while [[ -n $_CALM_RFD ]] && read -t 0 -u "$_CALM_RFD" 2>/dev/null; do
+    IFS= read -r -u "$_CALM_RFD" line || { _calm_stop; return; }
+  done
+}
+
+# _CALM_CANDS = the candidates of the final reply to request $1 (wait up to CALM_TIMEOUT).
+_calm_collect() {
+  local line rest status
+  _CALM_CANDS=()
+  while [[ -n $_CALM_RFD ]]; do
+    IFS= read -r -t "$CALM_TIMEOUT" -u "$_CALM_RFD" line
+    status=$?
+    if (( status > 128 )); then return 1; fi  # timed out: leave the line alone
+    if (( status )); then _calm_stop; return 1; fi
+    [[ ${line%%$'\t'*} == "$1" ]] || continue
+    rest=${line#*$'\t'}
+    [[ ${rest%%$'\t'*} == 1 ]] || continue
+    [[ $rest == *$'\t'* ]] || return 0
+    local -a parts
+    IFS=$'\t' read -r -a parts <<<"${rest#*$'\t'}"
+    local part
+    for part in "${parts[@]}"; do
+      printf -v part '%b' "$part"
+      _CALM_CANDS+=("$part")
+    done
+    return 0
+  done
+  return 1
+}
+
+# --------------------------------------------------------------------------- the key
+
+_calm_set_line() {
+  READLINE_LINE=$1
+  READLINE_POINT=${#READLINE_LINE}
+}
+
+# First press: the best candidate for the line. Again: the next one, then back to what was typed.
+_calm_key() {
+  if [[ -n $_CALM_INSERTED && $READLINE_LINE == "$_CALM_INSERTED" ]] && (( ${#_CALM_CANDS[@]} )); then
+    _CALM_IDX=$(( (_CALM_IDX + 1) % (${#_CALM_CANDS[@]} + 1) ))
+    if (( _CALM_IDX == ${#_CALM_CANDS[@]} )); then
+      _calm_set_line "$_CALM_TYPED"
+    else
+      _calm_set_line "${_CALM_CANDS[_CALM_IDX]}"
+    fi
+    _CALM_INSERTED=$READLINE_LINE
+    return
+  fi
+  _CALM_INSERTED= _CALM_TYPED=$READLINE_LINE
+  (( _CALM_OFF )) && return
+  [[ -z $_CALM_WFD ]] && return
+  local seq
+  if [[ -z $READLINE_LINE ]] && (( _CALM_PRED_READY )); then
+    _CALM_CANDS=("${_CALM_PRED[@]}")
+  elif [[ -z $READLINE_LINE ]] && (( _CALM_PRED_SEQ == _CALM_SEQ )); then
+    # Asked for at the prompt; usually here already.
+    _calm_collect "$_CALM_PRED_SEQ" || return
+    _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_READY=1
+  else
+    (( ${#READLINE_LINE} < CALM_MIN_LENGTH )) && return
+    _calm_drain
+    seq=$(( ++_CALM_SEQ ))
+    _calm_esc "$PWD"; local cwd=$REPLY
+    _calm_esc "$READLINE_LINE"
+    _calm_write "c"$'\t'"$seq"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$REPLY"$'\n'
+    _calm_collect "$seq" || return
+  fi
+  local cand keep=()
+  for cand in "${_CALM_CANDS[@]}"; do
+    [[ $cand != "$_CALM_TYPED" && $cand == "$_CALM_TYPED"* ]] && keep+=("$cand")
+  done
+  _CALM_CANDS=("${keep[@]}")
+  (( ${#_CALM_CANDS[@]} )) || return
+  _CALM_IDX=0
+  _calm_set_line "${_CALM_CANDS[0]}"
+  _CALM_INSERTED=$READLINE_LINE
+}
+
+# --------------------------------------------------------------------------- recording
+
+# _CALM_BRANCH: the branch (or short commit) of the repository around $PWD, read from .git/HEAD.
+_calm_git_branch() {
+  _CALM_BRANCH=
+  local dir=$PWD gitdir= head=
+  while true; do
+    if [[ -d $dir/.git ]]; then
+      gitdir=$dir/.git
+      break
+    elif [[ -f $dir/.git ]]; then
+      IFS= read -r head <"$dir/.git" 2>/dev/null
+      gitdir=${head#gitdir: }
+      [[ $gitdir == /* ]] || gitdir=$dir/$gitdir
+      break
+    fi
+    [[ $dir == / || -z $dir ]] && return
+    dir=${dir%/*}
+    [[ -z $dir ]] && dir=/
+  done
+  [[ -r $gitdir/HEAD ]] || return
+  IFS= read -r head <"$gitdir/HEAD" 2>/dev/null
+  if [[ $head == 'ref: refs/heads/'* ]]; then
+    _CALM_BRANCH=${head#ref: refs/heads/}
+  else
+    _CALM_BRANCH=${head:0:7}
+  fi
+}
+
+# The command line about to run ($1), as bash-preexec passes it or as read from the history.
+_calm_preexec() {
+  _CALM_CMD=$1 _CALM_TS=$EPOCHREALTIME
+}
+
+# DEBUG trap: the first command after the prompt starts the user's line.
+_calm_debug() {
+  local status=$?
+  (( _CALM_ARMED )) || return $status
+  [[ -z ${COMP_LINE-} && $BASH_COMMAND != _calm_* ]] || return $status
+  # Commands of PROMPT_COMMAND that run after ours are not the user's.
+  local IFS=$'\n' entry pc
+  pc=$'\n'"${PROMPT_COMMAND[*]}"$'\n'
+  pc=${pc//;/$'\n'}
+  pc=${pc//$'\n' /$'\n'}
+  if [[ $pc != *$'\n'"$BASH_COMMAND"$'\n'* ]]; then
+    _CALM_ARMED=0
+    entry=$(HISTTIMEFORMAT= builtin history 1)
+    if [[ $entry =~ ^\ *([0-9]+)[\ *]\ (.*)$ ]]; then
+      entry=${BASH_REMATCH[2]}
+      # Not saved in the history (ignorespace, ignoredups...): only a repeat of the last line counts.
+      if (( HISTCMD >= _CALM_NEXT_HIST )) || [[ $entry == "$BASH_COMMAND"* ]]; then
+        _calm_preexec "$entry"
+      fi
+    fi
+  fi
+  return $status
+}
+
+_calm_precmd() {
+  local ret=$? out=
+  if [[ -n ${_CALM_DISABLED_FILE-} && -e $_CALM_DISABLED_FILE ]]; then _CALM_OFF=1; else _CALM_OFF=0; fi
+  [[ -z $_CALM_WFD ]] && _calm_start
+  _calm_drain
+  _calm_esc "$PWD"; local cwd=$REPLY
+  # A line whose commands all ran in a subshell, like `(exit 3)`, or that only defined a function,
+  # never reached the DEBUG trap; it is in the history all the same.
+  if (( _CALM_ARMED && HISTCMD > _CALM_NEXT_HIST )) && [[ -z $_CALM_CMD ]]; then
+    local entry
+    entry=$(HISTTIMEFORMAT= builtin history 1)
+    [[ $entry =~ ^\ *[0-9]+[\ *]\ (.*)$ ]] && _calm_preexec "${BASH_REMATCH[1]}"
+  fi
+  if [[ -n $_CALM_CMD ]]; then
+    if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
+      _calm_esc "$_CALM_CMD"
+      out+="r"$'\t'"$ret"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
+    fi
+    _CALM_CMD=
+  fi
+  _calm_git_branch
+  if (( CALM_PREDICT && ! _CALM_OFF )); then
+    _CALM_PRED_SEQ=$(( ++_CALM_SEQ ))
+    out+="c"$'\t'"$_CALM_SEQ"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'$'\n'
+  fi
+  [[ -n $out ]] && _calm_write "$out"
+  _CALM_INSERTED= _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+  _CALM_NEXT_HIST=$HISTCMD _CALM_ARMED=1
+  return $ret
+}
+
+# --------------------------------------------------------------------------- install
+
+_calm_install() {
+  local km
+  for km in emacs vi-insert; do
+    bind -m "$km" -x "\"$CALM_KEY\": _calm_key"
+  done
+  if [[ -n ${bash_preexec_imported-}${__bp_imported-} ]]; then
+    preexec_functions+=(_calm_preexec)
+    precmd_functions=(_calm_precmd "${precmd_functions[@]}")
+    return
+  fi
+  # Our DEBUG trap runs first and keeps $? for the one that was there ($1, `trap -p DEBUG`).
+  local prev=$1
+  prev=${prev#"trap -- '"}
+  prev=${prev%"' DEBUG"}
+  prev=${prev//"'\\''"/"'"}
+  # shellcheck disable=SC2064
+  trap "_calm_debug; ${prev:-:}" DEBUG
+  if (( ${#PROMPT_COMMAND[@]} > 1 )); then
+    PROMPT_COMMAND=(_calm_precmd "${PROMPT_COMMAND[@]}")
+  else
+    PROMPT_COMMAND="_calm_precmd${PROMPT_COMMAND:+$'\n'$PROMPT_COMMAND}"
+  fi
+}
+
+# Read at the top level: inside a function bash shows no DEBUG trap.
+_calm_install "$(trap -p DEBUG)"

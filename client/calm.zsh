@@ -1,0 +1,365 @@
+# calm.zsh: inline command suggestions from calmd.  Load with  eval "$(calmd init zsh)"
+#
+# One helper process per shell (`calmd shell-helper`, started once) holds the daemon connection;
+# the shell writes one line per request to it and reads the replies through `zle -F`, so typing
+# never waits. Ghost text lives in POSTDISPLAY. `calmd init` sets _CALM_HELPER and
+# _CALM_DISABLED_FILE before this file. Options: docs/shells.md.
+
+[[ -o interactive ]] || return 0
+(( ${+_CALM_LOADED} )) && return 0
+typeset -g _CALM_LOADED=1
+
+zmodload zsh/system zsh/datetime 2>/dev/null || return 0
+autoload -Uz add-zsh-hook add-zle-hook-widget
+
+# Options: set only what the user has not set.
+(( ${+CALM_HIGHLIGHT} ))      || typeset -g CALM_HIGHLIGHT='fg=8'
+(( ${+CALM_MIN_LENGTH} ))     || typeset -g CALM_MIN_LENGTH=1
+(( ${+CALM_MAX_CANDIDATES} )) || typeset -g CALM_MAX_CANDIDATES=5
+(( ${+CALM_PREDICT} ))        || typeset -g CALM_PREDICT=1
+(( ${+CALM_RECORD} ))         || typeset -g CALM_RECORD=1
+(( ${+CALM_AUTOSTART} ))      || typeset -g CALM_AUTOSTART=0
+(( ${+CALM_CYCLE_KEY} ))      || typeset -g CALM_CYCLE_KEY='^[[Z'
+(( ${+CALM_DISMISS_KEYS} ))   || typeset -ga CALM_DISMISS_KEYS=('^G' '^[')
+(( ${+CALM_ACCEPT_WIDGETS} )) || typeset -ga CALM_ACCEPT_WIDGETS=(
+  forward-char end-of-line vi-forward-char vi-end-of-line vi-add-eol)
+(( ${+CALM_PARTIAL_WIDGETS} )) || typeset -ga CALM_PARTIAL_WIDGETS=(
+  forward-word emacs-forward-word vi-forward-word vi-forward-word-end vi-forward-blank-word
+  vi-forward-blank-word-end)
+
+typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
+typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
+typeset -g _CALM_BRANCH= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
+typeset -ga _CALM_CANDS=()
+typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
+
+# --------------------------------------------------------------------------- the helper
+
+_calm_start() {
+  emulate -L zsh
+  [[ -n $_CALM_WFD ]] && return 0
+  (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
+  _CALM_STARTED_AT=$EPOCHSECONDS
+  local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
+  command mkfifo -m 600 -- $fifo 2>/dev/null || return 1
+  local -a argv=($_CALM_HELPER --session $_CALM_SESSION)
+  (( CALM_AUTOSTART )) && argv+=(--autostart)
+  exec {_CALM_RFD}< <(exec $argv <$fifo 2>/dev/null)
+  exec {_CALM_WFD}>$fifo
+  command rm -f -- $fifo
+  zle -F -w $_CALM_RFD _calm_on_reply 2>/dev/null
+  return 0
+}
+
+_calm_stop() {
+  emulate -L zsh
+  if [[ -n $_CALM_RFD ]]; then
+    zle -F $_CALM_RFD 2>/dev/null
+    exec {_CALM_RFD}<&-
+  fi
+  [[ -n $_CALM_WFD ]] && exec {_CALM_WFD}>&-
+  _CALM_RFD= _CALM_WFD= _CALM_INBUF=
+}
+
+# REPLY = $1 with backslash, newline and tab escaped (the helper's line format).
+_calm_esc() { REPLY=${${${1//\\/\\\\}//$'\n'/\\n}//$'\t'/\\t} }
+
+_calm_send() {
+  [[ -n $_CALM_WFD ]] || return 1
+  local IFS=$'\t'
+  print -rnu $_CALM_WFD -- "$*"$'\n' 2>/dev/null || _calm_stop
+}
+
+_calm_request() {
+  (( ++_CALM_SEQ ))
+  _calm_esc $BUFFER; local input=$REPLY
+  _calm_esc $PWD
+  _calm_send c $_CALM_SEQ $CALM_MAX_CANDIDATES "$REPLY" "$_CALM_BRANCH" "$input"
+}
+
+# zle -F handler: replies for the newest request replace the candidates; older ones are dropped.
+_calm_on_reply() {
+  emulate -L zsh
+  local data line
+  sysread -i $1 -s 65536 data 2>/dev/null
+  case $? in
+    0) ;;
+    4) return ;;
+    *) _calm_stop; return ;;
+  esac
+  _CALM_INBUF+=$data
+  [[ $_CALM_INBUF == *$'\n'* ]] || return
+  local -a lines=("${(@f)${_CALM_INBUF%$'\n'*}}")
+  _CALM_INBUF=${_CALM_INBUF##*$'\n'}
+  for line in ${(Oa)lines}; do
+    [[ ${line%%$'\t'*} == $_CALM_SEQ ]] || continue
+    local -a parts=("${(@ps:\t:)line}")
+    local shown=$_CALM_SHOWN
+    _CALM_CANDS=("${(@g::)parts[3,-1]}")
+    _CALM_IDX=0
+    _calm_pick 1
+    [[ $_CALM_SHOWN == $shown ]] || zle -R  # redraw only when the text changed
+    return
+  done
+}
+
+# --------------------------------------------------------------------------- ghost text
+
+_calm_hide() {
+  [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] && POSTDISPLAY=
+  _CALM_SHOWN=
+  region_highlight=("${(@)region_highlight:#*memo=calm}")
+}
+
+# Show candidate $1 (an index into _CALM_CANDS) if it extends the buffer; 1 when it does not.
+_calm_show() {
+  local cand=$_CALM_CANDS[$1]
+  if [[ -z $cand || $#cand -le $#BUFFER || ${cand[1,$#BUFFER]} != $BUFFER ]]; then
+    return 1
+  fi
+  # Someone else's text (zsh-autosuggestions) is shown: leave it.
+  [[ -n $POSTDISPLAY && $POSTDISPLAY != $_CALM_SHOWN ]] && return 0
+  _calm_hide
+  _CALM_IDX=$1
+  _CALM_SHOWN=${cand[$#BUFFER+1,-1]}
+  POSTDISPLAY=$_CALM_SHOWN
+  region_highlight+=("$#BUFFER $(( $#BUFFER + $#_CALM_SHOWN )) $CALM_HIGHLIGHT memo=calm")
+  return 0
+}
+
+# Show the first candidate from index $1 on (wrapping) that extends the buffer, else nothing.
+_calm_pick() {
+  local -i i n=$#_CALM_CANDS k
+  for (( k = 0; k < n; k++ )); do
+    i=$(( ($1 - 1 + k) % n + 1 ))
+    _calm_show $i && return 0
+  done
+  _calm_hide
+  return 1
+}
+
+_calm_pre_redraw() {
+  emulate -L zsh
+  if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
+    # zsh-autosuggestions clears POSTDISPLAY when it has nothing: show ours again.
+    [[ -n $_CALM_SHOWN && -z $POSTDISPLAY ]] && _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+    return
+  fi
+  _CALM_LAST_BUF=$BUFFER
+  if (( _CALM_OFF )) || [[ -z $_CALM_WFD ]]; then
+    _calm_hide
+    return
+  fi
+  _calm_pick 1  # keep showing a candidate that still fits while the new answer comes
+  if (( $#BUFFER >= CALM_MIN_LENGTH || ($#BUFFER == 0 && CALM_PREDICT) )); then
+    _calm_request
+  else
+    (( ++_CALM_SEQ ))
+  fi
+}
+
+_calm_line_init() {
+  emulate -L zsh
+  _CALM_CANDS=() _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER
+  (( _CALM_OFF )) && return
+  [[ -z $BUFFER ]] && (( ! CALM_PREDICT )) && return
+  _calm_request
+}
+
+_calm_line_finish() {
+  emulate -L zsh
+  (( ++_CALM_SEQ ))
+  _calm_hide
+  _CALM_CANDS=()
+}
+
+# --------------------------------------------------------------------------- keys
+
+# 1 in vi command mode, where the cursor sits on the last character, not after it.
+_calm_vicmd() { [[ $KEYMAP == vicmd ]] && REPLY=1 || REPLY=0 }
+
+_calm_at_end() { _calm_vicmd; (( CURSOR >= $#BUFFER - REPLY )) }
+
+_calm_shown() { [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] }
+
+# $1: the original widget. Accept the whole suggestion, or do what the key did before.
+_calm_accept() {
+  emulate -L zsh
+  if _calm_shown && _calm_at_end; then
+    local ghost=$_CALM_SHOWN
+    _calm_hide
+    BUFFER+=$ghost
+    _calm_vicmd
+    CURSOR=$(( $#BUFFER - REPLY ))
+  else
+    zle $1 -- "${@:2}"
+  fi
+}
+
+# $1: the original (word-motion) widget. Accept up to where it moves the cursor.
+_calm_partial() {
+  emulate -L zsh
+  if _calm_shown && _calm_at_end; then
+    local before=$BUFFER ghost=$_CALM_SHOWN
+    _calm_hide
+    BUFFER+=$ghost
+    CURSOR=$#before
+    zle $1 -- "${@:2}"
+    [[ $KEYMAP == vicmd ]] && (( CURSOR++ ))
+    if (( CURSOR <= $#before )); then
+      BUFFER=$before
+    else
+      BUFFER=${BUFFER[1,CURSOR]}
+    fi
+    _CALM_LAST_BUF=$BUFFER
+    _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+  else
+    zle $1 -- "${@:2}"
+  fi
+}
+
+# The key's previous widget in this keymap (for keys calm binds directly).
+_calm_orig() {
+  local w=${_CALM_ORIG[$KEYMAP:$KEYS]:-${_CALM_ORIG[main:$KEYS]}}
+  [[ -n $w && $w != undefined-key ]] && zle $w
+}
+
+_calm_cycle() {
+  emulate -L zsh
+  if _calm_shown && (( $#_CALM_CANDS > 1 )); then
+    _calm_pick $(( _CALM_IDX % $#_CALM_CANDS + 1 ))
+  else
+    _calm_orig
+  fi
+}
+
+_calm_dismiss() {
+  emulate -L zsh
+  if _calm_shown; then
+    (( ++_CALM_SEQ ))
+    _calm_hide
+    _CALM_CANDS=()
+  else
+    _calm_orig
+  fi
+}
+
+_calm_vi_cmd_mode() {
+  emulate -L zsh
+  _calm_shown && _calm_dismiss
+  zle _calm_orig_vi-cmd-mode
+}
+
+# Wrap widget $1 with _calm_accept/_calm_partial ($2), keeping what it was as _calm_orig_$1.
+_calm_wrap() {
+  local widget=$1 kind=$2
+  [[ -n ${widgets[$widget]} ]] || return
+  [[ ${widgets[$widget]} == user:_calm_w_* ]] && return
+  zle -A $widget _calm_orig_$widget
+  functions[_calm_w_$widget]="$kind _calm_orig_$widget \"\$@\""
+  zle -N $widget _calm_w_$widget
+}
+
+_calm_setup_zle() {
+  local w key km
+  for w in $CALM_ACCEPT_WIDGETS; do _calm_wrap $w _calm_accept; done
+  for w in $CALM_PARTIAL_WIDGETS; do _calm_wrap $w _calm_partial; done
+  zle -N _calm_on_reply
+  zle -N _calm_pre_redraw
+  zle -N _calm_line_init
+  zle -N _calm_line_finish
+  zle -N _calm_cycle
+  zle -N _calm_dismiss
+  add-zle-hook-widget line-pre-redraw _calm_pre_redraw
+  add-zle-hook-widget line-init _calm_line_init
+  add-zle-hook-widget line-finish _calm_line_finish
+  # In vi insert mode Esc leaves for command mode: dismiss on the way.
+  if [[ ${widgets[vi-cmd-mode]} != user:_calm_vi_cmd_mode ]]; then
+    zle -A vi-cmd-mode _calm_orig_vi-cmd-mode
+    zle -N vi-cmd-mode _calm_vi_cmd_mode
+  fi
+  # (keymap key widget) triples to bind; what each key did before is looked up in one go.
+  local -a todo
+  if [[ -n $CALM_CYCLE_KEY ]]; then
+    todo+=(emacs $CALM_CYCLE_KEY _calm_cycle viins $CALM_CYCLE_KEY _calm_cycle)
+  fi
+  for key in $CALM_DISMISS_KEYS; do
+    todo+=(emacs $key _calm_dismiss)
+    [[ $key == '^[' ]] || todo+=(viins $key _calm_dismiss)  # viins: Esc is vi-cmd-mode, above
+  done
+  # End keys that nothing handles yet (zsh -f binds none) go to the end of the line: accept.
+  for key in '^[[F' '^[OF' '^[[4~' '^[[8~'; do
+    todo+=(emacs $key +end-of-line viins $key +end-of-line vicmd $key +vi-end-of-line)
+  done
+  local -a old=("${(@f)$(for km key w in $todo; do bindkey -M $km -- $key; done 2>/dev/null)}")
+  local -i i=0
+  for km key w in $todo; do
+    (( ++i ))
+    local was=${${(z)old[i]}[2]}
+    if [[ $w == +* ]]; then
+      [[ $was == undefined-key ]] && bindkey -M $km -- $key ${w#+}
+    elif [[ $was != $w ]]; then
+      _CALM_ORIG[$km:${(g:ec:)key}]=$was
+      bindkey -M $km -- $key $w
+    fi
+  done
+}
+
+# --------------------------------------------------------------------------- recording
+
+# _CALM_BRANCH: the branch (or short commit) of the repository around $PWD, read from .git/HEAD.
+_calm_git_branch() {
+  _CALM_BRANCH=
+  local dir=$PWD gitdir head
+  while true; do
+    if [[ -d $dir/.git ]]; then
+      gitdir=$dir/.git
+      break
+    elif [[ -f $dir/.git ]]; then
+      read -r head <$dir/.git 2>/dev/null
+      gitdir=${head#gitdir: }
+      [[ $gitdir == /* ]] || gitdir=$dir/$gitdir
+      break
+    fi
+    [[ $dir == / || -z $dir ]] && return
+    dir=${dir:h}
+  done
+  [[ -r $gitdir/HEAD ]] || return
+  read -r head <$gitdir/HEAD 2>/dev/null
+  if [[ $head == 'ref: refs/heads/'* ]]; then
+    _CALM_BRANCH=${head#ref: refs/heads/}
+  else
+    _CALM_BRANCH=${head[1,7]}
+  fi
+}
+
+_calm_preexec() {
+  _CALM_CMD=$1 _CALM_TS=$EPOCHREALTIME _CALM_RAN=1
+}
+
+_calm_precmd() {
+  local ret=$?
+  emulate -L zsh
+  if [[ -n $_CALM_DISABLED_FILE && -e $_CALM_DISABLED_FILE ]]; then _CALM_OFF=1; else _CALM_OFF=0; fi
+  [[ -z $_CALM_WFD ]] && _calm_start
+  if (( _CALM_RAN )); then
+    _CALM_RAN=0
+    if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
+      local cmd cwd
+      _calm_esc $_CALM_CMD; cmd=$REPLY
+      _calm_esc $PWD; cwd=$REPLY
+      _calm_send r $ret "$cwd" "$_CALM_BRANCH" "$_CALM_TS" "$cmd"
+    fi
+  fi
+  _calm_git_branch
+  # zsh-autosuggestions wraps every widget at its first precmd; ours must stay unwrapped.
+  if (( ${+ZSH_AUTOSUGGEST_IGNORE_WIDGETS} )) && (( ! ${ZSH_AUTOSUGGEST_IGNORE_WIDGETS[(I)_calm_*]} )); then
+    ZSH_AUTOSUGGEST_IGNORE_WIDGETS+=('_calm_*')
+  fi
+}
+
+# --------------------------------------------------------------------------- start
+
+_calm_setup_zle
+add-zsh-hook preexec _calm_preexec
+precmd_functions=(_calm_precmd ${precmd_functions:#_calm_precmd})  # first: it needs $?

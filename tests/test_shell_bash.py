@@ -1,0 +1,152 @@
+"""The bash hook in a real interactive bash inside tmux, against a real daemon (scripted engine:
+history prefix matches first, then `input + suffix` candidates: mmit, mmand, nfig, py, unt).
+
+bash has no ghost text (docs/shells.md says why): CALM_KEY (Shift-Tab, tmux `BTab`) puts the best
+candidate into the line and cycles on repeat."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon import Daemon, running_daemon
+from tests.tmux import assert_quiet, bash_terminal, calm_cli, history_rows, need, record, wait_recorded
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("tmux") is None, reason="needs bash and tmux"
+)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    with running_daemon(home) as d:
+        yield d
+
+
+def test_key_accepts_top_candidate_then_run_and_record(home: Path, daemon: Daemon) -> None:
+    need("git")
+    subprocess.run(["git", "-c", "init.defaultBranch=trunk", "init", "-q", str(home)], check=True)
+    record(daemon, "git status")
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> git status\s*$")
+        term.send("Enter")
+        row = wait_recorded(home, "git status")
+        assert row.exit == 0
+        assert row.cwd == str(home)
+        assert row.git == "trunk"
+        assert row.session.startswith("bash-")
+        assert_quiet(term.screen())
+
+
+def test_repeated_key_cycles_and_comes_back(home: Path, daemon: Daemon) -> None:
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("xyz")
+        expected = ["xyzmmit", "xyzmmand", "xyznfig", "xyzpy", "xyzunt", "xyz", "xyzmmit"]
+        for text in expected:
+            term.send("BTab")
+            term.wait_line(rf"^PROMPT> {text}\s*$")
+
+
+def test_prediction_on_empty_line(home: Path, daemon: Daemon) -> None:
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("true")
+        term.send("Enter")
+        term.wait_for("^PROMPT> true\nPROMPT>")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> after true\s*$")
+
+
+def test_failing_command_and_existing_hooks_kept(home: Path, daemon: Daemon) -> None:
+    before = "PROMPT_COMMAND='echo pc-$?'\ntrap 'echo trap >> \"$HOME/debug-trap.log\"' DEBUG"
+    with bash_terminal(home, before=before) as term:
+        term.wait_for("^PROMPT>")
+        term.type("false")
+        term.send("Enter")
+        term.wait_for("^pc-1$")  # the user's PROMPT_COMMAND still runs and still sees $?
+        term.type("(exit 3)")
+        term.send("Enter")
+        term.wait_for("^pc-3$")
+        term.type("echo 'a|b' | cat")
+        term.send("Enter")
+        assert wait_recorded(home, "false").exit == 1
+        assert wait_recorded(home, "(exit 3)").exit == 3
+        assert wait_recorded(home, "echo 'a|b' | cat").exit == 0
+        assert (home / "debug-trap.log").read_text().count("trap") >= 3  # the user's trap too
+        assert not [r for r in history_rows(home) if r.cmd.startswith("echo pc")]
+
+
+@pytest.mark.parametrize("histcontrol", ["", "ignoreboth"])
+def test_leading_space_command_not_recorded(home: Path, daemon: Daemon, histcontrol: str) -> None:
+    with bash_terminal(home, before=f"HISTCONTROL={histcontrol}") as term:
+        term.wait_for("^PROMPT>")
+        for cmd in (" echo secret-calm", "echo visible-calm", "echo visible-calm"):
+            term.type(cmd)
+            term.send("Enter")
+        wait_recorded(home, "echo visible-calm")
+        time.sleep(0.2)
+        assert not [r for r in history_rows(home) if "secret" in r.cmd]
+        assert len([r for r in history_rows(home) if r.cmd == "echo visible-calm"]) == 2
+
+
+def test_no_daemon_degrades_silently(home: Path) -> None:
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("ech")
+        term.send("BTab")
+        term.type("o hello-calm")  # the key left the line alone
+        term.send("Enter")
+        term.wait_for("^hello-calm$")
+        term.type("echo ok-$?")
+        term.send("Enter")
+        term.wait_for("^ok-0$")
+        assert_quiet(term.screen())
+
+
+def test_daemon_restarted_mid_session(home: Path) -> None:
+    with running_daemon(home) as daemon:
+        record(daemon, "make test")
+        term = bash_terminal(home)
+        term.wait_for("^PROMPT>")
+    try:
+        term.type("echo during-outage")
+        term.send("Enter")
+        term.wait_for("^during-outage$")
+        with running_daemon(home):
+            term.type("make t")
+            term.send("BTab")
+            term.wait_line(r"^PROMPT> make test\s*$")
+            assert wait_recorded(home, "echo during-outage").exit == 0
+        assert_quiet(term.screen())
+    finally:
+        term.close()
+
+
+def test_disable_turns_the_key_off(home: Path, daemon: Daemon) -> None:
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        calm_cli(home, "disable")
+        term.send("Enter")
+        term.type("xyz")
+        term.send("BTab")
+        term.type("!")
+        term.wait_line(r"^PROMPT> xyz!\s*$")
+        calm_cli(home, "enable")
+        term.send("C-u", "Enter")
+        term.type("xyz")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> xyzmmit\s*$")

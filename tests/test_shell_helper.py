@@ -1,0 +1,216 @@
+"""calmd/shell.py without a terminal: the line protocol, the helper process against a real daemon,
+`calmd init`, `calm enable|disable`."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from calmd import shell
+from tests.daemon import Daemon, running_daemon
+from tests.tmux import history_rows, record, shell_env, wait_recorded
+
+
+class HelperProcess:
+    """`python -m calmd.shell shell-helper` on two pipes, as a shell runs it."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s-test", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell_env(home),
+        )  # fmt: skip
+        self.buf = b""
+
+    def send(self, *fields: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(("\t".join(fields) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def complete(self, seq: int, text: str, n: int = 5) -> None:
+        self.send("c", str(seq), str(n), "/tmp", "main", shell.escape(text))
+
+    def reply(self, timeout: float = 10.0) -> tuple[str, bool, list[str]]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise AssertionError("no reply from the helper")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError("the helper exited")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        seq, final, *cands = line.decode().split("\t")
+        return seq, final == "1", [shell.unescape(c) for c in cands]
+
+    def final(self, seq: int) -> list[str]:
+        """The candidates of the last reply to `seq` (earlier requests' replies are skipped)."""
+        while True:
+            got, final, cands = self.reply()
+            if got == str(seq) and final:
+                return cands
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            assert stream is not None
+            stream.close()
+        return code
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    with running_daemon(home) as d:
+        yield d
+
+
+@pytest.fixture
+def helper(home: Path) -> Iterator[HelperProcess]:
+    h = HelperProcess(home)
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("text", ["", "plain", "a\tb", "two\nlines", "back\\slash", "\\n literal", "é ✓"])
+def test_escape_round_trip(text: str) -> None:
+    escaped = shell.escape(text)
+    assert "\n" not in escaped and "\t" not in escaped
+    assert shell.unescape(escaped) == text
+
+
+def test_parse_request() -> None:
+    c = shell.parse_request("c\t7\t3\t/src\tmain\tgit s\\tx")
+    assert c == shell.Complete("7", 3, "git s\tx", "/src", "main")
+    r = shell.parse_request("r\t1\t/src\t\t1700000000.5\techo a\\nb")
+    assert r == shell.Record("echo a\nb", 1, "/src", "", 1700000000.5)
+    assert isinstance(r, shell.Record)
+    assert r.fields("s") == {"exit": 1, "cwd": "/src", "ts": 1700000000.5, "session": "s"}
+    assert shell.parse_request("c\t1\t99\t\t\tx") == shell.Complete("1", 32, "x", "", "")
+    assert shell.parse_request("r\t\t\t\t\tls") == shell.Record("ls", None, "", "", None)
+    for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
+        assert shell.parse_request(bad) is None
+
+
+def test_helper_completes_and_records(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
+    record(daemon, "git status")
+    helper.complete(1, "git st")
+    assert helper.final(1) == ["git status", "git stmmit", "git stmmand", "git stnfig", "git stpy"]
+    helper.send("r", "2", shell.escape("/tmp/x"), "main", "1700000000.25", shell.escape("git st\tuff"))
+    helper.complete(2, "git st", n=1)
+    assert helper.final(2) == ["git st\tuff"]  # the record is stored before the next complete runs
+    row = wait_recorded(home, "git st\tuff")
+    assert (row.exit, row.cwd, row.git, row.ts, row.session) == (2, "/tmp/x", "main", 1700000000.25, "s-test")
+
+
+def test_helper_streams_and_skips_superseded_requests(home: Path) -> None:
+    with running_daemon(home, env={"CALMD_TEST_DELAY": "0.05"}):
+        helper = HelperProcess(home)
+        try:
+            helper.complete(1, "slow")
+            seq, final, cands = helper.reply()
+            assert (seq, final, cands) == ("1", False, ["slowmmit"])  # sent as soon as it is known
+            helper.complete(2, "new")  # the daemon cancels 1
+            assert helper.final(2) == ["newmmit", "newmmand", "newnfig", "newpy", "newunt"]
+        finally:
+            helper.close()
+
+
+def test_helper_without_daemon_answers_empty_and_keeps_records(home: Path) -> None:
+    helper = HelperProcess(home)
+    try:
+        helper.complete(1, "git")
+        assert helper.reply() == ("1", True, [])
+        helper.send("r", "0", "/tmp", "", "", "echo offline")
+        helper.complete(2, "x")
+        assert helper.reply() == ("2", True, [])
+        with running_daemon(home):
+            helper.complete(3, "echo off")
+            assert helper.final(3)[0] == "echo offline"  # the kept record went first
+            helper.complete(4, "x")
+            assert helper.final(4)
+        # The daemon went away again: an empty answer, then back to normal with a new daemon.
+        helper.complete(5, "x")
+        assert helper.final(5) == []
+        with running_daemon(home):
+            helper.complete(6, "x", n=1)
+            assert helper.final(6) == ["xmmit"]
+    finally:
+        assert helper.close() == 0
+    assert "connected" in (home / "data" / shell.LOG_NAME).read_text()
+
+
+def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
+    env = shell_env(home)
+    out = subprocess.run([sys.executable, "-m", "calmd.shell", "disable"], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert "disabled" in out.stdout
+    assert (home / "data" / shell.DISABLED_FLAG).exists()
+    helper.complete(1, "x")
+    assert helper.reply() == ("1", True, [])
+    helper.send("r", "0", "", "", "", "echo still-recorded")
+    subprocess.run([sys.executable, "-m", "calmd.shell", "enable"], env=env, capture_output=True, check=True)
+    assert not (home / "data" / shell.DISABLED_FLAG).exists()
+    helper.complete(2, "x", n=1)
+    assert helper.final(2) == ["xmmit"]
+    assert "echo still-recorded" in [r.cmd for r in history_rows(home)]
+
+
+def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
+    helper = HelperProcess(home)
+    assert helper.close() == 0
+
+
+@pytest.mark.parametrize("name", ["zsh", "bash"])
+def test_init_script(home: Path, name: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "calmd.shell", "init", name],
+        env=shell_env(home), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    text = out.stdout
+    assert "-m calmd.shell shell-helper" in text
+    assert str(home / "data" / shell.DISABLED_FLAG) in text
+    assert text.endswith(shell.script_path(name).read_text())
+    syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_init_script_bakes_in_a_socket(home: Path) -> None:
+    text = shell.init_script("zsh", "/run/x y/calmd.sock")
+    assert "--socket '/run/x y/calmd.sock'" in text
+
+
+def test_parsers_register_subcommands() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    shell.add_calmd_parsers(sub)
+    shell.add_calm_parsers(sub)
+    assert parser.parse_args(["init", "zsh"]).func is shell.cmd_init
+    assert parser.parse_args(["shell-helper", "--session", "s"]).func is shell.cmd_shell_helper
+    assert parser.parse_args(["enable"]).func is shell.cmd_enable
+    assert parser.parse_args(["disable"]).func is shell.cmd_disable
+    with pytest.raises(SystemExit):
+        parser.parse_args(["init", "fish"])
+
+
+def test_shell_module_stays_light() -> None:
+    code = "import sys, calmd.shell; print(any(m in sys.modules for m in ('torch', 'numpy', 'calmd.client')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,243 @@
+"""The zsh hook in a real interactive zsh inside tmux, against a real daemon (scripted engine:
+history prefix matches first, then `input + suffix` candidates: mmit, mmand, nfig, py, unt)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon import Daemon, running_daemon
+from tests.tmux import (
+    assert_quiet,
+    autosuggestions,
+    calm_cli,
+    history_rows,
+    need,
+    record,
+    wait_recorded,
+    zsh_terminal,
+)
+
+DIM = "\x1b[90m"  # how tmux shows the default highlight, fg=8
+GHOST = re.escape(DIM)
+SETTLE = 0.4  # how long to wait before saying that no suggestion came
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("zsh") is None or shutil.which("tmux") is None, reason="needs zsh and tmux"
+)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    with running_daemon(home) as d:
+        yield d
+
+
+def test_ghost_text_accept_run_and_record(home: Path, daemon: Daemon) -> None:
+    need("git")
+    subprocess.run(["git", "-c", "init.defaultBranch=trunk", "init", "-q", str(home)], check=True)
+    record(daemon, "git status")
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        term.send("Right")
+        term.wait_line(r"^PROMPT> git status", escapes=True)  # no highlight inside: it is typed now
+        term.send("Enter")
+        row = wait_recorded(home, "git status")
+        assert row.exit == 0
+        assert row.cwd == str(home)
+        assert row.git == "trunk"
+        assert row.session.startswith("zsh-")
+        assert_quiet(term.screen())
+
+
+def test_end_key_accepts_and_typing_keeps_a_fitting_suggestion(home: Path, daemon: Daemon) -> None:
+    record(daemon, "docker compose up")
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("dock")
+        term.wait_line(rf"^PROMPT> dock{GHOST}er compose up", escapes=True)
+        term.type("er c")
+        term.wait_line(rf"^PROMPT> docker c{GHOST}ompose up", escapes=True)
+        term.send("End")
+        term.wait_line(r"^PROMPT> docker compose up", escapes=True)
+
+
+def test_partial_accept_with_alt_f(home: Path, daemon: Daemon) -> None:
+    record(daemon, "git commit --amend")
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git c")
+        term.wait_line(rf"^PROMPT> git c{GHOST}ommit --amend", escapes=True)
+        term.send("M-f")
+        term.wait_line(rf"^PROMPT> git commit {GHOST}--amend", escapes=True)
+        term.send("C-g")  # dismiss the rest
+        term.wait_line(r"^PROMPT> git commit\s*$")
+        term.send("Enter")
+        assert wait_recorded(home, "git commit ").exit != 0  # not a repository
+
+
+def test_cycle_and_dismiss(home: Path, daemon: Daemon) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("xyz")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}mmit", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}mmand", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}nfig", escapes=True)
+        term.send("Right")
+        term.wait_line(r"^PROMPT> xyznfig", escapes=True)
+        term.send("C-u")
+        term.type("abc")
+        term.wait_line(rf"^PROMPT> abc{GHOST}mmit", escapes=True)
+        term.send("Escape")
+        term.wait_line(r"^PROMPT> abc\s*$")
+        term.type("d")  # typing again brings suggestions back
+        term.wait_line(rf"^PROMPT> abcd{GHOST}mmit", escapes=True)
+
+
+def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("true")
+        term.send("Enter")
+        term.wait_line(rf"^PROMPT> {GHOST}after true", escapes=True)
+        term.send("Right")
+        term.wait_line(r"^PROMPT> after true", escapes=True)
+
+
+def test_failing_command_recorded_with_its_exit_code(home: Path, daemon: Daemon) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("false", "(exit 3)", 'echo "multi', 'line"'):
+            term.type(cmd)
+            term.send("Enter")
+        assert wait_recorded(home, "false").exit == 1
+        assert wait_recorded(home, "(exit 3)").exit == 3
+        assert wait_recorded(home, 'echo "multi\nline"').exit == 0
+
+
+def test_leading_space_command_not_recorded(home: Path, daemon: Daemon) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type(" echo secret-calm")
+        term.send("Enter")
+        term.type("echo visible-calm")
+        term.send("Enter")
+        wait_recorded(home, "echo visible-calm")
+        assert not [r for r in history_rows(home) if "secret" in r.cmd]
+
+
+def test_no_daemon_degrades_silently(home: Path) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo hello-calm")
+        term.send("Enter")
+        term.wait_for("^hello-calm$")
+        term.type("ech")
+        time.sleep(SETTLE)
+        assert DIM not in term.line(escapes=True)
+        term.send("C-u")
+        term.type("print -r -- ok-$?")
+        term.send("Enter")
+        term.wait_for("^ok-0$")
+        assert_quiet(term.screen())
+
+
+def test_daemon_restarted_mid_session(home: Path) -> None:
+    with running_daemon(home) as daemon:
+        record(daemon, "make test")
+        term = zsh_terminal(home)
+    try:
+        term.wait_for("^PROMPT>")
+        # The daemon is gone: the shell works, nothing is shown, the record waits in the helper.
+        term.type("echo during-outage")
+        term.send("Enter")
+        term.wait_for("^during-outage$")
+        term.type("make t")
+        time.sleep(SETTLE)
+        assert DIM not in term.line(escapes=True)
+        with running_daemon(home):
+            term.type("e")
+            term.wait_line(rf"^PROMPT> make te{GHOST}st", escapes=True)
+            assert wait_recorded(home, "echo during-outage").exit == 0
+        assert_quiet(term.screen())
+    finally:
+        term.close()
+
+
+def test_disable_and_enable_without_editing_rc_files(home: Path, daemon: Daemon) -> None:
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        calm_cli(home, "disable")
+        term.send("Enter")  # the next prompt sees the flag
+        term.type("xyz")
+        time.sleep(SETTLE)
+        assert DIM not in term.line(escapes=True)
+        calm_cli(home, "enable")
+        term.send("C-u", "Enter")
+        term.type("xyz")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}mmit", escapes=True)
+
+
+def test_vi_mode(home: Path, daemon: Daemon) -> None:
+    record(daemon, "git status")
+    with zsh_terminal(home, before="bindkey -v") as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        term.send("Right")
+        term.wait_line(r"^PROMPT> git status", escapes=True)
+        term.send("C-u")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        term.send("Escape")  # to command mode: the suggestion goes
+        term.wait_line(r"^PROMPT> git st\s*$")
+        term.send("A")
+        term.type("atus")
+        term.send("Enter")
+        wait_recorded(home, "git status", timeout=5)
+
+
+@pytest.mark.parametrize("order", ["autosuggestions-first", "calm-first"])
+def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: str) -> None:
+    plugin = autosuggestions()
+    if plugin is None:
+        pytest.skip("zsh-autosuggestions is not installed")
+    record(daemon, "git status")
+    load = f"source {plugin}"
+    rc = {"before": load} if order == "autosuggestions-first" else {"after": load}
+    with zsh_terminal(home, **rc) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo hello-auto")
+        term.send("Enter")
+        term.wait_for("^hello-auto$")
+        # calm's suggestion (zsh-autosuggestions has none: `git status` is not in this history)
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus\s*$", escapes=True)
+        term.send("Right")
+        term.wait_line(r"^PROMPT> git status", escapes=True)
+        term.send("Enter")
+        wait_recorded(home, "git status")
+        # both know this one: shown once, accepted once
+        term.type("echo hel")
+        line = term.wait_line(rf"^PROMPT> echo hel{GHOST}lo-auto", escapes=True)
+        assert line.count("lo-auto") == 1
+        term.send("Right")
+        term.wait_line(r"^PROMPT> echo hello-auto", escapes=True)
+        term.send("Enter")
+        term.wait_for("^hello-auto\n(.*\n)*hello-auto$")
+        assert_quiet(term.screen())

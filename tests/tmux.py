@@ -1,0 +1,227 @@
+"""Drive real interactive shells inside tmux (like zsh-autosuggestions' spec/terminal_session.rb).
+
+Each Terminal runs its own tmux server (`-L <unique name>`, so tests never touch the user's
+tmux), one window of a fixed size, and polls `capture-pane` against a deadline: no fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from calmd.client import CalmClient
+from calmd.history import HistoryRow, HistoryStore
+from tests.daemon import Daemon, daemon_env
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTOSUGGEST_PATHS = (
+    Path("/usr/share/zsh-autosuggestions/zsh-autosuggestions.zsh"),
+    Path("/usr/share/zsh/plugins/zsh-autosuggestions/zsh-autosuggestions.zsh"),
+    Path("/usr/local/share/zsh-autosuggestions/zsh-autosuggestions.zsh"),
+)
+_names = itertools.count()
+
+
+def need(*programs: str) -> None:
+    """Skip the test when a program it drives is missing."""
+    for program in programs:
+        if shutil.which(program) is None:
+            pytest.skip(f"{program} is not installed")
+
+
+def autosuggestions() -> Path | None:
+    return next((p for p in AUTOSUGGEST_PATHS if p.is_file()), None)
+
+
+def init_script(shell: str, home: Path) -> Path:
+    """`calmd init SHELL` output written to a file in `home` (what an rc file would eval)."""
+    env = shell_env(home)
+    out = subprocess.run(
+        [sys.executable, "-m", "calmd.shell", "init", shell],
+        env=env, check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    path = home / f"calm-init.{shell}"
+    path.write_text(out.stdout)
+    return path
+
+
+def shell_env(home: Path, **extra: str) -> dict[str, str]:
+    env = daemon_env(home, **extra)
+    env["PYTHONPATH"] = str(ROOT)
+    env["TERM"] = "xterm-256color"
+    env.pop("TMUX", None)
+    return env
+
+
+class Terminal:
+    """One tmux window running `argv` with `env`; `screen()` is what a user would see."""
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], *, cwd: Path, width: int = 100, height: int = 30
+    ) -> None:
+        self.name = f"calm-test-{os.getpid()}-{next(_names)}"
+        self.env = env
+        self.tmux(
+            "new-session", "-d", "-x", str(width), "-y", str(height), "-s", "t", "-c", str(cwd),
+            "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv,
+        )  # fmt: skip
+        self.tmux("set-option", "-g", "remain-on-exit", "on")
+
+    def tmux(self, *args: str) -> str:
+        out = subprocess.run(
+            ["tmux", "-L", self.name, "-f", "/dev/null", *args],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"tmux {shlex.join(args)}: {out.stderr.strip()}")
+        return out.stdout
+
+    def send(self, *keys: str) -> None:
+        """tmux key names (Enter, Right, C-g, M-f, BTab...)."""
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def type(self, text: str) -> None:
+        """Literal text, as if typed."""
+        self.tmux("send-keys", "-t", "t", "-l", text)
+
+    def screen(self, *, escapes: bool = False) -> str:
+        args = ["capture-pane", "-p", "-t", "t"] + (["-e"] if escapes else [])
+        return self.tmux(*args)
+
+    def line(self, *, escapes: bool = False) -> str:
+        """The line the cursor is on."""
+        y = int(self.tmux("display-message", "-p", "-t", "t", "#{cursor_y}").strip())
+        lines = self.screen(escapes=escapes).split("\n")
+        return lines[y] if y < len(lines) else ""
+
+    def wait(
+        self, check: Callable[[str], bool], *, timeout: float = 5.0, what: str = "", escapes: bool = False
+    ) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen(escapes=escapes)
+            if check(text):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what or check}; screen:\n{text}")
+            time.sleep(0.01)
+
+    def wait_for(self, pattern: str, *, timeout: float = 5.0, escapes: bool = False) -> str:
+        """Wait until the screen matches the regular expression `pattern`."""
+        rx = re.compile(pattern, re.M)
+        return self.wait(lambda s: rx.search(s) is not None, timeout=timeout, what=repr(pattern),
+                         escapes=escapes)  # fmt: skip
+
+    def wait_line(self, pattern: str, *, timeout: float = 5.0, escapes: bool = False) -> str:
+        """Wait until the cursor's line matches `pattern` (re.search); return the line."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.line(escapes=escapes)
+            if rx.search(line):
+                return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for line {pattern!r}; screen:\n{self.screen()}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10)
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+PROMPT = "PROMPT> "
+
+
+def zsh_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+    """An interactive zsh that reads no global rc file (`zsh -d`, like `zsh -f`) and only our
+    $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`."""
+    need("zsh", "tmux")
+    script = init_script("zsh", home)
+    zdot = home / "zdot"
+    zdot.mkdir(exist_ok=True)
+    (zdot / ".zshrc").write_text(
+        f"PS1={shlex.quote(PROMPT)}\nRPS1=\nHISTFILE=\nunsetopt PROMPT_SP\n{before}\n"
+        f'eval "$(< {shlex.quote(str(script))})"\n{after}\n'
+    )
+    return Terminal(["zsh", "-d", "-i"], shell_env(home, ZDOTDIR=str(zdot), **env), cwd=home)
+
+
+def bash_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+    need("bash", "tmux")
+    script = init_script("bash", home)
+    rc = home / ".bashrc-test"
+    # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it
+    rc.write_text(
+        f'PS1={shlex.quote(PROMPT)}\nHISTFILE=\n{before}\neval "$(< {shlex.quote(str(script))})"\n{after}\n'
+    )
+    return Terminal(["bash", "--noprofile", "--rcfile", str(rc), "-i"], shell_env(home, **env), cwd=home)
+
+
+# --------------------------------------------------------------------------- the history store
+
+
+def history_rows(home: Path) -> list[HistoryRow]:
+    """What the daemon stored, read from the SQLite store in the test's data dir."""
+    path = home / "data" / "history.sqlite3"
+    if not path.exists():
+        return []
+    store = HistoryStore(path)
+    try:
+        return list(store.all_rows())
+    finally:
+        store.close()
+
+
+ELSEWHERE = "elsewhere"  # the session of commands a test stores directly
+
+
+def wait_recorded(home: Path, cmd: str, *, timeout: float = 5.0) -> HistoryRow:
+    """The row a shell recorded for `cmd` (not one stored by `record`), once it is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [r for r in history_rows(home) if r.cmd == cmd and r.session != ELSEWHERE]
+        if rows:
+            return rows[-1]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{cmd!r} was not recorded: {[r.cmd for r in history_rows(home)]}")
+        time.sleep(0.02)
+
+
+def record(daemon: Daemon, *cmds: str) -> None:
+    """Store commands as if another shell had run them."""
+    with CalmClient(daemon.socket) as client:
+        for cmd in cmds:
+            client.record(cmd, exit=0, session=ELSEWHERE)
+
+
+def calm_cli(home: Path, *args: str) -> str:
+    """`calm ARGS` (enable/disable) as the user would run it, through calmd.shell's own entry."""
+    out = subprocess.run(
+        [sys.executable, "-m", "calmd.shell", *args],
+        env=shell_env(home), check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return out.stdout
+
+
+NOISE = ("Traceback", "calmd", "broken pipe", "command not found", "Error", "error", "no such")
+
+
+def assert_quiet(screen: str) -> None:
+    """Nothing the hook printed disturbs the terminal."""
+    for word in NOISE:
+        assert word not in screen, f"{word!r} on the terminal:\n{screen}"

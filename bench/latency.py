@@ -10,6 +10,8 @@ keystroke, one session, as the shell client does) and measures, client side:
 - the daemon's overhead (socket + msgpack + sequence building + history queries): the same
   keystrokes run through the same engine in this process, without the socket, ratio of medians;
 - cold start (spawn -> the socket answers `status`) and resident memory of the daemon.
+With --while-training, a background training run like the daemon's (`calm train` on nano,
+nice 19, one thread) runs during the typing, to show what it costs the completions.
 Goals (issue 4): first-candidate p50 <= 10 ms, done p99 <= 30 ms, near-l_max within 1.2x of
 the short case, overhead <= 10%, cold start <= 2 s, RSS <= 300 MB.
 """
@@ -89,6 +91,23 @@ def in_process(
     return times
 
 
+def start_training_load(home: Path) -> subprocess.Popen[bytes]:
+    """The background trainer's load: `calm train` of nano, nice 19, one thread, on shell-like data."""
+    from calmd.ctds import write_ctds
+    from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+
+    history = [{"cmd": c, "exit": 0} for c in COMMANDS[:5]]
+    seqs = [build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True)
+            for c in COMMANDS * 50]  # fmt: skip
+    write_ctds(home / "load.ctds", seqs)
+    calm = Path(sys.executable).parent / "calm"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = ["nice", "-n", "19", str(calm), "train", "--model", "new", "--size", "nano",
+            "-d", str(home / "load.ctds"), "-o", str(home / "load.cwgt"), "--epochs", "1000",
+            "--threads", "1", "--quiet"]  # fmt: skip
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -102,6 +121,7 @@ def main() -> None:
     )
     parser.add_argument("--model", type=Path, default=packaged_model())
     parser.add_argument("--commands", type=int, default=len(COMMANDS))
+    parser.add_argument("--while-training", action="store_true", help="type while a niced training run works")
     args = parser.parse_args()
     commands = COMMANDS[: args.commands]
     home = Path(tempfile.mkdtemp(prefix="calmd-bench-"))
@@ -116,6 +136,7 @@ def main() -> None:
     t0 = time.perf_counter()
     proc = subprocess.Popen([str(calmd), "serve", "--no-import"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)  # fmt: skip
+    trainer = start_training_load(home) if args.while_training else None
     try:
         while True:
             try:
@@ -138,11 +159,15 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        if trainer is not None:
+            trainer.kill()
+            trainer.wait()
         shutil.rmtree(home, ignore_errors=True)
 
     ms = 1000.0
     size_mb = args.model.stat().st_size / 1e6
-    print(f"model {args.model} ({size_mb:.1f} MB), {len(short_done)} keystrokes per case\n")
+    load = ", while a niced training run works" if args.while_training else ""
+    print(f"model {args.model} ({size_mb:.1f} MB), {len(short_done)} keystrokes per case{load}\n")
     print(f"{'context':<22}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
     for name, first, done in (("5 history frames", short_first, short_done),
                               ("near l_max (15 long)", long_first, long_done)):  # fmt: skip

@@ -344,8 +344,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not files:
         raise CalmError("no history files to replay")
     model = Path(args.model) if args.model else _default_model()
+    from dataclasses import fields
+
+    from calmd.engine import RankWeights
+
+    known = {f.name for f in fields(RankWeights)}
+    weights = {}
+    for item in args.weights or []:
+        name, _, value = item.partition("=")
+        name = name.replace("-", "_")
+        if name not in known:
+            raise CalmError(f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise CalmError(f"--weight {item}: {value!r} is not a number") from None
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
-                              typing_positions=args.typing)  # fmt: skip
+                              typing_positions=args.typing, weights=weights)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -449,6 +464,8 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
+    p.add_argument("--weight", dest="weights", action="append", metavar="NAME=VALUE",
+                   help="override a ranking weight (calmd.engine.RankWeights), to measure an idea")
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)

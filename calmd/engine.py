@@ -41,6 +41,7 @@ class RankWeights:
     recency_halflife_s: float = 3600.0 * 24
     same_cwd: float = 1.0  # factor 2 when it was run in this cwd before
     follows_previous: float = 3.0  # factor 4 when it followed the previous command before
+    pool: float = 20  # the most recent distinct history commands that extend the input
 
 
 class ModelEngine:
@@ -109,7 +110,7 @@ class ModelEngine:
         now = time.time()
         prev = (ctx.get("history") or [{}])[-1].get("cmd", "") if ctx.get("history") else ""
         proposals: dict[str, float] = {}
-        for cmd, count, last_ts in store.prefix_matches(typed, limit=20):
+        for cmd, count, last_ts in store.prefix_matches(typed, limit=int(w.pool)):
             if cmd == typed:
                 continue
             age = max(now - last_ts, 0.0)

@@ -129,7 +129,7 @@ class ReplayConfig:
     warmup: int = 50  # commands replayed before the first sampled position
     seed: int = 0
     typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
-    with_training: bool = False
+    weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
 
 
 def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str, Tally]:
@@ -185,13 +185,13 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
 
 
 def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
-    from calmd.engine import ModelEngine
+    from calmd.engine import ModelEngine, RankWeights
 
     totals = {s: Tally() for s in SYSTEMS}
     per_user: dict[str, Any] = {}
     started = time.monotonic()
     for n, path in enumerate(files, 1):
-        tallies = replay_user(path, cfg, lambda: ModelEngine(cfg.model))
+        tallies = replay_user(path, cfg, lambda: ModelEngine(cfg.model, RankWeights(**cfg.weights)))
         per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
         for s, t in tallies.items():
             totals[s].add(t)
@@ -205,6 +205,7 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
         "users": len(files),
         "positions_per_user": cfg.positions,
         "seed": cfg.seed,
+        "weights": cfg.weights,
         "totals": {s: t.to_json() for s, t in totals.items()},
         "per_user": per_user,
     }

@@ -360,7 +360,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ValueError:
             raise CalmError(f"--weight {item}: {value!r} is not a number") from None
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
-                              typing_positions=args.typing, weights=weights)  # fmt: skip
+                              typing_positions=args.typing, weights=weights,
+                              train_every=args.train_every if args.with_training else 0)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -464,6 +465,10 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
+    p.add_argument("--with-training", action="store_true",
+                   help="let background training happen during the replay, as in real use")
+    p.add_argument("--train-every", type=int, default=500, metavar="N",
+                   help="with --with-training: a training run after every N commands (default 500)")
     p.add_argument("--weight", dest="weights", action="append", metavar="NAME=VALUE",
                    help="override a ranking weight (calmd.engine.RankWeights), to measure an idea")
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")

@@ -15,7 +15,10 @@ its history proposals. The baselines answer the same queries from the same past:
 - `zsh-autosuggestions:match_prev_cmd`: the most recent such command whose predecessor equals
   the previous command, else the most recent match;
 - `fish`: the most frequent command that starts with the input (ties: the most recent).
-Their top-5 continue in the same order. Histories carry no timestamps: command i is replayed at
+Their top-5 continue in the same order. With training (`--with-training`), every
+`--train-every` replayed commands the background run of calmd/continual.py fine-tunes the
+user's weights on the store so far and swaps them in when not worse, as the daemon does (this
+costs about half a minute per run on one core). Histories carry no timestamps: command i is replayed at
 `ts = start + 60 i` (one command a minute), which is what the recency signal sees.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -46,6 +50,8 @@ class Tally:
     top5: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
     typed: int = 0
+    runs: int = 0  # background training runs (with training)
+    swaps: int = 0  # of which swapped a new model in
 
     def add(self, other: Tally) -> None:
         for k in KS:
@@ -54,6 +60,8 @@ class Tally:
             self.top5[k] += other.top5[k]
         self.saved += other.saved
         self.typed += other.typed
+        self.runs += other.runs
+        self.swaps += other.swaps
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +70,8 @@ class Tally:
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
             "typed_commands": self.typed,
+            "training_runs": self.runs,
+            "models_swapped_in": self.swaps,
         }
 
 
@@ -130,6 +140,7 @@ class ReplayConfig:
     seed: int = 0
     typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
+    train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
 
 
 def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str, Tally]:
@@ -143,7 +154,9 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
     typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
     with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
         store = HistoryStore(Path(tmp) / "history.sqlite3")
-        engine = engine_factory()
+        weights = Path(tmp) / "shell.cwgt"
+        shutil.copyfile(cfg.model, weights)
+        engine = engine_factory(weights)
         engine.attach_history(store)
         past = PastOnly()
         start_ts = time.time() - 60 * len(commands)
@@ -180,6 +193,16 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
                         tallies[system].typed += 1
             store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)
             past.add(cmd)
+            if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
+                # what the daemon does in real use: fine-tune on the history so far, swap if not worse
+                from calmd.continual import RunOptions, run
+
+                result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
+                if result.get("swapped"):
+                    engine = engine_factory(weights)
+                    engine.attach_history(store)
+                    tallies["calmd"].swaps += 1
+                tallies["calmd"].runs += 1
         store.close()
     return tallies
 
@@ -191,7 +214,7 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
     per_user: dict[str, Any] = {}
     started = time.monotonic()
     for n, path in enumerate(files, 1):
-        tallies = replay_user(path, cfg, lambda: ModelEngine(cfg.model, RankWeights(**cfg.weights)))
+        tallies = replay_user(path, cfg, lambda weights: ModelEngine(weights, RankWeights(**cfg.weights)))
         per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
         for s, t in tallies.items():
             totals[s].add(t)

@@ -71,3 +71,15 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Pat
     assert totals["zsh-autosuggestions:history"]["top1"]["0"] == 0.0  # the last command never repeats
     assert totals["calmd"]["top1"]["0"] == 1.0  # the follows-previous signal finds it too
     assert totals["calmd"]["keystrokes_saved"] > 0.5
+
+
+def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> None:
+    model = save_tiny(tmp_path / "tiny.cwgt")
+    history = tmp_path / "user2.txt"
+    history.write_text("\n".join(f"echo {i % 40}" for i in range(130)) + "\n")
+    out = tmp_path / "replay.json"
+    argv = ["replay", str(history), "-m", str(model), "--positions", "5", "--typing", "0", "--warmup", "100",
+            "--with-training", "--train-every", "60", "--json", str(out), "--quiet"]  # fmt: skip
+    assert calm_main(argv) == 0
+    calmd = json.loads(out.read_text())["totals"]["calmd"]
+    assert calmd["training_runs"] >= 1  # after commands 60 and 120 (positions run up to 129)

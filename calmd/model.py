@@ -226,9 +226,16 @@ def selective_scan(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None = None,
     h0: Tensor | None = None, *, reference: bool = False,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Dispatch: the reference loop, or the chunked fast path (same signature and results)."""
+    """Dispatch: the reference loop, mamba-ssm's CUDA kernel (CUDA tensors, mamba_ssm installed,
+    no initial state: its kernel cannot take one), or the chunked fast path. Same results."""
     if reference:
         return selective_scan_ref(u, delta, A, B, C, D, z, h0)
+    if h0 is None and _cuda_scan_available(u):
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+
+        y, last = selective_scan_fn(u, delta, A, B.contiguous(), C.contiguous(), D, z=z,
+                                    return_last_state=True)  # fmt: skip
+        return y, last
     if h0 is None:
         h0 = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
     y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)

@@ -635,7 +635,7 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
     if not source.is_dir():
         from importlib import resources
 
-        source = Path(str(resources.files("calmd") / "systemd"))
+        source = Path(str(resources.files("calmd") / "data" / "systemd"))
     target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
     target.mkdir(parents=True, exist_ok=True)
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())

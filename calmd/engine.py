@@ -42,6 +42,7 @@ class RankWeights:
     same_cwd: float = 1.0  # factor 2 when it was run in this cwd before
     follows_previous: float = 3.0  # factor 4 when it followed the previous command before
     pool: float = 20  # the most recent distinct history commands that extend the input
+    model_temperature: float = 1.0  # P_model ** (1 / T) in the mixture: T > 1 gives the model more say
 
 
 class ModelEngine:
@@ -91,15 +92,19 @@ class ModelEngine:
         if best and not cancelled.is_set():
             scores = self.generator.score_many(ctx, best, session=session)
             for cmd, lp in zip(best, scores, strict=True):
-                p = lam * proposals[cmd] / total + (1 - lam) * math.exp(lp)
+                p = lam * proposals[cmd] / total + (1 - lam) * math.exp(lp / self.weights.model_temperature)
                 extra.append((cmd, math.log(p)))
         offset = math.log(1 - lam)  # the model's share, for candidates only the model proposes
+        temperature = self.weights.model_temperature
+        if temperature != 1.0:  # beams rank by lp; on the mixture's scale they are lp / T
+            extra = [(cmd, offset + (score - offset) * temperature) for cmd, score in extra]
         for cand in self.generator.candidates(
             ctx, n, session=session, cancelled=cancelled, extra=extra, beam_offset=offset
         ):
             if cancelled.is_set():
                 return
-            yield cand.text, cand.logprob
+            score = cand.logprob if temperature == 1.0 else offset + (cand.logprob - offset) / temperature
+            yield cand.text, score
 
     def _history_proposals(self, typed: str, ctx: dict[str, Any], session: str) -> dict[str, float]:
         """History commands that extend the input, each with its (unnormalised) history weight."""

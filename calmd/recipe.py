@@ -1,6 +1,6 @@
 """The default model's recipe: corpus from ../shared/data, training, and the packaged weight file.
 
-    python -m calmd.recipe [--data ../shared/data] [--steps 2000] [--output calmd/data/default.cwgt]
+    python -m calmd.recipe [--data ../shared/data] [--steps 2400] [--output calmd/data/default.cwgt]
 
 1. Corpus (docs/default-model.md): every tldr example (CC-BY 4.0, the tldr-pages project;
    placeholders filled, alternatives resolved, two variants each) and the public histories of
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
     parser.add_argument("--output", type=Path, default=PACKAGE_DATA / "default.cwgt")
-    parser.add_argument("--steps", type=int, default=2000,
-                        help="optimizer steps of 32 sequences (default 2000: about 25 min on 2 cores)")
+    parser.add_argument("--steps", type=int, default=2400,
+                        help="optimizer steps of 32 sequences (default 2400: about 32 min on 2 cores)")
     parser.add_argument("--steps-minutes-cap", type=float, default=60.0,
                         help="stop earlier if the steps take longer than this many minutes")
     parser.add_argument("--size", default="nano")

@@ -132,9 +132,10 @@ def test_dataset_default_output_uses_calm_home(tmp_path: Path) -> None:
     assert CtdsReader(home / "train.ctds").count() == 2
 
 
-def test_dataset_from_history_is_not_yet_available() -> None:
-    proc = run("calm", "dataset", check=False)
-    assert proc.returncode == 1 and "--from FILE" in proc.stderr
+def test_dataset_without_from_needs_a_history_store(tmp_path: Path) -> None:
+    proc = run("calm", "dataset", env={"CALM_HOME": str(tmp_path)}, check=False)
+    assert proc.returncode == 1 and "no history store yet" in proc.stderr
+    assert not (tmp_path / "train.ctds").exists()
 
 
 def test_inspect(tmp_path: Path) -> None:
@@ -168,7 +169,8 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
     proc = subprocess.Popen([str(BIN / "calmd"), "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
-    threading.Thread(target=daemon._pump, daemon=True).start()
+    pump = threading.Thread(target=daemon._pump, daemon=True)
+    pump.start()
     try:
         wait_ready(daemon)
         with CalmClient(daemon.socket, timeout=30) as c:
@@ -182,6 +184,9 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        pump.join(timeout=5)
+        assert proc.stdout is not None
+        proc.stdout.close()
     assert run("calmd", "status", env=env, check=False).returncode == 3
 
 

@@ -241,3 +241,27 @@ def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: st
         term.send("Enter")
         term.wait_for("^hello-auto\n(.*\n)*hello-auto$")
         assert_quiet(term.screen())
+
+
+SYNTAX_HIGHLIGHTING = Path("/usr/share/zsh-syntax-highlighting/zsh-syntax-highlighting.zsh")
+
+
+def test_coexists_with_autosuggestions_and_syntax_highlighting_loaded_last(
+    home: Path, daemon: Daemon
+) -> None:
+    """The documented order: zsh-autosuggestions, calm, zsh-syntax-highlighting last."""
+    plugin = autosuggestions()
+    if plugin is None or not SYNTAX_HIGHLIGHTING.is_file():
+        pytest.skip("zsh-autosuggestions and zsh-syntax-highlighting are not both installed")
+    record(daemon, "git status")
+    with zsh_terminal(home, before=f"source {plugin}", after=f"source {SYNTAX_HIGHLIGHTING}") as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        # `git` coloured by zsh-syntax-highlighting, the ghost text still calm's dim grey
+        colour = r"(?:\x1b\[[0-9;]*m)*"
+        term.wait_line(rf"^PROMPT> {colour}git{colour} st{GHOST}atus\s*$", escapes=True)
+        term.send("Right")
+        term.wait_line(rf"^PROMPT> {colour}git{colour} status", escapes=True)
+        term.send("Enter")
+        wait_recorded(home, "git status")
+        assert_quiet(term.screen())

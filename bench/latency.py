@@ -90,10 +90,10 @@ def interleaved(c: CalmClient, model: Path, db: Path, commands: list[str]) -> tu
     remote, local = [], []
     for cmd in commands:
         for i in range(len(cmd) + 1):
-            ctx: dict[str, Any] = {"input": cmd[:i], "cwd": "/home/user/project", "git": "main"}
+            cwd, git = "/home/user/project", "main"
+            ctx: dict[str, Any] = {"input": cmd[:i], "cwd": cwd, "git": git}
             t0 = time.perf_counter()
-            replies = c.complete(cmd[:i], n=5, session="pair", cwd=ctx["cwd"], git=ctx["git"], history=history)
-            for _ in replies:
+            for _ in c.complete(cmd[:i], n=5, session="pair", cwd=cwd, git=git, history=history):
                 pass
             remote.append(time.perf_counter() - t0)
             t0 = time.perf_counter()

@@ -219,3 +219,13 @@ def test_import_history_files(tmp_path: Path) -> None:
     assert f"history: 3 commands in {home / 'history.sqlite3'}" in out
     missing = run("calm", "import", str(tmp_path / "nope"), env={"CALM_HOME": str(home)}, check=False)
     assert missing.returncode == 1 and "No such file" in missing.stderr
+
+
+def test_output_into_a_closed_pipe_ends_quietly() -> None:
+    """`calm tokenize ... | head`: no traceback, no error text, exit 141 as a shell tool would."""
+    proc = subprocess.run(
+        f"{BIN / 'calm'} tokenize {'a' * 200_000} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.stdout.strip() == "141"
+    assert proc.stderr == ""

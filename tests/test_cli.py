@@ -224,7 +224,7 @@ def test_import_history_files(tmp_path: Path) -> None:
 def test_output_into_a_closed_pipe_ends_quietly() -> None:
     """`calm tokenize ... | head`: no traceback, no error text, exit 141 as a shell tool would."""
     proc = subprocess.run(
-        f"{BIN / 'calm'} tokenize {'a' * 200_000} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        f"{BIN / 'calm'} tokenize {'a' * 100_000} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
         shell=True, executable="/bin/bash", capture_output=True, text=True,
     )  # fmt: skip
     assert proc.stdout.strip() == "141"

@@ -586,7 +586,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),
-        ("training", str(status.get("training", {}).get("state", "-"))),
+        ("training", _training_line(status.get("training") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),
         ("version / protocol", f"{status['version']} / {status['protocol']}"),
         ("socket", status.get("socket", "-")),
@@ -595,6 +595,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_row(name, value)
     _console(args.no_color).print(table)
     return 0
+
+
+def _training_line(training: dict[str, object]) -> str:
+    """State, progress while running, and why the last run did or did not swap its model in."""
+    parts = [str(training.get("state", "-"))]
+    progress = training.get("progress")
+    if training.get("pid") and isinstance(progress, dict) and "step" in progress:
+        parts.append(f"step {progress['step']}, loss {float(progress.get('loss') or 0):.3f}")
+    last = training.get("last_result")
+    if isinstance(last, dict) and last.get("reason"):
+        when = last.get("finished")
+        stamp = ""
+        if isinstance(when, int | float):
+            stamp = " " + time.strftime("%Y-%m-%d %H:%M", time.localtime(float(when)))
+        parts.append(f"last run{stamp}: {last['reason']}")
+    threshold = training.get("threshold")
+    if threshold:
+        parts.append(f"next after {threshold} new commands")
+    return "; ".join(parts)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from calmd.client import CalmClient
 from calmd.continual import DatasetOptions, RunOptions, history_examples, is_trivial, read_status, run
 from calmd.ctds import CtdsReader
 from calmd.history import HistoryStore
-from tests.daemon import running_daemon
+from tests.daemon import BIN, running_daemon
 from tests.tiny_model import save_tiny
 
 WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
@@ -127,6 +128,9 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
         assert status["training"]["last_result"]["swapped"] is True, status  # type: ignore[index]
         wait_status(c, lambda s: s["loaded_at"] != before)
         assert (tmp_path / "data" / "shell.prev.cwgt").exists()
+        table = subprocess.run([str(BIN / "calmd"), "--socket", str(d.socket), "--no-color", "status"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "swapped in" in " ".join(table.split())  # why the model changed, in the table
         # completions keep working with the new weights
         assert any("candidate" in m for m in c.complete("make", n=2, session="s"))
 

@@ -3,16 +3,16 @@
 For one keystroke (`ctx` with the typed `input`):
 1. the model proposes `n` completions by beam search from the cached context state
    (calmd/generate.py), each with its log-probability;
-2. the history store proposes commands that start with the input (for an empty input: the
-   commands that followed the previous command, and the most recent ones);
+2. the history proposes commands that extend the input (for an empty input: the recent commands
+   and those that followed the previous command), each with a probability P_hist from the
+   learned ranker of calmd/ranking.py (transitions, counts, distances; fitted on public
+   histories, docs/ranking.md), raised for commands run in the same cwd before;
 3. the likeliest history proposals are scored by the model too (log P(command | context), one
    batched pass);
-4. both are ranked as a mixture of two predictors, a history "cache model" and the language
-   model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd),  where P_hist spreads over the
-   history proposals in proportion to their history signals (frequency, recency, same cwd, "it
-   followed the previous command before"; `RankWeights`, docs/ranking.md). A command the user
-   ran before thus needs no luck from the model, and the model still orders close calls and
-   proposes what the history has never seen;
+4. both are ranked as a mixture of the two predictors, the history "cache model" and the
+   language model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd) ** (1 / T).
+   A command the user ran before thus needs no luck from the model, and the model still orders
+   close calls and proposes what the history has never seen;
 5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,27 +28,36 @@ from typing import Any
 
 from calmd.checkpoint import load_model
 from calmd.history import HistoryStore
+from calmd.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
 
 
 @dataclass(frozen=True)
 class RankWeights:
-    """The history predictor's weights: P_hist(cmd) is proportional to
-    count**frequency * (1 + recency * 0.5**(age / halflife)) * (1 + same_cwd) * (1 + follows)."""
+    """The mixture's knobs (measured with `calm replay --weight name=value`, docs/quality.md)."""
 
     history_mix: float = 0.6  # lam: the history predictor's share of the mixture
-    frequency: float = 1.0  # exponent of the number of runs
-    recency: float = 2.0
-    recency_halflife_s: float = 3600.0 * 24
-    same_cwd: float = 1.0  # factor 2 when it was run in this cwd before
-    follows_previous: float = 3.0  # factor 4 when it followed the previous command before
-    pool: float = 20  # the most recent distinct history commands that extend the input
+    same_cwd: float = 1.0  # P_hist x (1 + same_cwd) for commands run in this cwd before (hand-set:
+    # the public histories carry no cwd, so replay cannot fit it)
+    pool: float = POOL_RECENT  # the most recent distinct history commands that extend the input
     model_temperature: float = 1.0  # P_model ** (1 / T) in the mixture: T > 1 gives the model more say
+
+
+_INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
+
+
+def history_index(store: HistoryStore) -> HistoryIndex:
+    """One in-memory index per store, shared by the engines a hot reload replaces (so a reload
+    does not re-read the whole history). Used from the daemon's single inference thread."""
+    index = _INDEXES.get(store)
+    if index is None:
+        index = _INDEXES[store] = HistoryIndex()
+    return index
 
 
 class ModelEngine:
     """Wraps a loaded model and its generator; thread-confined to the daemon's worker thread."""
 
-    def __init__(self, path: Path, weights: RankWeights | None = None) -> None:
+    def __init__(self, path: Path, weights: RankWeights | None = None, ranker: Ranker | None = None) -> None:
         import torch
 
         from calmd.generate import Generator
@@ -61,10 +70,13 @@ class ModelEngine:
         self.generator = Generator(self.loaded, trace=False)
         self.weights = weights or RankWeights()
         self.history: HistoryStore | None = None
+        self.index: HistoryIndex | None = None
+        self.ranker = ranker or packaged_ranker()
         self.max_scored = 8  # history proposals scored by the model per request (latency bound)
 
     def attach_history(self, store: HistoryStore) -> None:
         self.history = store
+        self.index = history_index(store)
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -107,28 +119,22 @@ class ModelEngine:
             yield cand.text, score
 
     def _history_proposals(self, typed: str, ctx: dict[str, Any], session: str) -> dict[str, float]:
-        """History commands that extend the input, each with its (unnormalised) history weight."""
-        store = self.history
-        if store is None:
+        """History commands that extend the input, each with its history probability P_hist."""
+        store, index = self.history, self.index
+        if store is None or index is None:
             return {}
-        w = self.weights
-        now = time.time()
-        prev = (ctx.get("history") or [{}])[-1].get("cmd", "") if ctx.get("history") else ""
-        proposals: dict[str, float] = {}
-        for cmd, count, last_ts in store.prefix_matches(typed, limit=int(w.pool)):
-            if cmd == typed:
-                continue
-            age = max(now - last_ts, 0.0)
-            proposals[cmd] = count**w.frequency * (1 + w.recency * 0.5 ** (age / w.recency_halflife_s))
-        if prev:
-            for cmd, _count in store.followers(prev, prefix=typed, limit=10):
-                if cmd in proposals:
-                    proposals[cmd] *= 1 + w.follows_previous
+        index.sync(store)  # what any shell recorded since the last keystroke
+        context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
+        pool = index.pool(typed, context[-1] if context else None, size=int(self.weights.pool))
+        if not pool:
+            return {}
+        probs = self.ranker.probabilities(index.features(typed, pool, context))
+        proposals = {cmd: float(p) for cmd, p in zip(pool, probs, strict=True)}
         cwd = ctx.get("cwd")
-        if cwd:
+        if cwd and self.weights.same_cwd:
             for cmd in store.in_cwd(cwd, prefix=typed, limit=20):
                 if cmd in proposals:
-                    proposals[cmd] *= 1 + w.same_cwd
+                    proposals[cmd] *= 1 + self.weights.same_cwd
         return proposals
 
 

@@ -216,9 +216,9 @@ class HistoryStore:
             )
         return others[::-1] + own[::-1]
 
-    def all_rows(self, *, batch: int = 10_000) -> Iterator[HistoryRow]:
-        """Every stored command, oldest first, read in batches."""
-        last = 0
+    def all_rows(self, *, after: int = 0, batch: int = 10_000) -> Iterator[HistoryRow]:
+        """Every stored command (with a row id above `after`), oldest first, read in batches."""
+        last = after
         while True:
             rows = self._rows(
                 f"SELECT {self._COLUMNS} FROM commands WHERE id > ? ORDER BY id LIMIT ?", (last, batch)

@@ -1,0 +1,451 @@
+"""The learned history ranker: which past command comes next, given what was just run and typed.
+
+The daemon's history predictor (P_hist in calmd/engine.py) ranks the user's past commands that
+extend the typed input. Hand-weighted signals (frequency x recency x "followed the previous
+command") were measured against a learned ranker in `calm replay` and lost by 4-6 points of
+top-1 (docs/quality.md), so the history side is learned:
+
+    pool      the 40 most recent distinct commands that extend the input, plus every command
+              that ever followed the previous command and extends it
+    features  FEATURES below, one row per pooled command (counts, distances, transitions from
+              the previous one or two commands, how long a run of recent commands matched an
+              earlier run that this command continued, ...)
+    score     a one-hidden-layer network, s = w2 . tanh(W1 (x - mu) / sd + b1) + b2
+    P_hist    softmax(s) over the pool (a conditional logit, trained by maximum likelihood of
+              the command the user actually ran)
+
+The weights (calmd/data/ranker.json, a few kB) are fitted by
+
+    python -m calmd.ranking [--data ../shared/data] [--output calmd/data/ranker.json]
+
+on the public histories of the *training* users only (`calmd.recipe.held_out()` keeps the same
+users out as for the default model, so `calm replay --held-out` measures users neither has
+seen). Inference is numpy only: the daemon never needs torch for ranking.
+
+`HistoryIndex` is the in-memory view the features are computed from. It follows the SQLite
+store incrementally (`sync`: rows with a larger id than the last seen), so commands recorded by
+any shell or imported by `calm import` are seen on the next keystroke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calmd.atomic import atomic_write
+from calmd.errors import FormatError
+from calmd.history import HistoryStore
+
+RANKER_VERSION = 1
+POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
+CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
+CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined for a run match
+FEATURES = (
+    "log_count",  # log(1 + times run)
+    "log_distance",  # log(1 + commands run since its last use)
+    "is_last",  # it is the command just run
+    "log_follows_prev",  # log(1 + times it followed the previous command)
+    "p_follows_prev",  # share of the previous command's followers that were this one
+    "followed_prev_last_time",  # it is what followed the previous command the last time
+    "log_follows_prev2",  # log(1 + times it followed the previous two commands)
+    "log_count_recent20",  # log(1 + times among the last 20 commands)
+    "log_recency_rank",  # log(1 + rank in the pool by last use)
+    "log_frequency_rank",  # log(1 + rank in the pool by count)
+    "log_remaining",  # log(1 + characters left to type)
+    "same_first_word_as_prev",
+    "p_follows_prev_word",  # share of followers of the previous command's first word
+    "log_share",  # log(1 + count) - log(1 + history length)
+    "empty_input",
+    "empty_input_x_log_follows_prev",
+    "distance_is_1",
+    "distance_is_2",
+    "distance_is_3",
+    "log_follows_prev2_skip",  # log(1 + times it came two commands after the one before last)
+    "context_match",  # longest matched run of recent commands it continued, / CONTEXT_MATCH
+    "context_match_ge2",
+)
+
+
+def first_word(cmd: str) -> str:
+    return cmd.split(" ", 1)[0]
+
+
+class HistoryIndex:
+    """Counts, last uses and transitions of the history, in memory, in recording order.
+
+    Transitions are per session (what a shell ran after what the same shell ran before);
+    distances and counts are over the whole history."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.session_next: list[int] = []  # index of the same session's next command, or -1
+        self.session_prev: list[int] = []  # index of the same session's previous command, or -1
+        self.count: Counter[str] = Counter()
+        self.last: dict[str, int] = {}  # kept in order of last use: reversed() is most recent first
+        self.follows: defaultdict[str, Counter[str]] = defaultdict(Counter)  # prev -> cmd -> n
+        self.follows_last: dict[str, str] = {}  # prev -> what followed it the last time
+        self.follows2: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        self.skip: defaultdict[str, Counter[str]] = defaultdict(Counter)  # cmd two back -> cmd
+        self.follows_word: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.positions: defaultdict[str, list[int]] = defaultdict(list)
+        self._session_tail: dict[str, int] = {}
+        self.last_id = 0  # the store's row id of the newest command seen
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    def add(self, cmd: str, session: str = "") -> None:
+        index = len(self.commands)
+        prev_index = self._session_tail.get(session, -1)
+        self.commands.append(cmd)
+        self.session_prev.append(prev_index)
+        self.session_next.append(-1)
+        if prev_index >= 0:
+            prev = self.commands[prev_index]
+            self.session_next[prev_index] = index
+            self.follows[prev][cmd] += 1
+            self.follows_last[prev] = cmd
+            self.follows_word[first_word(prev)][cmd] += 1
+            prev2_index = self.session_prev[prev_index]
+            if prev2_index >= 0:
+                prev2 = self.commands[prev2_index]
+                self.follows2[(prev2, prev)][cmd] += 1
+                self.skip[prev2][cmd] += 1
+        self._session_tail[session] = index
+        self.count[cmd] += 1
+        self.last.pop(cmd, None)
+        self.last[cmd] = index
+        self.positions[cmd].append(index)
+
+    def sync(self, store: HistoryStore) -> int:
+        """Add the store's commands recorded since the last sync; returns how many."""
+        added = 0
+        for row in store.all_rows(after=self.last_id):
+            self.add(row.cmd, row.session)
+            self.last_id = row.id
+            added += 1
+        return added
+
+    def pool(self, prefix: str, prev: str | None, size: int = POOL_RECENT) -> list[str]:
+        """The candidates: recent distinct commands extending `prefix`, then the previous
+        command's followers that extend it."""
+        found: list[str] = []
+        for cmd in reversed(self.last):
+            if cmd.startswith(prefix) and cmd != prefix:
+                found.append(cmd)
+                if len(found) >= size:
+                    break
+        if prev is not None and prev in self.follows:
+            have = set(found)
+            for cmd in self.follows[prev]:
+                if cmd not in have and cmd.startswith(prefix) and cmd != prefix:
+                    found.append(cmd)
+        return found
+
+    def context_match(self, context: Sequence[str]) -> dict[str, int]:
+        """For each command that followed an earlier occurrence of the latest context command:
+        the longest run of context commands that matched the commands before that occurrence."""
+        best: dict[str, int] = {}
+        if not context:
+            return best
+        for i in self.positions.get(context[-1], [])[-CONTEXT_LOOKBACK:]:
+            follower = self.session_next[i]
+            if follower < 0:
+                continue
+            matched, j = 1, self.session_prev[i]
+            while matched < CONTEXT_MATCH and j >= 0 and matched < len(context):
+                if self.commands[j] != context[-1 - matched]:
+                    break
+                matched += 1
+                j = self.session_prev[j]
+            cmd = self.commands[follower]
+            if matched > best.get(cmd, 0):
+                best[cmd] = matched
+        return best
+
+    def features(self, prefix: str, candidates: Sequence[str], context: Sequence[str]) -> np.ndarray:
+        """One row of FEATURES per candidate   (len(candidates), len(FEATURES)) float32.
+
+        `context`: the session's latest commands, oldest first (the last one is "previous")."""
+        n = len(self.commands)
+        prev = context[-1] if context else None
+        prev2 = context[-2] if len(context) > 1 else None
+        empty: Counter[str] = Counter()
+        follows = self.follows.get(prev, empty) if prev is not None else empty
+        follows_total = sum(follows.values())
+        pair = (prev2, prev) if prev is not None and prev2 is not None else None
+        follows2 = self.follows2.get(pair, empty) if pair is not None else empty
+        skip = self.skip.get(prev2, empty) if prev2 is not None else empty
+        word = self.follows_word.get(first_word(prev), empty) if prev is not None else empty
+        word_total = sum(word.values())
+        recent20 = Counter(self.commands[-20:])
+        last_use = {c: self.last.get(c, -1) for c in candidates}
+        by_recency = {c: r for r, c in enumerate(sorted(candidates, key=lambda c: -last_use[c]))}
+        by_frequency = sorted(candidates, key=lambda c: (-self.count[c], -last_use[c]))
+        by_count = {c: r for r, c in enumerate(by_frequency)}
+        followed_last = self.follows_last.get(prev) if prev is not None else None
+        matches = self.context_match(context)
+        k = len(prefix)
+        log_n = math.log1p(n)
+        rows = np.zeros((len(candidates), len(FEATURES)), dtype=np.float32)
+        for j, cmd in enumerate(candidates):
+            count = self.count[cmd]
+            distance = n - 1 - self.last[cmd] if cmd in self.last else n
+            match = matches.get(cmd, 0)
+            rows[j] = (
+                math.log1p(count),
+                math.log1p(distance),
+                distance == 0,
+                math.log1p(follows[cmd]),
+                follows[cmd] / follows_total if follows_total else 0.0,
+                cmd == followed_last,
+                math.log1p(follows2[cmd]),
+                math.log1p(recent20[cmd]),
+                math.log1p(by_recency[cmd]),
+                math.log1p(by_count[cmd]),
+                math.log1p(max(len(cmd) - k, 0)),
+                prev is not None and first_word(cmd) == first_word(prev),
+                word[cmd] / word_total if word_total else 0.0,
+                math.log1p(count) - log_n,
+                k == 0,
+                (k == 0) * math.log1p(follows[cmd]),
+                distance == 1,
+                distance == 2,
+                distance == 3,
+                math.log1p(skip[cmd]),
+                match / CONTEXT_MATCH,
+                match >= 2,
+            )
+        return rows
+
+
+@dataclass(frozen=True)
+class Ranker:
+    """The fitted scorer: standardisation, one tanh hidden layer, a linear output."""
+
+    mean: np.ndarray  # (F,)
+    scale: np.ndarray  # (F,)
+    w1: np.ndarray  # (F, H)
+    b1: np.ndarray  # (H,)
+    w2: np.ndarray  # (H,)
+    b2: float
+    info: dict[str, Any]
+
+    def scores(self, rows: np.ndarray) -> np.ndarray:
+        """(n, F) features -> (n,) scores; higher is likelier."""
+        hidden = np.tanh(((rows - self.mean) / self.scale) @ self.w1 + self.b1)
+        return hidden @ self.w2 + self.b2
+
+    def probabilities(self, rows: np.ndarray) -> np.ndarray:
+        """softmax of the scores over the pool   (n,)"""
+        if len(rows) == 0:
+            return np.zeros(0)
+        s = self.scores(rows).astype(np.float64)
+        e = np.exp(s - s.max())
+        return e / e.sum()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "calm-ranker",
+            "version": RANKER_VERSION,
+            "features": list(FEATURES),
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "w1": self.w1.tolist(),
+            "b1": self.b1.tolist(),
+            "w2": self.w2.tolist(),
+            "b2": self.b2,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "ranker") -> Ranker:
+        def need(key: str) -> Any:
+            if not isinstance(data, dict) or key not in data:
+                raise FormatError(f"{source}: missing field {key!r}")
+            return data[key]
+
+        if need("format") != "calm-ranker":
+            raise FormatError(f"{source}: format is {data['format']!r}, expected 'calm-ranker'")
+        if need("version") != RANKER_VERSION:
+            raise FormatError(f"{source}: version {data['version']!r}, this calmd reads {RANKER_VERSION}")
+        if need("features") != list(FEATURES):
+            raise FormatError(f"{source}: features differ from this calmd's (python -m calmd.ranking refits)")
+        f = len(FEATURES)
+        try:
+            arrays = {k: np.asarray(need(k), dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
+            b2 = float(need("b2"))
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
+        hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
+        expected = {"mean": (f,), "scale": (f,), "w1": (f, hidden), "b1": (hidden,), "w2": (hidden,)}
+        for key, shape in expected.items():
+            if arrays[key].shape != shape:
+                raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
+        if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
+            raise FormatError(f"{source}: weights are not finite")
+        if (arrays["scale"] <= 0).any():
+            raise FormatError(f"{source}: field 'scale' must be positive")
+        return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
+                   dict(data.get("info", {})))  # fmt: skip
+
+    @classmethod
+    def load(cls, path: Path) -> Ranker:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"{path}: cannot read the ranker: {exc}") from exc
+        return cls.from_json(data, str(path))
+
+
+def packaged_ranker_path() -> Path:
+    return Path(__file__).resolve().parent / "data" / "ranker.json"
+
+
+_PACKAGED: Ranker | None = None
+
+
+def packaged_ranker() -> Ranker:
+    global _PACKAGED
+    if _PACKAGED is None:
+        _PACKAGED = Ranker.load(packaged_ranker_path())
+    return _PACKAGED
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+@dataclass
+class Query:
+    rows: np.ndarray  # (pool, F)
+    target: int  # index of the command the user ran in the pool, -1 when it is not there
+    k: int
+
+
+def replay_queries(commands: Sequence[str], positions: int, seed: str, warmup: int = 50,
+                   ks: Sequence[int] = (0, 1, 2, 4, 8)) -> list[Query]:  # fmt: skip
+    """The replay's queries for one user (as `calm replay` samples them), with pool features."""
+    queries: list[Query] = []
+    if len(commands) <= warmup:
+        return queries
+    rng = random.Random(seed)
+    sampled = set(rng.sample(range(warmup, len(commands)), min(positions, len(commands) - warmup)))
+    index = HistoryIndex()
+    for i, cmd in enumerate(commands):
+        if i in sampled:
+            context = commands[max(0, i - 5) : i]
+            for k in ks:
+                if k > 0 and len(cmd) <= k:
+                    continue
+                pool = index.pool(cmd[:k], context[-1] if context else None)
+                target = pool.index(cmd) if cmd in pool else -1
+                queries.append(Query(index.features(cmd[:k], pool, context), target, k))
+        index.add(cmd)
+    return queries
+
+
+def fit(
+    queries: Sequence[Query], *, hidden: int = 16, steps: int = 400, seed: int = 0
+) -> tuple[Ranker, float]:
+    """Maximum likelihood of the user's command within each pool that holds it (full batch Adam)."""
+    import torch
+
+    torch.manual_seed(seed)
+    usable = [q for q in queries if q.target >= 0 and len(q.rows) > 1]
+    assert usable, "no query whose pool holds its command"
+    x = torch.from_numpy(np.concatenate([q.rows for q in usable]).astype(np.float32))
+    mean, scale = x.mean(0), x.std(0) + 1e-3
+    x = (x - mean) / scale
+    segment = torch.cat([torch.full((len(q.rows),), i) for i, q in enumerate(usable)])
+    offsets = np.cumsum([0] + [len(q.rows) for q in usable])[:-1]
+    targets = torch.tensor([int(o) + q.target for o, q in zip(offsets, usable, strict=True)])
+    lin1, lin2 = torch.nn.Linear(x.shape[1], hidden), torch.nn.Linear(hidden, 1)
+    net = torch.nn.Sequential(lin1, torch.nn.Tanh(), lin2)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=1e-4)
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        s = net(x).squeeze(-1)
+        peak = torch.full((len(usable),), -1e9).scatter_reduce(0, segment, s.detach(), "amax")
+        lse = torch.zeros(len(usable)).index_add(0, segment, torch.exp(s - peak[segment])).log() + peak
+        loss = (lse - s[targets]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    def array(t: torch.Tensor) -> np.ndarray:
+        return t.detach().double().numpy().copy()
+
+    ranker = Ranker(array(mean), array(scale), array(lin1.weight).T.copy(), array(lin1.bias),
+                    array(lin2.weight)[0], float(lin2.bias.item()), {})  # fmt: skip
+    return ranker, float(loss.item())
+
+
+def top1(ranker: Ranker, queries: Sequence[Query]) -> dict[int, float]:
+    """Share of queries (per k) whose top-ranked pool command is the user's."""
+    hits: Counter[int] = Counter()
+    total: Counter[int] = Counter()
+    for q in queries:
+        total[q.k] += 1
+        if q.target >= 0 and len(q.rows):
+            hits[q.k] += int(np.argmax(ranker.scores(q.rows))) == q.target
+    return {k: hits[k] / total[k] for k in sorted(total)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from calmd.recipe import DEFAULT_DATA, held_out, history_users
+    from calmd.replay import read_commands
+
+    parser = argparse.ArgumentParser(prog="python -m calmd.ranking", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    parser.add_argument("--output", type=Path, default=packaged_ranker_path())
+    parser.add_argument("--positions", type=int, default=100, help="sampled positions per training user")
+    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    users = history_users(args.data)
+    if not users:
+        parser.error(f"no histories under {args.data / 'histories' / 'users'}")
+    train = [p for p in users if not held_out(p.stem)]
+    test = [p for p in users if held_out(p.stem)]
+    train_q = [
+        q for p in train for q in replay_queries(read_commands(p), args.positions, f"{args.seed}:{p.stem}")
+    ]
+    test_q = [q for p in test for q in replay_queries(read_commands(p), 40, f"0:{p.stem}")]
+    ranker, loss = fit(train_q, hidden=args.hidden, steps=args.steps, seed=args.seed)
+    held = top1(ranker, test_q)
+    info = {
+        "command": " ".join(["python -m calmd.ranking", *(sys.argv[1:] if argv is None else argv)]),
+        "training_users": len(train),
+        "training_queries": len(train_q),
+        "train_loss": round(loss, 4),
+        "held_out_users": len(test),
+        "held_out_top1": {str(k): round(v, 4) for k, v in held.items()},
+        "seed": args.seed,
+        "hidden": args.hidden,
+        "steps": args.steps,
+        "positions": args.positions,
+    }
+    ranker = Ranker(ranker.mean, ranker.scale, ranker.w1, ranker.b1, ranker.w2, ranker.b2, info)
+    with atomic_write(args.output) as out:
+        out.write((json.dumps(ranker.to_json(), indent=1) + "\n").encode())
+    print(f"fitted on {len(train_q)} queries of {len(train)} users in {time.monotonic() - started:.0f} s, "
+          f"loss {loss:.3f}; held-out top-1 (history only) by k: "
+          + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in held.items()))  # fmt: skip
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

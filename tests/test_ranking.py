@@ -1,0 +1,157 @@
+"""The learned history ranker: the index it reads, its weight file, fitting, and the packaged weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calmd.errors import FormatError
+from calmd.history import HistoryStore
+from calmd.ranking import FEATURES, HistoryIndex, Query, Ranker, fit, packaged_ranker, replay_queries, top1
+
+
+def feature(rows: np.ndarray, j: int, name: str) -> float:
+    return float(rows[j, FEATURES.index(name)])
+
+
+def test_transitions_are_per_session_and_distances_global() -> None:
+    index = HistoryIndex()
+    # two shells interleaved: A runs make -> ./run, B runs ls -> cd
+    for cmd, session in [("make", "A"), ("ls", "B"), ("./run", "A"), ("cd src", "B"), ("make", "A")]:
+        index.add(cmd, session)
+    assert index.follows["make"] == {"./run": 1}
+    assert index.follows["ls"] == {"cd src": 1}
+    assert "ls" not in index.follows.get("make", {})
+    pool = index.pool("", "make")
+    assert pool[:4] == ["make", "cd src", "./run", "ls"]  # most recent distinct first
+    rows = index.features("", pool, ["./run", "make"])
+    run = pool.index("./run")
+    assert feature(rows, run, "followed_prev_last_time") == 1.0
+    assert feature(rows, run, "p_follows_prev") == 1.0
+    assert feature(rows, run, "distance_is_2") == 1.0  # ./run, cd src, make: two commands since
+    assert feature(rows, pool.index("make"), "is_last") == 1.0
+    assert feature(rows, pool.index("ls"), "p_follows_prev") == 0.0
+
+
+def test_pool_extends_the_input_and_adds_the_previous_commands_followers() -> None:
+    index = HistoryIndex()
+    for i in range(60):
+        index.add(f"git commit -m {i}")
+    index.add("git status")
+    index.add("make")
+    index.add("git push")  # followed make once, long ago in pool terms
+    for i in range(60, 100):
+        index.add(f"git commit -m {i}")
+    pool = index.pool("git ", "make", size=10)
+    assert len(pool) == 11 and pool[-1] == "git push"  # 10 recent + the follower of make
+    assert all(c.startswith("git ") for c in pool)
+    assert index.pool("git push", "make") == []  # the input itself is not a completion
+
+
+def test_context_match_finds_the_longest_matching_run() -> None:
+    index = HistoryIndex()
+    for cmd in ["a", "b", "c", "x", "b", "d", "a", "b"]:
+        index.add(cmd)
+    matches = index.context_match(["a", "b"])
+    assert matches == {"c": 2, "d": 1}  # "a b" was followed by c; "x b" by d
+
+
+def test_sync_follows_the_store_incrementally(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    index = HistoryIndex()
+    store.record("ls", session="s")
+    store.record("make", session="s")
+    assert index.sync(store) == 2
+    store.record("./run", session="s")
+    store.record(" secret", session="s")  # leading space: never stored, never indexed
+    assert index.sync(store) == 1
+    assert index.sync(store) == 0
+    assert index.commands == ["ls", "make", "./run"]
+    assert index.follows["make"] == {"./run": 1}
+    store.close()
+
+
+def _cyclic_history(cycles: int) -> list[str]:
+    """A user who edits, builds and runs in a loop, with unrelated commands in between."""
+    commands: list[str] = []
+    for i in range(cycles):
+        commands += ["vim main.c", "make", "./main", f"echo note {i % 7}", "ls"]
+    return commands
+
+
+def test_fit_learns_what_follows_what() -> None:
+    queries = replay_queries(_cyclic_history(60), positions=150, seed="fit")
+    ranker, loss = fit(queries, hidden=8, steps=200)
+    assert np.isfinite(loss)
+    scores = top1(ranker, queries)
+    assert scores[0] > 0.9  # the next command of a fixed loop is predictable from its predecessor
+    untrained = Ranker(ranker.mean, ranker.scale, np.zeros_like(ranker.w1), ranker.b1, ranker.w2, 0.0, {})
+    assert top1(untrained, queries)[0] < 0.5  # and a ranker that ignores the features is not
+
+
+def test_packaged_ranker_predicts_the_loop_and_beats_recency() -> None:
+    ranker = packaged_ranker()
+    index = HistoryIndex()
+    history = _cyclic_history(20)
+    for cmd in history:
+        index.add(cmd)
+    context = history[-5:]  # ... "./main", "echo note 5", "ls"
+    pool = index.pool("", context[-1])
+    best = pool[int(np.argmax(ranker.scores(index.features("", pool, context))))]
+    assert best == "vim main.c"  # not the most recent command ("ls") nor the most frequent
+    probs = ranker.probabilities(index.features("", pool, context))
+    assert probs.sum() == pytest.approx(1.0) and (probs > 0).all()
+    assert ranker.info["training_users"] > 0  # provenance travels with the weights
+
+
+def test_ranker_json_round_trip_and_errors(tmp_path: Path) -> None:
+    ranker = packaged_ranker()
+    data = ranker.to_json()
+    again = Ranker.from_json(json.loads(json.dumps(data)))
+    rows = np.random.default_rng(0).normal(size=(5, len(FEATURES)))
+    assert np.allclose(again.scores(rows), ranker.scores(rows))
+
+    def broken(**change: object) -> dict[str, object]:
+        return {**data, **change}
+
+    with pytest.raises(FormatError, match="missing field 'w1'"):
+        Ranker.from_json({k: v for k, v in data.items() if k != "w1"})
+    with pytest.raises(FormatError, match="field 'w2' has shape"):
+        Ranker.from_json(broken(w2=[1.0, 2.0]))
+    with pytest.raises(FormatError, match="features differ"):
+        Ranker.from_json(broken(features=list(FEATURES)[:-1]))
+    with pytest.raises(FormatError, match="version"):
+        Ranker.from_json(broken(version=99))
+    with pytest.raises(FormatError, match="not finite"):
+        Ranker.from_json(broken(b2=float("nan")))
+    path = tmp_path / "ranker.json"
+    path.write_text("{not json")
+    with pytest.raises(FormatError, match=str(path)):
+        Ranker.load(path)
+
+
+def test_query_targets_are_found_in_the_pool() -> None:
+    queries = replay_queries(_cyclic_history(30), positions=40, seed="q")
+    assert queries and all(isinstance(q, Query) for q in queries)
+    assert {q.k for q in queries} == {0, 1, 2, 4, 8}
+    assert all(q.target >= 0 for q in queries)  # every command of the loop was seen in warm-up
+
+
+def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from calmd.ranking import main
+
+    users = tmp_path / "data" / "histories" / "users"
+    users.mkdir(parents=True)
+    for name in ("alice", "bob", "carol", "dave", "erin", "frank"):
+        (users / f"{name}.txt").write_text("\n".join(_cyclic_history(25)) + "\n")
+    out = tmp_path / "ranker.json"
+    args = ["--data", str(tmp_path / "data"), "--output", str(out), "--positions", "30", "--steps", "50"]
+    assert main(args) == 0
+    ranker = Ranker.load(out)
+    assert ranker.info["training_queries"] > 0
+    assert ranker.info["command"].startswith("python -m calmd.ranking --data")
+    assert "wrote" in capsys.readouterr().out
+    assert not list(tmp_path.glob(".ranker.json.*"))  # the atomic write left no temp file

@@ -228,6 +228,13 @@ class HistoryStore:
             yield from rows
             last = rows[-1].id
 
+    def newest_after(self, n: int) -> int:
+        """The row id after which the newest `n` commands lie (0 when there are no more than n)."""
+        with self._lock:
+            sql = "SELECT id FROM commands ORDER BY id DESC LIMIT 1 OFFSET ?"
+            row = self._db.execute(sql, (n,)).fetchone()
+        return int(row[0]) if row else 0
+
     def prefix_matches(self, prefix: str, *, limit: int = 50) -> list[tuple[str, int, float]]:
         """Distinct commands starting with `prefix`: (cmd, times run, last run), most recent first."""
         with self._lock:

@@ -51,6 +51,7 @@ RANKER_VERSION = 1
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
 CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined for a run match
+INDEX_LIMIT = 50_000  # the newest commands the index holds (about 28 MB; older ones stay in the store)
 FEATURES = (
     "log_count",  # log(1 + times run)
     "log_distance",  # log(1 + commands run since its last use)
@@ -128,8 +129,11 @@ class HistoryIndex:
         self.last[cmd] = index
         self.positions[cmd].append(index)
 
-    def sync(self, store: HistoryStore) -> int:
-        """Add the store's commands recorded since the last sync; returns how many."""
+    def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
+        """Add the store's commands recorded since the last sync; returns how many. The first
+        sync starts at the newest `limit` commands: memory stays bounded for huge histories."""
+        if self.last_id == 0:
+            self.last_id = store.newest_after(limit)
         added = 0
         for row in store.all_rows(after=self.last_id):
             self.add(row.cmd, row.session)

@@ -155,3 +155,16 @@ def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest
     assert ranker.info["command"].startswith("python -m calmd.ranking --data")
     assert "wrote" in capsys.readouterr().out
     assert not list(tmp_path.glob(".ranker.json.*"))  # the atomic write left no temp file
+
+
+def test_first_sync_indexes_only_the_newest_commands(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    for i in range(30):
+        store.record(f"echo {i}", session="s")
+    index = HistoryIndex()
+    assert index.sync(store, limit=10) == 10
+    assert index.commands == [f"echo {i}" for i in range(20, 30)]
+    store.record("echo new", session="s")
+    assert index.sync(store, limit=10) == 1  # later syncs take everything new
+    assert index.commands[-1] == "echo new"
+    store.close()

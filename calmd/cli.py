@@ -578,6 +578,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("model", str(model.get("path", "-"))),
         ("size", f"{model.get('size', '-')} ({model.get('parameters', 0):,} parameters)"),
         ("domain", str(model.get("domain", "-"))),
+        ("ranking", f"{model.get('ranker', '-')}; {model.get('indexed_commands', 0)} commands indexed"),
         ("loaded at", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["loaded_at"]))
          if status.get("loaded_at") else "-"),
         ("last reload error", status.get("last_reload_error") or "none"),

@@ -86,6 +86,9 @@ class ModelEngine:
             "parameters": h.param_count,
             "domain": self.loaded.metadata.domain,
             "file_bytes": self.path.stat().st_size if self.path.exists() else None,
+            "ranker": f"learned, {len(self.ranker.mean)} features, fitted on "
+            f"{self.ranker.info.get('training_users', '?')} users' histories",
+            "indexed_commands": len(self.index) if self.index is not None else 0,
         }
 
     def complete(

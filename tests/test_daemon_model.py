@@ -68,3 +68,19 @@ def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
             assert time.monotonic() < deadline, d.read_output()
             time.sleep(0.05)
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make install"]
+
+
+def test_learned_ranker_predicts_what_follows_in_the_users_loop(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    loop = ["vim main.c", "make", "./main", "ls"]
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        for _ in range(6):
+            for cmd in loop:
+                c.record(cmd, exit=0, cwd="/p", session="s")
+        # an empty prompt after "ls": the loop goes on with the editor, not the most recent or
+        # most frequent command, and the daemon never saw this loop in training
+        assert candidates(c, "", n=3, session="s", cwd="/p")[0] == "vim main.c"
+        c.record("vim main.c", exit=0, cwd="/p", session="s")
+        assert candidates(c, "", n=3, session="s", cwd="/p")[0] == "make"
+        model = c.status()["status"]["model"]
+        assert model["indexed_commands"] == 25 and "learned" in model["ranker"]

@@ -205,6 +205,7 @@ class Helper:
         *lines, self.inbuf = self.inbuf.split(b"\n")
         for raw in lines:
             request = parse_request(raw.decode("utf-8", "replace"))
+            log.debug("shell: %r", request)
             if isinstance(request, Record):
                 self.backlog.append(request)
             elif isinstance(request, Complete):
@@ -285,12 +286,14 @@ class Helper:
                     **({"git": q.git} if q.git else {}),
                 }
                 rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx)
+                log.debug("sent complete %s as %d", q.seq, rid)
                 self.active = Active(q.seq, rid)
         except OSError as exc:
             self.drop(exc)
 
     def on_message(self, message: dict[str, Any]) -> None:
         rid = message.get("id")
+        log.debug("daemon: %r", message)
         if rid in self.pending_records:
             if "error" in message:
                 log.warning("record failed: %s", message["error"])
@@ -353,7 +356,7 @@ def _setup_log() -> None:
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{os.getpid()}] %(levelname)s %(message)s"))
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.DEBUG if os.environ.get("CALM_DEBUG") else logging.INFO)
     log.propagate = False
 
 

@@ -141,8 +141,7 @@ _calm_pick() {
 _calm_pre_redraw() {
   emulate -L zsh
   if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
-    # zsh-autosuggestions clears POSTDISPLAY when it has nothing: show ours again.
-    [[ -n $_CALM_SHOWN && -z $POSTDISPLAY ]] && _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+    _calm_restore  # zsh-autosuggestions clears POSTDISPLAY when it has nothing
     return
   fi
   _CALM_LAST_BUF=$BUFFER
@@ -356,6 +355,19 @@ _calm_precmd() {
   if (( ${+ZSH_AUTOSUGGEST_IGNORE_WIDGETS} )) && (( ! ${ZSH_AUTOSUGGEST_IGNORE_WIDGETS[(I)_calm_*]} )); then
     ZSH_AUTOSUGGEST_IGNORE_WIDGETS+=('_calm_*')
   fi
+  # Its async answer (an fd handler, after which zle redraws without line-pre-redraw) clears
+  # POSTDISPLAY when it has nothing: give our ghost text back right there.
+  if (( ${+functions[_zsh_autosuggest_suggest]} && ! ${+functions[_calm_orig_autosuggest_suggest]} )); then
+    functions[_calm_orig_autosuggest_suggest]=$functions[_zsh_autosuggest_suggest]
+    functions[_zsh_autosuggest_suggest]='_calm_orig_autosuggest_suggest "$@"; _calm_restore'
+  fi
+}
+
+# Show our candidate again when someone else cleared POSTDISPLAY for the same buffer.
+_calm_restore() {
+  [[ -z $POSTDISPLAY && -n $_CALM_SHOWN && $BUFFER == $_CALM_LAST_BUF ]] || return 0
+  _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+  return 0
 }
 
 # --------------------------------------------------------------------------- start

@@ -26,6 +26,8 @@ from tests.tmux import (
 
 DIM = "\x1b[90m"  # how tmux shows the default highlight, fg=8
 GHOST = re.escape(DIM)
+# Nothing after the ghost text; tmux may or may not close the colour with a reset.
+LINE_END = r"(?:\x1b\[39m)?\s*$"
 SETTLE = 0.4  # how long to wait before saying that no suggestion came
 
 pytestmark = pytest.mark.skipif(
@@ -227,7 +229,7 @@ def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: st
         term.wait_for("^hello-auto$")
         # calm's suggestion (zsh-autosuggestions has none: `git status` is not in this history)
         term.type("git st")
-        term.wait_line(rf"^PROMPT> git st{GHOST}atus\s*$", escapes=True)
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus{LINE_END}", escapes=True)
         term.send("Right")
         term.wait_line(r"^PROMPT> git status", escapes=True)
         term.send("Enter")
@@ -241,6 +243,25 @@ def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: st
         term.send("Enter")
         term.wait_for("^hello-auto\n(.*\n)*hello-auto$")
         assert_quiet(term.screen())
+
+
+def test_ghost_text_survives_a_late_empty_answer_from_zsh_autosuggestions(home: Path, daemon: Daemon) -> None:
+    """zsh-autosuggestions' async answer comes through an fd handler, after which zle redraws
+    without line-pre-redraw; when it has nothing it clears POSTDISPLAY. A strategy that answers
+    after 0.3 s makes that answer arrive after calm's every time."""
+    plugin = autosuggestions()
+    if plugin is None:
+        pytest.skip("zsh-autosuggestions is not installed")
+    record(daemon, "git status")
+    slow = "_zsh_autosuggest_strategy_slow() { sleep 0.3; typeset -g suggestion= }"
+    for rc in ({"before": f"source {plugin}; {slow}"}, {"after": f"source {plugin}; {slow}"}):
+        with zsh_terminal(home, ZSH_AUTOSUGGEST_STRATEGY="slow", **rc) as term:
+            term.wait_for("^PROMPT>")
+            term.type("git st")
+            term.wait_line(rf"^PROMPT> git st{GHOST}atus{LINE_END}", escapes=True)
+            time.sleep(0.6)  # the empty answer has come and gone
+            line = term.line(escapes=True)
+            assert re.search(rf"^PROMPT> git st{GHOST}atus{LINE_END}", line), (rc, line)
 
 
 SYNTAX_HIGHLIGHTING = Path("/usr/share/zsh-syntax-highlighting/zsh-syntax-highlighting.zsh")
@@ -259,7 +280,7 @@ def test_coexists_with_autosuggestions_and_syntax_highlighting_loaded_last(
         term.type("git st")
         # `git` coloured by zsh-syntax-highlighting, the ghost text still calm's dim grey
         colour = r"(?:\x1b\[[0-9;]*m)*"
-        term.wait_line(rf"^PROMPT> {colour}git{colour} st{GHOST}atus\s*$", escapes=True)
+        term.wait_line(rf"^PROMPT> {colour}git{colour} st{GHOST}atus{LINE_END}", escapes=True)
         term.send("Right")
         term.wait_line(rf"^PROMPT> {colour}git{colour} status", escapes=True)
         term.send("Enter")

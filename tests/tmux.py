@@ -60,6 +60,8 @@ def shell_env(home: Path, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     env["TERM"] = "xterm-256color"
     env.pop("TMUX", None)
+    if os.environ.get("CALM_DEBUG"):  # the shell helper logs every line it passes on
+        env["CALM_DEBUG"] = os.environ["CALM_DEBUG"]
     return env
 
 
@@ -131,7 +133,9 @@ class Terminal:
             if rx.search(line):
                 return line
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for line {pattern!r}; screen:\n{self.screen()}")
+                raise AssertionError(
+                    f"timed out waiting for line {pattern!r}; last line {line!r}; screen:\n{self.screen()}"
+                )
             time.sleep(0.01)
 
     def close(self) -> None:

@@ -465,12 +465,25 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
-    p.add_argument("--with-training", action="store_true",
-                   help="let background training happen during the replay, as in real use")
-    p.add_argument("--train-every", type=int, default=500, metavar="N",
-                   help="with --with-training: a training run after every N commands (default 500)")
-    p.add_argument("--weight", dest="weights", action="append", metavar="NAME=VALUE",
-                   help="override a ranking weight (calmd.engine.RankWeights), to measure an idea")
+    p.add_argument(
+        "--with-training",
+        action="store_true",
+        help="let background training happen during the replay, as in real use",
+    )
+    p.add_argument(
+        "--train-every",
+        type=int,
+        default=500,
+        metavar="N",
+        help="with --with-training: a training run after every N commands (default 500)",
+    )
+    p.add_argument(
+        "--weight",
+        dest="weights",
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a ranking weight (calmd.engine.RankWeights), to measure an idea",
+    )
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)
@@ -709,12 +722,26 @@ def calmd_parser() -> argparse.ArgumentParser:
         metavar="MODULE:FUNC",
         help="engine loader called with the weight path (tests plug in a scripted engine)",
     )
-    p.add_argument("--train-threshold", type=int, default=200, metavar="N",
-                   help="new commands before a background training run (default 200; 0: only on request)")
-    p.add_argument("--train-max-load", type=float, default=1.0, metavar="LOAD",
-                   help="start a run automatically only below this 1-minute load average (default 1.0)")
-    p.add_argument("--train-arg", action="append", metavar="ARG",
-                   help="extra argument for the training process (python -m calmd.continual --help)")
+    p.add_argument(
+        "--train-threshold",
+        type=int,
+        default=200,
+        metavar="N",
+        help="new commands before a background training run (default 200; 0: only on request)",
+    )
+    p.add_argument(
+        "--train-max-load",
+        type=float,
+        default=1.0,
+        metavar="LOAD",
+        help="start a run automatically only below this 1-minute load average (default 1.0)",
+    )
+    p.add_argument(
+        "--train-arg",
+        action="append",
+        metavar="ARG",
+        help="extra argument for the training process (python -m calmd.continual --help)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("status", help="show the daemon's state (exit 3 when none runs)")

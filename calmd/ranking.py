@@ -386,6 +386,7 @@ def fit(
         opt.zero_grad()
         loss.backward()
         opt.step()
+
     def array(t: torch.Tensor) -> np.ndarray:
         return t.detach().double().numpy().copy()
 

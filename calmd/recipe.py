@@ -76,10 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
     parser.add_argument("--output", type=Path, default=PACKAGE_DATA / "default.cwgt")
-    parser.add_argument("--steps", type=int, default=2400,
-                        help="optimizer steps of 32 sequences (default 2400: about 32 min on 2 cores)")
-    parser.add_argument("--steps-minutes-cap", type=float, default=60.0,
-                        help="stop earlier if the steps take longer than this many minutes")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=2400,
+        help="optimizer steps of 32 sequences (default 2400: about 32 min on 2 cores)",
+    )
+    parser.add_argument(
+        "--steps-minutes-cap",
+        type=float,
+        default=60.0,
+        help="stop earlier if the steps take longer than this many minutes",
+    )
     parser.add_argument("--size", default="nano")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from calmd import fastscan
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -227,7 +229,8 @@ def selective_scan(
     h0: Tensor | None = None, *, reference: bool = False,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Dispatch: the reference loop, mamba-ssm's CUDA kernel (CUDA tensors, mamba_ssm installed,
-    no initial state: its kernel cannot take one), or the chunked fast path. Same results."""
+    no initial state: its kernel cannot take one), the fused C++ kernel of calmd/fastscan.py
+    (CPU, when it could be built), or the chunked PyTorch fast path. Same results."""
     if reference:
         return selective_scan_ref(u, delta, A, B, C, D, z, h0)
     if h0 is None and _cuda_scan_available(u):
@@ -238,7 +241,10 @@ def selective_scan(
         return y, last
     if h0 is None:
         h0 = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
-    y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)
+    if all(t.dtype == u.dtype for t in (delta, A, B, C, D, h0)) and fastscan.supports(u):
+        y, h = fastscan.CppScanFn.apply(u, delta, A, B, C, D, h0)  # the fused kernel, when built
+    else:
+        y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)
     if z is not None:
         y = y * F.silu(z)
     return y, h

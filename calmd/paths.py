@@ -34,3 +34,9 @@ def socket_path() -> Path:
     if override:
         return Path(override)
     return Path(platformdirs.user_runtime_dir(APP, appauthor=False)) / "calmd.sock"
+
+
+def cache_dir() -> Path:
+    """Things rebuilt on demand (the compiled scan kernel): $CALM_CACHE, else the user cache dir."""
+    override = os.environ.get("CALM_CACHE")
+    return Path(override) if override else Path(platformdirs.user_cache_dir(APP, appauthor=False))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calmd import paths
 from calmd.cwgt import CwgtHeader, Metadata, write_cwgt
 
 BIN = Path(sys.executable).parent
@@ -66,6 +67,8 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALM", "LISTEN_"))}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
                 "CALMD_SOCKET": str(run / "calm" / "calmd.sock")})  # fmt: skip
+    # The compiled scan kernel is built once per machine, not once per test home.
+    env["CALM_CACHE"] = str(paths.cache_dir())
     env.update(extra)
     return env
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from calmd import fastscan
 from calmd.checkpoint import load_model, save_model
 from calmd.cwgt import Metadata, read_cwgt
 from calmd.errors import FormatError
@@ -54,9 +55,23 @@ def scan_inputs(
 # --------------------------------------------------------------------------- the scan
 
 
-@pytest.mark.parametrize("length", [1, 5, 16, 37])
-def test_fast_scan_equals_reference_values_and_gradients(length: int) -> None:
-    inputs = scan_inputs(2, 6, length, 4)
+@pytest.fixture(params=["cpp", "torch"])
+def scan_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each fast path in turn: the fused C++ kernel (calmd/fastscan.py), the chunked PyTorch one."""
+    if request.param == "torch":
+        monkeypatch.setattr(fastscan, "use_cpp", False)
+    elif fastscan.library() is None:
+        pytest.skip(f"the C++ scan is not available here: {fastscan.unavailable_reason()}")
+    return str(request.param)
+
+
+@pytest.mark.parametrize(
+    ("batch", "length", "n"), [(2, 1, 4), (2, 5, 4), (3, 16, 16), (2, 37, 4), (1, 40, 5)]
+)
+def test_fast_scan_equals_reference_values_and_gradients(
+    scan_impl: str, batch: int, length: int, n: int
+) -> None:
+    inputs = scan_inputs(batch, 6, length, n)
     ref_in = [t.clone().requires_grad_(True) for t in inputs]
     fast_in = [t.clone().requires_grad_(True) for t in inputs]
     y_ref, h_ref = selective_scan(*ref_in, reference=True)
@@ -73,7 +88,7 @@ def test_fast_scan_equals_reference_values_and_gradients(length: int) -> None:
         torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_fast_scan_passes_gradcheck_in_float64() -> None:
+def test_fast_scan_passes_gradcheck_in_float64(scan_impl: str) -> None:
     inputs = [t.requires_grad_(True) for t in scan_inputs(1, 3, 19, 2, dtype=torch.float64)]
     assert torch.autograd.gradcheck(lambda *xs: selective_scan(*xs), inputs, eps=1e-6, atol=1e-5)
 
@@ -136,7 +151,7 @@ def test_batched_step_equals_rows_stepped_alone_and_clone_is_independent() -> No
         assert not torch.equal(copy.layers[0].ssm, state.layers[0].ssm)
 
 
-def test_reference_scan_model_equals_fast_model() -> None:
+def test_reference_scan_model_equals_fast_model(scan_impl: str) -> None:
     model = tiny_model()
     tokens = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(8))
     mask = torch.ones_like(tokens, dtype=torch.bool)

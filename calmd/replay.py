@@ -4,9 +4,10 @@ For each history file (one user), in order: a fresh history store; every command
 after it has been predicted, so a prediction only sees the past. At sampled positions (after a
 warm-up) the next command is asked for given its first k characters (k = 0, 1, 2, 4, 8; k = 0
 means "predict the next command" on an empty prompt, k only when the command is longer than k):
-top-1 and top-5 exact matches of the whole command line. Keystrokes saved: the user types the
-command one character at a time and accepts the top suggestion (one key) as soon as it is the
-whole command; saved = (length - typed - 1) / length, 0 when it never is.
+top-1 and top-5 exact matches of the whole command line, and the share of queries whose command
+line had been run before (`seen_before`, the most a pure history lookup can score). Keystrokes
+saved: the user types the command one character at a time and accepts the top suggestion (one
+key) as soon as it is the whole command; saved = (length - typed - 1) / length, 0 when it never is.
 
 The candidates come from the same code the daemon runs: the context is built as the server
 builds it (the store's latest commands of the session), ranked by `ModelEngine.complete` with
@@ -48,6 +49,8 @@ class Tally:
     queries: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     top1: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     top5: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    # queries whose command line the user had run before: what a perfect history ranker scores
+    seen: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
     typed: int = 0
     runs: int = 0  # background training runs (with training)
@@ -58,6 +61,7 @@ class Tally:
             self.queries[k] += other.queries[k]
             self.top1[k] += other.top1[k]
             self.top5[k] += other.top5[k]
+            self.seen[k] += other.seen[k]
         self.saved += other.saved
         self.typed += other.typed
         self.runs += other.runs
@@ -68,6 +72,7 @@ class Tally:
             "queries": self.queries,
             "top1": {k: self.top1[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
             "typed_commands": self.typed,
             "training_runs": self.runs,
@@ -176,11 +181,13 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
                         continue
                     prefix = cmd[:k]
                     answers = {"calmd": calmd_top(prefix, 5)}
+                    seen_before = cmd in past.counts
                     for system in SYSTEMS[1:]:
                         answers[system] = past.suggest(system, prefix)
                     for system, got in answers.items():
                         t = tallies[system]
                         t.queries[k] += 1
+                        t.seen[k] += seen_before
                         t.top1[k] += bool(got) and got[0] == cmd
                         t.top5[k] += cmd in got[:5]
                 if i in typed_out:
@@ -241,6 +248,9 @@ def format_table(result: dict[str, Any]) -> str:
         saved = t["keystrokes_saved"]
         lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
                      f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
+    # the same for every system: the share of queries whose command had been run before
+    seen = result["totals"]["calmd"]["seen_before"]
+    lines.append(f"{'(ceiling) run before':<36}" + "".join(f"{(seen[k] or 0) * 100:>7.1f}%" for k in KS))
     return "\n".join(lines)
 
 

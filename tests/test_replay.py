@@ -71,6 +71,32 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Pat
     assert totals["zsh-autosuggestions:history"]["top1"]["0"] == 0.0  # the last command never repeats
     assert totals["calmd"]["top1"]["0"] == 1.0  # the follows-previous signal finds it too
     assert totals["calmd"]["keystrokes_saved"] > 0.5
+    assert totals["calmd"]["seen_before"]["0"] == 1.0  # after warm-up every line is a repeat
+
+
+def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path: Path) -> None:
+    model = save_tiny(tmp_path / "tiny.cwgt")
+    # every third command is new (an ever-growing counter), the others repeat the two before
+    lines: list[str] = []
+    for i in range(40):
+        lines += [f"vim notes{i}.txt", "git status", "make test"]
+    history = tmp_path / "user3.txt"
+    history.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "30", "--typing", "0",
+                      "--warmup", "10", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    totals = json.loads(out.read_text())["totals"]
+    seen = totals["calmd"]["seen_before"]
+    for k in ("0", "1", "2", "4", "8"):
+        # the ceiling is a property of the queries, not of who answers them
+        assert {t["seen_before"][k] for t in totals.values()} == {seen[k]}
+        for system in ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish"):
+            assert totals[system]["top1"][k] <= totals[system]["top5"][k] <= seen[k]
+    # k = 0: about two thirds of the sampled lines are repeats, never all, never none
+    assert 0.4 < seen["0"] < 0.9
+    # k = 8: all three are longer than 8 characters and the vim lines are always new
+    assert 0.0 < seen["8"] < 1.0
 
 
 def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["tokenizer_encode.py", "ctds_open.py"]
+BENCHMARKS = ["tokenizer_encode.py", "ctds_open.py", "ranker_cost.py"]
 
 if __name__ == "__main__":
     failed = 0

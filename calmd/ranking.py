@@ -5,8 +5,9 @@ extend the typed input. Hand-weighted signals (frequency x recency x "followed t
 command") were measured against a learned ranker in `calm replay` and lost by 4-6 points of
 top-1 (docs/quality.md), so the history side is learned:
 
-    pool      the 40 most recent distinct commands that extend the input, plus every command
-              that ever followed the previous command and extends it
+    pool      the 40 most recent distinct commands that extend the input, plus the 40 commands
+              that most often followed the previous command and extend it, plus up to 10
+              carry-overs (the previous command's last words after another command's head)
     features  FEATURES below, one row per pooled command (counts, distances, transitions from
               the previous one or two commands, how long a run of recent commands matched an
               earlier run that this command continued, ...)
@@ -30,6 +31,7 @@ any shell or imported by `calm import` are seen on the next keystroke.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
@@ -51,6 +53,11 @@ RANKER_VERSION = 1
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
 CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined for a run match
+POOL_FOLLOWERS = 40  # of the previous command's followers, the most frequent that enter the pool
+CARRY_MAX = 10  # carry-over candidates added to the pool (most frequent heads first)
+CARRY_WORDS = 12  # first words whose heads are tried, likeliest after the previous command's first
+CARRY_HEADS_PER_WORD = 20  # of each first word, its most frequent heads are tried
+CARRY_HEAD_WORDS = 4  # heads (a command's first words) of at most this many words are indexed
 INDEX_LIMIT = 50_000  # the newest commands the index holds (about 28 MB; older ones stay in the store)
 FEATURES = (
     "log_count",  # log(1 + times run)
@@ -75,11 +82,32 @@ FEATURES = (
     "log_follows_prev2_skip",  # log(1 + times it came two commands after the one before last)
     "context_match",  # longest matched run of recent commands it continued, / CONTEXT_MATCH
     "context_match_ge2",
+    "is_carryover",  # not a past command: a past command's head with the previous command's tail
+    "carry_log_head_count",  # log(1 + times that head was run), carry-overs only
+    "carry_tail_tokens",  # how many of the previous command's last words it ends with
+    "log_carry_pattern",  # log(1 + times this head followed the previous one's, carrying its tail)
+    "log_word_transition",  # log(1 + times a command of its first word followed the previous one's)
 )
 
 
 def first_word(cmd: str) -> str:
     return cmd.split(" ", 1)[0]
+
+
+def split_carry(prev: str, cmd: str) -> tuple[str, str, int] | None:
+    """(head of prev, head of cmd, words carried) when cmd ends with the longest run of prev's
+    last words that leaves both a head, e.g. ("mkdir", "cd", 1) for "mkdir foo" -> "cd foo";
+    None when it carries nothing over or is prev itself."""
+    if cmd == prev:
+        return None
+    words = prev.split()
+    for split in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
+        tail = " ".join(words[split:])
+        if cmd.endswith(" " + tail) and len(cmd) > len(tail) + 1:
+            head = cmd[: -len(tail) - 1].rstrip()
+            if head:
+                return " ".join(words[:split]), head, len(words) - split
+    return None
 
 
 class HistoryIndex:
@@ -100,6 +128,15 @@ class HistoryIndex:
         self.skip: defaultdict[str, Counter[str]] = defaultdict(Counter)  # cmd two back -> cmd
         self.follows_word: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.positions: defaultdict[str, list[int]] = defaultdict(list)
+        # a command's heads: its first 1..CARRY_HEAD_WORDS words, when more words follow
+        self.heads: Counter[str] = Counter()
+        self.heads_by_word: defaultdict[str, Counter[str]] = defaultdict(Counter)  # first word -> heads
+        self.word_count: Counter[str] = Counter()  # commands per first word
+        self._top_heads: dict[str, list[tuple[str, int]]] = {}  # first word -> most frequent heads
+        # the user's carry-over habits: head of a command -> heads of the next command that
+        # reused its last words ("mkdir" -> {"cd": 3})
+        self.carry_patterns: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.word_transitions: defaultdict[str, Counter[str]] = defaultdict(Counter)  # word -> word
         self._session_tail: dict[str, int] = {}
         self.last_id = 0  # the store's row id of the newest command seen
 
@@ -118,6 +155,10 @@ class HistoryIndex:
             self.follows[prev][cmd] += 1
             self.follows_last[prev] = cmd
             self.follows_word[first_word(prev)][cmd] += 1
+            self.word_transitions[first_word(prev)][first_word(cmd)] += 1
+            carry = split_carry(prev, cmd)
+            if carry is not None:
+                self.carry_patterns[carry[0]][carry[1]] += 1
             prev2_index = self.session_prev[prev_index]
             if prev2_index >= 0:
                 prev2 = self.commands[prev2_index]
@@ -128,6 +169,14 @@ class HistoryIndex:
         self.last.pop(cmd, None)
         self.last[cmd] = index
         self.positions[cmd].append(index)
+        words = cmd.split()
+        if words:
+            self.word_count[words[0]] += 1
+            self._top_heads.pop(words[0], None)
+        for j in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
+            head = " ".join(words[:j])
+            self.heads[head] += 1
+            self.heads_by_word[words[0]][head] += 1
 
     def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
@@ -141,9 +190,9 @@ class HistoryIndex:
             added += 1
         return added
 
-    def pool(self, prefix: str, prev: str | None, size: int = POOL_RECENT) -> list[str]:
+    def pool(self, prefix: str, prev: str | None, size: int = POOL_RECENT, carry: bool = True) -> list[str]:
         """The candidates: recent distinct commands extending `prefix`, then the previous
-        command's followers that extend it."""
+        command's followers that extend it, then (`carry`) carry-overs of the previous command."""
         found: list[str] = []
         for cmd in reversed(self.last):
             if cmd.startswith(prefix) and cmd != prefix:
@@ -152,10 +201,49 @@ class HistoryIndex:
                     break
         if prev is not None and prev in self.follows:
             have = set(found)
-            for cmd in self.follows[prev]:
-                if cmd not in have and cmd.startswith(prefix) and cmd != prefix:
-                    found.append(cmd)
+            follows = self.follows[prev]
+            followers = [c for c in follows if c not in have and c.startswith(prefix) and c != prefix]
+            if len(followers) > POOL_FOLLOWERS:  # `ls` may have been followed by thousands
+                followers = heapq.nlargest(POOL_FOLLOWERS, followers, key=follows.__getitem__)
+            found.extend(followers)
+        if carry and prev is not None:
+            found.extend(self.carryovers(prefix, prev))
         return found
+
+    def carryovers(self, prefix: str, prev: str, limit: int = CARRY_MAX) -> list[str]:
+        """New lines that reuse the previous command's last words after another command's head
+        (`mkdir foo` -> `cd foo`, `pacman -Ss vim` -> `sudo pacman -S vim`), never run before.
+        Heads whose first word most often followed the previous command's come first; only the
+        CARRY_WORDS likeliest first words and their CARRY_HEADS_PER_WORD most frequent heads are
+        looked at, so a keystroke stays cheap (under a millisecond on a 50,000-command index)."""
+        words = prev.split()
+        if len(words) < 2:
+            return []
+        transitions = self.word_transitions.get(words[0], Counter())
+        typed_word, _, _ = prefix.partition(" ")
+        if " " in prefix:  # the first word is typed out
+            first_words = [typed_word] if typed_word in self.heads_by_word else []
+        else:
+            first_words = [w for w in self.heads_by_word if w.startswith(typed_word)]
+            first_words.sort(key=lambda w: (transitions[w], self.word_count[w]), reverse=True)
+            first_words = first_words[:CARRY_WORDS]
+        out: dict[str, tuple[int, int, int]] = {}
+        for j in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
+            own_head, tail = " ".join(words[:j]), " ".join(words[j:])
+            habits = self.carry_patterns.get(own_head, Counter())
+            heads = list(habits.items())  # the user's own habits first, whatever their first word
+            for word in first_words:
+                top = self._top_heads.get(word)
+                if top is None:
+                    top = self._top_heads[word] = self.heads_by_word[word].most_common(CARRY_HEADS_PER_WORD)
+                heads += top
+            for head, _ in heads:
+                cmd = f"{head} {tail}"
+                if head == own_head or not cmd.startswith(prefix) or cmd == prefix:
+                    continue
+                if cmd not in self.count and cmd not in out:
+                    out[cmd] = (habits[head], transitions[first_word(head)], self.heads[head])
+        return sorted(out, key=out.__getitem__, reverse=True)[:limit]
 
     def context_match(self, context: Sequence[str]) -> dict[str, int]:
         """For each command that followed an earlier occurrence of the latest context command:
@@ -200,6 +288,7 @@ class HistoryIndex:
         by_count = {c: r for r, c in enumerate(by_frequency)}
         followed_last = self.follows_last.get(prev) if prev is not None else None
         matches = self.context_match(context)
+        transitions = self.word_transitions.get(first_word(prev), empty) if prev is not None else empty
         k = len(prefix)
         log_n = math.log1p(n)
         rows = np.zeros((len(candidates), len(FEATURES)), dtype=np.float32)
@@ -207,6 +296,11 @@ class HistoryIndex:
             count = self.count[cmd]
             distance = n - 1 - self.last[cmd] if cmd in self.last else n
             match = matches.get(cmd, 0)
+            carry = split_carry(prev, cmd) if prev is not None else None
+            carried, head_count, pattern = 0, 0, 0
+            if carry is not None:
+                carried, pattern = carry[2], self.carry_patterns.get(carry[0], empty)[carry[1]]
+                head_count = self.heads[carry[1]] if count == 0 else 0
             rows[j] = (
                 math.log1p(count),
                 math.log1p(distance),
@@ -230,6 +324,11 @@ class HistoryIndex:
                 math.log1p(skip[cmd]),
                 match / CONTEXT_MATCH,
                 match >= 2,
+                carried > 0 and count == 0,
+                math.log1p(head_count),
+                carried,
+                math.log1p(pattern),
+                math.log1p(transitions[first_word(cmd)]),
             )
         return rows
 

@@ -84,3 +84,14 @@ def test_learned_ranker_predicts_what_follows_in_the_users_loop(tmp_path: Path, 
         assert candidates(c, "", n=3, session="s", cwd="/p")[0] == "make"
         model = c.status()["status"]["model"]
         assert model["indexed_commands"] == 25 and "learned" in model["ranker"]
+
+
+def test_a_new_line_carried_over_from_the_previous_command(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        for name in ["alpha", "beta", "gamma", "delta"]:
+            for cmd in [f"mkdir {name}", f"cd {name}", "git init", "vim README.md", "cd .."]:
+                c.record(cmd, exit=0, cwd="/p", session="s")
+        c.record("mkdir newproj", exit=0, cwd="/p", session="s")
+        # never run before, proposed from the user's own mkdir -> cd habit
+        assert candidates(c, "cd ", n=3, session="s", cwd="/p")[0] == "cd newproj"

@@ -10,7 +10,19 @@ import pytest
 
 from calmd.errors import FormatError
 from calmd.history import HistoryStore
-from calmd.ranking import FEATURES, HistoryIndex, Query, Ranker, fit, packaged_ranker, replay_queries, top1
+from calmd.ranking import (
+    FEATURES,
+    POOL_FOLLOWERS,
+    POOL_RECENT,
+    HistoryIndex,
+    Query,
+    Ranker,
+    fit,
+    packaged_ranker,
+    replay_queries,
+    split_carry,
+    top1,
+)
 
 
 def feature(rows: np.ndarray, j: int, name: str) -> float:
@@ -49,6 +61,69 @@ def test_pool_extends_the_input_and_adds_the_previous_commands_followers() -> No
     assert len(pool) == 11 and pool[-1] == "git push"  # 10 recent + the follower of make
     assert all(c.startswith("git ") for c in pool)
     assert index.pool("git push", "make") == []  # the input itself is not a completion
+
+
+def test_pool_keeps_only_the_most_frequent_followers_of_the_previous_command() -> None:
+    index = HistoryIndex()
+    for i in range(300):  # "ls" was followed by 300 different commands, "make" by the same one 3 times
+        index.add("ls")
+        index.add(f"cat file{i}" if i % 100 else "make")
+    for _ in range(60):
+        index.add("pwd")  # pushes every follower out of the 40 most recent
+    index.add("ls")
+    pool = index.pool("", "ls", carry=False)
+    assert len(pool) <= POOL_RECENT + POOL_FOLLOWERS  # not 300: features for thousands cost tens of ms
+    assert "make" in pool  # the most frequent follower is kept
+
+
+def test_split_carry_finds_the_words_reused_from_the_previous_command() -> None:
+    assert split_carry("mkdir foo", "cd foo") == ("mkdir", "cd", 1)
+    assert split_carry("sudo pacman -Ss vim", "sudo pacman -S vim") == (
+        "sudo pacman -Ss",
+        "sudo pacman -S",
+        1,
+    )
+    assert split_carry("cp a.txt b.txt", "vim a.txt b.txt") == ("cp", "vim", 2)  # the longest tail
+    assert split_carry("mkdir foo", "mkdir foo") is None  # a repeat is not a carry-over
+    assert split_carry("git add x", "x") is None  # nothing left of a head
+    assert split_carry("ls", "cd src") is None
+
+
+def _mkdir_cd_habit() -> tuple[HistoryIndex, list[str]]:
+    index = HistoryIndex()
+    history: list[str] = []
+    for name in ["alpha", "beta", "gamma", "delta"]:
+        history += [f"mkdir {name}", f"cd {name}", "git init", "vim README.md", "cd .."]
+    history += ["ls", "mkdir newproj"]
+    for cmd in history:
+        index.add(cmd)
+    return index, history
+
+
+def test_carryovers_are_new_lines_with_the_users_habits_first() -> None:
+    index, history = _mkdir_cd_habit()
+    assert index.carry_patterns["mkdir"] == {"cd": 4}
+    new = index.carryovers("", "mkdir newproj")
+    assert new[0] == "cd newproj"  # the habit, before heads that are merely frequent
+    assert all(c.endswith(" newproj") and c not in history for c in new)
+    assert index.carryovers("g", "mkdir newproj") == ["git newproj"]  # only lines extending the input
+    assert index.carryovers("", "ls") == []  # nothing to carry from a one-word command
+    pool = index.pool("cd ", "mkdir newproj")
+    assert "cd newproj" in pool and "cd alpha" in pool
+    rows = index.features("cd ", pool, history[-5:])
+    new_row, old_row = pool.index("cd newproj"), pool.index("cd alpha")
+    assert feature(rows, new_row, "is_carryover") == 1.0 and feature(rows, old_row, "is_carryover") == 0.0
+    assert feature(rows, new_row, "log_carry_pattern") == pytest.approx(np.log1p(4))
+    assert feature(rows, old_row, "log_carry_pattern") == 0.0  # "cd alpha" carries nothing of "mkdir newproj"
+
+
+def test_packaged_ranker_follows_a_carry_over_habit() -> None:
+    index, history = _mkdir_cd_habit()
+    ranker = packaged_ranker()
+    for typed in ("", "c", "cd "):
+        pool = index.pool(typed, history[-1])
+        best = pool[int(np.argmax(ranker.scores(index.features(typed, pool, history[-5:]))))]
+        assert best == "cd newproj", typed  # a line never run before, from the user's mkdir -> cd habit
 
 
 def test_context_match_finds_the_longest_matching_run() -> None:

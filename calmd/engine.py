@@ -6,7 +6,7 @@ For one keystroke (`ctx` with the typed `input`):
 2. the history proposes commands that extend the input (for an empty input: the recent commands
    and those that followed the previous command), each with a probability P_hist from the
    learned ranker of calmd/ranking.py (transitions, counts, distances; fitted on public
-   histories, docs/ranking.md), raised for commands run in the same cwd before;
+   histories, docs/learning.md), raised for commands run in the same cwd before;
 3. the likeliest history proposals are scored by the model too (log P(command | context), one
    batched pass);
 4. both are ranked as a mixture of the two predictors, the history "cache model" and the

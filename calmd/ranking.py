@@ -38,7 +38,7 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,19 +94,24 @@ def first_word(cmd: str) -> str:
     return cmd.split(" ", 1)[0]
 
 
+def carry_splits(words: Sequence[str]) -> Iterator[tuple[str, str, int]]:
+    """(head, tail, words in the tail) for each way of cutting a command's words after its first
+    1..CARRY_HEAD_WORDS words, longest tail first: what a next command could carry over."""
+    for split in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
+        yield " ".join(words[:split]), " ".join(words[split:]), len(words) - split
+
+
 def split_carry(prev: str, cmd: str) -> tuple[str, str, int] | None:
     """(head of prev, head of cmd, words carried) when cmd ends with the longest run of prev's
     last words that leaves both a head, e.g. ("mkdir", "cd", 1) for "mkdir foo" -> "cd foo";
     None when it carries nothing over or is prev itself."""
     if cmd == prev:
         return None
-    words = prev.split()
-    for split in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
-        tail = " ".join(words[split:])
+    for own_head, tail, carried in carry_splits(prev.split()):
         if cmd.endswith(" " + tail) and len(cmd) > len(tail) + 1:
             head = cmd[: -len(tail) - 1].rstrip()
             if head:
-                return " ".join(words[:split]), head, len(words) - split
+                return own_head, head, carried
     return None
 
 
@@ -128,9 +133,9 @@ class HistoryIndex:
         self.skip: defaultdict[str, Counter[str]] = defaultdict(Counter)  # cmd two back -> cmd
         self.follows_word: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.positions: defaultdict[str, list[int]] = defaultdict(list)
-        # a command's heads: its first 1..CARRY_HEAD_WORDS words, when more words follow
-        self.heads: Counter[str] = Counter()
-        self.heads_by_word: defaultdict[str, Counter[str]] = defaultdict(Counter)  # first word -> heads
+        # a command's heads (its first 1..CARRY_HEAD_WORDS words, when more words follow), by
+        # first word: first word -> head -> times run
+        self.heads_by_word: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.word_count: Counter[str] = Counter()  # commands per first word
         self._top_heads: dict[str, list[tuple[str, int]]] = {}  # first word -> most frequent heads
         # the user's carry-over habits: head of a command -> heads of the next command that
@@ -174,9 +179,12 @@ class HistoryIndex:
             self.word_count[words[0]] += 1
             self._top_heads.pop(words[0], None)
         for j in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
-            head = " ".join(words[:j])
-            self.heads[head] += 1
-            self.heads_by_word[words[0]][head] += 1
+            self.heads_by_word[words[0]][" ".join(words[:j])] += 1
+
+    def head_count(self, head: str) -> int:
+        """Times a command starting with the words of `head` (and more) was run."""
+        heads = self.heads_by_word.get(first_word(head))
+        return heads[head] if heads is not None else 0
 
     def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
@@ -228,8 +236,7 @@ class HistoryIndex:
             first_words.sort(key=lambda w: (transitions[w], self.word_count[w]), reverse=True)
             first_words = first_words[:CARRY_WORDS]
         out: dict[str, tuple[int, int, int]] = {}
-        for j in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
-            own_head, tail = " ".join(words[:j]), " ".join(words[j:])
+        for own_head, tail, _ in carry_splits(words):
             habits = self.carry_patterns.get(own_head, Counter())
             heads = list(habits.items())  # the user's own habits first, whatever their first word
             for word in first_words:
@@ -242,7 +249,7 @@ class HistoryIndex:
                 if head == own_head or not cmd.startswith(prefix) or cmd == prefix:
                     continue
                 if cmd not in self.count and cmd not in out:
-                    out[cmd] = (habits[head], transitions[first_word(head)], self.heads[head])
+                    out[cmd] = (habits[head], transitions[first_word(head)], self.head_count(head))
         return sorted(out, key=out.__getitem__, reverse=True)[:limit]
 
     def context_match(self, context: Sequence[str]) -> dict[str, int]:
@@ -300,7 +307,7 @@ class HistoryIndex:
             carried, head_count, pattern = 0, 0, 0
             if carry is not None:
                 carried, pattern = carry[2], self.carry_patterns.get(carry[0], empty)[carry[1]]
-                head_count = self.heads[carry[1]] if count == 0 else 0
+                head_count = self.head_count(carry[1]) if count == 0 else 0
             rows[j] = (
                 math.log1p(count),
                 math.log1p(distance),

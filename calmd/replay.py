@@ -176,12 +176,12 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
 
         for i, cmd in enumerate(commands):
             if i in sampled_set:
+                seen_before = cmd in past.counts
                 for k in KS:
                     if k > 0 and len(cmd) <= k:
                         continue
                     prefix = cmd[:k]
                     answers = {"calmd": calmd_top(prefix, 5)}
-                    seen_before = cmd in past.counts
                     for system in SYSTEMS[1:]:
                         answers[system] = past.suggest(system, prefix)
                     for system, got in answers.items():

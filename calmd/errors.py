@@ -34,3 +34,8 @@ class TemplateError(CalmError, ValueError):
 
 class SequenceTooLong(TemplateError):
     """A training sequence whose command alone does not fit in l_max."""
+
+
+class DiskFull(CalmError, OSError):
+    """The file system holding CALM_HOME is full: nothing was written (the daemon answers
+    `disk_full`, and `calmd status` says so)."""

@@ -16,6 +16,10 @@ MAX_MESSAGE_BYTES = 1 << 20  # a request larger than this is refused (and the co
 MAX_CANDIDATES = 32
 MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
+# Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
+# the user runs (docs/quality.md). The shells show ghost text only for a top candidate at or above
+# this (CALM_MIN_CONFIDENCE overrides it); cycling still reaches every candidate.
+DEFAULT_MIN_CONFIDENCE = 0.5
 
 
 class ProtocolError(Exception):

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import msgpack
 
 from calmd import __version__, continual, paths
+from calmd.errors import DiskFull
 from calmd.history import HistoryStore
 from calmd.protocol import (
     MAX_MESSAGE_BYTES,
@@ -356,6 +357,11 @@ class Server:
         except ProtocolError as exc:
             self.errors += 1
             self._send(writer, error_reply(exc.request_id, exc.code, exc.message))
+        except DiskFull as exc:
+            self.errors += 1
+            rid = message.get("id") if isinstance(message, dict) else None
+            log.error("disk full: %s", exc)
+            self._send(writer, error_reply(rid if isinstance(rid, int) else None, "disk_full", str(exc)))
         except Exception as exc:  # never a dead daemon: log, answer, carry on
             self.errors += 1
             rid = message.get("id") if isinstance(message, dict) else None

@@ -1,0 +1,164 @@
+"""The credential detector: recall on the test corpus, look-alikes dropped, commands flagged in
+the public histories, and cost per command; the new detector against the old one (as of
+OLD_COMMIT, read from git) and, when installed, detect-secrets' plugins, in the same run.
+
+    .venv/bin/python bench/secrets_scan.py                 # new vs old (+ detect-secrets if installed)
+    .venv/bin/python bench/secrets_scan.py --show-flagged  # print what each flags in the histories
+    .venv/bin/python bench/secrets_scan.py --ds-sample 0   # detect-secrets on every command (slow)
+
+detect-secrets is not a calmd dependency (docs/secrets.md says why); `pip install
+detect-secrets==1.5.0` into the venv to include it. It runs as `detect-secrets scan` runs a file:
+its default plugins and filters over each command as one line of a file named history.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+import types
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from calmd.secrets import find_secret  # noqa: E402
+
+OLD_COMMIT = "aa4422d"  # the detector before issue 12
+CORPUS = REPO / "tests" / "data" / "secrets"
+HISTORIES = REPO.parent / "shared" / "data" / "histories" / "users"
+
+Detector = Callable[[str], "str | None"]
+_KEEP: list[object] = []
+
+
+def old_detector() -> Detector:
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{OLD_COMMIT}:calmd/secrets.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    module = types.ModuleType("old_secrets")
+    exec(compile(source, f"{OLD_COMMIT}:calmd/secrets.py", "exec"), module.__dict__)
+    return module.find_secret  # type: ignore[no-any-return]
+
+
+def detect_secrets_detector() -> Detector | None:
+    try:
+        from detect_secrets.core.scan import _process_line_based_plugins
+        from detect_secrets.settings import default_settings
+    except ImportError:
+        return None
+    settings = default_settings()
+    settings.__enter__()  # for the whole run
+    _KEEP.append(settings)  # collected, it would restore empty settings (no plugins)
+
+    def scan(cmd: str) -> str | None:
+        for secret in _process_line_based_plugins(lines=[(1, cmd)], filename="history.sh"):
+            return str(secret.type)
+        return None
+
+    return scan
+
+
+def load_corpus(name: str) -> list[tuple[str, str]]:
+    rows = []
+    for line in (CORPUS / name).read_text().splitlines():
+        if line and not line.startswith("#"):
+            kind, _, cmd = line.partition("\t")
+            rows.append((kind, cmd))
+    return rows
+
+
+def public_commands() -> Iterator[str]:
+    for path in sorted(HISTORIES.glob("*.txt")):
+        yield from path.read_text(errors="surrogateescape").splitlines()
+
+
+def timed(detector: Detector, commands: list[str]) -> tuple[list[float], list[tuple[str, str]]]:
+    """Per-command cost in microseconds, and the (rule, command) pairs flagged."""
+    costs: list[float] = []
+    flagged: list[tuple[str, str]] = []
+    clock = time.perf_counter_ns
+    for cmd in commands:
+        start = clock()
+        rule = detector(cmd)
+        costs.append((clock() - start) / 1e3)
+        if rule:
+            flagged.append((rule, cmd))
+    return costs, flagged
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ds-sample", type=int, default=20_000,
+                        help="public commands for detect-secrets (every Nth; 0: all, ~4 min)")  # fmt: skip
+    parser.add_argument("--show-flagged", action="store_true", help="print every flagged public command")
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (best median kept)")
+    args = parser.parse_args()
+
+    detectors: dict[str, Detector] = {"new": find_secret, "old": old_detector()}
+    ds = detect_secrets_detector()
+    if ds is not None:
+        detectors["detect-secrets"] = ds
+    credentials = load_corpus("credentials.tsv")
+    lookalikes = load_corpus("lookalikes.tsv")
+    print(f"corpus: {len(credentials)} credentials, {len(lookalikes)} look-alikes")
+    for name, detect in detectors.items():
+        missed = Counter(kind for kind, cmd in credentials if not detect(cmd))
+        dropped = Counter(kind for kind, cmd in lookalikes if detect(cmd))
+        print(f"  {name:15s} recall {len(credentials) - sum(missed.values())}/{len(credentials)}"
+              f"  look-alikes dropped {sum(dropped.values())}/{len(lookalikes)}")  # fmt: skip
+        if missed:
+            print(f"  {'':15s} missed by class: {dict(missed.most_common())}")
+        if dropped:
+            print(f"  {'':15s} dropped by kind: {dict(dropped.most_common())}")
+
+    if not HISTORIES.is_dir():
+        print(f"{HISTORIES} not found: no public-history figures")
+        return 0
+    commands = list(public_commands())
+    print(f"\npublic histories: {len(commands):,} commands")
+    medians: dict[str, float] = {}
+    for name, detect in detectors.items():
+        sample = commands
+        if name == "detect-secrets" and args.ds_sample:
+            sample = commands[:: max(1, len(commands) // args.ds_sample)]
+        rounds = 1 if name == "detect-secrets" else args.rounds
+        best: tuple[list[float], list[tuple[str, str]]] | None = None
+        for _ in range(rounds):
+            costs, flagged = timed(detect, sample)
+            if best is None or statistics.median(costs) < statistics.median(best[0]):
+                best = (costs, flagged)
+        assert best is not None
+        costs, flagged = best
+        medians[name] = statistics.median(costs)
+        rules = Counter(rule for rule, _ in flagged)
+        print(f"  {name:15s} flagged {len(flagged):,} of {len(sample):,} ({len(flagged) / len(sample):.2e})"
+              f"   per command: median {medians[name]:.1f} us, p99 {p99(costs):.1f} us,"
+              f" mean {statistics.fmean(costs):.1f} us")  # fmt: skip
+        print(f"  {'':15s} rules: {dict(rules.most_common(8))}")
+        if args.show_flagged:
+            for rule, cmd in flagged:
+                print(f"      {rule:22s} {cmd[:150]}")
+    if "old" in medians:
+        print(f"\nmedian cost new/old: {medians['new'] / medians['old']:.2f}x")
+    if "detect-secrets" in medians:
+        print(f"median cost detect-secrets/new: {medians['detect-secrets'] / medians['new']:.0f}x")
+    for settings in _KEEP:
+        settings.__exit__(None, None, None)  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

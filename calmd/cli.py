@@ -266,10 +266,58 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(
                 f"{result.path}: {result.imported} commands imported ({result.format} format), "
                 f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
+                + (
+                    f", {result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)"
+                    if result.undecodable
+                    else ""
+                )
             )
         print(f"history: {store.count()} commands in {store.path}")
     finally:
         store.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- calm forget
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    """Delete the history rows that match PATTERN, for good. The pattern is never written
+    anywhere (it may be the secret); `-` reads it from standard input, so that it is not on a
+    command line either."""
+    import re
+
+    from calmd.history import HistoryStore
+
+    pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
+    if not pattern:
+        raise CalmError("an empty pattern would match every command; give the text to forget")
+    if args.regex:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise CalmError(f"PATTERN is not a valid regular expression: {exc}") from None
+        match = lambda cmd: compiled.search(cmd) is not None  # noqa: E731
+    else:
+        match = lambda cmd: pattern in cmd  # noqa: E731
+    db = Path(args.db) if args.db else paths.history_path()
+    if not db.exists():
+        raise CalmError(f"{db}: no history store yet: nothing to forget")
+    store = HistoryStore(db)
+    try:
+        if args.dry_run:
+            n = store.count_matching(match)
+            print(f"{n} command{'s' * (n != 1)} in {db} match (dry run: nothing deleted)")
+            return 0
+        n = store.forget(match)
+    finally:
+        store.close()
+    print(f"forgot {n} command{'s' * (n != 1)} in {db}")
+    if n:
+        print("the training datasets built from them were removed; a running calmd stops suggesting them")
+        built = paths.dataset_path()
+        if built.exists():
+            print(f"note: {built} (written by `calm dataset`) may hold them too: delete or rebuild it")
     return 0
 
 
@@ -426,6 +474,20 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "forget",
+        help="delete history commands that contain PATTERN (for good), e.g. a password typed by mistake",
+        description="Delete every stored command that contains PATTERN (plain text, case-sensitive; "
+        "--regex for a Python regular expression), and the datasets built from them. The pattern is "
+        "not stored anywhere; type the command with a leading space so that your shell does not keep "
+        "it either, or give - and type the pattern on standard input.",
+    )
+    p.add_argument("pattern", metavar="PATTERN", help="text to look for in commands; - reads it from stdin")
+    p.add_argument("--regex", "-E", action="store_true", help="PATTERN is a regular expression")
+    p.add_argument("--dry-run", "-n", action="store_true", help="only count the matching commands")
+    p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.set_defaults(func=cmd_forget)
 
     p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
     p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano")

@@ -7,7 +7,13 @@ from (`shell` for the hooks, `import:bash` / `import:zsh` for imported history f
 Filters, applied to everything stored (docs/history.md):
 - commands that start with a space are not stored (the bash/zsh `ignorespace` convention);
 - commands holding credentials (calmd/secrets.py) are dropped and counted, never stored;
-- empty commands are ignored.
+- empty commands and commands over 64 KiB are ignored;
+- bytes that are not UTF-8 (and NULs) are stored as U+FFFD and counted, never a failure.
+
+Forgetting: a store scanned by an older credential detector is re-scanned when opened, and
+`forget` deletes what matches a pattern; both delete for good (SQLite's secure_delete, then the
+WAL checkpointed and truncated, then the datasets built from the old rows removed) and bump a
+generation counter that the daemon's in-memory caches compare against.
 
 History files (`~/.bash_history`, `~/.zsh_history` in plain or extended format, with zsh's
 metafied bytes) are imported incrementally: the store remembers how many bytes of each file it
@@ -16,16 +22,25 @@ has read, so importing again only adds what the shell appended since.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from calmd.secrets import find_secret
+from calmd.secrets import DETECTOR_VERSION, find_secret
+
+log = logging.getLogger("calmd.history")
+
+MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a command worth keeping
+# Files built from the store's rows, under its folder (calmd/continual.py writes them): removed
+# when rows are deleted, so that a forgotten command does not live on in a dataset.
+DERIVED_DATASETS = ("training/train.ctds", "training/heldout.ctds")
+SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -72,7 +87,45 @@ class ImportResult:
     format: str
     imported: int
     dropped_secrets: int
-    skipped: int  # empty or leading-space entries
+    skipped: int  # empty, leading-space or over-long entries
+    undecodable: int = 0  # entries kept with U+FFFD for bytes that were not UTF-8 (or NULs)
+
+
+@dataclass(frozen=True)
+class ShellImport:
+    """What the daemon's first-start import did: one result per file read, and the files that
+    could not be read (path, error type; never their text)."""
+
+    results: list[ImportResult] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+
+def clean_text(text: str) -> tuple[str, bool]:
+    """`text` as SQLite can store it: lone surrogates (undecodable bytes kept by surrogateescape)
+    and NULs become U+FFFD. Returns (text, whether anything was replaced)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogateescape" if _only_escapes(text) else "surrogatepass").decode(
+            "utf-8", "replace"
+        )
+        return text.replace("\0", "\ufffd"), True
+    if "\0" in text:
+        return text.replace("\0", "\ufffd"), True
+    return text, False
+
+
+def _only_escapes(text: str) -> bool:
+    """Whether every surrogate in `text` is a surrogateescape'd byte (U+DC80-U+DCFF)."""
+    return all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
+
+
+_FORGET_COMMAND = re.compile(r"\s*(?:\S*/)?calm\s+forget(?:\s|$)")
+# A row's prev_cmd, recomputed from the rows that remain: what its session ran last before it.
+_RELINK = (
+    "UPDATE commands SET prev_cmd = COALESCE((SELECT p.cmd FROM commands p WHERE p.session = commands.session"
+    " AND p.id < commands.id ORDER BY p.id DESC LIMIT 1), '') WHERE id = ?"
+)
 
 
 def _like_prefix(prefix: str) -> str:
@@ -93,6 +146,8 @@ class HistoryStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
         self._db.execute("PRAGMA busy_timeout=5000")
+        # Deleted rows are overwritten with zeros, not left in free pages (forget, re-scans).
+        self._db.execute("PRAGMA secure_delete=ON")
         with self._lock:
             self._db.executescript(_SCHEMA)
             version = self._meta_get("schema_version")
@@ -103,6 +158,7 @@ class HistoryStore:
                     f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
                 )
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
+        self.rescanned = self._rescan_if_outdated()
 
     def close(self) -> None:
         with self._lock:
@@ -129,6 +185,98 @@ class HistoryStore:
         with self._lock:
             return int(self._meta_get(key) or 0)
 
+    def generation(self) -> int:
+        """A number bumped whenever rows are deleted (a re-scan, `calm forget`), by any process:
+        an in-memory copy of the history built at another generation is stale."""
+        with self._lock:
+            return int(self._meta_get("generation") or 0)
+
+    # -- forgetting --------------------------------------------------------------------------------
+
+    def _rescan_if_outdated(self) -> int:
+        """Delete the rows that the current detector flags when the store was last scanned by an
+        older one (or by none); returns how many. Counted in `dropped_secrets`."""
+        with self._lock:
+            scanned = int(self._meta_get("detector_version") or 0)
+        if scanned >= DETECTOR_VERSION:
+            return 0
+        dropped = self._delete_matching(lambda cmd: find_secret(cmd) is not None, counter="dropped_secrets")
+        with self._lock:
+            self._meta_set("detector_version", str(DETECTOR_VERSION))
+        if dropped:
+            log.info(
+                "re-scanned the history with detector %d: %d commands removed", DETECTOR_VERSION, dropped
+            )
+        return dropped
+
+    def count_matching(self, match: Callable[[str], bool]) -> int:
+        """How many stored commands `match` (what `forget` would delete)."""
+        return sum(1 for row in self.all_rows() if match(row.cmd))
+
+    def forget(self, match: Callable[[str], bool]) -> int:
+        """Delete every command for which `match(cmd)` holds, for good; returns how many. The
+        pattern behind `match` is not written anywhere."""
+        return self._delete_matching(match)
+
+    def _delete_matching(self, match: Callable[[str], bool], *, counter: str = "") -> int:
+        """Delete the matching rows and every trace of them: `prev_cmd` of the rows that followed
+        them is re-linked to what ran before; deleted cells are zeroed (secure_delete); the WAL,
+        which still holds the pages as they were, is checkpointed and truncated; the datasets
+        built from the old rows are removed; the generation is bumped."""
+        doomed: list[int] = []
+        texts: set[str] = set()
+        relink: set[int] = set()
+        for row in self.all_rows():
+            if match(row.cmd):
+                doomed.append(row.id)
+                texts.add(row.cmd)
+            elif row.prev_cmd and (row.prev_cmd in texts or match(row.prev_cmd)):
+                relink.add(row.id)
+        if not doomed and not relink:
+            return 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for start in range(0, len(doomed), 500):
+                    chunk = doomed[start : start + 500]
+                    self._db.execute(
+                        f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk
+                    )
+                for row_id in sorted(relink):
+                    self._db.execute(_RELINK, (row_id,))
+                if counter:
+                    self._meta_add(counter, len(doomed))
+                self._meta_add("generation", 1)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._truncate_wal()
+        self.remove_derived_datasets()
+        return len(doomed)
+
+    def _truncate_wal(self) -> None:
+        """Copy the WAL into the database and truncate it to zero bytes (under the lock). Another
+        connection in the middle of a read can make the checkpoint incomplete: retry briefly."""
+        for _ in range(50):
+            busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return
+            time.sleep(0.02)
+        log.warning("the history's WAL could not be truncated (another process is reading it)")
+
+    def remove_derived_datasets(self) -> list[Path]:
+        """Delete the datasets built from this store's rows; returns the files removed."""
+        removed = []
+        for name in DERIVED_DATASETS:
+            path = self.path.parent / name
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+        return removed
+
     # -- writing ---------------------------------------------------------------------------------
 
     @staticmethod
@@ -138,6 +286,10 @@ class HistoryStore:
             return RecordResult(False, "empty")
         if cmd.startswith(" "):
             return RecordResult(False, "leading-space")
+        if len(cmd) > MAX_COMMAND_CHARS:
+            return RecordResult(False, "too-long")
+        if _FORGET_COMMAND.match(cmd):
+            return RecordResult(False, "forget-command")  # its argument is what the user wants gone
         rule = find_secret(cmd)
         if rule:
             return RecordResult(False, f"secret:{rule}")
@@ -154,11 +306,15 @@ class HistoryStore:
         ts: float | None = None,
         source: str = "shell",
     ) -> RecordResult:
+        cmd, replaced = clean_text(cmd)
+        cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
         with self._lock:
             self._db.execute("BEGIN")
             try:
                 self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+                if replaced and verdict.stored:
+                    self._meta_add("undecodable", 1)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -270,7 +426,8 @@ class HistoryStore:
     # -- importing -------------------------------------------------------------------------------
 
     def import_file(self, path: str | os.PathLike[str], fmt: str = "auto") -> ImportResult:
-        """Import a bash or zsh history file, from where the previous import of it stopped."""
+        """Import a bash or zsh history file, from where the previous import of it stopped.
+        Bytes that are not UTF-8 never fail an import: they are kept as U+FFFD and counted."""
         p = Path(path).expanduser()
         raw = p.read_bytes()
         key = f"imported:{p.resolve()}"
@@ -284,29 +441,62 @@ class HistoryStore:
                 start = int(done)
         kind = detect_format(raw) if fmt == "auto" else fmt
         entries = list(parse_history(raw[start:], kind))
-        imported = dropped = skipped = 0
+        imported = dropped = skipped = undecodable = 0
         base_ts = p.stat().st_mtime
         session, source = f"import:{p.name}", f"import:{kind}"
         with self._lock:
             self._db.execute("BEGIN")  # one transaction: all of the file or none of it
             try:
-                for i, (ts, cmd) in enumerate(entries):
+                for i, (ts, text) in enumerate(entries):
+                    cmd, replaced = clean_text(text)
                     verdict = self.check(cmd)
                     # Files without timestamps keep their order, one microsecond apart before mtime.
                     stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
                     self._store(verdict, cmd, None, "", "", session, stamp, source)
                     if verdict.stored:
                         imported += 1
+                        undecodable += replaced
                     elif verdict.reason.startswith("secret:"):
                         dropped += 1
                     else:
                         skipped += 1
+                if undecodable:
+                    self._meta_add("undecodable", undecodable)
                 self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return ImportResult(str(p), kind, imported, dropped, skipped)
+        return ImportResult(str(p), kind, imported, dropped, skipped, undecodable)
+
+    def import_shell_histories(self, home: Path) -> ShellImport:
+        """The daemon's first start: import ~/.bash_history and ~/.zsh_history once. A file that
+        cannot be read or parsed is logged (its path and the error's type, never its text) and
+        counted in `import_failures`, and the others are still imported: this never fails."""
+        outcome = ShellImport()
+        if self.counter("first_start_done"):
+            return outcome
+        for name in SHELL_HISTORIES:
+            path = home / name
+            try:
+                if not path.is_file():
+                    continue
+                result = self.import_file(path)
+            except Exception as exc:  # one bad file must not stop the daemon or the other file
+                reason = type(exc).__name__ + (f" ({exc.strerror})" if isinstance(exc, OSError) else "")
+                log.warning("could not import %s: %s", path, reason)
+                outcome.failures.append((str(path), reason))
+                with self._lock:
+                    self._meta_add("import_failures", 1)
+                continue
+            outcome.results.append(result)
+            log.info(
+                "imported %d commands from %s (%d dropped as credentials, %d with undecodable bytes)",
+                result.imported, path, result.dropped_secrets, result.undecodable,
+            )  # fmt: skip
+        with self._lock:
+            self._meta_set("first_start_done", "1")
+        return outcome
 
 
 # --------------------------------------------------------------------------- history file formats
@@ -353,6 +543,8 @@ def parse_history(raw: bytes, kind: str) -> Iterator[tuple[float | None, str]]:
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
+    if b"\r" in raw:  # a file that went through Windows: CRLF line ends
+        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
     if kind == "bash":
         stamp: float | None = None
         for line in lines:

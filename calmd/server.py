@@ -187,6 +187,7 @@ class Server:
         self._trainer_task: asyncio.Task[None] | None = None
         self.last_training_exit: int | None = None
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
+        self._recent_generation = 0  # the history's generation the cache was filled at
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -196,7 +197,7 @@ class Server:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(self.config.data_dir / "history.sqlite3")
         if self.config.import_shell_history:
-            await asyncio.to_thread(self._first_start_import)
+            await asyncio.to_thread(self.history.import_shell_histories, Path.home())
         await self.reload(initial=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.should_exit.set)
@@ -231,22 +232,6 @@ class Server:
     def _owns_socket(self) -> bool:
         # Under socket activation systemd owns the file; we bound it otherwise.
         return self.socket_path == str(self.config.socket_path)
-
-    def _first_start_import(self) -> None:
-        assert self.history is not None
-        if self.history.counter("first_start_done"):
-            return
-        home = Path.home()
-        for name in (".bash_history", ".zsh_history"):
-            path = home / name
-            if path.is_file():
-                try:
-                    result = self.history.import_file(path)
-                    log.info("imported %d commands from %s", result.imported, path)
-                except OSError as exc:
-                    log.warning("could not import %s: %s", path, exc)
-        with self.history._lock:
-            self.history._meta_set("first_start_done", "1")
 
     # -- model hosting ---------------------------------------------------------------------------
 
@@ -392,6 +377,10 @@ class Server:
     def _recent_history(self, session: str) -> list[dict[str, Any]]:
         """The context's history frames, cached per session until the next stored command (a
         keystroke must not cost a database query)."""
+        generation = self.history.generation() if self.history is not None else 0
+        if generation != self._recent_generation:  # rows were deleted (calm forget, a re-scan)
+            self._recent_cache.clear()
+            self._recent_generation = generation
         cached = self._recent_cache.get(session)
         if cached is None:
             assert self.history is not None

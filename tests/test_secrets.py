@@ -1,85 +1,211 @@
-"""The credential filter: known token shapes, password options, URLs, headers; and no false alarms."""
+"""The credential detector on its corpus (every credential flagged, no look-alike dropped), on the
+public histories (false positives under 1e-4), and end to end: a real daemon stores none of the
+corpus's credentials, in its SQLite file, its WAL or a dataset built from it."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from calmd.secrets import find_secret, shannon_entropy
+from calmd.client import CalmClient
+from calmd.ctds import CtdsReader
+from calmd.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
+from calmd.tokenizer import decode
+from tests.daemon import BIN, daemon_env, running_daemon
 
-SECRETS = {
-    "export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY": "aws-secret-env",
-    "aws configure set aws_access_key_id AKIAIOSFODNN7EXAMPLE": "aws-access-key-id",
-    "git clone https://ghp_abcdefghijklmnopqrstuvwxyz0123456789@github.com/x/y": "github-token",
-    "export GH=github_pat_11ABCDEFG0123456789_" + "abcdefghij" * 4: "github-fine-grained-pat",
-    "export GITLAB_TOKEN=glpat-abcdefghijklmnopqrst": "gitlab-token",
-    "slack-cli --token xoxb-1234567890-abcdefghij": "slack-token",
-    "curl -X POST https://hooks.slack.com/services/T000/B000/XXXX": "slack-webhook",
-    "stripe login --api-key sk_live_abcdefghijklmnop1234": "stripe-key",
-    "npm config set //registry.npmjs.org/:_authToken npm_abcdefghijklmnopqrstuvwxyz0123456789": "npm-token",
-    "mysql -u root -phunter2 db": "password-option",
-    "sshpass -p s3cret ssh host": "password-option",
-    "psql postgres://bob:hunter2@db/app": "url-credentials",
-    "docker login --password hunter2": "password-argument",
-    "tool --password=hunter2": "password-argument",
-    "heroku config:set DB_PWD=d83ZBWSR9j -a app": "password-argument",
-    "export API_KEY=Zx8Qw2Lm9Rt4Vb7Np3": "token-argument",
-    "TOKEN=9f8e7d6c5b4a39281706f5e4d3c2b1a0 ./run": "token-argument",
-    "vault login -token='s.Zx8Qw2Lm9Rt4Vb7Np3aa'": "token-argument",
-    "curl -H 'Authorization: Bearer abc123def456ghi789jkl' https://api": "auth-header",
-    "curl -H 'X-Api-Key: 0a1b2c3d4e5f' https://api": "auth-header",
-}
-
-HARMLESS = [
-    "git checkout 3f2a9c1d8e7b6a5f4e3d2c1b0a9f8e7d6c5b4a39",  # a commit id, not a key
-    "export PASSWORD_FILE=/etc/secret",
-    "docker login --password-stdin",
-    "mysql -p db",  # -p with a space prompts for the password
-    "mysql -u root -p test_db",
-    "echo $TOKEN",
-    "export API_KEY=$(pass show api)",
-    'curl -H "Authorization: Bearer $TOKEN" https://x',
-    "kubectl get secrets",
-    "pass show email",
-    "passwd",
-    "pwd | pbcopy",
-    "gpg --passphrase-file key.txt -d f.gpg",
-    "export KEY=up",
-    "cat token.txt",
-    "python mssqlclient.py -no-pass 10.0.0.1",
-    'git commit -m "only pass the token as a prop"',
-    'git config --global credential.helper "cache --timeout=3600"',
-    "oauth --token-type bearer",
-]
+DATA = Path(__file__).resolve().parent / "data" / "secrets"
 
 
-@pytest.mark.parametrize(("cmd", "rule"), SECRETS.items())
-def test_secrets_are_found(cmd: str, rule: str) -> None:
-    assert find_secret(cmd) == rule
+def load(name: str) -> list[tuple[str, str]]:
+    rows = []
+    for line in (DATA / name).read_text().splitlines():
+        if line and not line.startswith("#"):
+            kind, _, cmd = line.partition("\t")
+            rows.append((kind, cmd))
+    return rows
 
 
-@pytest.mark.parametrize("cmd", HARMLESS)
-def test_harmless_commands_pass(cmd: str) -> None:
-    assert find_secret(cmd) is None
+CREDENTIALS = load("credentials.tsv")
+LOOKALIKES = load("lookalikes.tsv")
+
+# The classes issue 12 found stored and suggested back, and the token families atuin filters.
+_CLASSES = """pg-password mysql-password curl-user docker-login htpasswd openssl-pass ldap-password smb-password
+    azure-cli zip-password 7z-password ssh-keygen sshpass url-password query-secret kubectl-literal helm-set
+    json-password vault-token secret-key-var aws-secret-key high-entropy
+    aws-access-key-id github-token github-fine-grained github-app-v1 gitlab-token slack-token slack-webhook
+    stripe-key npm-token pypi-token openai-key anthropic-key google-api-key azure-storage-key twilio-key
+    sendgrid-key mailgun-key discord-token telegram-bot heroku-key digitalocean-token shopify-token
+    terraform-token doppler-token databricks-token huggingface-token private-key-block jwt netlify-token
+    pulumi-token"""
+ISSUE_CLASSES = set(_CLASSES.split())
 
 
-def test_entropy() -> None:
+def test_the_corpus_is_large_and_covers_every_class() -> None:
+    assert len(CREDENTIALS) >= 150 and len(LOOKALIKES) >= 150
+    assert {kind for kind, _ in CREDENTIALS} >= ISSUE_CLASSES
+    assert len({cmd for _, cmd in CREDENTIALS}) == len(CREDENTIALS)
+    assert not {cmd for _, cmd in CREDENTIALS} & {cmd for _, cmd in LOOKALIKES}
+
+
+@pytest.mark.parametrize(
+    ("kind", "cmd"), CREDENTIALS, ids=[f"{k}:{i}" for i, (k, _) in enumerate(CREDENTIALS)]
+)
+def test_every_credential_is_flagged(kind: str, cmd: str) -> None:
+    assert find_secret(cmd) is not None, kind
+
+
+@pytest.mark.parametrize(("kind", "cmd"), LOOKALIKES, ids=[f"{k}:{i}" for i, (k, _) in enumerate(LOOKALIKES)])
+def test_no_lookalike_is_flagged(kind: str, cmd: str) -> None:
+    assert find_secret(cmd) is None, (kind, find_secret(cmd))
+
+
+def test_rule_names_say_why() -> None:
+    assert find_secret("mysql -u root -phunter2 shop") == "mysql-password"
+    assert find_secret("curl -u admin:hunter2 https://ci.local") == "http-user"
+    assert find_secret("psql postgres://app:AppPw1@db/app") == "url-credentials"
+    assert find_secret("export DJANGO_SECRET_KEY=dev") == "password-argument"
+    assert find_secret("aws configure set aws_access_key_id AKIAUJZDEGXDNCF32EPF") == "aws-access-key-id"
+    assert find_secret("./deploy.sh prod 7fGq2LmX9pRt4VbN8sKd3Wz1") == "random-string"
+
+
+def test_a_token_inside_a_longer_word_is_not_the_token() -> None:
+    token = "ghp_" + "a1B2c3D4e5f6" * 3
+    assert find_secret(f"echo {token}") == "github-token"
+    assert find_secret(f"echo x{token}") != "github-token"
+    assert find_secret("ls AKIAUJZDEGXDNCF32EPF") == "aws-access-key-id"
+    assert find_secret("ls AKIAUJZDEGXDNCF32EPFX") is None  # 21 characters: not an access key id
+
+
+def test_references_are_not_secrets() -> None:
+    for value in (
+        "$TOKEN",
+        "${PW:-x}",
+        "$(pass show db)",
+        "-",
+        "/run/secrets/pw",
+        "~/.pw",
+        "@file",
+        "env:PW",
+        "",
+    ):
+        assert is_reference(value), value
+    for value in ("hunter2", "s3cr3t!", "correct horse"):
+        assert not is_reference(value)
+
+
+def test_name_kinds() -> None:
+    assert name_kind("PGPASSWORD") == name_kind("db-pass") == name_kind("dbPassword") == "password"
+    assert name_kind("JWT_SECRET") == name_kind("SECRET_KEY_BASE") == name_kind("storepass") == "password"
+    assert name_kind("API_KEY") == name_kind("access-token") == name_kind("apiKey") == "token"
+    harmless_names = (
+        "PASSWORD_FILE password-stdin existingSecret SECRET_NAME token-type ssh-key no-pass bypass"
+    )
+    for harmless in [*harmless_names.split(), "AWS_ACCESS_KEY_ID", "PASSWORD_LENGTH", "key", "secret"]:
+        assert name_kind(harmless) is None, harmless
+    assert name_kind("key", bare_key=True) == "token"
+
+
+def test_entropy_and_randomness() -> None:
     assert shannon_entropy("") == 0.0
     assert shannon_entropy("aaaa") == 0.0
     assert shannon_entropy("abcd") == 2.0
+    assert looks_random("Zx8Qw2Lm9Rt4Vb7Np3")
+    assert not looks_random("bearer") and not looks_random("production-database")
+
+
+def test_linear_time_on_pathological_input() -> None:
+    """No regular expression backtracks: a 64 KiB command (the record limit) of the worst
+    shapes is scanned, not hung on. (A correctness check; the cost is in bench/secrets_scan.py.)"""
+    for unit in ("a=", "-p ", "'a'", "x:y@", "2", "--password=", "AKIA", "eyJ.", "k" * 19 + " "):
+        assert find_secret(unit * (65536 // len(unit))) in (None, "password-argument", "random-string")
 
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 
 
+def reviewed() -> dict[str, str]:
+    """SHA256[:16] of each public command the detector flags -> the verdict of reading it."""
+    verdicts = {}
+    for line in (DATA / "public_flagged.tsv").read_text().splitlines():
+        if line and not line.startswith("#"):
+            digest, _rule, verdict, _reading = line.split("\t")
+            verdicts[digest] = verdict
+    return verdicts
+
+
 @pytest.mark.skipif(not HISTORIES.is_dir(), reason="shared/data not beside the repo")
-def test_false_alarm_rate_on_real_histories() -> None:
-    """Real users' histories were scrubbed of obvious secrets already: nearly nothing should fire."""
-    total = flagged = 0
+def test_false_positive_rate_on_real_histories() -> None:
+    """Every public command the detector flags was read: those that hold no credential (or were
+    never read) are false positives, and stay under 1e-4 of all commands. The credentials read
+    there stay flagged."""
+    verdicts = reviewed()
+    total = 0
+    false_positives: list[str] = []
+    flagged: set[str] = set()
     for path in sorted(HISTORIES.glob("*.txt")):
         for line in path.read_text(errors="surrogateescape").splitlines():
             total += 1
-            flagged += find_secret(line) is not None
-    assert total > 100_000
-    assert flagged / total < 1e-4, (flagged, total)
+            if find_secret(line) is None:
+                continue
+            digest = hashlib.sha256(line.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            flagged.add(digest)
+            if verdicts.get(digest) != "secret":
+                false_positives.append(digest)
+    assert total > 200_000
+    assert len(false_positives) / total < 1e-4, false_positives
+    assert {d for d, v in verdicts.items() if v == "secret"} <= flagged
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def secret_words(cmd: str, harmless_text: str) -> list[str]:
+    """The words of a credential command that would betray it: 6+ characters and not also part
+    of a harmless command stored beside it."""
+    words = {w.strip("'\"") for w in re.split(r"[\s=:@%,]+", cmd)}
+    return [w for w in words if len(w) >= 6 and w not in harmless_text and not w.startswith(("-", "$"))]
+
+
+def test_a_daemon_stores_none_of_the_credentials(tmp_path: Path) -> None:
+    """`record` of every credential over the real socket stores nothing: the raw SQLite file and
+    its WAL hold no word of any of them, and neither does a dataset built from the store; the
+    harmless look-alikes recorded beside them are all kept."""
+    harmless = [cmd for _, cmd in LOOKALIKES]
+    with (
+        running_daemon(tmp_path, args=("--no-import", "--train-threshold", "0")) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for (_, secret), plain in zip(CREDENTIALS, harmless * 2, strict=False):
+            assert c.record(secret, exit=0, cwd="/srv", session="s")["stored"] is False, secret
+            assert c.record(plain, exit=0, cwd="/srv", session="s")["stored"] is True, plain
+        history = c.status()["status"]["history"]
+        assert history["dropped_secrets"] == len(CREDENTIALS)
+        assert history["commands"] == len(CREDENTIALS)  # one look-alike after each credential
+        db = tmp_path / "data" / "history.sqlite3"
+        raw = db.read_bytes() + Path(f"{db}-wal").read_bytes()
+        dataset = tmp_path / "train.ctds"
+        argv = [
+            str(BIN / "calm"),
+            "dataset",
+            "--db",
+            str(db),
+            "-o",
+            str(dataset),
+            "--quiet",
+            "--include-trivial",
+        ]
+        built = subprocess.run(argv, env=daemon_env(tmp_path), capture_output=True, text=True, timeout=120)
+        assert built.returncode == 0, built.stderr
+    reader = CtdsReader(dataset)
+    ds = b"\n".join(decode(reader.sequence(i)) for i in range(len(reader)))
+    assert b"mkdir -p src/app/components" in raw and b"src/app/components" in ds  # the look-alikes are there
+    text = "\n".join(harmless)
+    for _, secret in CREDENTIALS:
+        assert secret.encode() not in raw
+        for word in secret_words(secret, text):
+            assert word.encode() not in raw, (secret, word)
+            assert word.encode() not in ds, (secret, word)

@@ -33,7 +33,8 @@ CREDENTIALS = load("credentials.tsv")
 LOOKALIKES = load("lookalikes.tsv")
 
 # The classes issue 12 found stored and suggested back, and the token families atuin filters.
-_CLASSES = """pg-password mysql-password curl-user docker-login htpasswd openssl-pass ldap-password smb-password
+_CLASSES = """
+    pg-password mysql-password curl-user docker-login htpasswd openssl-pass ldap-password smb-password
     azure-cli zip-password 7z-password ssh-keygen sshpass url-password query-secret kubectl-literal helm-set
     json-password vault-token secret-key-var aws-secret-key high-entropy
     aws-access-key-id github-token github-fine-grained github-app-v1 gitlab-token slack-token slack-webhook

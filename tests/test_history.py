@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from calmd.continual import DatasetOptions, write_history_dataset
+from calmd.ctds import CtdsReader
 from calmd.history import HistoryStore, detect_format, parse_history, unmetafy
+from calmd.ranking import HistoryIndex
+from calmd.tokenizer import decode
 
 
 @pytest.fixture
@@ -150,3 +154,167 @@ def test_followers_and_cwd_queries(store: HistoryStore) -> None:
     assert store.followers("nothing") == []
     assert store.in_cwd("/repo", prefix="git c") == ["git commit -m wip"]
     assert store.in_cwd("/tmp") == ["git commit -m other"]
+
+
+# --------------------------------------------------------------------------- hostile bytes
+
+
+def raw_files(store: HistoryStore) -> bytes:
+    """Every byte SQLite keeps for the store: the database file, its WAL and shared memory."""
+    return b"".join(p.read_bytes() for p in store.path.parent.glob(store.path.name + "*") if p.is_file())
+
+
+def test_record_keeps_undecodable_text_as_replacement_characters(store: HistoryStore) -> None:
+    assert store.record("echo caf\udcc3 done", cwd="/tmp/\udcff", session="s").stored
+    assert store.record("printf 'a\x00b'", session="s").stored
+    assert store.record("echo \ud800 lone", session="s").stored
+    assert store.record("echo fine", session="s").stored
+    rows = [r.cmd for r in store.recent(limit=10)]
+    assert rows == ["echo caf\ufffd done", "printf 'a\ufffdb'", "echo \ufffd\ufffd\ufffd lone", "echo fine"]
+    assert store.recent(limit=10)[0].cwd == "/tmp/\ufffd"
+    assert store.counter("undecodable") == 3
+
+
+def hostile_bash() -> bytes:
+    return (
+        b"ls\n"
+        b"echo \xff\xfe broken\n"  # not UTF-8
+        b"cat caf\xc3\n"  # a truncated sequence
+        b"printf 'nul\x00here'\n"
+        b"git status\r\n"  # CRLF
+        b" secret-by-habit\n"  # leading space: never stored
+        + b"x" * 100_000
+        + b"\n"  # over the 64 KiB command limit
+        + b"mysql -u root -pS3cretQQ db\n"
+        + b"\x80\x81\x82\n"
+        + b"make\n"
+    )
+
+
+def hostile_zsh() -> bytes:
+    return (
+        b": 1700000000:0;cd src\n"
+        b": 1700000001:0;echo caf\x83\xe3\n"  # metafied, decodes to a lone 0xC3
+        b": 1700000002:0;echo \xe2\x82\xac euro\n"
+        b": 1700000003:0;echo bad \xff\r\n"
+        b": 1700000004:0;for f in *; do\\\n  echo $f\\\ndone\n"
+        b": 1700000005:0;ends with meta \x83"  # a dangling metafy byte and no final newline
+    )
+
+
+def test_import_never_fails_on_hostile_bytes(store: HistoryStore, tmp_path: Path) -> None:
+    bash = tmp_path / ".bash_history"
+    bash.write_bytes(hostile_bash())
+    result = store.import_file(bash)
+    assert (result.imported, result.dropped_secrets, result.skipped, result.undecodable) == (7, 1, 2, 4)
+    cmds = [r.cmd for r in store.all_rows()]
+    assert cmds == ["ls", "echo \ufffd\ufffd broken", "cat caf\ufffd", "printf 'nul\ufffdhere'", "git status",
+                    "\ufffd\ufffd\ufffd", "make"]  # fmt: skip
+    zsh = tmp_path / ".zsh_history"
+    zsh.write_bytes(hostile_zsh())
+    result = store.import_file(zsh)
+    assert (result.format, result.imported, result.undecodable) == ("zsh", 6, 2)
+    cmds = [r.cmd for r in store.all_rows()][7:]
+    assert cmds == ["cd src", "echo caf\ufffd", "echo \u20ac euro", "echo bad \ufffd",
+                    "for f in *; do\n  echo $f\ndone", "ends with meta "]  # fmt: skip
+    assert store.counter("undecodable") == 6
+    assert b"S3cretQQ" not in raw_files(store) and b"secret-by-habit" not in raw_files(store)
+
+
+def test_first_start_import_survives_a_file_it_cannot_read(store: HistoryStore, tmp_path: Path) -> None:
+    unreadable = Path("/proc/self/clear_refs")  # a regular file whose read fails (EINVAL)
+    if not unreadable.exists():
+        pytest.skip("needs Linux /proc")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bash_history").symlink_to(unreadable)
+    (home / ".zsh_history").write_bytes(hostile_zsh())
+    outcome = store.import_shell_histories(home)
+    assert [(Path(p).name, why.split(" ")[0]) for p, why in outcome.failures] == [
+        (".bash_history", "OSError")
+    ]
+    assert [r.imported for r in outcome.results] == [6]
+    assert store.counter("import_failures") == 1 and store.counter("first_start_done") == 1
+    assert store.import_shell_histories(home) == type(outcome)()  # once only
+
+
+# --------------------------------------------------------------------------- forgetting
+
+
+def test_commands_starting_with_a_space_or_calm_forget_are_not_recorded(store: HistoryStore) -> None:
+    assert store.record(" export TOKEN=whatever").reason == "leading-space"
+    assert store.record("calm forget hunter2").reason == "forget-command"
+    assert store.record("/home/u/.local/bin/calm forget -E 'hunt.r2'").reason == "forget-command"
+    assert store.record("calm import ~/.bash_history").stored
+    assert store.count() == 1
+
+
+def test_forget_deletes_for_good(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    for i in range(200):  # enough rows that the secret's page is not the only one
+        store.record(f"echo filler number {i} with some padding text", session="a")
+    store.record("deploy --target prod-XYZZY", session="a")
+    store.record("deploy --target prod-XYZZY", session="b")
+    store.record("make after", session="a")
+    store.record("make other", session="c")
+    derived = tmp_path / "training" / "train.ctds"
+    derived.parent.mkdir()
+    derived.write_bytes(b"built from the old rows")
+    assert b"XYZZY" in raw_files(store)
+    assert store.count_matching(lambda c: "XYZZY" in c) == 2
+    before = store.generation()
+    assert store.forget(lambda c: "XYZZY" in c) == 2
+    assert store.generation() == before + 1
+    assert store.count_matching(lambda c: "XYZZY" in c) == 0
+    # what followed it is re-linked to what ran before it in its session
+    after = next(r for r in store.all_rows() if r.cmd == "make after")
+    assert after.prev_cmd == "echo filler number 199 with some padding text"
+    assert b"XYZZY" not in raw_files(store)
+    assert Path(f"{store.path}-wal").stat().st_size == 0
+    assert not derived.exists()
+    out = tmp_path / "ds.ctds"
+    write_history_dataset(store, out, DatasetOptions(include_trivial=True))
+    reader = CtdsReader(out)
+    text = b"".join(decode(reader.sequence(i)) for i in range(len(reader)))
+    assert b"make after" in text and b"XYZZY" not in text
+    assert store.forget(lambda c: "XYZZY" in c) == 0 and store.generation() == before + 1
+
+
+def test_a_store_scanned_by_an_older_detector_is_rescanned(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    store = HistoryStore(path)
+    store.record("git status", session="s")
+    store.close()
+    # As an older calmd would have left it: a credential it did not recognise, stored.
+    con = sqlite3.connect(path)
+    con.execute(
+        "INSERT INTO commands (ts, session, cmd) VALUES (1, 's', 'smbclient //nas/x -U bob%Sm8Pw0rdQ')"
+    )
+    con.execute("INSERT INTO commands (ts, session, cmd, prev_cmd) VALUES (2, 's', 'ls', "
+                "'smbclient //nas/x -U bob%Sm8Pw0rdQ')")  # fmt: skip
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+    con.commit()
+    con.close()
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "heldout.ctds").write_bytes(b"old")
+    store = HistoryStore(path)
+    assert store.rescanned == 1
+    assert [(r.cmd, r.prev_cmd) for r in store.all_rows()] == [("git status", ""), ("ls", "git status")]
+    assert store.counter("dropped_secrets") == 1 and store.generation() == 1
+    assert b"Sm8Pw0rdQ" not in raw_files(store)
+    assert not (tmp_path / "training" / "heldout.ctds").exists()
+    store.close()
+    assert HistoryStore(path).rescanned == 0  # scanned by this version already
+
+
+def test_the_ranking_index_rebuilds_when_rows_are_deleted(store: HistoryStore) -> None:
+    index = HistoryIndex()
+    for cmd in ["git status", "deploy --token-ish XYZZY", "git status"]:
+        store.record(cmd, session="s")
+    index.sync(store)
+    assert index.count["deploy --token-ish XYZZY"] == 1
+    store.forget(lambda c: "XYZZY" in c)
+    store.record("make", session="s")
+    index.sync(store)
+    assert "deploy --token-ish XYZZY" not in index.count and "deploy --token-ish XYZZY" not in index.commands
+    assert index.count["git status"] == 2 and index.commands[-1] == "make"

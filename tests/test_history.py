@@ -5,15 +5,18 @@ from __future__ import annotations
 import csv
 import sqlite3
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from calmd.client import CalmClient
 from calmd.continual import DatasetOptions, write_history_dataset
 from calmd.ctds import CtdsReader
 from calmd.history import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.ranking import HistoryIndex
 from calmd.tokenizer import decode
+from tests.daemon import BIN, daemon_env, running_daemon
 
 
 @pytest.fixture
@@ -318,3 +321,77 @@ def test_the_ranking_index_rebuilds_when_rows_are_deleted(store: HistoryStore) -
     index.sync(store)
     assert "deploy --token-ish XYZZY" not in index.count and "deploy --token-ish XYZZY" not in index.commands
     assert index.count["git status"] == 2 and index.commands[-1] == "make"
+
+
+# --------------------------------------------------------------------------- with a real daemon
+
+
+def candidates(c: CalmClient, text: str, session: str) -> list[str]:
+    return [m["candidate"] for m in c.complete(text, n=8, session=session) if "candidate" in m]
+
+
+def test_the_daemon_starts_with_hostile_history_files(tmp_path: Path) -> None:
+    """Bad bytes, metafied zsh bytes, NULs, CRs and a 100 KB line in the user's history files:
+    `calmd serve` imports what it can at its first start and serves."""
+    (tmp_path / ".bash_history").write_bytes(hostile_bash())
+    (tmp_path / ".zsh_history").write_bytes(hostile_zsh())
+    with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
+        assert c.status()["status"]["history"]["commands"] == 7 + 6
+        assert "echo caf\ufffd" in candidates(c, "echo caf", session="s")
+    assert "S3cretQQ" not in d.read_output() and "broken" not in d.read_output()
+
+
+def test_the_daemon_starts_when_a_history_file_cannot_be_read(tmp_path: Path) -> None:
+    unreadable = Path("/proc/self/clear_refs")
+    if not unreadable.exists():
+        pytest.skip("needs Linux /proc")
+    (tmp_path / ".bash_history").symlink_to(unreadable)
+    (tmp_path / ".zsh_history").write_bytes(b": 1700000000:0;make secretive-target\n")
+    with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
+        assert c.status()["status"]["history"]["commands"] == 1
+    output = d.read_output()
+    assert "could not import" in output and ".bash_history: OSError" in output
+    assert "secretive-target" not in output  # never command text in the log
+
+
+def calm(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "calm"), *args],
+        env=daemon_env(home),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_calm_forget_with_a_running_daemon(tmp_path: Path) -> None:
+    """As a user would: commands recorded by the shell, then `calm forget` from another
+    terminal; the daemon stops offering them (its caches notice the new generation)."""
+    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        c.record("git status", session="s")
+        c.record("deploy --password-is hunter2-XYZZY", session="s")
+        c.record("deploy --dry-run", session="s")
+        c.record("deploy --password-is hunter2-XYZZY", session="s")
+        assert "deploy --password-is hunter2-XYZZY" in candidates(c, "deploy", session="s")
+        # an empty prompt: the daemon's cached recent history of the session
+        assert candidates(c, "", session="s")[0] == "after deploy --password-is hunter2-XYZZY"
+
+        dry = calm(tmp_path, "forget", "--dry-run", "XYZZY")
+        assert dry.returncode == 0 and "2 commands" in dry.stdout and "dry run" in dry.stdout
+        assert "deploy --password-is hunter2-XYZZY" in candidates(c, "deploy", session="s")
+
+        done = calm(tmp_path, "forget", "-", stdin="hunter2-XYZZY\n")
+        assert done.returncode == 0, done.stderr
+        assert "forgot 2 commands" in done.stdout
+        assert candidates(c, "deploy", session="s")[0] == "deploy --dry-run"
+        assert not any("XYZZY" in cand for cand in candidates(c, "deploy", session="s"))
+        assert candidates(c, "", session="s")[0] == "after deploy --dry-run"
+        assert c.status()["status"]["history"]["commands"] == 2
+        db = tmp_path / "data" / "history.sqlite3"
+        assert b"XYZZY" not in b"".join(p.read_bytes() for p in db.parent.glob("history.sqlite3*"))
+
+        regex = calm(tmp_path, "forget", "--regex", "^git st")
+        assert regex.returncode == 0 and "forgot 1 command " in regex.stdout
+        assert calm(tmp_path, "forget", "--regex", "(").returncode == 1
+        assert calm(tmp_path, "forget", "").returncode == 1

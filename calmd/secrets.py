@@ -671,17 +671,22 @@ def _tool_rule(cmd: str) -> str | None:
     if _TOOL_NAMES.isdisjoint(_NAME_CHARS.findall(cmd)):
         return None
     words = _WORD.findall(cmd)
+    seen: set[str] = set()  # tools already judged in this segment (each on the rest of it)
+    end = 0
     for i, word in enumerate(words):
+        if word in _SEPARATORS:
+            seen.clear()
+            continue
         base = word.rsplit("/", 1)[-1]
         entry = TOOL_RULES.get(base)
-        if entry is None:
+        if entry is None or base in seen:
             continue
-        end = i + 1
+        seen.add(base)
+        end = max(end, i + 1)
         while end < len(words) and words[end] not in _SEPARATORS:
             end += 1
-        args = words[i:end]
         rule, check = entry
-        if check(args):
+        if check(words[i:end]):
             return rule
     return None
 

@@ -121,7 +121,7 @@ def test_entropy_and_randomness() -> None:
 def test_linear_time_on_pathological_input() -> None:
     """No regular expression backtracks: a 64 KiB command (the record limit) of the worst
     shapes is scanned, not hung on. (A correctness check; the cost is in bench/secrets_scan.py.)"""
-    for unit in ("a=", "-p ", "'a'", "x:y@", "2", "--password=", "AKIA", "eyJ.", "k" * 19 + " "):
+    for unit in ("a=", "-p ", "'a'", "x:y@", "2", "--password=", "AKIA", "eyJ.", "k" * 19 + " ", "mysql -p "):
         assert find_secret(unit * (65536 // len(unit))) in (None, "password-argument", "random-string")
 
 

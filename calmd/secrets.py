@@ -630,7 +630,7 @@ _ORACLE = _names("sqlplus sqlldr expdp impdp exp imp")
 
 # tool name -> (rule, check of the tool's argument words)
 TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
-    **{t: ("mysql-password", _mysql) for t in _MYSQL},
+    **{t: ("password-option", _mysql) for t in _MYSQL},
     **{t: ("http-user", _curl) for t in ("curl", "curlie")},
     **{t: ("http-user", _httpie) for t in ("http", "https", "xh", "xhs")},
     **{t: ("registry-login", _registry_login) for t in _REGISTRIES},

@@ -29,7 +29,7 @@ def test_record_and_filters(store: HistoryStore) -> None:
     assert store.record(" secret-ish thing", session="s1").reason == "leading-space"
     assert store.record("   ", session="s1").reason == "empty"
     verdict = store.record("mysql -u root -phunter2", session="s1")
-    assert not verdict.stored and verdict.reason == "secret:mysql-password"
+    assert not verdict.stored and verdict.reason == "secret:password-option"
     assert store.count() == 1
     assert store.counter("dropped_secrets") == 1
     (row,) = store.recent()

@@ -65,7 +65,7 @@ def test_no_lookalike_is_flagged(kind: str, cmd: str) -> None:
 
 
 def test_rule_names_say_why() -> None:
-    assert find_secret("mysql -u root -phunter2 shop") == "mysql-password"
+    assert find_secret("mysql -u root -phunter2 shop") == "password-option"
     assert find_secret("curl -u admin:hunter2 https://ci.local") == "http-user"
     assert find_secret("psql postgres://app:AppPw1@db/app") == "url-credentials"
     assert find_secret("export DJANGO_SECRET_KEY=dev") == "password-argument"

@@ -12,9 +12,20 @@ delay every other shell by the whole queue, so jobs wait here instead, grouped t
   lanes take turns too.
 
 A session is one shell's, whatever connection carries it: a newer request of session "s" on
-another connection supersedes the older one as well. At most one job is handed to the executor
-at a time, so other work submitted to the same executor (a weight reload) waits for one job at
-most. Everything here runs on the event loop; only `Job.run` runs on the worker thread.
+another connection supersedes the older one as well.
+
+Turns alone still make a shell's keystroke wait for the flood's job that has just started. So an
+owner with a single request waiting (a shell: one request at a time) takes its turn before
+owners with a backlog, and its job preempts the running job of an owner that has more waiting (a
+flood), as long as that job has not sent a candidate yet: the preempted job stops at its next
+cancellation check and goes back to the head of its lane, to run again from the start in a later
+turn (what its first attempt produced is dropped, so no candidate is sent twice). Owners that
+both have work waiting never preempt each other, so two floods cannot thrash, and two shells
+never do.
+
+At most one job is handed to the executor at a time, so other work submitted to the same
+executor (a weight reload) waits for one job at most. Everything here runs on the event loop;
+only `Job.run` runs on the worker thread.
 """
 
 from __future__ import annotations
@@ -34,13 +45,26 @@ SESSIONLESS = ""  # the lane of an owner's requests that name no session
 
 @dataclass(eq=False)
 class Job:
-    """One completion: `run` returns True when it finished, False when it saw `cancelled`."""
+    """One completion. `run(cancelled, attempt)` runs on the worker thread and returns True when
+    it finished, False when it saw `cancelled`; whatever it sends must first pass `deliver`."""
 
     owner: Hashable
     session: str
-    run: Callable[[], bool]
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    run: Callable[[threading.Event, int], bool]
+    cancelled: threading.Event = field(default_factory=threading.Event)  # this attempt's
     result: asyncio.Future[bool] | None = None  # set by submit(): False when dropped or cancelled
+    attempt: int = 0
+    delivered: bool = False  # a candidate went out: too late to preempt
+    preempted: bool = False  # stopped to let another owner's job go first: runs again
+    dropped: bool = False  # superseded or its owner gone: never runs again
+
+    def deliver(self, attempt: int) -> bool:
+        """On the event loop, before a candidate of `attempt` is sent: False when that attempt
+        was preempted (the candidate is dropped; the next attempt produces it again)."""
+        if attempt != self.attempt:
+            return False
+        self.delivered = True
+        return True
 
     def _resolve(self, finished: bool) -> None:
         assert self.result is not None
@@ -73,7 +97,29 @@ class FairScheduler:
             self._turns.append(job.owner)
         lanes.setdefault(job.session or SESSIONLESS, deque()).append(job)
         self._wake.set()
+        self._maybe_preempt(job)
         return job.result
+
+    def _waiting(self, owner: Hashable) -> int:
+        lanes = self._owners.get(owner)
+        return sum(len(lane) for lane in lanes.values()) if lanes else 0
+
+    def _maybe_preempt(self, newcomer: Job) -> None:
+        running = self.running
+        if (
+            running is None
+            or running.owner == newcomer.owner
+            or running.delivered
+            or running.cancelled.is_set()
+            or self._waiting(running.owner) == 0  # the running owner is no flood
+            or self._waiting(newcomer.owner) > 1  # a flood does not preempt
+        ):
+            return
+        running.preempted = True
+        running.attempt += 1  # whatever the stopped attempt still emits is dropped
+        running.cancelled.set()
+        self._turns.remove(newcomer.owner)
+        self._turns.appendleft(newcomer.owner)  # its job is next
 
     def cancel_session(self, session: str) -> None:
         """Supersede the session's older job: dropped if it waits, told to stop if it runs."""
@@ -89,12 +135,15 @@ class FairScheduler:
             for lane in lanes.values():
                 for job in lane:
                     self._forget(job)
+                    job.dropped = True
                     job.cancelled.set()
                     job._resolve(False)
         if self.running is not None and self.running.owner == owner:
+            self.running.dropped = True
             self.running.cancelled.set()
 
     def _drop(self, job: Job) -> None:
+        job.dropped = True
         job.cancelled.set()
         if job is self.running:
             return  # it sees the event and stops; run() resolves it
@@ -116,7 +165,10 @@ class FairScheduler:
     def _next(self) -> Job | None:
         if not self._turns:
             return None
-        owner = self._turns.popleft()
+        # An owner with a single request (a shell typing) goes before those with a backlog, as
+        # it would preempt them a moment later anyway; among equals, turns.
+        owner = next((o for o in self._turns if self._waiting(o) == 1), self._turns[0])
+        self._turns.remove(owner)
         lanes = self._owners[owner]
         name, lane = next(iter(lanes.items()))
         job = lane.popleft()
@@ -145,17 +197,34 @@ class FairScheduler:
                 continue
             self.running = job
             try:
-                finished = await loop.run_in_executor(self._executor, job.run)
+                finished = await loop.run_in_executor(self._executor, job.run, job.cancelled, job.attempt)
             except asyncio.CancelledError:
                 job.cancelled.set()
                 job._resolve(False)
                 raise
             except Exception as exc:  # the request's own failure: its caller answers `internal`
+                self.running = None
+                self._forget(job)
                 assert job.result is not None
                 if not job.result.done():
                     job.result.set_exception(exc)
-            else:
-                job._resolve(finished)
-            finally:
-                self.running = None
-                self._forget(job)
+                continue
+            self.running = None
+            if job.preempted and not job.dropped:
+                self._requeue(job)
+                continue
+            self._forget(job)
+            job._resolve(finished)
+
+    def _requeue(self, job: Job) -> None:
+        """A preempted job goes back to the head of its lane, with a fresh cancellation event;
+        its owner takes its next turn after the others waiting now."""
+        job.preempted = False
+        job.cancelled = threading.Event()
+        lanes = self._owners.get(job.owner)
+        if lanes is None:
+            lanes = self._owners[job.owner] = OrderedDict()
+            self._turns.append(job.owner)
+        name = job.session or SESSIONLESS
+        lanes.setdefault(name, deque()).appendleft(job)
+        lanes.move_to_end(name, last=False)

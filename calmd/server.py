@@ -40,6 +40,10 @@ from typing import Any, Protocol, cast
 
 import msgpack
 
+# Not imported inside the watcher: the import blocked the event loop for 0.1-0.3 s right after
+# "ready", and the first clients waited for it.
+from watchfiles import awatch
+
 from calmd import __version__, continual, paths
 from calmd.errors import DiskFull
 from calmd.history import HistoryStore
@@ -76,6 +80,7 @@ DEFAULT_MAX_CONNECTIONS = 256
 FD_RESERVE = 64  # descriptors kept for the store, the weights, the watcher, the trainer's pipes
 ACCEPT_RETRY_S = 0.1  # out of descriptors: pending clients wait in the backlog, retried this often
 ACCEPT_BATCH = 64  # accepts per wake-up, so that a burst of connects cannot monopolise the loop
+SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
 
 
 class Engine(Protocol):
@@ -294,7 +299,6 @@ class Connection(asyncio.Protocol):
             and self.final_error is None
             and self.pending < MAX_PENDING_PER_CONNECTION
             and not self.write_blocked
-            and not server.should_exit.is_set()
         ):
             frame = None
             try:
@@ -328,21 +332,13 @@ class Connection(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         want = (
-            self.final_error is None
-            and self.pending < MAX_PENDING_PER_CONNECTION
-            and not self.write_blocked
-            and not self.server.should_exit.is_set()
+            self.final_error is None and self.pending < MAX_PENDING_PER_CONNECTION and not self.write_blocked
         )
         if want and not self.reading:
             self.transport.resume_reading()
         elif not want and self.reading:
             self.transport.pause_reading()
         self.reading = want
-
-    def stop_reading(self) -> None:
-        """The daemon is shutting down: answer what is in progress, read nothing new."""
-        self._update_reading()
-        self.frames = FrameReader()
 
     def _close_when_answered(self) -> None:
         if self.closed or self.pending:
@@ -366,7 +362,7 @@ class Connection(asyncio.Protocol):
     def _stalled(self, timeout: float) -> None:
         self._stall_timer = None
         unread = self.transport.get_write_buffer_size() if self.transport else 0
-        message = f"{unread} bytes of replies left unread for {timeout:g} s; closing"
+        message = f"{unread} bytes of replies left unread for {timeout:g} s"
         self.server.errors += 1
         self.server.client_log.warning("stalled", "closing a connection: %s", message)
         self.send(error_reply(None, "too_large", message))
@@ -447,10 +443,12 @@ class Server:
             log.info("shutting down: answering %d in-flight requests", len(self._inflight))
             watcher.cancel()
             self._stop_accepting()
-            for conn in list(self.connections):
-                conn.stop_reading()
-            if self._inflight:
-                await asyncio.wait(self._inflight, timeout=5.0)
+            # Connections are still read while in-flight requests finish (5 s at most), so that
+            # what a client sent just before the signal is answered too; then they are closed.
+            deadline = loop.time() + 5.0
+            await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
+            while self._inflight and loop.time() < deadline:
+                await asyncio.wait(set(self._inflight), timeout=deadline - loop.time())
             for conn in list(self.connections):
                 conn.close()
             scheduler.cancel()
@@ -516,8 +514,6 @@ class Server:
             return {"ok": True}
 
     async def _watch_weights(self) -> None:
-        from watchfiles import awatch
-
         folder = self.config.weights_path.parent
         folder.mkdir(parents=True, exist_ok=True)
         target = self.config.weights_path.name
@@ -726,28 +722,29 @@ class Server:
             ctx["history"] = self._recent_history(request.session)
         loop = asyncio.get_running_loop()
         first: list[float] = []
-        cancelled = threading.Event()
 
-        def emit(candidate: str, score: float) -> None:
+        def emit(attempt: int, candidate: str, score: float) -> None:
+            if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
+                return
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
             conn.send(reply(request.id, candidate=candidate, score=round(score, 4)))
 
-        def work() -> bool:
+        def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
             for candidate, score in engine.complete(ctx, request.n, request.session, cancelled):
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, candidate, score)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score)
             return not cancelled.is_set()
 
+        job = Job(owner=conn, session=request.session, run=work)
         if request.n == 0:
             if request.session:  # still the session's newest request: the older one is moot
                 self.scheduler.cancel_session(request.session)
             finished = True
         else:
-            job = Job(owner=conn, session=request.session, run=work, cancelled=cancelled)
             finished = await self.scheduler.submit(job)
         await asyncio.sleep(0)  # let the emits scheduled by the worker run before `done`
         ms = (time.perf_counter() - start) * 1e3

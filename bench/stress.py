@@ -326,7 +326,7 @@ def huge_requests(sock_path: Path) -> list[str]:
     return codes
 
 
-def never_reads(sock_path: Path, requests: int) -> tuple[int, int, list[str]]:
+def never_reads(sock_path: Path, requests: int, log_path: Path) -> tuple[int, int, list[str]]:
     """Pipeline `requests` status requests without reading; returns (requests the daemon let in,
     replies read afterwards, the final error's message)."""
     one = pack({"op": "status", "id": 1})
@@ -344,9 +344,12 @@ def never_reads(sock_path: Path, requests: int) -> tuple[int, int, list[str]]:
     sock.setblocking(True)
     sock.settimeout(60)
     # The daemon closes it 10 s (its reply timeout) after it stopped reading, and drops what is
-    # still unsent 2 s later: read just after the close, to see the replies and the error.
-    assert blocked_since is not None
-    time.sleep(max(0.0, blocked_since + 10.5 - time.monotonic()))
+    # still unsent 2 s later: read once its log says so, to see the replies and the error.
+    deadline = time.monotonic() + 120
+    while "left unread" not in log_path.read_text():
+        if time.monotonic() > deadline:
+            raise SystemExit("the daemon did not close a client that read nothing")
+        time.sleep(0.05)
     messages = read_until_closed(sock)
     sock.close()
     errors = [m["error"]["message"] for m in messages if "error" in m]
@@ -526,7 +529,7 @@ def main() -> None:
         sampler.end()
 
         sampler.begin("no-reader")
-        let_in, read_back, unread_errors = never_reads(sock_path, args.unread)
+        let_in, read_back, unread_errors = never_reads(sock_path, args.unread, log_path)
         sampler.end()
 
         sampler.begin("many")

@@ -10,6 +10,7 @@ FIFO queue of the flood: tens of seconds) with generous margins, never against a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import resource
@@ -26,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from calmd.client import CalmClient
+from calmd.protocol import FrameReader
 from tests.daemon import Daemon, running_daemon
 
 # calmd.md, "Limits and errors": no reply may carry another code.
@@ -355,6 +357,23 @@ def test_fuzzed_frames_get_typed_replies_and_never_hurt_the_daemon(tmp_path: Pat
         with CalmClient(d.socket) as c:
             assert c.status()["status"]["protocol"] == 1
         no_tracebacks(d)
+
+
+@settings(max_examples=100, deadline=None)
+@given(objects=st.lists(values, min_size=1, max_size=5), cuts=st.lists(st.integers(0, 1 << 16), max_size=8))
+def test_the_frame_reader_cuts_any_split_stream_into_the_objects_sent(
+    objects: list[Any], cuts: list[int]
+) -> None:
+    """The daemon's framing alone: however the bytes arrive, each object comes out whole, once."""
+    data = b"".join(pack(o) for o in objects)
+    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    reader, frames = FrameReader(), []
+    for a, b in itertools.pairwise(points):
+        reader.feed(data[a:b])
+        while (frame := reader.next_frame()) is not None:
+            frames.append(frame)
+    assert frames == [pack(o) for o in objects]
+    assert reader.buffered == 0
 
 
 # --------------------------------------------------------------------------- backpressure

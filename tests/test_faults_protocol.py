@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -566,6 +567,32 @@ def test_connections_over_the_cap_get_an_error_and_are_logged(tmp_path: Path) ->
                         assert time.monotonic() < deadline
                         time.sleep(0.05)
         d.wait_for("refused a client: 4 connections open, the limit")
+
+
+def test_a_burst_of_clients_beyond_the_old_backlog_of_64_is_queued_not_refused(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, args=NO_TRAINING) as d:
+        d.proc.send_signal(signal.SIGSTOP)  # nothing is accepted: every connect waits in the backlog
+        burst: list[socket.socket] = []
+        try:
+            for _ in range(200):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                burst.append(sock)
+                sock.connect(str(d.socket))  # BlockingIOError here: the backlog is full
+            d.proc.send_signal(signal.SIGCONT)
+            for i, sock in enumerate(burst):
+                sock.setblocking(True)
+                sock.settimeout(60)
+                sock.sendall(pack({"op": "complete", "id": i, "n": 0, "ctx": {"input": ""}}))
+            for i, sock in enumerate(burst):
+                unpacker = msgpack.Unpacker(raw=False)
+                unpacker.feed(sock.recv(65536))
+                reply = next(unpacker)
+                assert reply["id"] == i and reply["done"] is True
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+            for sock in burst:
+                sock.close()
 
 
 def test_the_default_cap_follows_a_low_fd_limit(tmp_path: Path) -> None:

@@ -294,14 +294,14 @@ leaves = (
     | st.text(max_size=40)
     | st.binary(max_size=40)
 )
-values = st.recursive(
-    leaves,
-    lambda children: (
-        st.lists(children, max_size=6)
-        | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), children, max_size=6)
-    ),
-    max_leaves=30,
-)
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    keys = st.text(max_size=8) | st.integers(-5, 5)
+    return st.lists(children, max_size=6) | st.dictionaries(keys, children, max_size=6)
+
+
+values = st.recursive(leaves, _containers, max_leaves=30)
 contexts = st.fixed_dictionaries(
     {},
     optional={

@@ -1,6 +1,7 @@
 """calmd under hostile and careless clients, over the real socket, with the real model.
 
     python bench/stress.py [--frames 100000] [--clients 64] [--requests 500] [--model FILE.cwgt]
+    python bench/stress.py --flood-only    # phase 5 alone, about a minute
 
 Starts `calmd serve` in a scratch HOME (the packaged nano model by default) and runs, in turn:
 1. fuzz: `--frames` fuzzed frames (request-like maps with wrong types, out-of-range numbers,
@@ -482,6 +483,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--unread", type=int, default=300_000, help="requests the never-reading client sends")
+    parser.add_argument("--flood-only", action="store_true", help="only phase 5 (about a minute)")
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="calmd-stress-"))
@@ -520,21 +522,25 @@ def main() -> None:
         time.sleep(1.0)
         sampler.end()
 
-        sampler.begin("fuzz")
-        fz = fuzz(sock_path, args.frames)
-        sampler.end()
+        fz = huge = many = None
+        let_in = read_back = 0
+        unread_errors: list[str] = []
+        if not args.flood_only:
+            sampler.begin("fuzz")
+            fz = fuzz(sock_path, args.frames)
+            sampler.end()
 
-        sampler.begin("huge")
-        huge = huge_requests(sock_path)
-        sampler.end()
+            sampler.begin("huge")
+            huge = huge_requests(sock_path)
+            sampler.end()
 
-        sampler.begin("no-reader")
-        let_in, read_back, unread_errors = never_reads(sock_path, args.unread, log_path)
-        sampler.end()
+            sampler.begin("no-reader")
+            let_in, read_back, unread_errors = never_reads(sock_path, args.unread, log_path)
+            sampler.end()
 
-        sampler.begin("many")
-        many = many_clients(sock_path, args.clients, args.requests)
-        sampler.end()
+            sampler.begin("many")
+            many = many_clients(sock_path, args.clients, args.requests)
+            sampler.end()
 
         sampler.begin("flood")
         alone: list[float] = []
@@ -564,22 +570,24 @@ def main() -> None:
 
     print(f"model {args.model.name}; {total:.0f} s in all; daemon alive at the end: {alive}; "
           f"tracebacks in its log: {log_text.count('Traceback')}\n")  # fmt: skip
-    print("1. fuzz")
-    print(f"   {fz.frames} frames on {fz.connections} connections; {fz.terminal_replies} final replies")
-    print(f"   error replies by code: {dict(fz.codes.most_common())}")
-    print(f"   streams ended by a fatal error (too_large, not msgpack, cut short): {fz.closed_by_fatal}; "
-          f"batches neither answered nor refused: {fz.unanswered_batches}")  # fmt: skip
-    print(f"   malformed replies, unknown codes or `internal`: {len(fz.bad_replies)} {fz.bad_replies[:3]}")
-    print("2. huge requests (1.2 GB str32, 4G-item array32, each followed by 64 MiB)")
-    print(f"   replies: {huge}")
-    print(f"3. a client that never reads, {args.unread} pipelined status requests")
-    print(f"   the daemon let in {let_in} before it stopped reading; {read_back} replies were left for the")
-    print(f"   client, then: {unread_errors[-1] if unread_errors else 'no error'}")
-    print(f"4. {args.clients} clients x {args.requests} completes, pipelined at once, one session each")
-    print(f"   {many.seconds:.1f} s; errors: {len(many.errors)} {many.errors[:2]}; "
-          f"unanswered: {many.unanswered}; newest answered: {many.newest_answered}/{many.sessions}; "
-          f"run in full: {many.full}, "
-          f"superseded: {many.cancelled}")  # fmt: skip
+    if fz is not None and huge is not None and many is not None:
+        print("1. fuzz")
+        print(f"   {fz.frames} frames on {fz.connections} connections; {fz.terminal_replies} final replies")
+        print(f"   error replies by code: {dict(fz.codes.most_common())}")
+        print(f"   streams ended by a fatal error (too_large, not msgpack, cut short): {fz.closed_by_fatal}; "
+              f"batches neither answered nor refused: {fz.unanswered_batches}")  # fmt: skip
+        bad = fz.bad_replies
+        print(f"   malformed replies, unknown codes or `internal`: {len(bad)} {bad[:3]}")
+        print("2. huge requests (1.2 GB str32, 4G-item array32, each followed by 64 MiB)")
+        print(f"   replies: {huge}")
+        print(f"3. a client that never reads, {args.unread} pipelined status requests")
+        print(f"   the daemon let in {let_in} before it stopped reading; {read_back} replies were left for")
+        print(f"   the client, then: {unread_errors[-1] if unread_errors else 'no error'}")
+        print(f"4. {args.clients} clients x {args.requests} completes, pipelined at once, one session each")
+        print(f"   {many.seconds:.1f} s; errors: {len(many.errors)} {many.errors[:2]}; "
+              f"unanswered: {many.unanswered}; newest answered: {many.newest_answered}/{many.sessions}; "
+              f"run in full: {many.full}, "
+              f"superseded: {many.cancelled}")  # fmt: skip
     print("5. a shell typing (one complete at a time) alone and while a client keeps 64 completes queued")
     print(f"   {'':<16}{'keystrokes':>11}{'done p50':>10}{'done p99':>10}{'max':>8}")
     for name, values in (("alone", alone), ("with the flood", flooded)):

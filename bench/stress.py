@@ -16,7 +16,8 @@ Starts `calmd serve` in a scratch HOME (the packaged nano model by default) and 
    per client (a fast typist each): errors, and whether every session's newest was answered;
 5. flood: a well-behaved shell types 12 commands one keystroke at a time (one complete in flight,
    as the shell helper does), alone and while another client keeps 64 completes of fresh
-   sessions queued; alternated twice so that both see the same machine; p50/p99 of `done`.
+   sessions queued; alone-flood, then flood-alone, so that both see the same machine and
+   neither always goes first; p50/p99 of `done`.
 Throughout, the daemon's resident memory and open descriptors are sampled every 50 ms; the
 summary gives each phase's peak and its value at the end of the phase. Goals (issue 12):
 shell p99 <= 50 ms under the flood, 0 errors and every newest answered for 64 x 500, memory
@@ -546,16 +547,19 @@ def main() -> None:
         alone: list[float] = []
         flooded: list[float] = []
         flood_answered = flood_errors = 0
-        for _round in range(2):
-            alone += type_like_a_shell(sock_path, "shell")
-            flooder = Flooder(sock_path)
-            flooder.start()
-            time.sleep(0.5)  # the flood's queue is full before the shell starts typing
-            flooded += type_like_a_shell(sock_path, "shell")
-            flooder.stop.set()
-            flooder.join(timeout=30)
-            flood_answered += flooder.answered
-            flood_errors += flooder.errors
+        for order in (("alone", "flood"), ("flood", "alone")):  # neither always goes first
+            for case in order:
+                if case == "alone":
+                    alone += type_like_a_shell(sock_path, "shell")
+                    continue
+                flooder = Flooder(sock_path)
+                flooder.start()
+                time.sleep(0.5)  # the flood's queue is full before the shell starts typing
+                flooded += type_like_a_shell(sock_path, "shell")
+                flooder.stop.set()
+                flooder.join(timeout=30)
+                flood_answered += flooder.answered
+                flood_errors += flooder.errors
         sampler.end()
         sampler.stop.set()
         alive = proc.poll() is None

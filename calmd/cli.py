@@ -608,6 +608,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         train_threshold=args.train_threshold,
         train_max_load=args.train_max_load,
         train_args=tuple(args.train_arg or ()),
+        max_connections=args.max_connections,
+        reply_timeout_s=args.reply_timeout,
     )
     module_name, _, func = args.engine.partition(":")
     try:
@@ -803,6 +805,20 @@ def calmd_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ARG",
         help="extra argument for the training process (python -m calmd.continual --help)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="concurrent clients; more are refused with an error (default 256, fewer under a low fd limit)",
+    )
+    p.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a client that leaves 256 KiB of replies unread this long (default 10)",
     )
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)

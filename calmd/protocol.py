@@ -7,12 +7,27 @@ validates untrusted requests into typed objects and builds replies; it never imp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20  # a request larger than this is refused (and the connection closed)
+# A request holds at most ~1,600 msgpack objects (256 history entries of 5, 256 completions) and
+# nests 4 deep (request > ctx > history > entry). Frames beyond these are refused before they are
+# decoded, so that neither decoding time nor the decoded objects grow with what a client declares.
+MAX_FRAME_OBJECTS = 8192
+MAX_FRAME_DEPTH = 16
+# What a shell can report as an exit status fits in a C int (zsh's `return 300` is 300, bash
+# wraps to 0-255); SQLite stores 64-bit integers, and ids are echoed back as they came.
+EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
+# The error codes of calmd.md; no reply carries any other.
+ERROR_CODES = frozenset(
+    {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
+)
 MAX_CANDIDATES = 32
 MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
@@ -26,10 +41,221 @@ class ProtocolError(Exception):
     """An invalid request: becomes an error reply; the daemon carries on."""
 
     def __init__(self, code: str, message: str, request_id: int | None = None) -> None:
+        assert code in ERROR_CODES, code
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
+
+
+# --------------------------------------------------------------------------- framing
+
+
+class FrameError(Exception):
+    """The stream cannot go on: a frame over the size limit, or bytes that are not msgpack. The
+    connection answers the requests before it, sends this error and closes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_FIXED, _SIZED, _ARRAY, _MAP = range(4)
+# First byte -> (bytes of the length or count field, fixed bytes after it, kind); the fix* forms,
+# nil and booleans are handled inline. 0xc1 is the one byte msgpack never uses.
+_HEADERS: dict[int, tuple[int, int, int]] = {
+    0xC4: (1, 0, _SIZED), 0xC5: (2, 0, _SIZED), 0xC6: (4, 0, _SIZED),  # bin 8/16/32
+    0xC7: (1, 1, _SIZED), 0xC8: (2, 1, _SIZED), 0xC9: (4, 1, _SIZED),  # ext 8/16/32 (+ type)
+    0xCA: (0, 4, _FIXED), 0xCB: (0, 8, _FIXED),  # float 32/64
+    0xCC: (0, 1, _FIXED), 0xCD: (0, 2, _FIXED), 0xCE: (0, 4, _FIXED), 0xCF: (0, 8, _FIXED),  # uint
+    0xD0: (0, 1, _FIXED), 0xD1: (0, 2, _FIXED), 0xD2: (0, 4, _FIXED), 0xD3: (0, 8, _FIXED),  # int
+    0xD4: (0, 2, _FIXED), 0xD5: (0, 3, _FIXED), 0xD6: (0, 5, _FIXED), 0xD7: (0, 9, _FIXED),  # fixext
+    0xD8: (0, 17, _FIXED),
+    0xD9: (1, 0, _SIZED), 0xDA: (2, 0, _SIZED), 0xDB: (4, 0, _SIZED),  # str 8/16/32
+    0xDC: (2, 0, _ARRAY), 0xDD: (4, 0, _ARRAY), 0xDE: (2, 0, _MAP), 0xDF: (4, 0, _MAP),
+}  # fmt: skip
+
+
+def _one_byte_header(b: int) -> tuple[int, int, int] | None:
+    if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):  # fixint, nil, booleans
+        return 1, 0, 0
+    if 0xA0 <= b <= 0xBF:  # fixstr
+        return 1, b & 0x1F, 0
+    if b <= 0x8F:  # fixmap
+        return 1, 0, 2 * (b & 0x0F)
+    if b <= 0x9F:  # fixarray
+        return 1, 0, b & 0x0F
+    known = _HEADERS.get(b)
+    if known is not None and known[2] == _FIXED:
+        return 1, known[1], 0
+    return None
+
+
+# The scan's hot path: most objects of a request are described by their first byte alone.
+_ONE_BYTE_HEADERS = [_one_byte_header(b) for b in range(256)]
+
+
+def _header(buf: bytearray, pos: int, end: int) -> tuple[int, int, int] | None:
+    """(header bytes, payload bytes, child objects) of the object starting at `pos`, from its
+    header alone; None while the header itself is incomplete."""
+    b = buf[pos]
+    known = _HEADERS.get(b)
+    if known is None:
+        raise FrameError("bad_message", f"byte 0x{b:02x} does not start a msgpack object")
+    field_bytes, extra, kind = known
+    if pos + 1 + field_bytes > end:
+        return None
+    value = int.from_bytes(buf[pos + 1 : pos + 1 + field_bytes], "big")
+    if kind == _SIZED:
+        return 1 + field_bytes + extra, value, 0
+    return 1 + field_bytes, 0, value if kind == _ARRAY else 2 * value
+
+
+class FrameReader:
+    """Cuts a connection's byte stream into msgpack frames (one request each) without decoding.
+
+    Only headers are read: a str, bin, array or map header that declares more than the limit is
+    refused as soon as the header arrives, and so is a frame whose bytes grow past it, so the
+    daemon never holds more than `max_bytes` of one request. The scan resumes where the last
+    chunk ended (no rescans). Frames are then decoded one by one (`decode_frame`), so that a
+    well-framed but bad message gets its own error and the stream goes on.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+        max_objects: int = MAX_FRAME_OBJECTS,
+        max_depth: int = MAX_FRAME_DEPTH,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_objects = max_objects
+        self.max_depth = max_depth
+        self._buf = bytearray()
+        self._start = 0  # where the current frame begins in _buf
+        self._pos = 0  # how far the current frame has been scanned
+        self._open: list[int] = []  # objects still due in each open container, outermost first
+        self._objects = 0
+        self._too_deep = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet handed out as frames."""
+        return len(self._buf) - self._start
+
+    def feed(self, data: bytes) -> None:
+        if self._start:  # drop the frames handed out already
+            del self._buf[: self._start]
+            self._pos -= self._start
+            self._start = 0
+        self._buf += data
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame, or None until more bytes arrive. Raises FrameError when the
+        stream must close, ProtocolError (bad_message) for a frame that was skipped whole."""
+        buf, end, pos, open_ = self._buf, len(self._buf), self._pos, self._open
+        limit = self._start + self.max_bytes
+        objects, max_objects = self._objects, self.max_objects
+        one_byte = _ONE_BYTE_HEADERS
+        try:
+            while pos < end:
+                header = one_byte[buf[pos]] or _header(buf, pos, end)
+                if header is None:
+                    break
+                head, payload, children = header
+                after = pos + head + payload
+                if after > limit or pos + head + children > limit:  # each child takes a byte at least
+                    raise FrameError("too_large", f"a request over {self.max_bytes} bytes")
+                if after > end:
+                    break
+                objects += 1
+                if objects > max_objects:
+                    raise FrameError("too_large", f"a request of more than {max_objects} msgpack objects")
+                pos = after
+                if children:
+                    open_.append(children)
+                    if len(open_) > self.max_depth:
+                        self._too_deep = True  # skipped whole once its end is found
+                    continue
+                while open_:  # a value is complete: so are the containers it was the last item of
+                    open_[-1] -= 1
+                    if open_[-1]:
+                        break
+                    open_.pop()
+                else:
+                    objects = 0
+                    return self._cut(pos)
+        finally:
+            self._objects = objects
+        self._pos = pos
+        if end - self._start > self.max_bytes:
+            raise FrameError("too_large", f"a request over {self.max_bytes} bytes")
+        return None
+
+    def _cut(self, end: int) -> bytes:
+        frame = bytes(self._buf[self._start : end])
+        too_deep = self._too_deep
+        self._start = self._pos = end
+        self._too_deep = False
+        if too_deep:
+            raise ProtocolError("bad_message", f"a request nested deeper than {self.max_depth}")
+        return frame
+
+
+def decode_frame(frame: bytes) -> Any:
+    """Decode one frame cut by FrameReader. A frame msgpack cannot turn into Python values (a list
+    as a map key, invalid UTF-8, a bad timestamp) raises ProtocolError; the stream goes on."""
+    try:
+        return msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except UnicodeDecodeError:
+        request_id, where = _locate_bad_utf8(frame)
+        raise ProtocolError("bad_field", f"{where} is not valid UTF-8", request_id) from None
+    except ValueError as exc:
+        if "map key" in str(exc):
+            raise ProtocolError("bad_message", "map keys must be strings") from None
+        raise ProtocolError("bad_message", f"undecodable message: {exc}") from None
+    except Exception as exc:  # whatever else the decoder refuses (unhashable keys, ...) is the frame's fault
+        raise ProtocolError("bad_message", f"undecodable message: {type(exc).__name__}: {exc}") from None
+
+
+def _locate_bad_utf8(frame: bytes) -> tuple[int | None, str]:
+    """The request's id, if it has a valid one, and where its invalid UTF-8 string is."""
+    try:
+        raw = msgpack.unpackb(frame, raw=True, strict_map_key=False)
+    except Exception:  # the frame is bad in more ways than one: report the first
+        return None, "a string"
+    if not isinstance(raw, dict):
+        return None, "a string"
+    raw_id = raw.get(b"id")
+    valid_id = not isinstance(raw_id, bool) and isinstance(raw_id, int) and INT64_MIN <= raw_id <= INT64_MAX
+    path = _bad_utf8_path(raw, "")
+    return (raw_id if valid_id else None), (f"field {path!r}" if path else "a string")
+
+
+def _bad_utf8_path(value: Any, path: str) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return path or "(the request)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+            found = _bad_utf8_path(key, f"{path}.{name}".lstrip(".")) if isinstance(key, bytes) else None
+            found = found or _bad_utf8_path(item, f"{path}.{name}".lstrip("."))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _bad_utf8_path(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+# --------------------------------------------------------------------------- requests
 
 
 @dataclass(frozen=True)
@@ -76,10 +302,16 @@ def _str(msg: dict[str, Any], key: str, rid: int, *, default: str = "", limit: i
     return value
 
 
-def _int(value: Any, key: str, rid: int) -> int:
+def _int(value: Any, key: str, rid: int, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError("bad_field", f"{key!r} must be an integer", rid)
+    if not low <= value <= high:
+        raise ProtocolError("bad_field", f"{key!r} must be {low} to {high}", rid)
     return value
+
+
+def _exit(value: Any, rid: int) -> int:
+    return _int(value, "exit", rid, EXIT_MIN, EXIT_MAX)
 
 
 def parse_request(msg: Any) -> Request:
@@ -89,6 +321,8 @@ def parse_request(msg: Any) -> Request:
     raw_id = msg.get("id")
     if isinstance(raw_id, bool) or not isinstance(raw_id, int):
         raise ProtocolError("bad_message", "every request needs an integer 'id'")
+    if not INT64_MIN <= raw_id <= INT64_MAX:  # not echoed: a client could not tell it from its own
+        raise ProtocolError("bad_field", "'id' must fit in a signed 64-bit integer")
     rid = raw_id
     op = msg.get("op")
     if not isinstance(op, str):
@@ -103,14 +337,12 @@ def parse_request(msg: Any) -> Request:
 
 
 def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
-    n = _int(msg.get("n", 5), "n", rid)
-    if not 0 <= n <= MAX_CANDIDATES:
-        raise ProtocolError("bad_field", f"'n' must be 0-{MAX_CANDIDATES}", rid)
+    n = _int(msg.get("n", 5), "n", rid, 0, MAX_CANDIDATES)
     raw_ctx = msg.get("ctx")
     if not isinstance(raw_ctx, dict):
         raise ProtocolError("bad_field", "'ctx' must be a map with at least 'input'", rid)
     if "input" not in raw_ctx:
-        raise ProtocolError("missing_field", "'ctx.input' is required", rid)
+        raise ProtocolError("bad_field", "'ctx.input' is required", rid)
     ctx: dict[str, Any] = {"input": _str(raw_ctx, "input", rid)}
     for key in ("cwd", "git", "env"):
         if raw_ctx.get(key) is not None:
@@ -126,7 +358,7 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
                 raise ProtocolError("bad_field", f"'ctx.history[{i}]' must be a map with a string 'cmd'", rid)
             code = item.get("exit")
             entries.append(
-                {"cmd": _str(item, "cmd", rid), "exit": None if code is None else _int(code, "exit", rid)}
+                {"cmd": _str(item, "cmd", rid), "exit": None if code is None else _exit(code, rid)}
             )
         ctx["history"] = entries
     comps = raw_ctx.get("completions")
@@ -144,16 +376,18 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
     if not isinstance(msg.get("cmd"), str):
-        raise ProtocolError("missing_field", "'cmd' (a string) is required", rid)
+        raise ProtocolError("bad_field", "'cmd' (a string) is required", rid)
     code = msg.get("exit")
     ts = msg.get("ts")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)):
-        raise ProtocolError("bad_field", "'ts' must be a number (seconds since the epoch)", rid)
+    if ts is not None and (
+        isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TS_MAX  # NaN fails too
+    ):
+        raise ProtocolError("bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0e}", rid)
     return RecordRequest(
         id=rid,
         cmd=_str(msg, "cmd", rid, limit=1 << 16),
         session=_str(msg, "session", rid, limit=256),
-        exit=None if code is None else _int(code, "exit", rid),
+        exit=None if code is None else _exit(code, rid),
         cwd=_str(msg, "cwd", rid),
         git=_str(msg, "git", rid, limit=256),
         ts=None if ts is None else float(ts),

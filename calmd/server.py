@@ -4,8 +4,13 @@
 - the socket comes from systemd (LISTEN_FDS) or is bound at the calmd.md path with mode 0600 in a
   0700 folder; peers of another uid are refused (SO_PEERCRED); a stale socket file left by a
   killed daemon is replaced, a live one means another daemon runs: refuse to start;
+- each connection is a `Connection` protocol: requests are cut into frames by their msgpack
+  headers before anything is decoded (1 MiB at most), up to 64 per connection are in progress at
+  once, and reading stops while the client leaves 256 KiB of replies unread (backpressure; closed
+  after `reply_timeout_s` of that); connections are capped, refusals logged (rate-limited);
 - completions run on one worker thread, off the event loop, so `status` and `record` stay instant;
-  a newer `complete` from the same session cancels the older one;
+  a fair scheduler (calmd/scheduler.py) takes connections and sessions in turn, keeps only each
+  session's newest request, and so lets no client delay another by more than one completion;
 - the weight file is watched (watchfiles) and reloaded when its mtime changes, debounced; a bad
   file is rejected, logged and shown by `status`, and the old model keeps serving;
 - SIGTERM/SIGINT: stop accepting, answer in-flight requests, exit; SIGHUP: reload the weights.
@@ -16,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
@@ -29,30 +36,51 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgpack
+
+# Not imported inside the watcher: the import blocked the event loop for 0.1-0.3 s right after
+# "ready", and the first clients waited for it.
+from watchfiles import awatch
 
 from calmd import __version__, continual, paths
 from calmd.errors import DiskFull
 from calmd.history import HistoryStore
 from calmd.protocol import (
-    MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     CompleteRequest,
+    FrameError,
+    FrameReader,
     ProtocolError,
     RecordRequest,
     SimpleRequest,
+    decode_frame,
     error_reply,
     parse_request,
     reply,
 )
+from calmd.scheduler import FairScheduler, Job
 
 log = logging.getLogger("calmd")
 
 EXIT_ALREADY_RUNNING = 4
 EXIT_STARTUP_FAILURE = 3
 SD_LISTEN_FDS_START = 3
+
+# Per-connection bounds (docs/protocol.md, "Limits"). A shell has one request in flight at a time
+# and reads every reply at once, so none of these is ever near for it.
+MAX_PENDING_PER_CONNECTION = 64  # requests being answered; past it the connection is not read
+REPLY_BUFFER_HIGH = 256 << 10  # unread reply bytes at which the daemon stops reading a connection
+REPLY_BUFFER_LOW = 64 << 10  # ... and resumes once the client has read down to this
+CLOSE_GRACE_S = 2.0  # a closing connection whose client does not take its last replies: dropped
+# Connections: a listen backlog deep enough for bursts of new shells, and a cap below the fd limit.
+LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
+DEFAULT_MAX_CONNECTIONS = 256
+FD_RESERVE = 64  # descriptors kept for the store, the weights, the watcher, the trainer's pipes
+ACCEPT_RETRY_S = 0.1  # out of descriptors: pending clients wait in the backlog, retried this often
+ACCEPT_BATCH = 64  # accepts per wake-up, so that a burst of connects cannot monopolise the loop
+SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
 
 
 class Engine(Protocol):
@@ -85,6 +113,8 @@ class ServerConfig:
     train_threshold: int = 200  # new commands before a background run; 0: only on request
     train_max_load: float = 1.0  # start automatically only when the 1-minute load is below this
     train_args: tuple[str, ...] = ()  # extra `python -m calmd.continual` arguments (tests shorten runs)
+    max_connections: int = 0  # concurrent clients; 0: DEFAULT_MAX_CONNECTIONS within the fd limit
+    reply_timeout_s: float = 10.0  # a client that leaves REPLY_BUFFER_HIGH unread this long is closed
 
 
 class LatencyStats:
@@ -101,6 +131,36 @@ class LatencyStats:
             return None
         ordered = sorted(self.values)
         return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+class RateLimitedLog:
+    """Warnings a client can provoke at will (refusals, bad frames): the first of each kind is
+    logged at once, then at most one per `interval` seconds with a count of those left out."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.interval) < self.interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        suppressed = self._suppressed.pop(kind, 0)
+        if suppressed:
+            message += f" ({suppressed} more like it since the last report)"
+        self._last[kind] = now
+        log.warning(message, *args)
+
+
+def default_max_connections() -> int:
+    """DEFAULT_MAX_CONNECTIONS, or fewer when the fd limit is low, so that a full house refuses new
+    clients with a reply instead of failing to accept them."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE))
 
 
 # --------------------------------------------------------------------------- sockets
@@ -146,7 +206,7 @@ def bind_socket(path: Path) -> socket.socket:
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
-    sock.listen(64)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -157,6 +217,173 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
+
+
+def refuse(conn: socket.socket, code: str, message: str) -> None:
+    """Answer a connection that will not be served with one error reply, and close it."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(msgpack.packb(error_reply(None, code, message)))  # fits any fresh socket's buffer
+    conn.close()
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class Connection(asyncio.Protocol):
+    """One client. Requests are framed by `FrameReader` (sizes checked on their headers), then
+    decoded and dispatched one by one, so that the requests before a bad frame are answered. The
+    connection stops reading while MAX_PENDING_PER_CONNECTION requests are being answered or while
+    its client leaves REPLY_BUFFER_HIGH bytes of replies unread (backpressure); after
+    `reply_timeout_s` of the latter it is closed with an error. A stream that cannot go on
+    (`too_large`, bytes that are not msgpack) is answered with its error after the requests before
+    it, then closed."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.frames = FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.pending = 0
+        self.reading = True
+        self.write_blocked = False
+        self.closed = False
+        self.peer_done = False  # the client shut down its side: answer what came, then close
+        self.final_error: dict[str, Any] | None = None  # sent once the pending requests are answered
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._abort_timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's does not subclass it
+        self.transport.set_write_buffer_limits(high=REPLY_BUFFER_HIGH, low=REPLY_BUFFER_LOW)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.final_error is not None:
+            return
+        self.frames.feed(data)
+        self._read_frames()
+
+    def eof_received(self) -> bool:
+        self.peer_done = True
+        self._close_when_answered()
+        return True  # keep our side open for the replies still due
+
+    def pause_writing(self) -> None:
+        self.write_blocked = True
+        self._update_reading()
+        timeout = self.server.config.reply_timeout_s
+        self._stall_timer = asyncio.get_running_loop().call_later(timeout, self._stalled, timeout)
+
+    def resume_writing(self) -> None:
+        self.write_blocked = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self._read_frames()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for timer in (self._stall_timer, self._abort_timer):
+            if timer is not None:
+                timer.cancel()
+        self.server.connection_closed(self)
+        self.frames = FrameReader()  # what a half-sent request held goes now, not with the last task
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _read_frames(self) -> None:
+        server = self.server
+        while (
+            not self.closed
+            and self.final_error is None
+            and self.pending < MAX_PENDING_PER_CONNECTION
+            and not self.write_blocked
+        ):
+            frame = None
+            try:
+                frame = self.frames.next_frame()
+                if frame is None:
+                    break
+                server.requests += 1
+                message = decode_frame(frame)
+            except ProtocolError as exc:  # one bad frame, skipped whole: the stream goes on
+                if frame is None:  # too deep to decode: it is still a request answered
+                    server.requests += 1
+                self.reject(exc.request_id, exc.code, exc.message)
+                continue
+            except FrameError as exc:
+                server.requests += 1
+                self._fail(exc.code, exc.message)
+                break
+            self.pending += 1
+            task = asyncio.ensure_future(server._dispatch(message, self))
+            server._inflight.add(task)
+            task.add_done_callback(self._answered)
+        self._update_reading()
+        self._close_when_answered()
+
+    def _answered(self, task: asyncio.Task[None]) -> None:
+        self.server._inflight.discard(task)
+        self.pending -= 1
+        self._read_frames()  # the next requests already received, or reading again
+
+    def _update_reading(self) -> None:
+        if self.closed or self.transport is None:
+            return
+        want = (
+            self.final_error is None and self.pending < MAX_PENDING_PER_CONNECTION and not self.write_blocked
+        )
+        if want and not self.reading:
+            self.transport.resume_reading()
+        elif not want and self.reading:
+            self.transport.pause_reading()
+        self.reading = want
+
+    def _close_when_answered(self) -> None:
+        if self.closed or self.pending:
+            return
+        if self.final_error is not None:
+            self.send(self.final_error)
+            self.close()
+        elif self.peer_done:
+            if self.frames.buffered:
+                self.reject(None, "bad_message", "the connection ended inside a request")
+            self.close()
+
+    def _fail(self, code: str, message: str) -> None:
+        """The stream cannot go on: answer what came before, then this error, then close."""
+        self.server.errors += 1
+        self.server.client_log.warning(code, "closing a connection: %s: %s", code, message)
+        self.final_error = error_reply(None, code, message)
+        self._update_reading()
+        self.frames = FrameReader()
+
+    def _stalled(self, timeout: float) -> None:
+        self._stall_timer = None
+        unread = self.transport.get_write_buffer_size() if self.transport else 0
+        message = f"{unread} bytes of replies left unread for {timeout:g} s"
+        self.server.errors += 1
+        self.server.client_log.warning("stalled", "closing a connection: %s", message)
+        self.send(error_reply(None, "too_large", message))
+        self.close()
+
+    def reject(self, request_id: int | None, code: str, message: str) -> None:
+        self.server.errors += 1
+        self.send(error_reply(request_id, code, message))
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(msgpack.packb(message, use_bin_type=True))
+
+    def close(self) -> None:
+        """Close after the replies already written are taken; drop them if the client does not."""
+        if self.closed or self.transport is None:
+            return
+        self.closed = True
+        self.server.scheduler.cancel_owner(self)
+        self.transport.close()
+        self._abort_timer = asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
 
 
 # --------------------------------------------------------------------------- the server
@@ -178,10 +405,14 @@ class Server:
         self.history: HistoryStore | None = None
         self.should_exit = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
+        self.scheduler = FairScheduler(self._pool)  # completions reach the pool only through it
         self._inflight: set[asyncio.Task[None]] = set()
-        self._sessions: dict[str, threading.Event] = {}
         self._reload_lock = asyncio.Lock()
-        self._server: asyncio.base_events.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accept_retry: asyncio.TimerHandle | None = None
+        self.connections: set[Connection] = set()
+        self.max_connections = config.max_connections or default_max_connections()
+        self.client_log = RateLimitedLog()  # what clients can provoke is logged, not flooded
         self.socket_path: str = ""
         self._trainer: asyncio.subprocess.Process | None = None
         self._trainer_task: asyncio.Task[None] | None = None
@@ -202,7 +433,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.should_exit.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
-        self._server = await asyncio.start_unix_server(self._handle, sock=sock, limit=MAX_MESSAGE_BYTES)
+        scheduler = asyncio.ensure_future(self.scheduler.run())
+        self._start_accepting(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
@@ -211,9 +443,16 @@ class Server:
         finally:
             log.info("shutting down: answering %d in-flight requests", len(self._inflight))
             watcher.cancel()
-            self._server.close()
-            if self._inflight:
-                await asyncio.wait(self._inflight, timeout=5.0)
+            self._stop_accepting()
+            # Connections are still read while in-flight requests finish (5 s at most), so that
+            # what a client sent just before the signal is answered too; then they are closed.
+            deadline = loop.time() + 5.0
+            await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
+            while self._inflight and loop.time() < deadline:
+                await asyncio.wait(set(self._inflight), timeout=deadline - loop.time())
+            for conn in list(self.connections):
+                conn.close()
+            scheduler.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self._trainer is not None and self._trainer.returncode is None:
                 # the run writes only temp files until its final rename: stopping it loses nothing
@@ -260,8 +499,6 @@ class Server:
             return {"ok": True}
 
     async def _watch_weights(self) -> None:
-        from watchfiles import awatch
-
         folder = self.config.weights_path.parent
         folder.mkdir(parents=True, exist_ok=True)
         target = self.config.weights_path.name
@@ -283,77 +520,104 @@ class Server:
 
     # -- connections -------------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        uid = peer_uid(sock) if sock is not None else None
+    def _start_accepting(self, sock: socket.socket) -> None:
+        """Accept on our own, not with asyncio's server: so that running out of descriptors is
+        logged and retried (the clients wait in the backlog) instead of resetting them silently,
+        and so that connections over the cap get a reply saying why."""
+        sock.setblocking(False)
+        sock.listen(LISTEN_BACKLOG)  # also deepens a socket systemd passed in
+        self._listener = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept_ready)
+
+    def _stop_accepting(self) -> None:
+        if self._accept_retry is not None:
+            self._accept_retry.cancel()
+        if self._listener is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+
+    def _resume_accepting(self) -> None:
+        self._accept_retry = None
+        if self._listener is not None and not self.should_exit.is_set():
+            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
+            self._accept_ready()
+
+    def _accept_ready(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.client_log.warning(
+                        "fd_limit", "cannot accept clients: %s (%d connections open); they wait in the "
+                        "backlog, retrying every %g s", exc.strerror, len(self.connections), ACCEPT_RETRY_S,
+                    )  # fmt: skip
+                    loop.remove_reader(self._listener.fileno())
+                    self._accept_retry = loop.call_later(ACCEPT_RETRY_S, self._resume_accepting)
+                    return
+                if exc.errno == errno.ECONNABORTED:
+                    continue
+                log.warning("accept failed: %s", exc)
+                return
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        uid = peer_uid(conn)
         if uid is not None and uid != os.getuid():
-            log.warning("refused a connection from uid %d", uid)
-            writer.write(msgpack.packb(error_reply(None, "forbidden", "peer belongs to another user")))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
-            writer.close()
+            self.client_log.warning("forbidden", "refused a connection from uid %d", uid)
+            refuse(conn, "forbidden", "peer belongs to another user")
             return
-        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES, strict_map_key=False)
-        conn_tasks: set[asyncio.Task[None]] = set()
-        try:
-            while not self.should_exit.is_set():
-                data = await reader.read(65536)
-                if not data:
-                    break
-                try:
-                    unpacker.feed(data)
-                    messages = list(unpacker)
-                except (msgpack.exceptions.BufferFull, ValueError, msgpack.exceptions.ExtraData) as exc:
-                    self.errors += 1
-                    log.warning("closing a connection after an undecodable or oversized message: %s", exc)
-                    self._send(
-                        writer, error_reply(None, "bad_message", f"undecodable or oversized message: {exc}")
-                    )
-                    break  # the stream cannot be resynchronised
-                for message in messages:
-                    task = asyncio.ensure_future(self._dispatch(message, writer))
-                    conn_tasks.add(task)
-                    self._inflight.add(task)
-                    task.add_done_callback(conn_tasks.discard)
-                    task.add_done_callback(self._inflight.discard)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            if conn_tasks:
-                await asyncio.wait(conn_tasks, timeout=5.0)
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.drain()
-            writer.close()
+        if len(self.connections) >= self.max_connections:
+            n = len(self.connections)
+            self.client_log.warning("connections", "refused a client: %d connections open, the limit", n)
+            refuse(conn, "too_large", f"calmd already serves {n} connections, its limit; try again later")
+            return
+        conn.setblocking(False)
+        connection = Connection(self)
+        self.connections.add(connection)
+        task = asyncio.ensure_future(
+            asyncio.get_running_loop().connect_accepted_socket(lambda: connection, sock=conn)
+        )
+        task.add_done_callback(lambda t: self._connected(t, connection, conn))
 
-    def _send(self, writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-        if not writer.is_closing():
-            writer.write(msgpack.packb(message, use_bin_type=True))
+    def _connected(self, task: asyncio.Future[Any], connection: Connection, conn: socket.socket) -> None:
+        if task.cancelled() or task.exception() is not None:
+            if not task.cancelled():
+                log.warning("could not set up a connection: %s", task.exception())
+            self.connections.discard(connection)
+            conn.close()
 
-    async def _dispatch(self, message: Any, writer: asyncio.StreamWriter) -> None:
-        self.requests += 1
+    def connection_closed(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        self.scheduler.cancel_owner(connection)
+
+    async def _dispatch(self, message: Any, conn: Connection) -> None:
+        """Answer one decoded request (replies are written as they come; `Connection` does the flow
+        control)."""
         try:
             request = parse_request(message)
             if isinstance(request, CompleteRequest):
-                await self._complete(request, writer)
+                await self._complete(request, conn)
             elif isinstance(request, RecordRequest):
-                self._send(writer, reply(request.id, **await self._record(request)))
+                conn.send(reply(request.id, **await self._record(request)))
             else:
-                self._send(writer, reply(request.id, **await self._simple(request)))
+                conn.send(reply(request.id, **await self._simple(request)))
         except ProtocolError as exc:
-            self.errors += 1
-            self._send(writer, error_reply(exc.request_id, exc.code, exc.message))
+            conn.reject(exc.request_id, exc.code, exc.message)
         except DiskFull as exc:
-            self.errors += 1
             rid = message.get("id") if isinstance(message, dict) else None
             log.error("disk full: %s", exc)
-            self._send(writer, error_reply(rid if isinstance(rid, int) else None, "disk_full", str(exc)))
+            conn.reject(rid if isinstance(rid, int) else None, "disk_full", str(exc))
         except Exception as exc:  # never a dead daemon: log, answer, carry on
-            self.errors += 1
             rid = message.get("id") if isinstance(message, dict) else None
             log.exception("request failed")
-            self._send(writer, error_reply(rid if isinstance(rid, int) else None, "internal", str(exc)))
-        with contextlib.suppress(ConnectionError, OSError):
-            await writer.drain()
+            conn.reject(rid if isinstance(rid, int) else None, "internal", str(exc))
 
     async def _record(self, request: RecordRequest) -> dict[str, Any]:
         assert self.history is not None
@@ -435,56 +699,51 @@ class Server:
         if request.op == "shutdown":
             asyncio.get_running_loop().call_soon(self.should_exit.set)
             return {"ok": True}
-        raise ProtocolError(
-            "not_available", f"op {request.op!r} is not available in this version", request.id
-        )
+        raise AssertionError(f"parse_request let through op {request.op!r}")  # SIMPLE_OPS are all here
 
-    async def _complete(self, request: CompleteRequest, writer: asyncio.StreamWriter) -> None:
+    async def _complete(self, request: CompleteRequest, conn: Connection) -> None:
         start = time.perf_counter()
         engine = self.engine
-        if engine is None:
-            raise ProtocolError("no_model", "no model is loaded", request.id)
+        if engine is None:  # serve() loads a model before it accepts: a bug, answered `internal`
+            raise RuntimeError("no model is loaded")
         ctx = dict(request.ctx)
         if not request.history_given and self.history is not None:
             ctx["history"] = self._recent_history(request.session)
-        # A newer request of the same session cancels the older one.
-        cancelled = threading.Event()
-        if request.session:
-            previous = self._sessions.get(request.session)
-            if previous is not None:
-                previous.set()
-            self._sessions[request.session] = cancelled
         loop = asyncio.get_running_loop()
         first: list[float] = []
 
-        def emit(candidate: str, score: float) -> None:
+        def emit(attempt: int, candidate: str, score: float) -> None:
+            if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
+                return
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
-            self._send(writer, reply(request.id, candidate=candidate, score=round(score, 4)))
+            conn.send(reply(request.id, candidate=candidate, score=round(score, 4)))
 
-        def work() -> bool:
+        def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
             for candidate, score in engine.complete(ctx, request.n, request.session, cancelled):
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, candidate, score)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score)
             return not cancelled.is_set()
 
-        try:
-            finished = request.n == 0 or await loop.run_in_executor(self._pool, work)
-        finally:
-            if request.session and self._sessions.get(request.session) is cancelled:
-                del self._sessions[request.session]
+        job = Job(owner=conn, session=request.session, run=work)
+        if request.n == 0:
+            if request.session:  # still the session's newest request: the older one is moot
+                self.scheduler.cancel_session(request.session)
+            finished = True
+        else:
+            finished = await self.scheduler.submit(job)
         await asyncio.sleep(0)  # let the emits scheduled by the worker run before `done`
         ms = (time.perf_counter() - start) * 1e3
         if finished:
             self.done_ms.add(ms)
             if first:
                 self.first_ms.add(first[0])
-            self._send(writer, reply(request.id, done=True, ms=round(ms, 3)))
+            conn.send(reply(request.id, done=True, ms=round(ms, 3)))
         else:
-            self._send(writer, reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
+            conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
 
     # -- status ------------------------------------------------------------------------------------
 

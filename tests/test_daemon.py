@@ -101,11 +101,11 @@ def test_newer_complete_cancels_older_of_same_session(tmp_path: Path) -> None:
         ([1, 2, 3], "bad_message"),
         ({"op": "complete"}, "bad_message"),
         ({"op": "complete", "id": 5}, "bad_field"),
-        ({"op": "complete", "id": 5, "ctx": {}}, "missing_field"),
+        ({"op": "complete", "id": 5, "ctx": {}}, "bad_field"),
         ({"op": "complete", "id": 5, "n": 99, "ctx": {"input": ""}}, "bad_field"),
         ({"op": "complete", "id": 5, "ctx": {"input": 3}}, "bad_field"),
         ({"op": "complete", "id": 5, "ctx": {"input": "", "history": [{"exit": 0}]}}, "bad_field"),
-        ({"op": "record", "id": 5}, "missing_field"),
+        ({"op": "record", "id": 5}, "bad_field"),
         ({"op": "record", "id": 5, "cmd": "ls", "exit": "zero"}, "bad_field"),
         ({"op": "frobnicate", "id": 5}, "unknown_op"),
     ],
@@ -134,10 +134,11 @@ def test_garbage_bytes_close_only_that_connection(tmp_path: Path) -> None:
         with CalmClient(d.socket) as c:  # an oversized message: refused, that connection closed
             try:
                 c.send_raw(msgpack.packb({"op": "record", "id": 1, "cmd": "x" * (2 << 20)}))
-                assert c.read_message()["error"]["code"] == "bad_message"
+                assert c.read_message()["error"]["code"] == "too_large"
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the daemon closed while we were still sending: also a refusal
-        d.wait_for("undecodable or oversized message", count=2)  # logged, both times
+        d.wait_for("closing a connection: bad_message: byte 0xc1")  # logged, both times
+        d.wait_for("closing a connection: too_large: a request over 1048576 bytes")
         with CalmClient(d.socket) as c:
             status = c.status()["status"]
             assert status["history"]["commands"] == 0  # nothing of it was stored

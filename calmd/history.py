@@ -16,6 +16,8 @@ has read, so importing again only adds what the shell appended since.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import sqlite3
@@ -25,9 +27,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from calmd.errors import DiskFull
 from calmd.secrets import find_secret
 
 SCHEMA_VERSION = 1
+SQLITE_FULL = 13  # the primary result code of "database or disk is full"
+SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (
     id       INTEGER PRIMARY KEY,
@@ -103,6 +108,7 @@ class HistoryStore:
                     f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
                 )
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
+        self.last_disk_full: float | None = None  # when a write last failed for lack of space
 
     def close(self) -> None:
         with self._lock:
@@ -155,15 +161,51 @@ class HistoryStore:
         source: str = "shell",
     ) -> RecordResult:
         verdict = self.check(cmd)
+        with self._write_transaction():
+            self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+        return verdict
+
+    @contextlib.contextmanager
+    def _write_transaction(self) -> Iterator[None]:
+        """BEGIN ... COMMIT under the lock: all of it or nothing. A full disk raises DiskFull.
+        SQLite may have rolled the transaction back itself when the write failed (SQLITE_FULL
+        can end it), so ROLLBACK runs only while one is still open: a ROLLBACK without one
+        raised "cannot rollback - no transaction is active" over the real error."""
         with self._lock:
+            if self._db.in_transaction:  # left open by a ROLLBACK that failed: start clean
+                self._db.execute("ROLLBACK")
             self._db.execute("BEGIN")
             try:
-                self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+                yield
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    # if this fails too, the write's own error is the one to report (the next
+                    # write rolls back what is left open)
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                if self._is_disk_full(exc):
+                    self.last_disk_full = time.time()
+                    raise DiskFull(
+                        f"the disk holding {self.path.parent} is full: nothing was written"
+                    ) from exc
                 raise
-        return verdict
+
+    def _is_disk_full(self, exc: BaseException) -> bool:
+        if isinstance(exc, OSError):
+            return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if not isinstance(exc, sqlite3.Error):
+            return False
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code == SQLITE_FULL:
+            return True
+        if code != SQLITE_IOERR:
+            return False
+        try:  # an I/O error while growing the WAL or its index on a file system with no room left
+            fs = os.statvfs(self.path.parent)
+        except OSError:
+            return False
+        return fs.f_bavail * fs.f_frsize < 1 << 20
 
     def _store(
         self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
@@ -287,25 +329,19 @@ class HistoryStore:
         imported = dropped = skipped = 0
         base_ts = p.stat().st_mtime
         session, source = f"import:{p.name}", f"import:{kind}"
-        with self._lock:
-            self._db.execute("BEGIN")  # one transaction: all of the file or none of it
-            try:
-                for i, (ts, cmd) in enumerate(entries):
-                    verdict = self.check(cmd)
-                    # Files without timestamps keep their order, one microsecond apart before mtime.
-                    stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
-                    self._store(verdict, cmd, None, "", "", session, stamp, source)
-                    if verdict.stored:
-                        imported += 1
-                    elif verdict.reason.startswith("secret:"):
-                        dropped += 1
-                    else:
-                        skipped += 1
-                self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._write_transaction():  # one transaction: all of the file or none of it
+            for i, (ts, cmd) in enumerate(entries):
+                verdict = self.check(cmd)
+                # Files without timestamps keep their order, one microsecond apart before mtime.
+                stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
+                self._store(verdict, cmd, None, "", "", session, stamp, source)
+                if verdict.stored:
+                    imported += 1
+                elif verdict.reason.startswith("secret:"):
+                    dropped += 1
+                else:
+                    skipped += 1
+            self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
         return ImportResult(str(p), kind, imported, dropped, skipped)
 
 

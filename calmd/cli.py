@@ -509,6 +509,7 @@ def _stdout_closed() -> bool:
 
 
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    paths.set_private_umask()  # what calm and calmd write holds history: 0600 files, 0700 folders
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

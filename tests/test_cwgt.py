@@ -239,7 +239,13 @@ def test_reader_refuses_what_is_not_a_regular_file_without_blocking(tmp_path: Pa
     fifo = tmp_path / "fifo.cwgt"
     os.mkfifo(fifo)  # nobody writes: a blocking open would wait forever
     outcome: list[BaseException] = []
-    reader = threading.Thread(target=lambda: outcome.append(pytest.raises(FormatError, read_cwgt, fifo).value))
+
+    def read() -> None:
+        with pytest.raises(FormatError) as info:
+            read_cwgt(fifo)
+        outcome.append(info.value)
+
+    reader = threading.Thread(target=read)
     reader.start()
     reader.join(timeout=10)
     assert not reader.is_alive(), "read_cwgt blocked on a FIFO"

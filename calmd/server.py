@@ -610,6 +610,7 @@ def _hard_exit(code: int) -> None:
 def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
     """Run until SIGTERM/SIGINT or a `shutdown` request. Exit codes: 0 ok, 1 the shutdown overran
     graceful_timeout, 3 startup failure, 4 another daemon already serves the socket."""
+    paths.set_private_umask()  # the history, its -wal/-shm, the trainer's files: 0600
     try:
         import uvloop
 

@@ -588,7 +588,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     hist = status["history"]
     model_path = str(model.get("path", "-"))
     if status.get("serving_fallback"):
-        model_path += f" (the packaged model: {status.get('weights_path', 'your weights')} did not load)"
+        yours = status.get("weights_path", "your weights")
+        why = "did not load" if status.get("last_reload_error") else "does not exist yet"
+        model_path += f" (the packaged model: {yours} {why})"
     table = Table(title="calmd status", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")

@@ -317,7 +317,7 @@ class Server:
                 self._install(engine, mtime, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
             self.last_reload_error = None
-            self._install(engine, mtime, fallback=False)
+            self._install(engine, mtime, fallback=mtime is None)  # no file: the loader's default
             return {"ok": True}
 
     def _install(self, engine: Engine, mtime: float | None, *, fallback: bool) -> None:

@@ -195,14 +195,17 @@ def read_status(data_dir: Path) -> dict[str, Any]:
 
 def is_disk_full(exc: BaseException) -> bool:
     """A write failed for lack of space (ENOSPC, a quota, SQLite's "database or disk is full")."""
-    while exc is not None:
-        if isinstance(exc, DiskFull):
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:  # the exception and what caused it
+        seen.add(id(link))
+        if isinstance(link, DiskFull):
             return True
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "database or disk is full" in str(exc):
+        if "database or disk is full" in str(link):
             return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        link = link.__cause__ or link.__context__
     return False
 
 
@@ -252,7 +255,7 @@ def lock_holder(data_dir: Path) -> int | None:
     """The pid of the process holding `training.lock` (0 when it wrote none yet), None when free."""
     try:
         fd = os.open(lock_path(data_dir), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:  # no lock file (no run ever), or one we cannot read: nobody we can see
         return None
     try:
         try:

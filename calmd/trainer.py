@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -60,7 +61,12 @@ def _open_log(data_dir: Path) -> int:
     with contextlib.suppress(OSError):
         if path.stat().st_size > LOG_ROTATE_BYTES:
             path.replace(path.with_name(LOG_NAME + ".old"))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # O_NONBLOCK: a FIFO planted at the path fails here (ENXIO) instead of blocking the event loop
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)  # what the run inherits: a plain log file
     with contextlib.suppress(OSError):
         os.fchmod(fd, 0o600)  # a log left 0644 by an older calmd
     return fd

@@ -571,6 +571,7 @@ def _stdout_closed() -> bool:
 
 
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    paths.set_private_umask()  # what calm and calmd write holds history: 0600 files, 0700 folders
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
@@ -610,6 +611,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         train_args=tuple(args.train_arg or ()),
         max_connections=args.max_connections,
         reply_timeout_s=args.reply_timeout,
+        graceful_timeout=args.graceful_timeout,
     )
     module_name, _, func = args.engine.partition(":")
     try:
@@ -648,11 +650,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     model = status.get("model") or {}
     lat = status["latency_ms"]
     hist = status["history"]
+    model_path = str(model.get("path", "-"))
+    if status.get("serving_fallback"):
+        yours = status.get("weights_path", "your weights")
+        why = "did not load" if status.get("last_reload_error") else "does not exist yet"
+        model_path += f" (the packaged model: {yours} {why})"
     table = Table(title="calmd status", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     rows = [
-        ("model", str(model.get("path", "-"))),
+        ("model", model_path),
         ("size", f"{model.get('size', '-')} ({model.get('parameters', 0):,} parameters)"),
         ("domain", str(model.get("domain", "-"))),
         ("ranking", f"{model.get('ranker', '-')}; {model.get('indexed_commands', 0)} commands indexed"),
@@ -665,6 +672,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),
         ("training", _training_line(status.get("training") or {})),
+        ("disk", _disk_line(status.get("disk") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),
         ("version / protocol", f"{status['version']} / {status['protocol']}"),
         ("socket", status.get("socket", "-")),
@@ -675,9 +683,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _disk_line(disk: dict[str, object]) -> str:
+    """Free space of the data dir's file system, and when a write last found it full."""
+    free, total, last = disk.get("free_bytes"), disk.get("total_bytes"), disk.get("last_full")
+    parts = ["free space unknown"]
+    if isinstance(free, int | float) and isinstance(total, int | float):
+        parts = [f"{_bytes(free)} free of {_bytes(total)}"]
+    if isinstance(last, int | float):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+        parts.append(f"last full at {stamp} (what could not be written was refused, nothing half-written)")
+    else:
+        parts.append("not full since the daemon started")
+    return f"{disk.get('path', '-')}: " + "; ".join(parts)
+
+
 def _training_line(training: dict[str, object]) -> str:
     """State, progress while running, and why the last run did or did not swap its model in."""
     parts = [str(training.get("state", "-"))]
+    if training.get("pid"):
+        parts[0] += f" (pid {training['pid']})"
     progress = training.get("progress")
     if training.get("pid") and isinstance(progress, dict) and "step" in progress:
         parts.append(f"step {progress['step']}, loss {float(progress.get('loss') or 0):.3f}")
@@ -819,6 +851,13 @@ def calmd_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="close a client that leaves 256 KiB of replies unread this long (default 10)",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="SIGTERM/SIGINT to exit, at most (default 5): in-flight answers, the training run's stop",
     )
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)

@@ -13,6 +13,15 @@ A run (`python -m calmd.continual`, started by the daemon in a niced single-thre
    `calmd status` shows. A crash or kill at any point leaves `shell.cwgt` and the history as they
    were: the only files it replaces are replaced by rename.
 
+One run per CALM_HOME: the run holds `training.lock` (flock) for its whole life; a second one
+says who holds it and exits 4 without touching anything. Holding the lock, it first removes what
+killed runs left (`.shell.candidate.<pid>.cwgt`, stale temp files). Started by the daemon
+(`--parent-pid`), it dies with it: the kernel sends it SIGKILL when the daemon exits
+(PR_SET_PDEATHSIG, set between fork and exec), and each training step checks that its parent is
+still the daemon. SIGTERM (the daemon's graceful stop) ends it cleanly, state `interrupted`.
+Exit codes: 0 done (swapped or not), 1 failed (reason in training.json), 3 disk full, 4 another
+run holds the lock, 5 stopped (SIGTERM, or the daemon went away).
+
 "Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
 `clear`, `reset`, `exit`, `history`, `jobs`, `fg`, `bg`, `cd` alone or with `..`, `-`, `~`, and
 anything shorter than --min-cmd-len. They are cheap to type and frequent enough to swamp the
@@ -22,9 +31,13 @@ loss; they still appear as context (HIST frames) of the commands that follow the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
+import signal
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -33,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
-from calmd.atomic import atomic_write
+from calmd.atomic import atomic_write, exchange, fsync_dir, read_regular_file, remove_stale_temp_files
 from calmd.ctds import CtdsWriter
-from calmd.errors import SequenceTooLong
+from calmd.errors import CalmError, DiskFull, SequenceTooLong
 from calmd.history import HistoryRow, HistoryStore
 from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
 
@@ -140,39 +153,174 @@ class RunOptions:
     ewc_lambda: float = 100.0
     threads: int = 1
     max_minutes: float = 20.0
+    parent_pid: int | None = None  # the daemon that started the run: stop when it is gone
+
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_DISK_FULL = 3
+EXIT_LOCKED = 4
+EXIT_STOPPED = 5
+RUNNING_STATES = ("dataset", "training", "evaluating")  # written while a run works
+MAX_STATUS_BYTES = 1 << 20
+
+
+class RunStopped(BaseException):
+    """SIGTERM, or the daemon that started the run is gone: stop, leave everything as it was.
+    A BaseException, so that no `except Exception` on the way swallows it."""
 
 
 def status_path(data_dir: Path) -> Path:
     return data_dir / "training.json"
 
 
+def lock_path(data_dir: Path) -> Path:
+    return data_dir / "training.lock"
+
+
 def write_status(data_dir: Path, **fields: Any) -> None:
     fields.setdefault("updated", time.time())
+    fields.setdefault("pid", os.getpid())
     with atomic_write(status_path(data_dir)) as f:
         f.write(json.dumps(fields, default=str).encode())
 
 
 def read_status(data_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads(status_path(data_dir).read_text())
+        data = json.loads(bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """A write failed for lack of space (ENOSPC, a quota, SQLite's "database or disk is full")."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:  # the exception and what caused it
+        seen.add(id(link))
+        if isinstance(link, DiskFull):
+            return True
+        if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "database or disk is full" in str(link):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
+# --------------------------------------------------------------------------- one run per CALM_HOME
+
+
+class TrainingLock:
+    """`training.lock` in the data dir, held (flock) by the one run of a CALM_HOME, and by `calm
+    rollback` while it swaps files. The holder's pid is written in it for `lock_holder`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = lock_path(data_dir)
+        self._fd: int | None = None
+
+    def acquire(self, *, wait_s: float = 1.0) -> bool:
+        """True when acquired. Waits a little: the daemon's status probe holds it for microseconds."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
+        with contextlib.suppress(OSError):  # the pid is for status only; a full disk must not stop us
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> TrainingLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_holder(data_dir: Path) -> int | None:
+    """The pid of the process holding `training.lock` (0 when it wrote none yet), None when free."""
+    try:
+        fd = os.open(lock_path(data_dir), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no lock file (no run ever), or one we cannot read: nobody we can see
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else 0
+        return None  # we got it: nobody holds it (closing the fd releases ours)
+    finally:
+        os.close(fd)
+
+
+def clean_leftovers(data_dir: Path) -> list[str]:
+    """Remove what killed runs left: candidate weights (6 MB each for nano) and stale temp files.
+    Only call it while no run can be live (holding the lock, or having seen it free)."""
+    removed: list[str] = []
+    for pattern in (".shell.candidate.*.cwgt", ".shell.cwgt.rollback"):
+        for path in data_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    removed += remove_stale_temp_files(data_dir)
+    removed += [f"training/{name}" for name in remove_stale_temp_files(data_dir / "training")]
+    return removed
+
+
+def _check_parent(parent_pid: int | None) -> None:
+    if parent_pid is not None and os.getppid() != parent_pid:
+        raise RunStopped(f"the daemon (pid {parent_pid}) is gone")
+
+
 def run(opts: RunOptions) -> dict[str, Any]:
-    """One training run; returns (and writes) its result."""
+    """One training run; returns (and writes) its result. Whatever ends it early is written as
+    its result too: `interrupted` (stopped) or `failed` with the reason (a full disk says so)."""
+    started = time.time()
+    candidate = opts.data_dir / f".shell.candidate.{os.getpid()}.cwgt"
+    try:
+        result = _run_stages(opts, started, candidate)
+    except BaseException as exc:
+        if isinstance(exc, RunStopped | KeyboardInterrupt):
+            state, reason = "interrupted", f"stopped: {exc or type(exc).__name__}"
+        elif is_disk_full(exc):
+            state, reason = "failed", f"disk full: {exc}"
+        else:
+            state, reason = "failed", f"{type(exc).__name__}: {exc}"
+        result = {"state": state, "swapped": False, "reason": reason, "started": started,
+                  "finished": time.time()}  # fmt: skip
+        with contextlib.suppress(OSError):  # a full disk: the exit code tells the daemon
+            write_status(opts.data_dir, **result)
+        raise
+    finally:
+        candidate.unlink(missing_ok=True)
+    write_status(opts.data_dir, **result)
+    return result
+
+
+def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, Any]:
     from calmd.checkpoint import load_model
     from calmd.ctds import CtdsReader
-    from calmd.engine import packaged_model
     from calmd.evaluate import compare, load_sequences
     from calmd.train import TrainConfig, train
 
-    started = time.time()
     work = opts.data_dir / "training"
     work.mkdir(parents=True, exist_ok=True)
-    base = opts.weights if opts.weights.exists() else packaged_model()
-    write_status(opts.data_dir, state="dataset", started=started, pid=os.getpid(), base=str(base))
+    base = opts.weights if opts.weights.exists() else paths.packaged_weights()
+    write_status(opts.data_dir, state="dataset", started=started, base=str(base))
     current = load_model(base)
     store = HistoryStore(opts.data_dir / "history.sqlite3")
     try:
@@ -184,77 +332,102 @@ def run(opts: RunOptions) -> dict[str, Any]:
     finally:
         store.close()
     if counts["sequences"] < opts.min_examples or counts["held_out"] == 0:
-        result = {"state": "done", "swapped": False, "started": started, "finished": time.time(),
-                  "reason": f"only {counts['sequences']} training examples (need {opts.min_examples})",
-                  **counts}  # fmt: skip
-        write_status(opts.data_dir, **result)
-        return result
-    candidate = opts.data_dir / f".shell.candidate.{os.getpid()}.cwgt"
+        return {"state": "done", "swapped": False, "started": started, "finished": time.time(),
+                "reason": f"only {counts['sequences']} training examples (need {opts.min_examples})",
+                **counts}  # fmt: skip
     last_write = [0.0]
 
     def on_step(step: int, loss: float) -> None:
+        _check_parent(opts.parent_pid)
         if time.monotonic() - last_write[0] > 1.0:
             last_write[0] = time.monotonic()
-            write_status(opts.data_dir, state="training", started=started, pid=os.getpid(), step=step,
-                         loss=loss, base=str(base), **counts)  # fmt: skip
+            write_status(opts.data_dir, state="training", started=started, step=step, loss=loss,
+                         base=str(base), **counts)  # fmt: skip
 
-    try:
-        cfg = TrainConfig(
-            model=str(base), dataset=str(work / "train.ctds"), output=str(candidate), epochs=opts.epochs,
-            lr=opts.lr, ewc_lambda=opts.ewc_lambda, threads=opts.threads, max_minutes=opts.max_minutes,
-            val_fraction=0.0, quiet=True, force=True,
-        )  # fmt: skip
-        trained = train(cfg, on_step=on_step)
-        write_status(opts.data_dir, state="evaluating", started=started, pid=os.getpid(), **counts)
-        new = load_model(candidate)
-        seqs = load_sequences(CtdsReader(work / "heldout.ctds"))
-        cmp = compare(current.model, new.model, seqs, stops=current.metadata.stop_conditions(), ks=(0, 2))
-        swapped = cmp.new.loss <= cmp.old.loss
-        if swapped:
-            if opts.weights.exists():  # keep the old weights for `calm rollback`
-                prev = opts.weights.with_name("shell.prev.cwgt")
-                tmp = prev.with_name(f".{prev.name}.tmp")
-                shutil.copyfile(opts.weights, tmp)
-                os.replace(tmp, prev)
-            os.replace(candidate, opts.weights)
-            reason = f"held-out loss {cmp.new.loss:.4f} <= {cmp.old.loss:.4f}: swapped in"
-        else:
-            reason = f"held-out loss {cmp.new.loss:.4f} > {cmp.old.loss:.4f}: kept the current model"
-        result = {
-            "state": "done", "swapped": swapped, "reason": reason, "started": started,
-            "finished": time.time(),
-            "recorded": recorded, "steps": trained.steps, "old_loss": cmp.old.loss, "new_loss": cmp.new.loss,
-            "old_exact0": cmp.old.accuracy(0), "new_exact0": cmp.new.accuracy(0), **counts,
-        }  # fmt: skip
-    except BaseException as exc:
-        result = {"state": "failed", "swapped": False, "reason": f"{type(exc).__name__}: {exc}",
-                  "started": started, "finished": time.time()}  # fmt: skip
-        write_status(opts.data_dir, **result)
-        raise
-    finally:
-        candidate.unlink(missing_ok=True)
-    write_status(opts.data_dir, **result)
-    return result
+    cfg = TrainConfig(
+        model=str(base), dataset=str(work / "train.ctds"), output=str(candidate), epochs=opts.epochs,
+        lr=opts.lr, ewc_lambda=opts.ewc_lambda, threads=opts.threads, max_minutes=opts.max_minutes,
+        val_fraction=0.0, quiet=True, force=True,
+    )  # fmt: skip
+    trained = train(cfg, on_step=on_step)
+    write_status(opts.data_dir, state="evaluating", started=started, **counts)
+    new = load_model(candidate)
+    seqs = load_sequences(CtdsReader(work / "heldout.ctds"))
+    cmp = compare(current.model, new.model, seqs, stops=current.metadata.stop_conditions(), ks=(0, 2))
+    swapped = cmp.new.loss <= cmp.old.loss
+    _check_parent(opts.parent_pid)  # an orphaned run does not swap anything in
+    if swapped:
+        swap_in(candidate, opts.weights)
+        reason = f"held-out loss {cmp.new.loss:.4f} <= {cmp.old.loss:.4f}: swapped in"
+    else:
+        reason = f"held-out loss {cmp.new.loss:.4f} > {cmp.old.loss:.4f}: kept the current model"
+    return {
+        "state": "done", "swapped": swapped, "reason": reason, "started": started,
+        "finished": time.time(),
+        "recorded": recorded, "steps": trained.steps, "old_loss": cmp.old.loss, "new_loss": cmp.new.loss,
+        "old_exact0": cmp.old.accuracy(0), "new_exact0": cmp.new.accuracy(0), **counts,
+    }  # fmt: skip
+
+
+def swap_in(candidate: Path, weights: Path) -> None:
+    """Rename `candidate` over `weights`, keeping the replaced file as `shell.prev.cwgt` for `calm
+    rollback`. Renames only: `weights` holds a complete file at every instant."""
+    prev = weights.with_name("shell.prev.cwgt")
+    if weights.exists():
+        keep = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
+        keep.unlink(missing_ok=True)
+        try:
+            os.link(weights, keep)  # the same file under a second name: no copy
+        except OSError:
+            shutil.copyfile(weights, keep)  # a file system without hard links
+        os.replace(keep, prev)
+    os.replace(candidate, weights)
+    fsync_dir(weights.parent)
 
 
 def rollback(weights: Path) -> Path:
-    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev)."""
+    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev).
+
+    Atomic: one renameat2(RENAME_EXCHANGE) swaps the two files, so each name holds a complete
+    file at every instant and a crash leaves either the old pair or the swapped one. Where the
+    file system cannot exchange, three renames keep `weights` complete throughout (a crash
+    between them leaves the replaced model as a temp file, not lost in place). Refused while a
+    training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.checkpoint import load_model
-    from calmd.errors import CalmError
 
     prev = weights.with_name("shell.prev.cwgt")
     if not prev.exists():
         raise CalmError(f"{prev} does not exist: nothing to roll back to")
-    load_model(prev)  # refuse to restore a file that does not load
-    tmp = weights.with_name(f".{weights.name}.rollback")
-    shutil.copyfile(prev, tmp)
-    if weights.exists():
-        os.replace(weights, prev)
-    os.replace(tmp, weights)
+    with TrainingLock(weights.parent) as lock:
+        if not lock.acquire():
+            holder = lock_holder(weights.parent)
+            raise CalmError(f"a training run (pid {holder}) is in progress: roll back after it ends")
+        load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
+        if not weights.exists():
+            os.replace(prev, weights)
+            fsync_dir(weights.parent)
+        elif not exchange(weights, prev):
+            keep = weights.with_name(f".{weights.name}.rollback.{os.getpid()}.tmp")
+            os.link(weights, keep)
+            os.replace(prev, weights)
+            os.replace(keep, prev)
+            fsync_dir(weights.parent)
     return weights
 
 
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    raise RunStopped(f"{signal.Signals(signum).name} (the daemon is shutting down)")
+
+
+def _say(message: str) -> None:
+    """One line to stderr (training.log), unbuffered: on a full disk the write fails, and a
+    buffered one would fail again at exit and turn the exit code into 120."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"calmd.continual: {message}\n".encode())
+
+
 def main(argv: list[str] | None = None) -> int:
+    paths.set_private_umask()  # datasets, candidates, training.json: the user's history, 0600
     parser = argparse.ArgumentParser(prog="python -m calmd.continual", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--data-dir", type=Path, default=paths.data_dir())
@@ -264,13 +437,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holdout", type=int, default=RunOptions.holdout)
     parser.add_argument("--max-minutes", type=float, default=RunOptions.max_minutes)
     parser.add_argument("--threads", type=int, default=RunOptions.threads)
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the daemon that started this run: stop when it is gone")  # fmt: skip
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        _check_parent(args.parent_pid)
+    except RunStopped as exc:
+        _say(str(exc))
+        return EXIT_STOPPED
     weights = args.weights or args.data_dir / "shell.cwgt"
     opts = RunOptions(args.data_dir, weights, min_examples=args.min_examples, holdout=args.holdout,
-                      epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes)  # fmt: skip
-    result = run(opts)
+                      epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes,
+                      parent_pid=args.parent_pid)  # fmt: skip
+    paths.private_dir(args.data_dir)
+    with TrainingLock(args.data_dir) as lock:
+        if not lock.acquire():
+            _say(f"another training run (pid {lock_holder(args.data_dir)}) holds {lock.path}; "
+                 "not starting a second one")  # fmt: skip
+            return EXIT_LOCKED
+        removed = clean_leftovers(args.data_dir)
+        if removed:
+            _say(f"removed what killed runs left: {', '.join(removed)}")
+        try:
+            result = run(opts)
+        except RunStopped as exc:
+            _say(f"stopped: {exc}")
+            return EXIT_STOPPED
+        except BaseException as exc:
+            if is_disk_full(exc):
+                _say(f"disk full: {exc}")
+                return EXIT_DISK_FULL
+            raise
     print(json.dumps({k: v for k, v in result.items() if k != "state"} | {"state": result["state"]}))
-    return 0
+    return EXIT_DONE
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ Every array is `param_count` little-endian float32 values. The order of paramete
 array is the model's (calmd/model.py documents it); this module takes and returns an ordered
 list of named arrays and concatenates them C-order, first to last.
 
-`read_cwgt` validates the header, the metadata and the file length against param_count, and
-memory-maps the arrays (nothing is read until used). Every problem raises FormatError naming the
-file and the field.
+`read_cwgt` reads the whole file into memory first, then validates the header, the metadata and
+the length against param_count there. It never memory-maps: a file truncated in place while
+mapped kills the reader with SIGBUS, and a hot reload must survive whatever is done to the file.
+It opens without blocking and accepts only regular files (a FIFO at the weight path would
+otherwise block the reader for good), at most MAX_CWGT_BYTES. Every problem raises FormatError
+naming the file and the field.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from calmd.atomic import atomic_write
+from calmd.atomic import UnsafeFile, atomic_write, read_regular_file
 from calmd.errors import FormatError, TemplateError
 from calmd.tokenizer import (
     DEFAULT_SHELL_STOPS,
@@ -35,6 +38,8 @@ from calmd.tokenizer import (
 )
 
 MAGIC = b"CWGT"
+# The largest weight file read: mini with its EWC block is 150 MB; param_count could claim 48 GB.
+MAX_CWGT_BYTES = 1 << 30
 ARCH_VERSION = 5
 FLAG_TIED = 1 << 0
 FLAG_HAS_EWC = 1 << 1
@@ -201,7 +206,8 @@ class Metadata:
 
 @dataclass
 class CwgtFile:
-    """A read CWGT file. Arrays are read-only memory maps (possibly unaligned: copy before use)."""
+    """A read CWGT file. Arrays are read-only views of the bytes read (possibly unaligned: copy
+    before use)."""
 
     path: Path
     header: CwgtHeader
@@ -290,17 +296,18 @@ def write_cwgt(
 
 
 def read_cwgt(path: str | os.PathLike[str]) -> CwgtFile:
-    """Open and validate a CWGT v5 file; arrays are memory-mapped, not read."""
+    """Read a CWGT v5 file into memory (calmd.atomic.read_regular_file) and validate it."""
     p = Path(path)
     where = str(p)
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            head = f.read(HEADER.size)
-            header = CwgtHeader.unpack(head, path=where)
-            meta_raw = f.read(header.meta_size)
+        raw = read_regular_file(p, limit=MAX_CWGT_BYTES)
+    except UnsafeFile as exc:
+        raise FormatError(exc.strerror or str(exc), path=where, field="file") from None
     except OSError as exc:
         raise FormatError(f"cannot read: {exc.strerror}", path=where) from exc
+    size = len(raw)
+    header = CwgtHeader.unpack(bytes(raw[: HEADER.size]), path=where)
+    meta_raw = bytes(raw[HEADER.size : HEADER.size + header.meta_size])
     n_arrays = 3 if header.has_ewc else 1
     expected = HEADER.size + header.meta_size + 4 * header.param_count * n_arrays
     if len(meta_raw) < header.meta_size:
@@ -321,9 +328,11 @@ def read_cwgt(path: str | os.PathLike[str]) -> CwgtFile:
     offset = HEADER.size + header.meta_size
     count = header.param_count
 
-    def mapped(index: int) -> npt.NDArray[np.float32]:
-        return np.memmap(p, dtype="<f4", mode="r", offset=offset + 4 * count * index, shape=(count,))
+    def array(index: int) -> npt.NDArray[np.float32]:
+        arr = np.frombuffer(raw, dtype="<f4", count=count, offset=offset + 4 * count * index)
+        arr.setflags(write=False)
+        return arr
 
     if header.has_ewc:
-        return CwgtFile(p, header, metadata, mapped(2), fisher=mapped(0), anchor=mapped(1))
-    return CwgtFile(p, header, metadata, mapped(0))
+        return CwgtFile(p, header, metadata, array(2), fisher=array(0), anchor=array(1))
+    return CwgtFile(p, header, metadata, array(0))

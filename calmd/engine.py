@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calmd import paths
 from calmd.checkpoint import load_model
 from calmd.history import HistoryStore
 from calmd.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
@@ -143,7 +144,7 @@ class ModelEngine:
 
 def packaged_model() -> Path:
     """The default model shipped inside the package (built by `python -m calmd.recipe`)."""
-    return Path(__file__).resolve().parent / "data" / "default.cwgt"
+    return paths.packaged_weights()
 
 
 def load_engine(path: Path) -> ModelEngine:

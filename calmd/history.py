@@ -22,6 +22,8 @@ has read, so importing again only adds what the shell appended since.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import re
@@ -32,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calmd.errors import DiskFull
 from calmd.secrets import DETECTOR_VERSION, find_secret
 
 log = logging.getLogger("calmd.history")
@@ -43,6 +46,8 @@ DERIVED_DATASETS = ("training/train.ctds", "training/heldout.ctds")
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
 SCHEMA_VERSION = 1
+SQLITE_FULL = 13  # the primary result code of "database or disk is full"
+SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (
     id       INTEGER PRIMARY KEY,
@@ -158,6 +163,7 @@ class HistoryStore:
                     f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
                 )
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
+        self.last_disk_full: float | None = None  # when a write last failed for lack of space
         self.rescanned = self._rescan_if_outdated()
 
     def close(self) -> None:
@@ -234,23 +240,16 @@ class HistoryStore:
                 relink.add(row.id)
         if not doomed and not relink:
             return 0
+        with self._write_transaction(immediate=True):
+            for start in range(0, len(doomed), 500):
+                chunk = doomed[start : start + 500]
+                self._db.execute(f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            for row_id in sorted(relink):
+                self._db.execute(_RELINK, (row_id,))
+            if counter:
+                self._meta_add(counter, len(doomed))
+            self._meta_add("generation", 1)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for start in range(0, len(doomed), 500):
-                    chunk = doomed[start : start + 500]
-                    self._db.execute(
-                        f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk
-                    )
-                for row_id in sorted(relink):
-                    self._db.execute(_RELINK, (row_id,))
-                if counter:
-                    self._meta_add(counter, len(doomed))
-                self._meta_add("generation", 1)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             self._truncate_wal()
         self.remove_derived_datasets()
         return len(doomed)
@@ -309,17 +308,53 @@ class HistoryStore:
         cmd, replaced = clean_text(cmd)
         cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
-                if replaced and verdict.stored:
-                    self._meta_add("undecodable", 1)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._write_transaction():
+            self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+            if replaced and verdict.stored:
+                self._meta_add("undecodable", 1)
         return verdict
+
+    @contextlib.contextmanager
+    def _write_transaction(self, *, immediate: bool = False) -> Iterator[None]:
+        """BEGIN ... COMMIT under the lock: all of it or nothing. A full disk raises DiskFull.
+        SQLite may have rolled the transaction back itself when the write failed (SQLITE_FULL
+        can end it), so ROLLBACK runs only while one is still open: a ROLLBACK without one
+        raised "cannot rollback - no transaction is active" over the real error."""
+        with self._lock:
+            if self._db.in_transaction:  # left open by a ROLLBACK that failed: start clean
+                self._db.execute("ROLLBACK")
+            self._db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    # if this fails too, the write's own error is the one to report (the next
+                    # write rolls back what is left open)
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                if self._is_disk_full(exc):
+                    self.last_disk_full = time.time()
+                    raise DiskFull(
+                        f"the disk holding {self.path.parent} is full: nothing was written"
+                    ) from exc
+                raise
+
+    def _is_disk_full(self, exc: BaseException) -> bool:
+        if isinstance(exc, OSError):
+            return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if not isinstance(exc, sqlite3.Error):
+            return False
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code == SQLITE_FULL:
+            return True
+        if code != SQLITE_IOERR:
+            return False
+        try:  # an I/O error while growing the WAL or its index on a file system with no room left
+            fs = os.statvfs(self.path.parent)
+        except OSError:
+            return False
+        return fs.f_bavail * fs.f_frsize < 1 << 20
 
     def _store(
         self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
@@ -444,29 +479,23 @@ class HistoryStore:
         imported = dropped = skipped = undecodable = 0
         base_ts = p.stat().st_mtime
         session, source = f"import:{p.name}", f"import:{kind}"
-        with self._lock:
-            self._db.execute("BEGIN")  # one transaction: all of the file or none of it
-            try:
-                for i, (ts, text) in enumerate(entries):
-                    cmd, replaced = clean_text(text)
-                    verdict = self.check(cmd)
-                    # Files without timestamps keep their order, one microsecond apart before mtime.
-                    stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
-                    self._store(verdict, cmd, None, "", "", session, stamp, source)
-                    if verdict.stored:
-                        imported += 1
-                        undecodable += replaced
-                    elif verdict.reason.startswith("secret:"):
-                        dropped += 1
-                    else:
-                        skipped += 1
-                if undecodable:
-                    self._meta_add("undecodable", undecodable)
-                self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._write_transaction():  # one transaction: all of the file or none of it
+            for i, (ts, text) in enumerate(entries):
+                cmd, replaced = clean_text(text)
+                verdict = self.check(cmd)
+                # Files without timestamps keep their order, one microsecond apart before mtime.
+                stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
+                self._store(verdict, cmd, None, "", "", session, stamp, source)
+                if verdict.stored:
+                    imported += 1
+                    undecodable += replaced
+                elif verdict.reason.startswith("secret:"):
+                    dropped += 1
+                else:
+                    skipped += 1
+            if undecodable:
+                self._meta_add("undecodable", undecodable)
+            self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
         return ImportResult(str(p), kind, imported, dropped, skipped, undecodable)
 
     def import_shell_histories(self, home: Path) -> ShellImport:

@@ -1,13 +1,34 @@
-"""Default locations (calmd.md, "Paths"): platformdirs, overridable by environment variables."""
+"""Default locations (calmd.md, "Paths"): platformdirs, overridable by environment variables.
+
+And how calmd keeps them private: CALM_HOME is 0700 and every file in it 0600, because it holds
+the user's whole shell history. `set_private_umask()` runs first in the daemon, the trainer and
+the command lines, so that everything they create (SQLite's -wal and -shm included) is born
+private; `private_data_dir()` creates CALM_HOME 0700, or tightens an existing one that belongs
+to the user, and strips group and other bits from the files calmd keeps there.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 
 import platformdirs
 
 APP = "calm"
+PRIVATE_UMASK = 0o077  # files 0600, folders 0700
+
+log = logging.getLogger("calmd")
+
+# What calmd keeps in CALM_HOME (the shell hooks' files are named in calmd/shell.py): the start-up
+# tightening touches only these, so that a CALM_HOME pointed at a shared folder loses nothing else.
+DATA_FILES = (
+    "history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm", "history.sqlite3-journal",
+    "shell.cwgt", "shell.prev.cwgt", "train.ctds", "training.json", "training.log", "training.lock",
+    "shell-helper.log", "shell-helper.log.old", "shell-disabled",
+)  # fmt: skip
+TRAINING_SUBDIR = "training"  # the background run's datasets
 
 
 def data_dir() -> Path:
@@ -28,6 +49,11 @@ def history_path() -> Path:
     return data_dir() / "history.sqlite3"
 
 
+def packaged_weights() -> Path:
+    """The default model shipped inside the package (built by `python -m calmd.recipe`)."""
+    return Path(__file__).resolve().parent / "data" / "default.cwgt"
+
+
 def socket_path() -> Path:
     """$CALMD_SOCKET, else <user runtime dir>/calm/calmd.sock."""
     override = os.environ.get("CALMD_SOCKET")
@@ -40,3 +66,90 @@ def cache_dir() -> Path:
     """Things rebuilt on demand (the compiled scan kernel): $CALM_CACHE, else the user cache dir."""
     override = os.environ.get("CALM_CACHE")
     return Path(override) if override else Path(platformdirs.user_cache_dir(APP, appauthor=False))
+
+
+# --------------------------------------------------------------------------- privacy
+
+
+def set_private_umask() -> int:
+    """Make every file and folder this process creates private (0600 / 0700); returns the old
+    umask. Called first by `calmd serve`, the trainer and the command lines."""
+    return os.umask(PRIVATE_UMASK)
+
+
+def _strip_group_other(path: Path, st: os.stat_result) -> bool:
+    """chmod away group and other bits of a file or folder we own; True when it changed."""
+    if st.st_uid != os.getuid() or not st.st_mode & 0o077:
+        return False
+    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+    return True
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` 0700 (missing parents too: XDG asks for 0700), or tighten it to owner-only
+    when it exists and is the user's own. A folder of another user is left alone (logged)."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)  # mkdir's mode goes through the umask of whoever called us
+        return path
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a folder")
+    if st.st_uid != os.getuid():
+        log.warning("%s belongs to uid %d, not to us: its mode is left as it is", path, st.st_uid)
+    elif _strip_group_other(path, st):
+        log.warning("%s was readable by others: made it 0%o", path, stat.S_IMODE(st.st_mode) & ~0o077)
+    return path
+
+
+def private_data_dir(directory: Path) -> list[str]:
+    """CALM_HOME 0700 and calmd's files in it owner-only (files written by an older calmd, or
+    under a looser umask, were 0644). Returns the names it tightened."""
+    private_dir(directory)
+    tightened: list[str] = []
+    candidates = [directory / name for name in DATA_FILES]
+    work = directory / TRAINING_SUBDIR
+    if work.is_dir() and not work.is_symlink():
+        candidates.append(work)
+        candidates += [p for p in work.iterdir() if p.suffix in (".ctds", ".tmp", ".tokens")]
+    for path in candidates:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and _strip_group_other(path, st):
+            tightened.append(str(path.relative_to(directory)))
+    if tightened:
+        log.warning("made private (owner-only): %s", ", ".join(tightened))
+    return tightened
+
+
+class UnsafeSocketFolder(RuntimeError):
+    """The socket's folder could let another user replace or remove our socket."""
+
+
+def socket_dir(folder: Path) -> Path:
+    """The socket's folder: created 0700 when missing; an existing one keeps its mode, but is
+    refused when another user could swap the socket in it: not a folder, owned by another
+    user (root aside), or writable by group or others without the sticky bit (a 1777 folder
+    like /tmp is fine: the sticky bit keeps others from removing or renaming our socket, the
+    socket itself is 0600 and peers of another uid are refused)."""
+    if not folder.exists():
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(folder, 0o700)  # we created it: ours to make private
+        return folder
+    st = folder.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeSocketFolder(f"{folder} is not a folder")
+    if st.st_uid not in (os.getuid(), 0):
+        raise UnsafeSocketFolder(
+            f"{folder} belongs to uid {st.st_uid}: that user could replace the socket; "
+            "choose another place with --socket or CALMD_SOCKET"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeSocketFolder(
+            f"{folder} is writable by others (mode 0{stat.S_IMODE(st.st_mode):o}) without the sticky "
+            "bit: another user could replace the socket; choose another place with --socket or "
+            "CALMD_SOCKET"
+        )
+    return folder

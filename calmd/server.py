@@ -1,9 +1,13 @@
 """calmd: the daemon. One `Server` object owns the socket, the history store and the model.
 
 - asyncio on uvloop (asyncio's own loop when uvloop is missing);
-- the socket comes from systemd (LISTEN_FDS) or is bound at the calmd.md path with mode 0600 in a
-  0700 folder; peers of another uid are refused (SO_PEERCRED); a stale socket file left by a
-  killed daemon is replaced, a live one means another daemon runs: refuse to start;
+- the socket comes from systemd (LISTEN_FDS) or is bound at the calmd.md path with mode 0600; a
+  folder calmd creates for it is 0700, an existing one keeps its mode but is refused when another
+  user could swap the socket in it (calmd.paths.socket_dir); peers of another uid are refused
+  (SO_PEERCRED); a stale socket file left by a killed daemon is replaced, a live one means
+  another daemon runs: refuse to start;
+- CALM_HOME is made private at start (0700, calmd's files in it 0600; the umask is 077), and
+  what killed training runs left there is removed;
 - each connection is a `Connection` protocol: requests are cut into frames by their msgpack
   headers before anything is decoded (1 MiB at most), up to 64 per connection are in progress at
   once, and reading stops while the client leaves 256 KiB of replies unread (backpressure; closed
@@ -12,8 +16,13 @@
   a fair scheduler (calmd/scheduler.py) takes connections and sessions in turn, keeps only each
   session's newest request, and so lets no client delay another by more than one completion;
 - the weight file is watched (watchfiles) and reloaded when its mtime changes, debounced; a bad
-  file is rejected, logged and shown by `status`, and the old model keeps serving;
-- SIGTERM/SIGINT: stop accepting, answer in-flight requests, exit; SIGHUP: reload the weights.
+  file is rejected, logged and shown by `status`, and the old model keeps serving; a bad file at
+  start is no reason not to start: the packaged model serves until a good file appears;
+- background training is calmd/trainer.py's `Trainer`;
+- SIGTERM/SIGINT (or a `shutdown` request): stop accepting, answer in-flight requests, stop the
+  training run, remove the socket file we bound, exit, all within `graceful_timeout` seconds: a
+  worker thread that does not finish (a hung model) is abandoned, and a watchdog ends the
+  process if anything else hangs. SIGHUP: reload the weights.
 """
 
 from __future__ import annotations
@@ -39,12 +48,9 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import msgpack
+from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
-# Not imported inside the watcher: the import blocked the event loop for 0.1-0.3 s right after
-# "ready", and the first clients waited for it.
-from watchfiles import awatch
-
-from calmd import __version__, continual, paths
+from calmd import __version__, paths
 from calmd.errors import DiskFull
 from calmd.history import HistoryStore
 from calmd.protocol import (
@@ -61,11 +67,13 @@ from calmd.protocol import (
     reply,
 )
 from calmd.scheduler import FairScheduler, Job
+from calmd.trainer import Trainer
 
 log = logging.getLogger("calmd")
 
 EXIT_ALREADY_RUNNING = 4
 EXIT_STARTUP_FAILURE = 3
+EXIT_SHUTDOWN_TIMEOUT = 1  # the watchdog ended a shutdown that overran graceful_timeout
 SD_LISTEN_FDS_START = 3
 
 # Per-connection bounds (docs/protocol.md, "Limits"). A shell has one request in flight at a time
@@ -115,6 +123,8 @@ class ServerConfig:
     train_args: tuple[str, ...] = ()  # extra `python -m calmd.continual` arguments (tests shorten runs)
     max_connections: int = 0  # concurrent clients; 0: DEFAULT_MAX_CONNECTIONS within the fd limit
     reply_timeout_s: float = 10.0  # a client that leaves REPLY_BUFFER_HIGH unread this long is closed
+    graceful_timeout: float = 5.0  # SIGTERM to exit, at most (in-flight answers, the trainer's stop)
+    fallback_weights: Path = field(default_factory=paths.packaged_weights)  # when the user's do not load
 
 
 class LatencyStats:
@@ -182,12 +192,15 @@ def systemd_socket() -> socket.socket | None:
 
 
 def bind_socket(path: Path) -> socket.socket:
-    """Bind `path` (0600 in a 0700 folder). A live daemon there: AlreadyRunning; a stale file: replaced."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
+    """Bind `path` (0600; its folder: calmd.paths.socket_dir). A live daemon there:
+    AlreadyRunning; a stale file of ours: replaced; anything else there: refused."""
+    paths.socket_dir(path.parent)
     if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
+        st = path.lstat()
+        if not stat.S_ISSOCK(st.st_mode):
             raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+        if st.st_uid != os.getuid():
+            raise RuntimeError(f"{path} belongs to uid {st.st_uid}; refusing to connect to it or replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
         try:
@@ -414,9 +427,9 @@ class Server:
         self.max_connections = config.max_connections or default_max_connections()
         self.client_log = RateLimitedLog()  # what clients can provoke is logged, not flooded
         self.socket_path: str = ""
-        self._trainer: asyncio.subprocess.Process | None = None
-        self._trainer_task: asyncio.Task[None] | None = None
-        self.last_training_exit: int | None = None
+        self._bound_socket: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
+        self.serving_fallback = False  # the packaged model serves: the user's weights did not load
+        self.trainer = Trainer(config.data_dir, config.weights_path, config.train_args, self.reload)
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
         self._recent_generation = 0  # the history's generation the cache was filled at
 
@@ -424,79 +437,113 @@ class Server:
 
     async def serve(self, sock: socket.socket | None = None) -> None:
         loop = asyncio.get_running_loop()
-        sock = sock or systemd_socket() or bind_socket(self.config.socket_path)
+        paths.private_data_dir(self.config.data_dir)  # before anything is written there
+        if sock is None:
+            sock = systemd_socket()
+        if sock is None:
+            sock = bind_socket(self.config.socket_path)
+            st = self.config.socket_path.lstat()
+            self._bound_socket = (st.st_dev, st.st_ino)
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(self.config.data_dir / "history.sqlite3")
+        self.trainer.clean_leftovers()
         if self.config.import_shell_history:
             await asyncio.to_thread(self.history.import_shell_histories, Path.home())
-        await self.reload(initial=True)
+        await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.should_exit.set)
+            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         scheduler = asyncio.ensure_future(self.scheduler.run())
         self._start_accepting(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
+        await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
+        if self._weights_mtime() != self.loaded_mtime:  # changed between the load and the watch
+            await self.reload()
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         try:
             await self.should_exit.wait()
         finally:
-            log.info("shutting down: answering %d in-flight requests", len(self._inflight))
-            watcher.cancel()
-            self._stop_accepting()
-            # Connections are still read while in-flight requests finish (5 s at most), so that
-            # what a client sent just before the signal is answered too; then they are closed.
-            deadline = loop.time() + 5.0
-            await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
-            while self._inflight and loop.time() < deadline:
-                await asyncio.wait(set(self._inflight), timeout=deadline - loop.time())
-            for conn in list(self.connections):
-                conn.close()
-            scheduler.cancel()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            if self._trainer is not None and self._trainer.returncode is None:
-                # the run writes only temp files until its final rename: stopping it loses nothing
-                with contextlib.suppress(ProcessLookupError):
-                    self._trainer.terminate()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._trainer.wait(), 5.0)
-            self.history.close()
-            if sock.family == socket.AF_UNIX and not os.environ.get("CALMD_KEEP_SOCKET"):
-                with contextlib.suppress(OSError):
-                    if self.socket_path and Path(self.socket_path).exists() and self._owns_socket():
-                        Path(self.socket_path).unlink()
+            await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
-    def _owns_socket(self) -> bool:
-        # Under socket activation systemd owns the file; we bound it otherwise.
-        return self.socket_path == str(self.config.socket_path)
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        if not self.should_exit.is_set():
+            log.info("received %s: shutting down (at most %g s)", sig.name, self.config.graceful_timeout)
+        self.should_exit.set()
+
+    async def _shutdown(self, watcher: asyncio.Future[None], scheduler: asyncio.Future[None]) -> None:
+        """Everything within graceful_timeout; the watchdog ends the process if this overruns."""
+        timeout = self.config.graceful_timeout
+        start_watchdog(timeout)
+        deadline = time.monotonic() + timeout
+        watcher.cancel()
+        self._stop_accepting()
+        # Connections are still read for a moment, so that what a client sent just before the
+        # signal is answered too; they are closed once the in-flight requests are answered.
+        await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
+        log.info("shutting down: answering %d in-flight requests", len(self._inflight))
+        trainer_stopped = asyncio.ensure_future(self.trainer.stop(max(0.0, timeout * 0.6)))
+        # a hung model never answers: leave time for the rest
+        while self._inflight and time.monotonic() < deadline - 1.0:
+            await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic() - 1.0))
+        for conn in list(self.connections):
+            conn.close()
+        scheduler.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
+        if self.history is not None:
+            # under its lock, which a hung worker may hold: do not wait past the deadline
+            closing = asyncio.ensure_future(asyncio.to_thread(self.history.close))
+            await asyncio.wait([closing], timeout=max(0.0, deadline - time.monotonic() - 0.2))
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        """Remove the socket file if we bound it and it is still ours (under socket activation
+        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test)."""
+        if self._bound_socket is None or os.environ.get("CALMD_KEEP_SOCKET"):
+            return
+        path = self.config.socket_path
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if (st.st_dev, st.st_ino) == self._bound_socket:
+                path.unlink()
 
     # -- model hosting ---------------------------------------------------------------------------
 
-    async def reload(self, *, initial: bool = False) -> dict[str, Any]:
-        """Load the weight file in a thread; keep the old engine when the new file is bad."""
+    async def reload(self) -> dict[str, Any]:
+        """Load the weight file in a thread; keep the old engine when the new file is bad. With
+        no engine yet (the start), a bad file gives way to the packaged model, and the error
+        shows in `status` until a good file is loaded."""
         async with self._reload_lock:
             path = self.config.weights_path
+            loop = asyncio.get_running_loop()
+            mtime = self._weights_mtime()
             try:
-                mtime = path.stat().st_mtime if path.exists() else None
-                engine = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, self.engine_loader, path
-                )
+                engine = await loop.run_in_executor(self._pool, self.engine_loader, path)
             except Exception as exc:  # a bad file must never take the daemon down
                 self.last_reload_error = f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {exc}"
-                log.error("reload of %s failed, keeping the current model: %s", path, exc)
-                if initial and self.engine is None:
-                    raise
+                if self.engine is not None:
+                    log.error("reload of %s failed, keeping the current model: %s", path, exc)
+                    return {"ok": False, "reload_error": self.last_reload_error}
+                log.error("%s did not load, serving the packaged model until it does: %s", path, exc)
+                fallback = self.config.fallback_weights
+                engine = await loop.run_in_executor(self._pool, self.engine_loader, fallback)
+                self._install(engine, mtime, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
-            if self.history is not None:
-                engine.attach_history(self.history)
-            self.engine = engine
-            self.loaded_at = time.time()
-            self.loaded_mtime = mtime
             self.last_reload_error = None
-            log.info("model loaded: %s", engine.describe().get("path"))
+            self._install(engine, mtime, fallback=mtime is None)  # no file: the loader's default
             return {"ok": True}
+
+    def _install(self, engine: Engine, mtime: float | None, *, fallback: bool) -> None:
+        if self.history is not None:
+            engine.attach_history(self.history)
+        self.engine = engine
+        self.loaded_at = time.time()
+        self.loaded_mtime = mtime  # a bad file's too: the watcher retries when it changes
+        self.serving_fallback = fallback
+        log.info("model loaded: %s", engine.describe().get("path"))
 
     async def _watch_weights(self) -> None:
         folder = self.config.weights_path.parent
@@ -510,13 +557,15 @@ class Server:
             stop_event=self.should_exit,
         ):
             del changes
-            path = self.config.weights_path
-            try:
-                mtime = path.stat().st_mtime
-            except FileNotFoundError:
-                continue
-            if mtime != self.loaded_mtime:
+            mtime = self._weights_mtime()
+            if mtime is not None and mtime != self.loaded_mtime:
                 await self.reload()
+
+    def _weights_mtime(self) -> float | None:
+        try:
+            return self.config.weights_path.stat().st_mtime
+        except OSError:
+            return None
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -658,36 +707,18 @@ class Server:
     # -- background training ----------------------------------------------------------------------
 
     def _trainer_idle(self) -> bool:
-        return self._trainer is None or self._trainer.returncode is not None
+        return not self.trainer.running
 
     async def start_training(self, why: str) -> dict[str, Any]:
-        """Start `python -m calmd.continual` at the lowest priority with one thread."""
-        if not self._trainer_idle():
-            return {"ok": True, "started": False, "reason": "a training run is in progress"}
-        assert self.history is not None
-        self.history.reset_counter("recorded_since_train")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        argv = [sys.executable, "-m", "calmd.continual", "--data-dir", str(self.config.data_dir),
-                "--weights", str(self.config.weights_path), *self.config.train_args]  # fmt: skip
-        log_file = open(self.config.data_dir / "training.log", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self._trainer = await asyncio.create_subprocess_exec(
-                *argv, env=env, stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
-                preexec_fn=lambda: os.nice(19),
-            )  # fmt: skip
-        finally:
-            log_file.close()
-        log.info("training started (%s): pid %d", why, self._trainer.pid)
-        self._trainer_task = asyncio.ensure_future(self._await_trainer(self._trainer))
-        return {"ok": True, "started": True, "pid": self._trainer.pid}
-
-    async def _await_trainer(self, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
-        self.last_training_exit = code
-        result = continual.read_status(self.config.data_dir)
-        log.info("training finished (exit %d): %s", code, result.get("reason", "?"))
-        if result.get("swapped"):
-            await self.reload()  # do not wait for the file watcher
+        """A background run (calmd/trainer.py); the count of new commands restarts with it."""
+        result = await self.trainer.start(why)
+        if result.get("started"):
+            assert self.history is not None
+            try:
+                self.history.reset_counter("recorded_since_train")
+            except Exception as exc:  # a full disk: the run reports it; the count restarts later
+                log.warning("could not reset the count of new commands: %s", exc)
+        return result
 
     async def _simple(self, request: SimpleRequest) -> dict[str, Any]:
         if request.op == "status":
@@ -747,22 +778,18 @@ class Server:
 
     # -- status ------------------------------------------------------------------------------------
 
-    def _training_status(self) -> dict[str, Any]:
-        info = continual.read_status(self.config.data_dir)
-        running = not self._trainer_idle()
-        state = str(info.get("state", "idle")) if running else "idle"
-        if not running and info.get("state") in ("dataset", "training", "evaluating"):
-            state = "interrupted"  # the run ended without writing a result (killed)
-        finished = info.get("state") in ("done", "failed")
-        return {
-            "state": state,
-            "pid": self._trainer.pid if running and self._trainer else None,
-            "threshold": self.config.train_threshold,
-            "progress": {k: info[k] for k in ("step", "loss", "sequences", "held_out") if k in info},
-            "last_result": {k: info.get(k) for k in ("state", "swapped", "reason", "finished")}
-            if finished
-            else None,
-        }
+    def _disk_status(self) -> dict[str, Any]:
+        """Free space where the history and weights live, and when a write last found none."""
+        folder = self.config.data_dir
+        free: int | None = None
+        total: int | None = None
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(folder)
+            free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        times = [t for t in (self.history.last_disk_full if self.history else None,
+                             self.trainer.last_disk_full) if t is not None]  # fmt: skip
+        return {"path": str(folder), "free_bytes": free, "total_bytes": total,
+                "last_full": max(times) if times else None}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         engine = self.engine.describe() if self.engine else {}
@@ -773,6 +800,8 @@ class Server:
             "socket": self.socket_path,
             "uptime_s": round(time.time() - self.started, 1),
             "model": engine,
+            "weights_path": str(self.config.weights_path),
+            "serving_fallback": self.serving_fallback,
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_reload_error,
             "requests": self.requests,
@@ -788,13 +817,42 @@ class Server:
                 "dropped_secrets": self.history.counter("dropped_secrets") if self.history else 0,
                 "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
             },
-            "training": self._training_status(),
+            "training": self.trainer.status(self.config.train_threshold),
+            "disk": self._disk_status(),
         }
 
 
+_watchdog_started = threading.Event()
+
+
+def start_watchdog(timeout: float) -> None:
+    """End the process `timeout` seconds from now if it is still there: SIGTERM always stops the
+    daemon, whatever hangs (a worker thread, a lock, a client that never reads)."""
+    if _watchdog_started.is_set():
+        return
+    _watchdog_started.set()
+
+    def bark() -> None:
+        time.sleep(timeout)
+        log.error("shutdown did not finish within %g s: exiting now", timeout)
+        _hard_exit(EXIT_SHUTDOWN_TIMEOUT)
+
+    threading.Thread(target=bark, name="calmd-watchdog", daemon=True).start()
+
+
+def _hard_exit(code: int) -> None:
+    """os._exit, after flushing what was logged and printed."""
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
-    """Run until SIGTERM/SIGINT or a `shutdown` request. Exit codes: 0 ok, 3 startup failure,
-    4 another daemon already serves the socket."""
+    """Run until SIGTERM/SIGINT or a `shutdown` request. Exit codes: 0 ok, 1 the shutdown overran
+    graceful_timeout, 3 startup failure, 4 another daemon already serves the socket."""
+    paths.set_private_umask()  # the history, its -wal/-shm, the trainer's files: 0600
     try:
         import uvloop
 
@@ -812,4 +870,11 @@ def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
         log.exception("startup failed")
         print(f"calmd: startup failed: {exc}", flush=True)
         return EXIT_STARTUP_FAILURE
+    busy = [t.name for t in threading.enumerate() if t.name.startswith("calmd-infer") and t.is_alive()]
+    if busy:
+        # A worker stuck in the model (or in a file it cannot read) would block the interpreter's
+        # exit for good: everything else is closed, so leave without it.
+        log.warning("the inference thread did not finish (%s): exiting without it", ", ".join(busy))
+        _hard_exit(0)
+    log.info("calmd stopped")
     return 0

@@ -423,6 +423,7 @@ def add_calm_parsers(sub: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m calmd.shell ...`: what the hooks run, independent of the rest of the CLI."""
+    paths.set_private_umask()  # the helper's log (and a daemon it starts) write the user's files
     parser = argparse.ArgumentParser(prog="calmd")
     parser.add_argument("--socket", metavar="PATH", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

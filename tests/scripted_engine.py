@@ -2,13 +2,16 @@
 
 It validates the weight file with the real CWGT reader (so hot-reload tests see real
 rejections) and answers `input + suffix` candidates, sleeping CALMD_TEST_DELAY seconds per
-candidate so that cancellation and interleaving can be observed. The real model engine is
-tested end to end in test_daemon_model.py.
+candidate so that cancellation and interleaving can be observed. An input equal to
+CALMD_TEST_HANG_INPUT wedges the worker thread for good (it says so on stderr first), ignoring
+cancellation, as a model stuck in native code would. The real model engine is tested end to end
+in test_daemon_model.py.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -46,6 +49,9 @@ class ScriptedEngine:
         self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
     ) -> Iterator[tuple[str, float]]:
         typed = ctx["input"]
+        if typed and typed == os.environ.get("CALMD_TEST_HANG_INPUT"):
+            print("scripted engine: hanging for good", file=sys.stderr, flush=True)
+            threading.Event().wait()  # never set: the thread stays here
         seen = [c for c, _, _ in self.history.prefix_matches(typed)] if self.history and typed else []
         history_cmds = [h["cmd"] for h in ctx.get("history", [])]
         results = seen + [typed + s for s in SUFFIXES]

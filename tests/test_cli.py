@@ -176,6 +176,7 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
         with CalmClient(daemon.socket, timeout=30) as c:
             status = c.status()["status"]
             assert status["model"]["path"] == str(packaged_model())
+            assert status["serving_fallback"] is True and status["last_reload_error"] is None  # no file yet
             got = [m["candidate"] for m in c.complete("git ", n=3, session="s") if "candidate" in m]
             assert len(got) == 3 and all(g.startswith("git ") and len(g) > 4 for g in got), got
         assert run("calmd", "stop", env=env).returncode == 0

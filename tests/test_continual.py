@@ -16,14 +16,13 @@ from calmd.continual import DatasetOptions, RunOptions, history_examples, is_tri
 from calmd.ctds import CtdsReader
 from calmd.history import HistoryStore
 from tests.daemon import BIN, running_daemon
-from tests.tiny_model import save_tiny
 
 WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("w") / "tiny.cwgt")
+def tiny(tiny_weights: Path) -> Path:
+    return tiny_weights
 
 
 def fill(store: HistoryStore, rounds: int) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmd.cwgt import FLAG_HAS_EWC, FLAG_TIED, CwgtHeader, Metadata, read_cwgt, split_flat, write_cwgt
+from calmd.cwgt import (
+    FLAG_HAS_EWC,
+    FLAG_TIED,
+    MAX_CWGT_BYTES,
+    CwgtHeader,
+    Metadata,
+    read_cwgt,
+    split_flat,
+    write_cwgt,
+)
 from calmd.errors import FormatError
 
 META = Metadata(
@@ -70,7 +82,10 @@ def test_round_trip_named_arrays(tmp_path: Path) -> None:
     assert f.metadata == META
     assert f.metadata.parsed_template().items[0].token == 257
     assert f.metadata.stop_conditions().patterns == (b"|", b";", b"&&", b"||")
-    assert isinstance(f.weights, np.memmap)
+    # read into memory, not mapped: what happens to the file afterwards cannot reach the arrays
+    assert not isinstance(f.weights, np.memmap) and not f.weights.flags.writeable
+    (tmp_path / "m.cwgt").write_bytes(b"")
+    np.testing.assert_array_equal(f.weights, [0, 1, 2, 3, 0.5, -2])
     named = f.named_arrays([("a", (2, 2)), ("b", (2,))])
     assert [n for n, _ in named] == ["a", "b"]
     for (_, got), (_, want) in zip(named, ARRAYS, strict=True):
@@ -218,3 +233,38 @@ def test_split_flat_shapes() -> None:
     flat = np.arange(10, dtype=np.float32)
     parts = split_flat(flat, [("x", (2, 3)), ("y", (4,))])
     assert parts[0][1].shape == (2, 3) and parts[1][1].tolist() == [6, 7, 8, 9]
+
+
+def test_reader_refuses_what_is_not_a_regular_file_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.cwgt"
+    os.mkfifo(fifo)  # nobody writes: a blocking open would wait forever
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        with pytest.raises(FormatError) as info:
+            read_cwgt(fifo)
+        outcome.append(info.value)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "read_cwgt blocked on a FIFO"
+    assert "not a regular file (a FIFO)" in str(outcome[0])
+    with pytest.raises(FormatError, match="not a regular file \\(a folder\\)"):
+        read_cwgt(tmp_path)
+    with pytest.raises(FormatError, match="cannot read: No such file"):
+        read_cwgt(tmp_path / "missing.cwgt")
+
+
+def test_reader_bounds_the_size_before_reading(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.cwgt"
+    with open(huge, "wb") as f:
+        f.truncate(MAX_CWGT_BYTES + 1)  # sparse: costs no disk, would cost 1 GiB of memory
+    with pytest.raises(FormatError, match=f"{MAX_CWGT_BYTES + 1} bytes, over the limit") as info:
+        read_cwgt(huge)
+    assert info.value.field == "file"
+
+
+def test_written_weights_are_private(tmp_path: Path) -> None:
+    path = write_cwgt(tmp_path / "m.cwgt", HEADER, ARRAYS, META)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

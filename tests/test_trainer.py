@@ -1,0 +1,267 @@
+"""The background trainer under faults, against real daemons: it dies with its daemon, one run per
+CALM_HOME, leftovers of killed runs are removed at start, status tells a dead run from a live one
+and a failed run by its reason, and `calm rollback` swaps the two weight files atomically."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calmd import continual, paths
+from calmd.checkpoint import load_model
+from calmd.cli import calm_main
+from calmd.client import CalmClient
+from calmd.continual import TrainingLock, read_status, rollback
+from calmd.cwgt import read_cwgt
+from calmd.errors import CalmError, FormatError
+from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
+
+ENGINE = "calmd.engine:load_engine"
+COMMANDS = ["git status", "make build", "make test", "git commit -am wip", "docker ps -a"]
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 120.0, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(step)
+
+
+def training(c: CalmClient) -> dict[str, Any]:
+    return c.status()["status"]["training"]  # type: ignore[no-any-return]
+
+
+def fill(c: CalmClient, rounds: int) -> None:
+    """Distinct commands (every one is a training example): 5 per round."""
+    for i in range(rounds):
+        for cmd in COMMANDS:
+            c.record(f"{cmd} {i}", exit=0, session="s", cwd="/p")
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for whoever inherited it to reap it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] != "Z"
+
+
+def runs_on(data: Path) -> list[int]:
+    """Pids of training runs working on `data`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"calmd.continual" in argv and str(data).encode() in argv and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def install(home: Path, weights: Path) -> Path:
+    data = home / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "shell.cwgt").write_bytes(weights.read_bytes())
+    return data
+
+
+LONG_RUN = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=10",
+            "--train-arg=--holdout=10", "--train-arg=--epochs=500")  # fmt: skip
+
+
+def test_a_run_dies_with_its_daemon_and_the_next_daemon_sees_it_dead(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    data = install(tmp_path, tiny_weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=LONG_RUN) as d, CalmClient(d.socket) as c:
+        fill(c, 12)
+        assert c.train()["started"] is True
+        run = wait_until(lambda: (t := training(c))["state"] == "training" and t, "the run to train")
+        pid = run["pid"]
+        assert alive(pid) and runs_on(data) == [pid]
+        d.proc.kill()  # kill -9: no shutdown code runs in the daemon
+        d.proc.wait()
+        wait_until(lambda: not alive(pid), "the orphaned run to die", timeout=30)  # was: it trained on
+    assert (data / "shell.cwgt").read_bytes() == tiny_weights.read_bytes()
+    with running_daemon(tmp_path, engine=ENGINE, args=LONG_RUN) as d, CalmClient(d.socket) as c:
+        dead = training(c)
+        assert dead["state"] == "interrupted" and dead["pid"] is None, dead  # not the dead run's state
+        assert "ended without a result" in dead["last_result"]["reason"]
+        assert c.train()["started"] is True
+        wait_until(lambda: training(c)["state"] == "training", "the new run")
+        assert len(runs_on(data)) == 1  # one run, not two
+        d.proc.send_signal(signal.SIGTERM)  # a graceful stop stops the run too, cleanly
+        assert d.wait(timeout=30) == 0
+    assert runs_on(data) == []
+    result = read_status(data)
+    assert result["state"] == "interrupted" and result["reason"].startswith("stopped: SIGTERM"), result
+    assert not list(data.glob(".shell.candidate.*"))
+
+
+def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
+    data = install(tmp_path, tiny_weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=LONG_RUN) as d, CalmClient(d.socket) as c:
+        fill(c, 12)
+        assert c.train()["started"] is True
+        pid = wait_until(lambda: (t := training(c))["state"] == "training" and t["pid"], "the run to train")
+        # a second run started by hand says who holds the data dir, and touches nothing
+        second = subprocess.run(
+            [sys.executable, "-m", "calmd.continual", "--data-dir", str(data), "--min-examples=10"],
+            capture_output=True, text=True, timeout=120, env=daemon_env(tmp_path),
+        )  # fmt: skip
+        assert second.returncode == continual.EXIT_LOCKED, second.stderr
+        assert f"another training run (pid {pid}) holds" in second.stderr
+        assert read_status(data)["pid"] == pid
+        # a second daemon on the same CALM_HOME (another socket) sees that run and starts none
+        other = tmp_path / "other"
+        other.mkdir()
+        env = {"CALM_HOME": str(data), "CALMD_SOCKET": str(other / "calmd.sock")}
+        with (
+            running_daemon(other, engine=ENGINE, args=LONG_RUN, env=env, weights=False) as d2,
+            CalmClient(d2.socket) as c2,
+        ):
+            seen = training(c2)
+            assert seen["pid"] == pid and seen["state"] in ("dataset", "training", "evaluating"), seen
+            refused = c2.train()
+            assert refused["started"] is False and f"(pid {pid}) already works on" in refused["reason"]
+        assert runs_on(data) == [pid]
+
+
+def test_a_run_killed_in_evaluation_leaves_nothing_the_next_start_keeps(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    data = install(tmp_path, tiny_weights)
+    # a short training, a long evaluation (100 held-out commands): a wide window to kill it in
+    args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=10",
+            "--train-arg=--holdout=100", "--train-arg=--epochs=1")  # fmt: skip
+    with running_daemon(tmp_path, engine=ENGINE, args=args) as d, CalmClient(d.socket) as c:
+        fill(c, 40)
+        assert c.train()["started"] is True
+        info = wait_until(
+            lambda: (s := read_status(data)).get("state") == "evaluating" and s, "evaluation", step=0.01
+        )
+        os.kill(info["pid"], signal.SIGKILL)
+        wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
+        assert "killed by SIGKILL" in training(c)["last_result"]["reason"]
+        left = list(data.glob(".shell.candidate.*.cwgt"))
+        assert [p.name for p in left] == [f".shell.candidate.{info['pid']}.cwgt"]  # 6 MB for nano, for good
+    # stale temp files of a killed writer go too; a fresh one (a live writer's) stays
+    stale, fresh = data / ".training.json.x1y2.tmp", data / ".shell.cwgt.a1b2.tmp"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    with running_daemon(tmp_path, engine=ENGINE, args=args) as d, CalmClient(d.socket) as c:
+        assert training(c)["state"] == "interrupted"
+        assert not list(data.glob(".shell.candidate.*")) and not stale.exists() and fresh.exists()
+        d.wait_for("removed what killed training runs left")
+    assert (data / "shell.cwgt").read_bytes() == tiny_weights.read_bytes()
+
+
+def test_a_failed_run_shows_as_failed_with_its_reason(tmp_path: Path) -> None:
+    # The scripted engine serves any CWGT file; the trainer needs a real model: it fails.
+    args = ("--no-import", "--train-threshold", "0")
+    with running_daemon(tmp_path, args=args) as d, CalmClient(d.socket) as c:
+        assert c.train()["started"] is True
+        failed = wait_until(lambda: (t := training(c))["state"] == "failed" and t, "the run to fail")
+        assert failed["pid"] is None
+        assert failed["last_result"]["reason"].startswith("FormatError"), failed  # was shown as idle
+        assert "parameters" in failed["last_result"]["reason"]
+        table = subprocess.run([str(BIN / "calmd"), "--no-color", "status"], capture_output=True, text=True,
+                               env={**daemon_env(tmp_path), "COLUMNS": "400"}, timeout=30).stdout  # fmt: skip
+        assert "│ training " in table and "failed; last run" in table
+    with running_daemon(tmp_path, args=args) as d, CalmClient(d.socket) as c:
+        assert training(c)["state"] == "failed"  # kept across restarts: training.json says so
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def test_rollback_exchanges_the_two_files(tmp_path: Path, tiny_weights: Path) -> None:
+    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    write_test_weights(weights, n=64)  # the current file need not even be a model
+    prev.write_bytes(tiny_weights.read_bytes())
+    inodes = weights.stat().st_ino, prev.stat().st_ino
+    rollback(weights)
+    assert (weights.stat().st_ino, prev.stat().st_ino) == inodes[::-1]  # renamed, not copied
+    assert weights.read_bytes() == tiny_weights.read_bytes()
+    assert read_cwgt(prev).header.param_count == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shell.cwgt", "shell.prev.cwgt", "training.lock"]
+
+
+def test_rollback_without_an_exchange_keeps_the_weights_whole(
+    tmp_path: Path, tiny_weights: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(continual, "exchange", lambda a, b: False)  # a file system without it
+    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    write_test_weights(weights, n=64)
+    prev.write_bytes(tiny_weights.read_bytes())
+    rollback(weights)
+    assert weights.read_bytes() == tiny_weights.read_bytes() and read_cwgt(prev).header.param_count == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shell.cwgt", "shell.prev.cwgt", "training.lock"]
+
+
+def test_rollback_refuses_a_bad_file_and_a_running_run(tmp_path: Path, tiny_weights: Path) -> None:
+    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    weights.write_bytes(tiny_weights.read_bytes())
+    prev.write_bytes(b"CWGT but not really")
+    with pytest.raises(FormatError):
+        rollback(weights)
+    assert weights.read_bytes() == tiny_weights.read_bytes()
+    write_test_weights(tmp_path / "x.cwgt")
+    prev.write_bytes(tiny_weights.read_bytes())
+    with TrainingLock(tmp_path) as run:  # as a training run holds it
+        assert run.acquire()
+        with pytest.raises(CalmError, match=f"a training run \\(pid {os.getpid()}\\) is in progress"):
+            rollback(weights)
+    assert weights.read_bytes() == prev.read_bytes() == tiny_weights.read_bytes()
+
+
+def test_calm_rollback_while_the_daemon_serves_never_shows_a_missing_file(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    weights = data / "shell.cwgt"
+    weights.write_bytes(paths.packaged_weights().read_bytes())  # two real models, back and forth
+    (data / "shell.prev.cwgt").write_bytes(tiny_weights.read_bytes())
+    tiny_params = load_model(tiny_weights).header.param_count
+    packaged_params = read_cwgt(weights).header.param_count
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # what any reader of shell.cwgt sees during the rollbacks
+        while not stop.is_set():
+            try:
+                seen.append(str(read_cwgt(weights).header.param_count))
+            except FormatError as exc:
+                seen.append(f"error: {exc}")
+
+    with running_daemon(tmp_path, args=("--no-import",), weights=False) as d, CalmClient(d.socket) as c:
+        reader = threading.Thread(target=watch)
+        reader.start()
+        try:
+            for _ in range(10):
+                assert calm_main(["rollback", "--weights", str(weights)]) == 0
+        finally:
+            stop.set()
+            reader.join()
+        assert calm_main(["rollback", "--weights", str(weights)]) == 0  # 11: the tiny model serves
+        wait_until(lambda: c.status()["status"]["model"]["parameters"] == tiny_params, "the reload")
+    errors = [s for s in seen if s.startswith("error")]
+    assert seen and set(seen) <= {str(packaged_params), str(tiny_params)}, errors[:3]

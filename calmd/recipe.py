@@ -9,6 +9,9 @@
    (by a hash of the id, `held_out()`) is kept out of the corpus: `calm replay` reports its
    quality on them, users the model has never seen.
 2. Training: a new nano model with `calm train`'s loop (calmd/train.py), cosine schedule.
+   The run saves its state to `<work>/train.ckpt` every 200 steps; `--resume` continues an
+   interrupted run from there (the corpus is rebuilt only when missing: it is deterministic) and
+   gives the same model as one uninterrupted run of the same steps.
 3. The result is written atomically to the package (`calmd/data/default.cwgt`) with a provenance
    note next to it (`calmd/data/DEFAULT_MODEL.md`): the corpus counts, the seed, the time taken.
 """
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from calmd.atomic import atomic_write
 from calmd.corpus import history_examples, tldr_examples
 from calmd.ctds import CtdsWriter
 from calmd.errors import SequenceTooLong
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="nano")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run interrupted in --work (same options)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from calmd.train import TrainConfig, train
@@ -98,13 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "corpus.ctds"
-    counts = build_corpus(args.data, corpus, seed=args.seed)
+    stamp = args.work / "corpus.json"
+    if args.resume and corpus.exists() and stamp.exists():
+        counts = json.loads(stamp.read_text())
+        print(f"corpus: reusing {corpus}")
+    else:
+        counts = build_corpus(args.data, corpus, seed=args.seed)
+        with atomic_write(stamp) as f:
+            f.write(json.dumps(counts).encode())
     print(f"corpus: {counts['sequences']:,} sequences, {counts['tokens']:,} tokens "
           f"({counts['skipped_too_long']} too long) in {time.time() - started:.0f} s")  # fmt: skip
     cfg = TrainConfig(
         model="new", size=args.size, dataset=str(corpus), output=str(args.output), epochs=1,
         lr=3e-3, lr_schedule="cosine", batch_size=32, seed=args.seed, threads=args.threads,
         val_fraction=0.01, max_steps=args.steps, max_minutes=args.steps_minutes_cap, force=True,
+        checkpoint=str(args.work / "train.ckpt"), resume=args.resume,
     )  # fmt: skip
     result = train(cfg)
     elapsed = time.time() - started

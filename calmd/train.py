@@ -43,6 +43,7 @@ the user's recent history again and again. The default gamma is 0.5.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import struct
@@ -60,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from calmd import paths
+from calmd.atomic import atomic_write
 from calmd.checkpoint import GenerationDefaults, load_model, save_model
 from calmd.ctds import CtdsReader
 from calmd.cwgt import Metadata
@@ -96,6 +98,9 @@ class TrainConfig:
     max_steps: int = 0  # stop after this many optimizer steps; 0: run all epochs
     max_minutes: float = 0.0  # wall-clock budget for the optimizer steps; 0: none
     plot: str | None = None  # write the loss curve as a PNG here
+    checkpoint: str | None = None  # the run's state (weights, optimizer, batch order, step) is saved here
+    checkpoint_every: int = 200  # optimizer steps between checkpoints (and one when the run stops)
+    resume: bool = False  # continue the run saved in --checkpoint: the same model as one uninterrupted run
     device: str = "auto"  # auto | cpu | cuda
     force: bool = False  # let a new model replace an existing output file
     quiet: bool = False  # no progress bar, no summary
@@ -118,6 +123,8 @@ class TrainConfig:
             (self.max_minutes >= 0, "--max-minutes must be >= 0"),
             (self.lr_schedule in ("constant", "cosine"), "--lr-schedule must be constant or cosine"),
             (self.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
+            (self.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+            (not self.resume or bool(self.checkpoint), "--resume needs --checkpoint PATH"),
         ]
         for ok, message in checks:
             if not ok:
@@ -308,19 +315,25 @@ class _Start:
     anchor: npt.NDArray[np.float32] | None
     new: bool
     source: Path | None
+    trained: bool  # False for random weights: `--model new`, or a file `calm init` wrote
 
 
 def _start(cfg: TrainConfig) -> _Start:
     if cfg.model == "new":
         model = CalmModel(SIZES[cfg.size])
         model.init_weights(cfg.seed)
-        return _Start(model, Metadata(), GenerationDefaults(), None, None, True, None)
+        return _Start(model, Metadata(), GenerationDefaults(), None, None, True, None, False)
     path = Path(cfg.model) if cfg.model else paths.weights_path()
     if not path.exists():
         hint = "" if cfg.model else " (run `calm init` first, or pass --model new)"
         raise CalmError(f"{path}: model not found{hint}")
     loaded = load_model(path, with_ewc=True)
-    return _Start(loaded.model, loaded.metadata, loaded.defaults, loaded.fisher, loaded.anchor, False, path)
+    # Every `calm train` run stores an EWC block (unless --fisher-samples 0); `calm init` writes
+    # none. A file without one holds weights nobody trained: it gets a new model's learning rate.
+    trained = loaded.fisher is not None
+    return _Start(
+        loaded.model, loaded.metadata, loaded.defaults, loaded.fisher, loaded.anchor, False, path, trained
+    )
 
 
 def _output(cfg: TrainConfig, start: _Start) -> Path:
@@ -435,6 +448,11 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(self.task, advance=1, **fields)
 
+    def skip(self, steps: int) -> None:
+        """Steps a resumed run did before (counted done, not timed)."""
+        if self.bar is not None and steps:
+            self.bar.update(self.task, completed=steps)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
@@ -462,9 +480,115 @@ def lr_at(cfg: TrainConfig, lr: float, step: int, total: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
+# --------------------------------------------------------------------------- checkpoints (--resume)
+
+CHECKPOINT_VERSION = 1
+
+
+def _run_key(
+    cfg: TrainConfig, start: _Start, reader: CtdsReader, lr: float, total_steps: int, world: int
+) -> dict[str, str]:
+    """What a saved run and the run that continues it must share: the same start, data, batches
+    and schedule give the same model as one uninterrupted run."""
+    return {
+        "start": f"new {cfg.size} seed {cfg.seed}" if start.source is None else str(start.source.resolve()),
+        "dataset": str(Path(reader.path).resolve()),
+        "dataset sequences": str(reader.count()),
+        "dataset bytes": str(os.path.getsize(reader.path)),
+        "seed": str(cfg.seed),
+        "batch size": str(cfg.batch_size),
+        "epochs": str(cfg.epochs),
+        "lr": repr(lr),
+        "lr schedule": cfg.lr_schedule,
+        "optimizer": cfg.optimizer,
+        "weight decay": repr(cfg.weight_decay),
+        "grad clip": repr(cfg.grad_clip),
+        "validation fraction": repr(cfg.val_fraction),
+        "EWC lambda": repr(cfg.ewc_lambda),
+        "total steps": str(total_steps),
+        "ranks": str(world),
+    }
+
+
+@dataclass
+class _RunState:
+    """What a run has done so far: everything besides the weights and the optimizer that the rest
+    of the run, or a run resumed from its checkpoint, needs."""
+
+    step: int = 0  # optimizer steps done
+    losses: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # supervised targets per step
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+    tokens_seen: int = 0
+    seconds: float = 0.0  # spent in optimizer steps by earlier invocations
+    order: npt.NDArray[np.int64] | None = None  # the current epoch's batch order
+    rng: dict[str, Any] | None = None  # the batch-order generator's state after drawing `order`
+
+
+def save_checkpoint(
+    path: Path, key: dict[str, str], state: _RunState, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """The run's state, written atomically (0600): a kill while saving leaves the previous one."""
+    assert state.order is not None and state.rng is not None
+    blob = {
+        "version": CHECKPOINT_VERSION,
+        "key": key,
+        "step": state.step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "losses": torch.tensor(state.losses, dtype=torch.float64),
+        "step_tokens": torch.tensor(state.step_tokens, dtype=torch.int64),
+        "val_losses": [(int(s), float(v)) for s, v in state.val_losses],
+        "tokens_seen": state.tokens_seen,
+        "seconds": state.seconds,
+        "order": torch.from_numpy(state.order),
+        "rng": json.dumps(state.rng),  # PCG64's 128-bit integers, as text
+    }
+    with atomic_write(path) as f:
+        torch.save(blob, f)
+
+
+def load_checkpoint(
+    path: Path, key: dict[str, str], model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> _RunState:
+    """Restore a run saved by `save_checkpoint` into `model` and `optimizer`; CalmError when the
+    file is not a checkpoint or was saved by a run with other settings (the first one is named)."""
+    if not path.is_file():
+        raise CalmError(f"{path}: no checkpoint to resume from (a run with --checkpoint writes one)")
+    try:
+        blob = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(blob, dict) or blob.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"not a version-{CHECKPOINT_VERSION} calm training checkpoint")
+        saved_key = blob["key"]
+        for name, value in key.items():
+            if saved_key.get(name) != value:
+                raise CalmError(
+                    f"{path}: saved by a run with {name} {saved_key.get(name)}, this run has {value}: "
+                    "resume with the same settings, or start over without --resume"
+                )
+        model.load_state_dict(blob["model"])
+        optimizer.load_state_dict(blob["optimizer"])
+        return _RunState(
+            step=int(blob["step"]),
+            losses=[float(x) for x in blob["losses"].tolist()],
+            step_tokens=[int(x) for x in blob["step_tokens"].tolist()],
+            val_losses=[(int(s), float(v)) for s, v in blob["val_losses"]],
+            tokens_seen=int(blob["tokens_seen"]),
+            seconds=float(blob["seconds"]),
+            order=blob["order"].cpu().numpy().astype(np.int64),
+            rng=json.loads(blob["rng"]),
+        )
+    except CalmError:
+        raise
+    except Exception as exc:  # a truncated or foreign file: name it, never a traceback
+        raise CalmError(f"{path}: cannot resume from it: {type(exc).__name__}: {exc}") from exc
+
+
 def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     """Run `calm train` (also as one rank under torchrun) and write the model atomically (rank
-    0). `on_step(step, loss)` is called after every optimizer step."""
+    0). `on_step(step, loss)` is called after every optimizer step. With `cfg.checkpoint` the run's
+    state is saved every `checkpoint_every` steps and when the time budget ends it; `cfg.resume`
+    continues such a run, and gives the same model as one uninterrupted run of the same steps."""
     device = _device(cfg.device)
     dist = init_distributed(device)
     if cfg.threads:
@@ -480,11 +604,26 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
     train_rows, val_rows = _split(reader.count(), cfg)
     if train_rows.size == 0:
         raise CalmError(f"{reader.path}: no sequences left for training after the validation split")
-    lr = cfg.lr or (DEFAULT_LR_NEW if start.new else DEFAULT_LR_FINETUNE)
+    lr = cfg.lr or (DEFAULT_LR_FINETUNE if start.trained else DEFAULT_LR_NEW)
 
     ewc: tuple[list[Tensor], list[Tensor]] | None = None
     if cfg.ewc_lambda > 0 and start.fisher is not None and start.anchor is not None:
         ewc = split_like(model, start.fisher, device), split_like(model, start.anchor, device)
+
+    per_epoch = -(-train_rows.size // cfg.batch_size)
+    total_steps = per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = _optimizer(cfg, model, lr)
+    checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else None
+    key = _run_key(cfg, start, reader, lr, total_steps, dist.world)
+    rng = np.random.default_rng([cfg.seed, 1])  # the same batch order on every rank
+    run = _RunState()
+    if cfg.resume:
+        assert checkpoint is not None  # TrainConfig checks it
+        run = load_checkpoint(checkpoint, key, model, optimizer, device)
+        assert run.rng is not None
+        rng.bit_generator.state = run.rng
 
     model.train()
     wrapped: Callable[[Tensor], Tensor] = model
@@ -492,31 +631,21 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         from torch.nn.parallel import DistributedDataParallel
 
         wrapped = DistributedDataParallel(model)  # broadcasts rank 0's weights
-    optimizer = _optimizer(cfg, model, lr)
-
-    per_epoch = -(-train_rows.size // cfg.batch_size)
-    total_steps = per_epoch * cfg.epochs
-    if cfg.max_steps:
-        total_steps = min(total_steps, cfg.max_steps)
     deadline = time.monotonic() + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
     params = list(model.parameters())
-    losses: list[float] = []
-    step_tokens: list[int] = []  # supervised targets per step (to weight the epoch mean)
-    val_losses: list[tuple[int, float]] = []
-    tokens_seen = 0
-    rng = np.random.default_rng([cfg.seed, 1])  # the same batch order on every rank
-    order = train_rows
     progress = _Progress(dist.main and not cfg.quiet, total_steps)
+    progress.skip(run.step)
     t0 = time.perf_counter()
     out_of_time = False
     try:
-        for step in range(total_steps):
+        for step in range(run.step, total_steps):
             epoch, b = divmod(step, per_epoch)
             if out_of_time:
                 break
-            if b == 0:
-                order = bucketed_order(reader.lengths, train_rows, cfg.batch_size, rng)
-            rows = order[b * cfg.batch_size : (b + 1) * cfg.batch_size]  # the global batch
+            if b == 0 or run.order is None:
+                run.order = bucketed_order(reader.lengths, train_rows, cfg.batch_size, rng)
+                run.rng = dict(rng.bit_generator.state)
+            rows = run.order[b * cfg.batch_size : (b + 1) * cfg.batch_size]  # the global batch
             global_count = max(supervised_counts(reader, rows), 1)
             mine = rows[dist.rank :: dist.world]
             if mine.size:
@@ -542,22 +671,33 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
             out_of_time = bool(shared[1] > 0)
             if not math.isfinite(value):
                 raise CalmError(f"training diverged at step {step + 1} (loss {value}); nothing written")
-            losses.append(value)
-            step_tokens.append(global_count)
-            tokens_seen += int(reader.lengths[rows].astype(np.int64).sum())
+            run.step = step + 1
+            run.losses.append(value)
+            run.step_tokens.append(global_count)
+            run.tokens_seen += int(reader.lengths[rows].astype(np.int64).sum())
             elapsed = time.perf_counter() - t0
-            progress.update(epoch=epoch + 1, loss=value, tps=tokens_seen / max(elapsed, 1e-9))
-            if on_step is not None:
-                on_step(step + 1, value)
+            progress.update(
+                epoch=epoch + 1, loss=value, tps=run.tokens_seen / max(run.seconds + elapsed, 1e-9)
+            )
             if b == per_epoch - 1 or step == total_steps - 1 or out_of_time:
                 model.eval()
                 val = validation_loss(model, reader, val_rows, cfg.batch_size, dist, device)
                 model.train()
                 if val is not None:
-                    val_losses.append((step + 1, val))
+                    run.val_losses.append((step + 1, val))
+            if (
+                checkpoint is not None
+                and dist.main
+                and (run.step % cfg.checkpoint_every == 0 or run.step == total_steps or out_of_time)
+            ):
+                saved_seconds, run.seconds = run.seconds, run.seconds + time.perf_counter() - t0
+                save_checkpoint(checkpoint, key, run, model, optimizer)
+                run.seconds = saved_seconds
+            if on_step is not None:
+                on_step(step + 1, value)
     finally:
         progress.close()
-    seconds = time.perf_counter() - t0
+    seconds = run.seconds + time.perf_counter() - t0
     model.eval()
 
     fisher_flat: npt.NDArray[np.float32] | None = None
@@ -568,22 +708,23 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         if start.fisher is not None:
             fisher_flat = (cfg.ewc_gamma * start.fisher + fisher_flat).astype(np.float32)
 
+    losses, step_tokens = run.losses, run.step_tokens
     last = min(per_epoch, len(losses))
     recent = np.asarray(step_tokens[-last:], dtype=np.float64)
     result = TrainResult(
         output=out,
         steps=len(losses),
         epochs=len(losses) / per_epoch,
-        tokens=tokens_seen,
+        tokens=run.tokens_seen,
         supervised_tokens=int(sum(step_tokens)),
         seconds=seconds,
         train_loss=float(np.dot(losses[-last:], recent) / recent.sum()) if last else math.nan,
-        val_loss=val_losses[-1][1] if val_losses else None,
+        val_loss=run.val_losses[-1][1] if run.val_losses else None,
         val_sequences=int(val_rows.size),
         fisher_sequences=fisher_count,
         ewc_lambda=cfg.ewc_lambda if ewc is not None else 0.0,
         losses=tuple(losses),
-        val_losses=tuple(val_losses),
+        val_losses=tuple(run.val_losses),
     )
     if dist.main:
         ewc_block = (fisher_flat, flatten(model)) if fisher_flat is not None else None

@@ -24,7 +24,7 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "output": (("-o", "--output"), {"metavar": "OUT",
                "help": "where to write the model (default: the input model, in place)"}),
     "epochs": (("--epochs",), {"type": int, "help": "passes over the training set (3)"}),
-    "lr": (("--lr",), {"type": float, "help": "learning rate (1e-3 new, 1e-4 fine-tuning)"}),
+    "lr": (("--lr",), {"type": float, "help": "learning rate (1e-3 untrained, 1e-4 fine-tuning)"}),
     "lr_schedule": (("--lr-schedule",), {"choices": ["constant", "cosine"],
                     "help": "constant, or cosine with a 2%% warm-up (constant)"}),
     "optimizer": (("--optimizer",), {"choices": ["adam", "adamw", "sgd"], "help": "adamw"}),
@@ -43,6 +43,12 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "max_steps": (("--max-steps",), {"type": int, "help": "stop after N optimizer steps, 0 = all epochs"}),
     "max_minutes": (("--max-minutes",), {"type": float, "help": "wall-clock budget, 0 = none"}),
     "plot": (("--plot",), {"metavar": "PNG", "help": "write the loss curve as a PNG"}),
+    "checkpoint": (("--checkpoint",), {"metavar": "PATH", "help": "save the run's state here every "
+                   "--checkpoint-every steps and when --max-minutes ends it (for --resume)"}),
+    "checkpoint_every": (("--checkpoint-every",), {"type": int, "help": "steps between checkpoints (200)"}),
+    "resume": (("--resume",), {"action": "store_true", "default": None,
+               "help": "continue the run saved in --checkpoint (same settings): the same model as "
+               "one uninterrupted run"}),
     "device": (("--device",), {"choices": ["auto", "cpu", "cuda"], "help": "auto"}),
     "force": (("--force",), {"action": "store_true", "default": None,
               "help": "let --model new replace an existing output file"}),

@@ -6,8 +6,11 @@ keep every run at a second or less; `--model new` is exercised once with nano an
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -214,6 +217,87 @@ def test_an_interrupted_run_leaves_the_output_intact(tmp_path: Path) -> None:
         train(cfg, on_step=interrupt)
     assert out.read_bytes() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ctds", "out.cwgt"]  # no temp file left
+
+
+def test_a_run_resumed_from_its_checkpoint_gives_the_same_model(tmp_path: Path) -> None:
+    """Stopped at step 5 of 11 (past the epoch boundary at 5, between checkpoints 3 and 6), then
+    resumed: the same weights, losses and validation losses as one uninterrupted run."""
+    data = dataset(tmp_path / "a.ctds", TASK_A + TASK_B, n=40)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+
+    def config(name: str, **kw: object) -> TrainConfig:
+        return TrainConfig(model=str(start), dataset=str(data), output=str(tmp_path / f"{name}.cwgt"),
+                           batch_size=8, epochs=3, max_steps=11, lr=3e-3, lr_schedule="cosine", threads=1,
+                           fisher_samples=4, val_fraction=0.1, quiet=True,
+                           checkpoint=str(tmp_path / f"{name}.ckpt"), checkpoint_every=3, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+    whole = train(config("whole"))
+
+    def stop_at_5(step: int, loss: float) -> None:
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config("parts"), on_step=stop_at_5)
+    assert not (tmp_path / "parts.cwgt").exists()
+    seen: list[int] = []
+    resumed = train(config("parts", resume=True), on_step=lambda step, loss: seen.append(step))
+    assert seen == [4, 5, 6, 7, 8, 9, 10, 11]  # from the checkpoint at step 3
+    assert resumed.losses == whole.losses and resumed.val_losses == whole.val_losses
+    a, b = (
+        load_model(tmp_path / "whole.cwgt", with_ewc=True),
+        load_model(tmp_path / "parts.cwgt", with_ewc=True),
+    )
+    assert np.array_equal(flatten(a.model), flatten(b.model))
+    assert a.fisher is not None and b.fisher is not None and np.array_equal(a.fisher, b.fisher)
+    assert stat.S_IMODE((tmp_path / "parts.ckpt").stat().st_mode) == 0o600
+
+
+def test_resume_refuses_other_settings_and_broken_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = dataset(tmp_path / "a.ctds", TASK_A, n=16)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+    ckpt, out = tmp_path / "run.ckpt", tmp_path / "out.cwgt"
+    argv = ["train", "-m", str(start), "-d", str(data), "-o", str(out), "--checkpoint", str(ckpt)]
+    assert calm(*argv, "--max-steps", "2", "--batch-size", "4", *QUICK) == 0 and ckpt.exists()
+    assert calm(*argv, "--max-steps", "2", "--batch-size", "8", "--resume", *QUICK) == 1
+    assert "saved by a run with batch size 4, this run has 8" in capsys.readouterr().err
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    assert calm(*argv, "--max-steps", "2", "--batch-size", "4", "--resume", *QUICK) == 1
+    assert f"{ckpt}: cannot resume from it" in capsys.readouterr().err
+    assert calm(*argv[:-2], "--resume", *QUICK) == 1
+    assert "--resume needs --checkpoint" in capsys.readouterr().err
+
+
+def test_calm_init_then_calm_train_fits_a_few_commands(tmp_path: Path) -> None:
+    """The specification's workflow: a file from `calm init` holds untrained weights and is trained
+    at a new model's learning rate (1e-3), not fine-tuned at 1e-4 (which fits nothing in 40 steps)."""
+    model = tmp_path / "m.cwgt"
+    assert calm("init", "-o", str(model)) == 0
+    commands = ["git status", "make test", "docker compose up -d"]
+    data = write_ctds(tmp_path / "t.ctds", [build_sequence(DEFAULT_SHELL_TEMPLATE, {"cwd": "/home/u/proj",
+                      "input": c}, training=True) for c in commands])  # fmt: skip
+    assert calm("train", "-m", str(model), "-d", str(data), "--epochs", "40", *QUICK) == 0
+    from calmd.generate import Generator
+
+    gen = Generator(load_model(model), trace=False)
+    for typed, expected in [("git", "git status"), ("mak", "make test"), ("dock", "docker compose up -d")]:
+        best = next(iter(gen.candidates({"cwd": "/home/u/proj", "input": typed}, 1)))
+        assert best.text == expected, (typed, best.text)
+
+
+def test_lr_schedules() -> None:
+    from calmd.train import lr_at
+
+    constant = TrainConfig(lr_schedule="constant")
+    assert [lr_at(constant, 0.01, s, 100) for s in (0, 50, 99)] == [0.01, 0.01, 0.01]
+    cosine = TrainConfig(lr_schedule="cosine")
+    lrs = [lr_at(cosine, 0.01, s, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.005) and lrs[1] == pytest.approx(0.01)  # 2% warm-up: 2 steps
+    assert all(a >= b for a, b in itertools.pairwise(lrs[1:]))  # then it only falls
+    assert lrs[50] == pytest.approx(0.01 * 0.5 * (1 + math.cos(math.pi * 48 / 98)))
+    assert lrs[-1] < 1e-5 and lr_at(cosine, 0.01, 100, 100) == pytest.approx(0.0)
 
 
 def test_loss_curve_png(tmp_path: Path) -> None:

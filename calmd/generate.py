@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,13 +188,16 @@ class Generator:
         cancelled: threading.Event | None = None,
         extra: Sequence[tuple[str, float]] = (),
         beam_offset: float = 0.0,
+        judge: Callable[[str], float | None] | None = None,
     ) -> Iterator[Candidate]:
         """Up to `n` distinct candidates, most probable first, each yielded once its rank is final.
 
         `extra` are candidates scored elsewhere (the daemon's history proposals, on the same
         log-probability scale plus their history bonus); they are ranked with the beams', and a
         beam that reaches the same text later is a duplicate. `beam_offset` is added to the
-        beams' scores to put them on the extras' scale (the engine's mixture weight)."""
+        beams' scores to put them on the extras' scale (the engine's mixture weight). `judge`
+        sees each text a beam finishes: None drops it, a number (<= 0) is added to its score
+        (a demotion only lowers a score, so the streaming order stays final)."""
         if n <= 0:
             return
         start, _ = self.prepare(ctx, session)
@@ -232,7 +235,9 @@ class Generator:
                     # nothing added to the input is no suggestion; the same text twice is one
                     if text and text != typed.rstrip() and text not in seen:
                         seen.add(text)
-                        finished.append(Candidate(text, score + beam_offset, step + 1))
+                        adjust = 0.0 if judge is None else judge(text)
+                        if adjust is not None:
+                            finished.append(Candidate(text, score + beam_offset + adjust, step + 1))
                 elif len(keep_rows) < width:
                     keep_rows.append(row)
                     keep_tokens.append(token)
@@ -260,6 +265,13 @@ class Generator:
             matchers, scores = keep_matchers, torch.tensor(keep_scores)
             logits, state = self.model.step(state, torch.tensor(keep_tokens, dtype=torch.long))
         yield from finished[: n - yielded]  # beams ran out (or max_tokens): the rest is final
+
+    @torch.inference_mode()
+    def end_probability(self, ctx: Mapping[str, Any], *, session: str = "") -> float:
+        """P(EOS) right after the typed input: the model's belief that the line is complete."""
+        start, _ = self.prepare(ctx, session)
+        logp = F.log_softmax(start.logits.float().masked_fill(self._forbidden, -math.inf), dim=-1)
+        return float(logp[Special.EOS].exp())
 
     # -- scoring given commands -----------------------------------------------------------------
 

@@ -366,8 +366,9 @@ class HistoryIndex:
         self, prefix: str, prev: str, have: set[str] | None = None, limit: int = CARRY_MAX
     ) -> list[str]:
         """Lines that reuse the previous command's last words after another command's head
-        (`mkdir foo` -> `cd foo`, `pacman -Ss vim` -> `sudo pacman -S vim`): new lines, or past
-        ones not in `have` (a `source .venv/bin/activate` run long ago, out of the recent pool).
+        (`mkdir foo` -> `cd foo`, `pacman -Ss vim` -> `sudo pacman -S vim`): new lines, and past
+        lines a template makes that are not in `have` (a `source .venv/bin/activate` run long
+        ago, out of the recent pool).
         Heads whose first word most often followed the previous command's come first; only the
         CARRY_WORDS likeliest first words and their CARRY_HEADS_PER_WORD most frequent heads are
         looked at, so a keystroke stays cheap (under a millisecond on a 50,000-command index)."""
@@ -396,7 +397,11 @@ class HistoryIndex:
                 cmd = carry_line(head, tail)
                 if head == own_head or not cmd.startswith(prefix) or cmd == prefix:
                     continue
-                if cmd not in out and (cmd not in self.count if have is None else cmd not in have):
+                if head.rsplit(" ", 1)[-1] == tail.split(" ", 1)[0]:
+                    continue  # `git status` + `status -s`: a word twice is no command
+                # a past line comes back only through a template (one too old for the recent pool)
+                taken: set[str] | Counter[str] = have if have is not None and "{}" in head else self.count
+                if cmd not in out and cmd not in taken:
                     out[cmd] = (habits[head], self.prior.share(own_head, head), transitions[first_word(head)],
                                 self.head_count(head))  # fmt: skip
         return sorted(out, key=out.__getitem__, reverse=True)[:limit]

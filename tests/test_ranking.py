@@ -128,6 +128,14 @@ def test_a_carry_over_may_go_on_as_a_path() -> None:
     assert split_carry("ls x", "ls x") is None
 
 
+def test_a_carry_over_never_says_a_word_twice() -> None:
+    index = HistoryIndex()
+    for cmd in ["git status", "git status -s", "git add x", "git status -s"]:
+        index.add(cmd)
+    new = index.carryovers("git ", "git status -s")
+    assert "git status status -s" not in new and "git add -s" in new
+
+
 def test_other_users_habits_propose_and_rank_carry_overs_a_new_user_never_made() -> None:
     history = ["mkdir a", "cd a", "python3 -m venv env", "source env/bin/activate", "mkdir b", "cd b",
                "python3 -m venv e2", "source e2/bin/activate"]  # fmt: skip

@@ -99,6 +99,17 @@ def test_a_judge_drops_or_demotes_what_the_beams_finish(trained: LoadedModel) ->
     assert demoted[1].logprob == pytest.approx(plain[0].logprob - 3.0, abs=1e-4)
 
 
+def test_the_search_stops_after_max_dropped_junk_lines(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    unbounded: list[str] = []
+    assert list(gen.candidates(ctx, 3, judge=lambda t: unbounded.append(t))) == []  # everything dropped
+    bounded: list[str] = []
+    assert list(gen.candidates(ctx, 3, judge=lambda t: bounded.append(t), max_dropped=2)) == []
+    assert 2 <= len(bounded) < len(unbounded)  # it stopped at the end of the step of the second drop
+    assert bounded == unbounded[: len(bounded)]
+
+
 def test_end_probability_says_whether_the_input_is_a_whole_command(trained: LoadedModel) -> None:
     gen = Generator(trained)
     assert gen.end_probability({**CTX, "input": "git status"}) > 0.9

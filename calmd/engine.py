@@ -47,6 +47,13 @@ from calmd.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
 from calmd.secrets import find_secret
 
 FAILING_PENALTY = 50.0  # nats off a never-successful command's score: below every other candidate
+# Junk lines (calmd/filters.py) the beams may finish before the search stops with what it has: as
+# many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
+# searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
+# tiny test model's `git sta`, `git stas`, ... on the way ended the search before `git stash
+# pop`, and with 5 before it too. In-process p50 / p99 with 5, 8, 10: 8.3 / 18.4, 9.2 / 18.5,
+# 9.4 / 19.2 ms (interleaved, bench/latency.py's keystrokes).
+DROP_BUDGET = 8
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,7 @@ class ModelEngine:
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.home = os.environ.get("HOME")
         self.max_scored = 8  # history proposals scored by the model per request (latency bound)
+        self.drop_budget = DROP_BUDGET
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
 
     def attach_history(self, store: HistoryStore) -> None:
@@ -214,7 +222,7 @@ class ModelEngine:
                 extra=extra,
                 beam_offset=offset,
                 judge=judge,
-                max_dropped=n,  # as many junk lines as candidates wanted: 20 ms at p99, not 45
+                max_dropped=max(n, self.drop_budget),
                 start=start,
             )
         for rank, cand in enumerate(ranked):

@@ -44,6 +44,8 @@ VOCABULARY_VERSION = 1
 MIN_USES = 20  # a command (or command + subcommand) judged needs this many uses in the corpus
 MIN_SOURCES = 2  # users (tldr counts as one) that must have typed a token for it to be known
 SUBCOMMAND_COVER = 0.9  # share of the next plain words that must be known to judge subcommands
+TYPO_EDITS = 2  # a long token this many edits from a far more common one is a slip, not a word
+TYPO_RATIO = 10  # ... far more common: used this many times as often
 PREFIX_COMMANDS = frozenset({"sudo", "doas", "time", "nohup", "command", "exec", "nice", "builtin"})
 SEPARATORS = frozenset({"|", "||", "&&", ";", "&", "|&"})
 _PLAIN_WORD = re.compile(r"[a-z][a-z0-9_-]*\Z")  # a subcommand-like word (not a path, host, file)
@@ -326,7 +328,10 @@ def build(sources: Iterable[tuple[str, Iterable[str]]]) -> Vocabulary:
             count = max(count, heads[key[:-2]])
         if count < MIN_USES:
             continue
-        tokens = frozenset(t for t in tokens_seen if vouched(key, t))
+        slips: set[str] = set()
+        if not key.endswith((" -", " .")):  # flags differ by one letter by design (-l, -t)
+            slips = typos(tokens_seen, {t for t in tokens_seen if "tldr" in token_sources[(key, t)]})
+        tokens = frozenset(t for t in tokens_seen if vouched(key, t) and t not in slips)
         covered = sum(n for t, n in tokens_seen.items() if t in tokens) / max(1, sum(tokens_seen.values()))
         # flags and dots: judged wherever the command is common; subcommands: where they cover
         if key.endswith((" -", " .")) or (tokens and covered >= SUBCOMMAND_COVER):
@@ -334,6 +339,44 @@ def build(sources: Iterable[tuple[str, Iterable[str]]]) -> Vocabulary:
             if tokens:
                 known[key] = tokens
     return Vocabulary(known, frozenset(judged))
+
+
+def typos(uses: Counter[str], trusted: set[str]) -> set[str]:
+    """Tokens that look like slips of a much more common one (`statu`, `barnch`, `cehckout` for
+    git's `status`, `branch`, `checkout`): two users making the same slip is common enough, so
+    a token within one edit (two from 7 characters on) of a token used TYPO_RATIO times as often
+    is not vouched for. Short tokens (`am`, `co`, `rm`) and tldr's are never slips."""
+    common = sorted(uses, key=uses.__getitem__, reverse=True)
+    slips: set[str] = set()
+    for token, n in uses.items():
+        if token in trusted or len(token) <= 4:
+            continue
+        limit = 1 if len(token) <= 6 else TYPO_EDITS
+        for other in common:
+            if uses[other] < TYPO_RATIO * n:
+                break
+            if abs(len(other) - len(token)) <= limit and edits(token, other, limit) <= limit:
+                slips.add(token)
+                break
+    return slips
+
+
+def edits(a: str, b: str, limit: int) -> int:
+    """Optimal string alignment distance (insertions, deletions, substitutions, adjacent swaps),
+    or limit + 1 as soon as it must exceed `limit`."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        if min(row) > limit:
+            return limit + 1
+        prev2, prev = prev, row
+    return prev[-1]
 
 
 _PACKAGED: Vocabulary | None = None

@@ -53,6 +53,19 @@ def test_nothing_is_invented_after_a_complete_command(tmp_path: Path) -> None:
         assert [m["candidate"] for m in candidates(c, "git status", session="s")] == ["git status -s"]
 
 
+def test_half_a_command_is_never_suggested(tmp_path: Path) -> None:
+    with serve(tmp_path) as d, CalmClient(d.socket) as c:
+        for _ in range(3):  # recorded more often than the good line: it would come first
+            c.record('git commit -m "fix main', exit=0, session="s")
+            c.record("awk '{print $1}", exit=0, session="s")
+        c.record('git commit -m "fix main"', exit=0, session="s")
+        got = [m["candidate"] for m in candidates(c, "git c", n=8, session="s")]
+        assert got[0] == 'git commit -m "fix main"' and 'git commit -m "fix main' not in got
+        assert "awk '{print $1}" not in [m["candidate"] for m in candidates(c, "aw", n=8, session="s")]
+        rid = c.send("complete", n=1, session="s", early=True, ctx={"input": "git commit -m"})
+        assert next(c.replies(rid))["early"] == 'git commit -m "fix main"'
+
+
 def test_todays_hosts_come_before_a_month_old_imports(tmp_path: Path) -> None:
     (tmp_path / ".zsh_history").write_text(month_old_history())  # imported at the first start
     with serve(tmp_path, imports=True) as d, CalmClient(d.socket) as c:

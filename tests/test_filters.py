@@ -14,6 +14,7 @@ from calmd.filters import (
     balanced,
     build,
     cwd_argument,
+    edits,
     invented,
     main,
     packaged_vocabulary,
@@ -122,6 +123,20 @@ def test_build_needs_tldr_or_two_users_and_judges_only_subcommand_taking_command
     assert "tool -" in v.judged and "tool -" not in v.known  # -v: one user only
     assert invented("tool typo", "", v) is not None
     assert invented("tool start -v", "", v) == "flag -v never seen after tool"
+
+
+def test_the_same_slip_by_two_users_is_still_a_slip() -> None:
+    sources = [
+        ("tldr", ["tool start"] * 30),
+        ("u1", ["tool status"] * 40 + ["tool statu"]),
+        ("u2", ["tool status"] * 40 + ["tool statu", "tool stop"]),
+        ("u3", ["tool stop", "ls -l"] * 30),
+    ]
+    v = build(sources)
+    assert v.known["tool"] == {"start", "status", "stop"}  # `statu`: two users, 40 times rarer
+    assert invented("tool statu", "", v) == "'statu' never seen after tool"
+    assert edits("barnch", "branch", 2) == 1 and edits("statu", "status", 2) == 1
+    assert edits("commit", "status", 2) == 3  # over the limit: limit + 1
 
 
 def test_vocabulary_file_round_trip_and_errors(tmp_path: Path) -> None:

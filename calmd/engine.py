@@ -237,7 +237,7 @@ class ModelEngine:
                 k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
                 history=history_size,
             )  # fmt: skip
-            failing = text in side.failing or (index is not None and count > 0 and index.failing(text))
+            failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
             confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
             yield Suggestion(text, score, confidence, row if explain else None)
 
@@ -262,11 +262,13 @@ class ModelEngine:
         def judge(text: str) -> float | None:
             if text in side.proposals:
                 return -FAILING_PENALTY if text in side.failing else 0.0  # judged with the history's
+            if not balanced(text):
+                return None  # half a command, whoever wrote it (a past line out of the pool too)
             if index is not None and index.count.get(text, 0) > 0:  # the user's own line
                 return -FAILING_PENALTY if index.failing(text) else 0.0
             if index is not None and index.missing(text):
                 return -FAILING_PENALTY  # `gti log` when `gti` was not found
-            if complete or not balanced(text) or find_secret(text) is not None:
+            if complete or find_secret(text) is not None:
                 return None
             if self.weights.vocabulary and self._made_up(text, typed, cwd):
                 return None

@@ -94,6 +94,9 @@ def test_junk_lines_are_never_candidates(engine: ModelEngine, store: HistoryStor
     assert judge("git stash status") is None and judge("systemctl restics") is None
     assert judge("kubectl ~/src/api-server") is None and judge("tar -xzf .") is None
     assert judge("git stash pop") == 0.0 and judge("kubectl get pods") == 0.0
+    # the user's own line is theirs, unless it is half a command (say a beam reproduces it from
+    # out of the pool); the history side's proposals were judged already
+    assert judge("git commit -m wip") == 0.0 and judge('git commit -m "fix main') is None
 
 
 def test_todays_arguments_outrank_a_month_old_imports(

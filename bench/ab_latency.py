@@ -1,6 +1,6 @@
 """Keystroke latency of this tree's daemon against another checkout's, request by request.
 
-    python bench/ab_latency.py --baseline DIR [--rounds 2]
+    python bench/ab_latency.py --baseline DIR [--rounds 2] [--store-history]
 
 Starts two `calmd serve` daemons with the packaged model, one from this tree and one from DIR (a
 checkout of another commit: `git archive <commit> | tar -x -C DIR`), each first on PYTHONPATH
@@ -8,7 +8,9 @@ and in its own scratch HOME. Then types bench/latency.py's commands one characte
 (5 history frames, one `complete` per keystroke, as the shell client does), sending each
 keystroke to both daemons in turn, alternating which goes first. Both see the same machine state
 at every moment, so a busy machine moves both alike; the ratios of their medians and p99 are
-what this prints. bench/latency.py gives the absolute figures of one tree.
+what this prints. bench/latency.py gives the absolute figures of one tree. With --store-history
+the five history commands are recorded in each daemon's store instead of sent with every request,
+as the shells do: the history side then has something to propose (without it, it has nothing).
 """
 
 from __future__ import annotations
@@ -77,10 +79,19 @@ def main() -> None:
     )
     parser.add_argument("--baseline", type=Path, required=True, help="the other checkout")
     parser.add_argument("--rounds", type=int, default=2, help="times the commands are typed (default 2)")
+    parser.add_argument(
+        "--store-history", action="store_true", help="record the history instead of sending it"
+    )
     args = parser.parse_args()
     daemons = {"this tree": Daemon(HERE), "baseline": Daemon(args.baseline.resolve())}
     done: dict[str, list[float]] = {name: [] for name in daemons}
-    ctx = {"cwd": "/home/user/project", "git": "main", "history": [{"cmd": h, "exit": 0} for h in HISTORY]}
+    ctx: dict[str, Any] = {"cwd": "/home/user/project", "git": "main"}
+    if args.store_history:
+        for daemon in daemons.values():
+            for h in HISTORY:
+                daemon.client.record(h, exit=0, cwd="/home/user/project", session="ab")
+    else:
+        ctx["history"] = [{"cmd": h, "exit": 0} for h in HISTORY]
     try:
         order = list(daemons)
         for name in order:  # warm up: the first context of each daemon is a full prefill

@@ -10,7 +10,8 @@ keystroke, one session, as the shell client does) and measures, client side:
   context alone), and 15 long history frames (which also change what the model predicts);
 - the daemon's overhead (socket + msgpack + sequence building + history queries): the same
   keystrokes run through the same engine in this process, without the socket, ratio of medians;
-- cold start (spawn -> the socket answers `status`) and resident memory of the daemon.
+- cold start (spawn -> the socket answers `status`) and resident memory of the daemon;
+- with `"early": true` on every request (5 history frames): request -> the early proposal.
 With --while-training, a background training run like the daemon's (`calm train` on nano,
 nice 19, one thread) runs during the typing, to show what it costs the completions.
 Goals (issue 4): first-candidate p50 <= 10 ms, done p99 <= 30 ms, near-l_max within 1.2x of
@@ -61,17 +62,24 @@ LONG_CWD = "/home/user/" + "/".join(f"a-rather-deep-project-folder-{i:02d}" for 
 
 def type_commands(
     c: CalmClient, commands: list[str], history: list[dict[str, Any]] | None, session: str,
-    cwd: str = "/home/user/project",
+    cwd: str = "/home/user/project", early: list[float] | None = None,
 ) -> tuple[list[float], list[float]]:  # fmt: skip
+    """Per keystroke: request -> first candidate, request -> done; with `early` (a list), the
+    requests ask for the early proposal and its arrival times are appended there."""
     first, done = [], []
     for cmd in commands:
         for i in range(len(cmd) + 1):
             t0 = time.perf_counter()
             got_first = None
-            ctx: dict[str, Any] = {"cwd": cwd, "git": "main"}
+            ctx: dict[str, Any] = {"input": cmd[:i], "cwd": cwd, "git": "main"}
             if history is not None:
                 ctx["history"] = history
-            for m in c.complete(cmd[:i], n=5, session=session, **ctx):
+            fields: dict[str, Any] = {"n": 5, "session": session, "ctx": ctx}
+            if early is not None:
+                fields["early"] = True
+            for m in c.replies(c.send("complete", **fields)):
+                if early is not None and "early" in m:
+                    early.append(time.perf_counter() - t0)
                 if got_first is None and "candidate" in m:
                     got_first = time.perf_counter() - t0
             total = time.perf_counter() - t0
@@ -166,6 +174,8 @@ def main() -> None:
             short_first, short_done = type_commands(c, commands, None, "bench")
             long_first, long_done = type_commands(c, commands, long_history(), "bench-long")
             cwd_first, cwd_done = type_commands(c, commands, None, "bench", cwd=LONG_CWD)
+            early: list[float] = []
+            early_first, early_done = type_commands(c, commands, None, "bench", early=early)
             rss = rss_mb(proc.pid)
             remote, local = interleaved(c, args.model, home / "data" / "history.sqlite3", commands)
     finally:
@@ -183,9 +193,14 @@ def main() -> None:
     print(f"{'context':<22}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
     for name, first, done in (("5 history frames", short_first, short_done),
                               ("near l_max: long cwd", cwd_first, cwd_done),
-                              ("near l_max: 15 long", long_first, long_done)):  # fmt: skip
+                              ("near l_max: 15 long", long_first, long_done),
+                              ("5 frames, early: true", early_first, early_done)):  # fmt: skip
         print(f"{name:<22}{pct(first, .5) * ms:>10.1f}{pct(first, .99) * ms:>10.1f}"
               f"{pct(done, .5) * ms:>10.1f}{pct(done, .99) * ms:>10.1f}")  # fmt: skip
+    if early:
+        print(f"early proposal (5 frames, {len(early)} of {len(early_done)} keystrokes had one): "
+              f"p50 {pct(early, .5) * ms:.1f} ms, p99 {pct(early, .99) * ms:.1f} ms "
+              "after the request")  # fmt: skip
     ratio = statistics.median(cwd_done) / statistics.median(short_done)
     ratio_hist = statistics.median(long_done) / statistics.median(short_done)
     overhead = statistics.median(remote) / statistics.median(local) - 1

@@ -265,6 +265,7 @@ class CompleteRequest:
     n: int = 5
     session: str = ""
     history_given: bool = False  # False: the daemon fills history from its store
+    early: bool = False  # send the history's best proposal before the model runs (an `early` reply)
 
 
 @dataclass(frozen=True)
@@ -371,7 +372,12 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'ctx.completions' must be a list of strings", rid)
         ctx["completions"] = list(comps)
     session = _str(msg, "session", rid, limit=256)
-    return CompleteRequest(rid, ctx, n, session, history_given)
+    early = msg.get("early", False)
+    if early is None:
+        early = False
+    if not isinstance(early, bool):
+        raise ProtocolError("bad_field", "'early' must be true or false", rid)
+    return CompleteRequest(rid, ctx, n, session, history_given, early)
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:

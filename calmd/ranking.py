@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import random
@@ -47,6 +48,7 @@ import numpy as np
 
 from calmd.atomic import atomic_write
 from calmd.errors import FormatError
+from calmd.filters import UserVocabulary
 from calmd.history import HistoryStore
 
 RANKER_VERSION = 1
@@ -56,8 +58,10 @@ CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined f
 POOL_FOLLOWERS = 40  # of the previous command's followers, the most frequent that enter the pool
 CARRY_MAX = 10  # carry-over candidates added to the pool (most frequent heads first)
 CARRY_WORDS = 12  # first words whose heads are tried, likeliest after the previous command's first
+CARRY_PRIOR_HEADS = 5  # heads other users most often carried the previous command's head's words to
 CARRY_HEADS_PER_WORD = 20  # of each first word, its most frequent heads are tried
 CARRY_HEAD_WORDS = 4  # heads (a command's first words) of at most this many words are indexed
+NOT_FOUND = 127  # the shells' exit status for a command that does not exist
 INDEX_LIMIT = 50_000  # the newest commands the index holds (about 28 MB; older ones stay in the store)
 FEATURES = (
     "log_count",  # log(1 + times run)
@@ -87,6 +91,10 @@ FEATURES = (
     "carry_tail_tokens",  # how many of the previous command's last words it ends with
     "log_carry_pattern",  # log(1 + times this head followed the previous one's, carrying its tail)
     "log_word_transition",  # log(1 + times a command of its first word followed the previous one's)
+    "reuses_prev_argument",  # it holds one of the previous command's arguments (`mkdir x` -> `cd x`,
+    # `python3 -m venv .venv` -> `source .venv/bin/activate`)
+    "corpus_carry_share",  # how often, in other users' histories, the previous command's head was
+    # followed by this one's head with its last words carried over (`mkdir` -> `cd`: 0.32)
 )
 
 
@@ -101,10 +109,24 @@ def carry_splits(words: Sequence[str]) -> Iterator[tuple[str, str, int]]:
         yield " ".join(words[:split]), " ".join(words[split:]), len(words) - split
 
 
+def prev_arguments(prev: str) -> list[str]:
+    """The previous command's arguments worth recognising in the next one: not its command name,
+    not flags, at least two characters, without a trailing slash."""
+    return [w.rstrip("/") for w in prev.split()[1:] if len(w.rstrip("/")) >= 2 and not w.startswith("-")]
+
+
+def reuses(cmd: str, arguments: Sequence[str]) -> bool:
+    """Whether `cmd`'s arguments hold one of `arguments` (as a word or a path component)."""
+    _, _, rest = cmd.partition(" ")
+    return any(arg in rest for arg in arguments)
+
+
 def split_carry(prev: str, cmd: str) -> tuple[str, str, int] | None:
     """(head of prev, head of cmd, words carried) when cmd ends with the longest run of prev's
     last words that leaves both a head, e.g. ("mkdir", "cd", 1) for "mkdir foo" -> "cd foo";
-    None when it carries nothing over or is prev itself."""
+    None when it carries nothing over or is prev itself. The carried words may also go on as a
+    path: the head is then a template, ("python3 -m venv", "source {}/bin/activate", 1) for
+    "python3 -m venv .venv" -> "source .venv/bin/activate" (`carry_line` fills it)."""
     if cmd == prev:
         return None
     for own_head, tail, carried in carry_splits(prev.split()):
@@ -112,7 +134,85 @@ def split_carry(prev: str, cmd: str) -> tuple[str, str, int] | None:
             head = cmd[: -len(tail) - 1].rstrip()
             if head:
                 return own_head, head, carried
+        at = cmd.find(" " + tail.rstrip("/") + "/")
+        if at > 0 and "{" not in cmd:
+            rest = cmd[at + 1 + len(tail.rstrip("/")) :]
+            if " " not in rest and len(rest) > 1:
+                return own_head, f"{cmd[:at]} {{}}{rest}", carried
     return None
+
+
+def carry_line(head: str, tail: str) -> str:
+    """The line a carry-over head makes with the carried words: `cd` + `foo` -> `cd foo`, and a
+    template `source {}/bin/activate` + `.venv` -> `source .venv/bin/activate`."""
+    if "{}" in head:
+        return head.replace("{}", tail.rstrip("/"), 1)
+    return f"{head} {tail}"
+
+
+@dataclass(frozen=True)
+class CarryPrior:
+    """Carry-over habits of many users (the training users' histories): how often a command
+    with head h was followed by a command with head h2 that carried its last words over."""
+
+    carries: dict[str, Counter[str]]  # h -> h2 -> times
+    follows: Counter[str]  # h -> times a command with head h was followed by anything
+
+    def share(self, head: str, next_head: str) -> float:
+        total = self.follows.get(head, 0)
+        return self.carries[head][next_head] / total if total and head in self.carries else 0.0
+
+    def heads_after(self, head: str, limit: int = CARRY_PRIOR_HEADS) -> list[tuple[str, int]]:
+        found = self.carries.get(head)
+        return found.most_common(limit) if found else []
+
+    @staticmethod
+    def count(commands: Sequence[str]) -> CarryPrior:
+        """The habits of one history (one session, in order)."""
+        carries: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        follows: Counter[str] = Counter()
+        for prev, cmd in itertools.pairwise(commands):
+            for head, _, _ in carry_splits(prev.split()):
+                follows[head] += 1
+            carry = split_carry(prev, cmd)
+            if carry is not None:
+                carries[carry[0]][carry[1]] += 1
+        return CarryPrior(dict(carries), follows)
+
+    @staticmethod
+    def total(priors: Sequence[tuple[str, CarryPrior]], min_users: int = 2, min_count: int = 3) -> CarryPrior:
+        """Every user's habits summed, keeping those of at least `min_users` users and
+        `min_count` times (a habit of one person is theirs, not a prior)."""
+        carries: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        users: Counter[tuple[str, str]] = Counter()
+        follows: Counter[str] = Counter()
+        for _, prior in priors:
+            follows.update(prior.follows)
+            for h, c in prior.carries.items():
+                carries[h].update(c)
+                users.update((h, h2) for h2 in c)
+        kept = {h: Counter({h2: n for h2, n in c.items() if n >= min_count and users[(h, h2)] >= min_users})
+                for h, c in carries.items()}  # fmt: skip
+        kept = {h: c for h, c in kept.items() if c}
+        return CarryPrior(kept, Counter({h: follows[h] for h in kept}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"carries": {h: dict(c) for h, c in sorted(self.carries.items())},
+                "follows": dict(sorted(self.follows.items()))}  # fmt: skip
+
+    @staticmethod
+    def from_json(data: Any, source: str) -> CarryPrior:
+        try:
+            carries = {
+                str(h): Counter({str(h2): int(n) for h2, n in c.items()}) for h, c in data["carries"].items()
+            }
+            follows = Counter({str(h): int(n) for h, n in data["follows"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise FormatError(f"{source}: bad field 'carry_prior': {exc}") from exc
+        return CarryPrior(carries, follows)
+
+
+NO_PRIOR = CarryPrior({}, Counter())
 
 
 class HistoryIndex:
@@ -121,7 +221,8 @@ class HistoryIndex:
     Transitions are per session (what a shell ran after what the same shell ran before);
     distances and counts are over the whole history."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior: CarryPrior = NO_PRIOR) -> None:
+        self.prior = prior  # other users' carry-over habits (the ranker's, calmd/data/ranker.json)
         self.commands: list[str] = []
         self.session_next: list[int] = []  # index of the same session's next command, or -1
         self.session_prev: list[int] = []  # index of the same session's previous command, or -1
@@ -144,11 +245,21 @@ class HistoryIndex:
         self.word_transitions: defaultdict[str, Counter[str]] = defaultdict(Counter)  # word -> word
         self._session_tail: dict[str, int] = {}
         self.last_id = 0  # the store's row id of the newest command seen
+        # exit codes: runs that failed (a known non-zero status) and runs that did not (0, or
+        # unknown: imported history files carry none); a command with failures and no other run
+        # never succeeded (a typo that exited 127, `(exit 3)`) and is demoted (calmd/engine.py)
+        self.failed: Counter[str] = Counter()
+        self.not_found: set[str] = set()  # commands whose latest run exited 127
+        self.missing_names: set[str] = set()  # first words "not found" that never worked (`gti`)
+        self.working_names: set[str] = set()  # first words of commands that succeeded
+        self.last_ts: dict[str, float] = {}  # when each command was run last (seconds since the epoch)
+        self.newest_ts = 0.0
+        self.vocabulary = UserVocabulary()  # subcommands and flags the user typed after each command
 
     def __len__(self) -> int:
         return len(self.commands)
 
-    def add(self, cmd: str, session: str = "") -> None:
+    def add(self, cmd: str, session: str = "", exit: int | None = None, ts: float | None = None) -> None:
         index = len(self.commands)
         prev_index = self._session_tail.get(session, -1)
         self.commands.append(cmd)
@@ -174,12 +285,40 @@ class HistoryIndex:
         self.last.pop(cmd, None)
         self.last[cmd] = index
         self.positions[cmd].append(index)
+        name = first_word(cmd)
+        if exit is not None and exit != 0:
+            self.failed[cmd] += 1
+        if exit == NOT_FOUND:
+            self.not_found.add(cmd)
+            if name not in self.working_names:  # `bash x.sh` exiting 127 does not make bash missing
+                self.missing_names.add(name)
+        else:
+            self.not_found.discard(cmd)
+            if exit == 0 or exit is None:
+                self.working_names.add(name)
+                self.missing_names.discard(name)
+        if ts is not None:
+            self.last_ts[cmd] = ts
+            self.newest_ts = max(self.newest_ts, ts)
+        if self.count[cmd] == 1:
+            self.vocabulary.add(cmd)
         words = cmd.split()
         if words:
             self.word_count[words[0]] += 1
             self._top_heads.pop(words[0], None)
         for j in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
             self.heads_by_word[words[0]][" ".join(words[:j])] += 1
+
+    def failing(self, cmd: str) -> bool:
+        """`cmd` never succeeded (every run failed: none exited 0 or had an unknown status), or
+        its latest run, or its command name's, was "command not found"."""
+        failed = self.failed.get(cmd, 0)
+        return (failed > 0 and failed >= self.count[cmd]) or cmd in self.not_found or self.missing(cmd)
+
+    def missing(self, cmd: str) -> bool:
+        """`cmd` starts with a command name that was "not found" and never worked (`gti log`
+        after `gti status` exited 127), whatever the rest of the line."""
+        return bool(self.missing_names) and first_word(cmd) in self.missing_names
 
     def head_count(self, head: str) -> int:
         """Times a command starting with the words of `head` (and more) was run."""
@@ -192,13 +331,13 @@ class HistoryIndex:
         Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it."""
         generation = store.generation()
         if generation != getattr(self, "_generation", generation):
-            self.__init__()  # type: ignore[misc]  # forget everything, then re-read what remains
+            self.__init__(self.prior)  # type: ignore[misc]  # forget everything, then re-read what remains
         self._generation = generation
         if self.last_id == 0:
             self.last_id = store.newest_after(limit)
         added = 0
         for row in store.all_rows(after=self.last_id):
-            self.add(row.cmd, row.session)
+            self.add(row.cmd, row.session, row.exit, row.ts)
             self.last_id = row.id
             added += 1
         return added
@@ -220,12 +359,16 @@ class HistoryIndex:
                 followers = heapq.nlargest(POOL_FOLLOWERS, followers, key=follows.__getitem__)
             found.extend(followers)
         if carry and prev is not None:
-            found.extend(self.carryovers(prefix, prev))
+            found.extend(self.carryovers(prefix, prev, set(found)))
         return found
 
-    def carryovers(self, prefix: str, prev: str, limit: int = CARRY_MAX) -> list[str]:
-        """New lines that reuse the previous command's last words after another command's head
-        (`mkdir foo` -> `cd foo`, `pacman -Ss vim` -> `sudo pacman -S vim`), never run before.
+    def carryovers(
+        self, prefix: str, prev: str, have: set[str] | None = None, limit: int = CARRY_MAX
+    ) -> list[str]:
+        """Lines that reuse the previous command's last words after another command's head
+        (`mkdir foo` -> `cd foo`, `pacman -Ss vim` -> `sudo pacman -S vim`): new lines, and past
+        lines a template makes that are not in `have` (a `source .venv/bin/activate` run long
+        ago, out of the recent pool).
         Heads whose first word most often followed the previous command's come first; only the
         CARRY_WORDS likeliest first words and their CARRY_HEADS_PER_WORD most frequent heads are
         looked at, so a keystroke stays cheap (under a millisecond on a 50,000-command index)."""
@@ -240,21 +383,27 @@ class HistoryIndex:
             first_words = [w for w in self.heads_by_word if w.startswith(typed_word)]
             first_words.sort(key=lambda w: (transitions[w], self.word_count[w]), reverse=True)
             first_words = first_words[:CARRY_WORDS]
-        out: dict[str, tuple[int, int, int]] = {}
+        out: dict[str, tuple[int, float, int, int]] = {}
         for own_head, tail, _ in carry_splits(words):
             habits = self.carry_patterns.get(own_head, Counter())
             heads = list(habits.items())  # the user's own habits first, whatever their first word
+            heads += self.prior.heads_after(own_head)  # then other users'
             for word in first_words:
                 top = self._top_heads.get(word)
                 if top is None:
                     top = self._top_heads[word] = self.heads_by_word[word].most_common(CARRY_HEADS_PER_WORD)
                 heads += top
             for head, _ in heads:
-                cmd = f"{head} {tail}"
+                cmd = carry_line(head, tail)
                 if head == own_head or not cmd.startswith(prefix) or cmd == prefix:
                     continue
-                if cmd not in self.count and cmd not in out:
-                    out[cmd] = (habits[head], transitions[first_word(head)], self.head_count(head))
+                if head.rsplit(" ", 1)[-1] == tail.split(" ", 1)[0]:
+                    continue  # `git status` + `status -s`: a word twice is no command
+                # a past line comes back only through a template (one too old for the recent pool)
+                taken: set[str] | Counter[str] = have if have is not None and "{}" in head else self.count
+                if cmd not in out and cmd not in taken:
+                    out[cmd] = (habits[head], self.prior.share(own_head, head), transitions[first_word(head)],
+                                self.head_count(head))  # fmt: skip
         return sorted(out, key=out.__getitem__, reverse=True)[:limit]
 
     def context_match(self, context: Sequence[str]) -> dict[str, int]:
@@ -303,16 +452,18 @@ class HistoryIndex:
         transitions = self.word_transitions.get(first_word(prev), empty) if prev is not None else empty
         k = len(prefix)
         log_n = math.log1p(n)
+        arguments = prev_arguments(prev) if prev is not None else []
         rows = np.zeros((len(candidates), len(FEATURES)), dtype=np.float32)
         for j, cmd in enumerate(candidates):
             count = self.count[cmd]
             distance = n - 1 - self.last[cmd] if cmd in self.last else n
             match = matches.get(cmd, 0)
             carry = split_carry(prev, cmd) if prev is not None else None
-            carried, head_count, pattern = 0, 0, 0
+            carried, head_count, pattern, prior_share = 0, 0, 0, 0.0
             if carry is not None:
                 carried, pattern = carry[2], self.carry_patterns.get(carry[0], empty)[carry[1]]
                 head_count = self.head_count(carry[1]) if count == 0 else 0
+                prior_share = self.prior.share(carry[0], carry[1])
             rows[j] = (
                 math.log1p(count),
                 math.log1p(distance),
@@ -341,6 +492,8 @@ class HistoryIndex:
                 carried,
                 math.log1p(pattern),
                 math.log1p(transitions[first_word(cmd)]),
+                bool(arguments) and reuses(cmd, arguments),
+                prior_share,
             )
         return rows
 
@@ -356,6 +509,7 @@ class Ranker:
     w2: np.ndarray  # (H,)
     b2: float
     info: dict[str, Any]
+    prior: CarryPrior = NO_PRIOR  # the corpus_carry_share feature's table
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
         """(n, F) features -> (n,) scores; higher is likelier."""
@@ -381,6 +535,7 @@ class Ranker:
             "b1": self.b1.tolist(),
             "w2": self.w2.tolist(),
             "b2": self.b2,
+            "carry_prior": self.prior.to_json(),
             "info": self.info,
         }
 
@@ -412,8 +567,9 @@ class Ranker:
             raise FormatError(f"{source}: weights are not finite")
         if (arrays["scale"] <= 0).any():
             raise FormatError(f"{source}: field 'scale' must be positive")
+        prior = CarryPrior.from_json(need("carry_prior"), source)
         return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
-                   dict(data.get("info", {})))  # fmt: skip
+                   dict(data.get("info", {})), prior)  # fmt: skip
 
     @classmethod
     def load(cls, path: Path) -> Ranker:
@@ -449,14 +605,16 @@ class Query:
 
 
 def replay_queries(commands: Sequence[str], positions: int, seed: str, warmup: int = 50,
-                   ks: Sequence[int] = (0, 1, 2, 4, 8)) -> list[Query]:  # fmt: skip
-    """The replay's queries for one user (as `calm replay` samples them), with pool features."""
+                   ks: Sequence[int] = (0, 1, 2, 4, 8),
+                   prior: CarryPrior = NO_PRIOR) -> list[Query]:  # fmt: skip
+    """The replay's queries for one user (as `calm replay` samples them), with pool features.
+    `prior`: other users' carry-over habits (never this user's own)."""
     queries: list[Query] = []
     if len(commands) <= warmup:
         return queries
     rng = random.Random(seed)
     sampled = set(rng.sample(range(warmup, len(commands)), min(positions, len(commands) - warmup)))
-    index = HistoryIndex()
+    index = HistoryIndex(prior)
     for i, cmd in enumerate(commands):
         if i in sampled:
             context = commands[max(0, i - 5) : i]
@@ -535,10 +693,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no histories under {args.data / 'histories' / 'users'}")
     train = [p for p in users if not held_out(p.stem)]
     test = [p for p in users if held_out(p.stem)]
-    train_q = [
-        q for p in train for q in replay_queries(read_commands(p), args.positions, f"{args.seed}:{p.stem}")
-    ]
-    test_q = [q for p in test for q in replay_queries(read_commands(p), 40, f"0:{p.stem}")]
+    histories = {p.stem: read_commands(p) for p in users}
+    habits = [(p.stem, CarryPrior.count(histories[p.stem])) for p in train]
+    prior = CarryPrior.total(habits)
+    # each training user's features see the other users' habits only, as a new user's will
+    train_q = [q for name, _ in habits
+               for q in replay_queries(histories[name], args.positions, f"{args.seed}:{name}",
+                                       prior=CarryPrior.total([h for h in habits if h[0] != name]))
+               ]  # fmt: skip
+    test_q = [q for p in test for q in replay_queries(histories[p.stem], 40, f"0:{p.stem}", prior=prior)]
     ranker, loss = fit(train_q, hidden=args.hidden, steps=args.steps, seed=args.seed)
     held = top1(ranker, test_q)
     info = {
@@ -553,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "positions": args.positions,
     }
-    ranker = Ranker(ranker.mean, ranker.scale, ranker.w1, ranker.b1, ranker.w2, ranker.b2, info)
+    info["carry_prior_heads"] = len(prior.carries)
+    ranker = Ranker(ranker.mean, ranker.scale, ranker.w1, ranker.b1, ranker.w2, ranker.b2, info, prior)
     with atomic_write(args.output) as out:
         out.write((json.dumps(ranker.to_json(), indent=1) + "\n").encode())
     print(f"fitted on {len(train_q)} queries of {len(train)} users in {time.monotonic() - started:.0f} s, "

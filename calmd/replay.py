@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from calmd.history import HistoryStore, detect_format, parse_history
+from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
 KS = (0, 1, 2, 4, 8)
+THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
 HISTORY_CONTEXT = 5  # as the server: ServerConfig.history_context
 SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
 
@@ -52,7 +54,11 @@ class Tally:
     # queries whose command line the user had run before: what a perfect history ranker scores
     seen: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
+    saved_shown: float = 0.0  # the same when only ghosts at or above the threshold are shown
     typed: int = 0
+    # calmd's top candidate per query: (confidence, right), for coverage and precision
+    tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
+    threshold: float = DEFAULT_MIN_CONFIDENCE
     runs: int = 0  # background training runs (with training)
     swaps: int = 0  # of which swapped a new model in
 
@@ -62,7 +68,9 @@ class Tally:
             self.top1[k] += other.top1[k]
             self.top5[k] += other.top5[k]
             self.seen[k] += other.seen[k]
+            self.tops[k] += other.tops[k]
         self.saved += other.saved
+        self.saved_shown += other.saved_shown
         self.typed += other.typed
         self.runs += other.runs
         self.swaps += other.swaps
@@ -74,9 +82,34 @@ class Tally:
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
+            **self._shown_json(),
             "typed_commands": self.typed,
             "training_runs": self.runs,
             "models_swapped_in": self.swaps,
+        }
+
+    def coverage_precision(self, threshold: float) -> dict[int, tuple[float | None, float | None]]:
+        """Per k: the share of queries whose top candidate is shown (confidence >= threshold) and
+        the share of those that are right."""
+        out: dict[int, tuple[float | None, float | None]] = {}
+        for k in KS:
+            tops = self.tops[k]
+            shown = [right for conf, right in tops if conf >= threshold]
+            out[k] = (len(shown) / len(tops) if tops else None, sum(shown) / len(shown) if shown else None)
+        return out
+
+    def _shown_json(self) -> dict[str, Any]:
+        if not any(self.tops.values()):
+            return {}
+        at = self.coverage_precision(self.threshold)
+        return {
+            "threshold": self.threshold,
+            "coverage": {k: at[k][0] for k in KS},
+            "precision": {k: at[k][1] for k in KS},
+            "keystrokes_saved_shown": self.saved_shown / self.typed if self.typed else None,
+            "sweep": {
+                str(t): {k: list(v) for k, v in self.coverage_precision(t).items()} for t in THRESHOLDS
+            },
         }
 
 
@@ -138,6 +171,40 @@ def _keystrokes_saved(cmd: str, suggest: Any) -> float:
 
 
 @dataclass
+class Rows:
+    """The engine's suggestions at replay positions, as calibration rows (calmd/calibration.py)."""
+
+    candidate: list[Any] = field(default_factory=list)
+    candidate_right: list[bool] = field(default_factory=list)
+    early: list[Any] = field(default_factory=list)
+    early_right: list[bool] = field(default_factory=list)
+
+    @property
+    def candidate_x(self) -> Any:
+        import numpy as np
+
+        return np.array(self.candidate)
+
+    @property
+    def candidate_y(self) -> Any:
+        import numpy as np
+
+        return np.array(self.candidate_right, dtype=np.float64)
+
+    @property
+    def early_x(self) -> Any:
+        import numpy as np
+
+        return np.array(self.early)
+
+    @property
+    def early_y(self) -> Any:
+        import numpy as np
+
+        return np.array(self.early_right, dtype=np.float64)
+
+
+@dataclass
 class ReplayConfig:
     model: Path
     positions: int = 40  # sampled prediction positions per user
@@ -146,11 +213,16 @@ class ReplayConfig:
     typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
     train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
+    min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
 
 
-def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str, Tally]:
+def replay_user(
+    path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None
+) -> dict[str, Tally]:
+    """Replay one user's history; with `rows`, also collect the engine's suggestions and early
+    proposals with their calibration features."""
     commands = read_commands(path)
-    tallies = {s: Tally() for s in SYSTEMS}
+    tallies = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
     if len(commands) <= cfg.warmup:
         return tallies
     rng = random.Random(f"{cfg.seed}:{path.stem}")
@@ -169,10 +241,37 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
         session = "replay"
         sampled_set = set(sampled)
 
-        def calmd_top(prefix: str, n: int) -> list[str]:
-            rows = store.recent(session=session, limit=HISTORY_CONTEXT)
-            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in rows]}
-            return [c for c, _ in engine.complete(ctx, n, session, never)]
+        def calmd_top(prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+            recent = store.recent(session=session, limit=HISTORY_CONTEXT)
+            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+            if rows is None or target is None:
+                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]
+            engine.explained_early = None
+            got = list(engine.complete(ctx, n, session, never, lambda text, conf: None, explain=True))
+            for s in got:
+                rows.candidate.append(s.features)
+                rows.candidate_right.append(s.text == target)
+            if engine.explained_early is not None:
+                text, row = engine.explained_early
+                rows.early.append(row)
+                rows.early_right.append(text == target)
+            return [(s.text, s.confidence) for s in got]
+
+        top1_cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+
+        def top1(prefix: str) -> tuple[str, float] | None:
+            if prefix not in top1_cache:
+                got = calmd_top(prefix, 1)
+                top1_cache[prefix] = got[0] if got else None
+            return top1_cache[prefix]
+
+        def accepted(prefix: str) -> str | None:
+            got = top1(prefix)
+            return got[0] if got else None
+
+        def accepted_shown(prefix: str) -> str | None:
+            got = top1(prefix)
+            return got[0] if got and got[1] >= cfg.min_confidence else None
 
         for i, cmd in enumerate(commands):
             if i in sampled_set:
@@ -181,7 +280,12 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
                     if k > 0 and len(cmd) <= k:
                         continue
                     prefix = cmd[:k]
-                    answers = {"calmd": calmd_top(prefix, 5)}
+                    ours = calmd_top(prefix, 5, cmd)
+                    answers = {"calmd": [text for text, _ in ours]}
+                    if ours:
+                        tallies["calmd"].tops[k].append((ours[0][1], ours[0][0] == cmd))
+                    else:
+                        tallies["calmd"].tops[k].append((0.0, False))
                     for system in SYSTEMS[1:]:
                         answers[system] = past.suggest(system, prefix)
                     for system, got in answers.items():
@@ -191,14 +295,16 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
                         t.top1[k] += bool(got) and got[0] == cmd
                         t.top5[k] += cmd in got[:5]
                 if i in typed_out:
-                    tallies["calmd"].saved += _keystrokes_saved(cmd, lambda p: _first(calmd_top(p, 1)))
+                    top1_cache.clear()
+                    tallies["calmd"].saved += _keystrokes_saved(cmd, accepted)
+                    tallies["calmd"].saved_shown += _keystrokes_saved(cmd, accepted_shown)
                     tallies["calmd"].typed += 1
                     for system in SYSTEMS[1:]:
                         tallies[system].saved += _keystrokes_saved(
                             cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
                         )
                         tallies[system].typed += 1
-            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)
+            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
             if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
                 # what the daemon does in real use: fine-tune on the history so far, swap if not worse
@@ -214,14 +320,34 @@ def replay_user(path: Path, cfg: ReplayConfig, engine_factory: Any) -> dict[str,
     return tallies
 
 
-def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
+    """Calibration rows from replaying `files` (calmd/calibration.py fits on them)."""
     from calmd.engine import ModelEngine, RankWeights
 
-    totals = {s: Tally() for s in SYSTEMS}
-    per_user: dict[str, Any] = {}
+    rows = Rows()
     started = time.monotonic()
     for n, path in enumerate(files, 1):
-        tallies = replay_user(path, cfg, lambda weights: ModelEngine(weights, RankWeights(**cfg.weights)))
+        replay_user(
+            path, cfg, lambda w: ModelEngine(w, RankWeights(**cfg.weights), calibrator=calibrator), rows
+        )
+        elapsed = time.monotonic() - started
+        print(f"[{n}/{len(files)}] {path.stem}: {len(rows.candidate)} rows, {elapsed:.0f} s", flush=True)
+    return rows
+
+
+def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+    from calmd.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
+    from calmd.engine import ModelEngine, RankWeights
+
+    totals = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    per_user: dict[str, Any] = {}
+    # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
+    calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
+    started = time.monotonic()
+    for n, path in enumerate(files, 1):
+        tallies = replay_user(
+            path, cfg, lambda weights: ModelEngine(weights, RankWeights(**cfg.weights), calibrator=calibrator)
+        )
         per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
         for s, t in tallies.items():
             totals[s].add(t)
@@ -249,8 +375,20 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
                      f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
     # the same for every system: the share of queries whose command had been run before
-    seen = result["totals"]["calmd"]["seen_before"]
+    ours = result["totals"]["calmd"]
+    seen = ours["seen_before"]
     lines.append(f"{'(ceiling) run before':<36}" + "".join(f"{(seen[k] or 0) * 100:>7.1f}%" for k in KS))
+    if "coverage" in ours:
+
+        def pct(v: float | None) -> str:
+            return f"{(v or 0) * 100:>7.1f}%"
+
+        at = f"confidence >= {ours['threshold']:g}"
+        lines.append(f"{'calmd coverage (' + at + ')':<36}" + "".join(pct(ours["coverage"][k]) for k in KS))
+        lines.append(f"{'calmd precision (' + at + ')':<36}" + "".join(pct(ours["precision"][k]) for k in KS))
+        saved = ours["keystrokes_saved_shown"]
+        if saved is not None:
+            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}%")
     return "\n".join(lines)
 
 

@@ -99,11 +99,20 @@ class Engine(Protocol):
     def attach_history(self, store: HistoryStore) -> None: ...
 
     def complete(
-        self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
-    ) -> Iterator[tuple[str, float]]: ...
+        self,
+        ctx: dict[str, Any],
+        n: int,
+        session: str,
+        cancelled: threading.Event,
+        early: Callable[[str, float], None] | None = None,
+    ) -> Iterator[Suggestion]:
+        """Yields (candidate, score, confidence) best first; calls `early(candidate, confidence)`
+        at most once, before the first candidate (the history's best proposal)."""
+        ...
 
 
 EngineLoader = Callable[[Path], Engine]
+Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ...): calmd.engine.Suggestion
 
 
 class AlreadyRunning(RuntimeError):
@@ -742,21 +751,39 @@ class Server:
             ctx["history"] = self._recent_history(request.session)
         loop = asyncio.get_running_loop()
         first: list[float] = []
+        early_sent: list[bool] = []
 
-        def emit(attempt: int, candidate: str, score: float) -> None:
+        def emit(attempt: int, candidate: str, score: float, confidence: float) -> None:
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
                 return
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
-            conn.send(reply(request.id, candidate=candidate, score=round(score, 4)))
+            conn.send(reply(request.id, candidate=candidate, score=round(score, 4),
+                            confidence=round(min(1.0, max(0.0, confidence)), 3)))  # fmt: skip
+
+        def emit_early(attempt: int, candidate: str, confidence: float) -> None:
+            # At most one per request: a preempted attempt's is dropped unless it went out, and
+            # the rerun's is dropped if it did. It does not count as delivered, so the job can
+            # still be preempted (the early proposal comes from the history alone).
+            if early_sent or attempt != job.attempt or job.cancelled.is_set():
+                return
+            early_sent.append(True)
+            conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3)))
 
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
-            for candidate, score in engine.complete(ctx, request.n, request.session, cancelled):
+
+            def on_early(candidate: str, confidence: float) -> None:
+                if not cancelled.is_set():
+                    loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence)
+
+            for candidate, score, confidence, *_ in engine.complete(
+                ctx, request.n, request.session, cancelled, on_early if request.early else None
+            ):
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, attempt, candidate, score)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence)
             return not cancelled.is_set()
 
         job = Job(owner=conn, session=request.session, run=work)

@@ -6,6 +6,16 @@ candidate so that cancellation and interleaving can be observed. An input equal 
 CALMD_TEST_HANG_INPUT wedges the worker thread for good (it says so on stderr first), ignoring
 cancellation, as a model stuck in native code would. The real model engine is tested end to end
 in test_daemon_model.py.
+
+Confidence and early proposals, for the shells' tests (by default every candidate has
+confidence 1.0, so it is shown as before confidences existed):
+- CALMD_TEST_CONFIDENCE: comma-separated confidences by rank, the last one repeating
+  (`0.9,0.2`: the first candidate 0.9, every other 0.2);
+- a request with `"early": true` gets its early proposal at once, before the first delay: the
+  first candidate (a recorded command that extends the input, else `input + "mmit"`) with the
+  first confidence. CALMD_TEST_EARLY=none sends none; any other value is a suffix: the early
+  proposal is then `input + CALMD_TEST_EARLY` (so that a test can tell it from the candidates);
+  CALMD_TEST_EARLY_CONFIDENCE overrides its confidence.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +56,13 @@ class ScriptedEngine:
         }
 
     def complete(
-        self, ctx: dict[str, Any], n: int, session: str, cancelled: threading.Event
-    ) -> Iterator[tuple[str, float]]:
+        self,
+        ctx: dict[str, Any],
+        n: int,
+        session: str,
+        cancelled: threading.Event,
+        early: Callable[[str, float], None] | None = None,
+    ) -> Iterator[tuple[str, float, float]]:
         typed = ctx["input"]
         if typed and typed == os.environ.get("CALMD_TEST_HANG_INPUT"):
             print("scripted engine: hanging for good", file=sys.stderr, flush=True)
@@ -57,13 +72,22 @@ class ScriptedEngine:
         results = seen + [typed + s for s in SUFFIXES]
         if not typed and history_cmds:
             results = [f"after {history_cmds[-1]}", *results]
+        confidences = [float(c) for c in os.environ.get("CALMD_TEST_CONFIDENCE", "1.0").split(",")]
+
+        def confidence(rank: int) -> float:
+            return confidences[min(rank, len(confidences) - 1)]
+
+        mode = os.environ.get("CALMD_TEST_EARLY", "")
+        if early is not None and mode != "none":
+            proposal = typed + mode if mode else results[0]
+            early(proposal, float(os.environ.get("CALMD_TEST_EARLY_CONFIDENCE", confidence(0))))
         for i, cand in enumerate(results[:n]):
             deadline = time.monotonic() + self.delay
             while time.monotonic() < deadline:
                 if cancelled.is_set():
                     return
                 time.sleep(0.005)
-            yield cand, -float(i)
+            yield cand, -float(i), confidence(i)
 
 
 def load(path: Path) -> ScriptedEngine:

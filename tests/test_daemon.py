@@ -57,6 +57,70 @@ def test_streaming_order_ids_and_done(tmp_path: Path) -> None:
         ]
 
 
+def test_candidates_carry_a_confidence_and_old_requests_see_nothing_else(tmp_path: Path) -> None:
+    with (
+        running_daemon(tmp_path, env={"CALMD_TEST_CONFIDENCE": "0.875,0.25"}) as d,
+        CalmClient(d.socket) as c,
+    ):
+        messages = list(c.complete("git co", n=3))  # no `early`: the reply stream of before
+        assert [set(m) for m in messages[:3]] == [{"id", "protocol", "candidate", "score", "confidence"}] * 3
+        assert [m["confidence"] for m in messages[:3]] == [0.875, 0.25, 0.25]
+        assert set(messages[3]) == {"id", "protocol", "done", "ms"}
+        assert not any("early" in m for m in messages)
+
+
+def test_an_early_request_gets_the_history_proposal_first_then_the_candidates(tmp_path: Path) -> None:
+    # 0.3 s per candidate: the early proposal must not wait for the first of them
+    env = {"CALMD_TEST_DELAY": "0.3", "CALMD_TEST_CONFIDENCE": "0.7"}
+    with running_daemon(tmp_path, env=env) as d, CalmClient(d.socket) as c:
+        c.record("git status", session="s")
+        rid = c.send("complete", n=2, session="s", early=True, ctx={"input": "git st"})
+        sent = time.monotonic()
+        first = c.read_message()
+        waited = time.monotonic() - sent
+        assert first == {"id": rid, "protocol": 1, "early": "git status", "confidence": 0.7}
+        assert waited < 0.25, f"the early proposal came after {waited:.2f} s"
+        rest = list(c.replies(rid))
+        assert [m.get("candidate") for m in rest] == ["git status", "git stmmit", None]
+        assert rest[-1]["done"] is True and not any("early" in m for m in rest)
+        # `"early": false` (or null) is the old request
+        for early in (False, None):
+            rid = c.send("complete", n=1, session="s", early=early, ctx={"input": "git st"})
+            assert not any("early" in m for m in c.replies(rid))
+
+
+def test_early_is_a_boolean(tmp_path: Path) -> None:
+    with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
+        c.send("complete", n=1, early="yes", ctx={"input": "ls"})
+        message = c.read_message()
+        assert message["error"] == {"code": "bad_field", "message": "'early' must be true or false"}
+
+
+def test_early_comes_once_even_when_a_shell_preempts_the_job(tmp_path: Path) -> None:
+    # Flood jobs (2 candidates, 0.4 s each) ask for early proposals; a shell's request preempts
+    # the running one after its early proposal went out: the rerun must not send another.
+    daemon = running_daemon(tmp_path, env={"CALMD_TEST_DELAY": "0.4"}, args=("--train-threshold", "0"))
+    with daemon as d, CalmClient(d.socket, timeout=60) as flood, CalmClient(d.socket, timeout=60) as shell:
+        ids = [flood.send("complete", n=2, session=f"flood-{i}", early=True, ctx={"input": "ls"})
+               for i in range(3)]  # fmt: skip
+        first = flood.read_message()
+        assert first.get("early") == "lsmmit"  # the first flood job has started
+        flood._pending.setdefault(first["id"], []).append(first)
+        got = list(
+            shell.replies(shell.send("complete", n=1, session="shell", early=True, ctx={"input": "git"}))
+        )
+        assert [m.get("early") or m.get("candidate") for m in got] == ["gitmmit", "gitmmit", None]
+        for rid in ids:
+            mine = list(flood.replies(rid))
+            assert [m.get("early") or m.get("candidate") for m in mine] == [
+                "lsmmit",
+                "lsmmit",
+                "lsmmand",
+                None,
+            ]
+            assert "early" in mine[0] and "cancelled" not in mine[-1]
+
+
 def test_empty_input_uses_the_sessions_history(tmp_path: Path) -> None:
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
         c.record("make", session="s1")

@@ -87,6 +87,36 @@ def test_extra_candidates_are_ranked_with_the_beams_and_deduplicated(trained: Lo
     assert [c.text for c in cands].count("git status") == 1
 
 
+def test_a_judge_drops_or_demotes_what_the_beams_finish(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    plain = list(gen.candidates(ctx, 2))
+    assert [c.text for c in plain] == ["git status", "git stash pop"]
+    dropped = [c.text for c in gen.candidates(ctx, 2, judge=lambda t: None if t == "git status" else 0.0)]
+    assert dropped[0] == "git stash pop" and "git status" not in dropped
+    demoted = list(gen.candidates(ctx, 2, judge=lambda t: -3.0 if t == "git status" else 0.0))
+    assert [c.text for c in demoted] == ["git stash pop", "git status"]
+    assert demoted[1].logprob == pytest.approx(plain[0].logprob - 3.0, abs=1e-4)
+
+
+def test_the_search_stops_after_max_dropped_junk_lines(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    ctx = {**CTX, "input": "git st"}
+    unbounded: list[str] = []
+    assert list(gen.candidates(ctx, 3, judge=lambda t: unbounded.append(t))) == []  # everything dropped
+    bounded: list[str] = []
+    assert list(gen.candidates(ctx, 3, judge=lambda t: bounded.append(t), max_dropped=2)) == []
+    assert 2 <= len(bounded) < len(unbounded)  # it stopped at the end of the step of the second drop
+    assert bounded == unbounded[: len(bounded)]
+
+
+def test_end_probability_says_whether_the_input_is_a_whole_command(trained: LoadedModel) -> None:
+    gen = Generator(trained)
+    assert gen.end_probability({**CTX, "input": "git status"}) > 0.9
+    assert gen.end_probability({**CTX, "input": "git st"}) < 0.1
+    assert gen.end_probability({**CTX, "input": "make"}) < 0.5  # `make test` follows
+
+
 def test_sampling_is_seeded_and_greedy_at_temperature_zero(trained: LoadedModel) -> None:
     gen = Generator(trained)
     ctx = {**CTX, "input": "git st"}

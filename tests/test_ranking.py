@@ -14,9 +14,11 @@ from calmd.ranking import (
     FEATURES,
     POOL_FOLLOWERS,
     POOL_RECENT,
+    CarryPrior,
     HistoryIndex,
     Query,
     Ranker,
+    carry_line,
     fit,
     packaged_ranker,
     replay_queries,
@@ -117,6 +119,50 @@ def test_carryovers_are_new_lines_with_the_users_habits_first() -> None:
     assert feature(rows, old_row, "log_carry_pattern") == 0.0  # "cd alpha" carries nothing of "mkdir newproj"
 
 
+def test_a_carry_over_may_go_on_as_a_path() -> None:
+    assert split_carry("python3 -m venv .venv", "source .venv/bin/activate") == (
+        "python3 -m venv", "source {}/bin/activate", 1,
+    )  # fmt: skip
+    assert carry_line("source {}/bin/activate", "env/") == "source env/bin/activate"
+    assert carry_line("cd", "newproj") == "cd newproj"
+    assert split_carry("ls x", "ls x") is None
+
+
+def test_a_carry_over_never_says_a_word_twice() -> None:
+    index = HistoryIndex()
+    for cmd in ["git status", "git status -s", "git add x", "git status -s"]:
+        index.add(cmd)
+    new = index.carryovers("git ", "git status -s")
+    assert "git status status -s" not in new and "git add -s" in new
+
+
+def test_other_users_habits_propose_and_rank_carry_overs_a_new_user_never_made() -> None:
+    history = ["mkdir a", "cd a", "python3 -m venv env", "source env/bin/activate", "mkdir b", "cd b",
+               "python3 -m venv e2", "source e2/bin/activate"]  # fmt: skip
+    users = [(name, CarryPrior.count(history)) for name in ("u1", "u2")]
+    prior = CarryPrior.total(users)
+    assert prior.carries["mkdir"] == {"cd": 4} and prior.share("mkdir", "cd") == 1.0
+    assert prior.carries["python3 -m venv"] == {"source {}/bin/activate": 4}
+    assert CarryPrior.total(users[:1]).carries == {}  # one user's habit is no prior
+    index = HistoryIndex(prior)
+    for cmd in ["source .venv/bin/activate", *[f"ls {i}" for i in range(60)], "cd src", "git status"]:
+        index.add(cmd)  # this user never went from mkdir to cd
+    index.add("mkdir newproj")
+    pool = index.pool("", "mkdir newproj")
+    assert index.carryovers("", "mkdir newproj")[0] == "cd newproj"
+    rows = index.features("", pool, ["git status", "mkdir newproj"])
+    assert feature(rows, pool.index("cd newproj"), "corpus_carry_share") == 1.0
+    assert feature(rows, pool.index("git status"), "corpus_carry_share") == 0.0
+    # a line run long ago, out of the recent commands, comes back through the habit
+    assert "source .venv/bin/activate" in index.pool("", "python3 -m venv .venv")
+
+
+def test_packaged_ranker_knows_common_carry_over_habits() -> None:
+    prior = packaged_ranker().prior
+    assert prior.share("mkdir", "cd") > 0.2  # a third of the time, in the training users' histories
+    assert prior.heads_after("python3 -m venv")[0][0] == "source {}/bin/activate"
+
+
 def test_packaged_ranker_follows_a_carry_over_habit() -> None:
     index, history = _mkdir_cd_habit()
     ranker = packaged_ranker()
@@ -147,6 +193,45 @@ def test_sync_follows_the_store_incrementally(tmp_path: Path) -> None:
     assert index.commands == ["ls", "make", "./run"]
     assert index.follows["make"] == {"./run": 1}
     store.close()
+
+
+def test_the_index_keeps_exit_codes_and_times_from_the_store(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    index = HistoryIndex()
+    store.record("git status", exit=0, session="s", ts=1000.0)
+    store.record("gti status", exit=127, session="s", ts=1060.0)
+    store.record("(exit 3)", exit=3, session="s", ts=1120.0)
+    store.record("grep x f", exit=1, session="s", ts=1180.0)
+    store.record("grep x f", exit=0, session="s", ts=1240.0)
+    store.record("old import", exit=None, session="i", ts=10.0)  # imported files carry no status
+    store.record("bash setup.sh", exit=0, session="s", ts=20.0)
+    index.sync(store)
+    assert not index.failing("git status") and not index.failing("old import")
+    assert index.failing("gti status") and index.failing("(exit 3)")  # never succeeded
+    assert not index.failing("grep x f")  # failed once, then succeeded
+    assert index.failing("gti log")  # a command name that was not found, whatever follows it
+    assert index.last_ts["grep x f"] == 1240.0 and index.newest_ts == 1240.0
+    store.record("gti status", exit=0, session="s", ts=1300.0)  # installed an alias since
+    index.sync(store)
+    assert not index.failing("gti log") and not index.failing("gti status")
+    store.record("git status", exit=127, session="s", ts=1360.0)  # git was uninstalled
+    store.record("bash broken.sh", exit=127, session="s", ts=1420.0)  # a script's own "not found"
+    index.sync(store)
+    assert index.failing("git status")  # its latest run was "not found", although it once worked
+    assert not index.failing("git log")  # git did work before: only that line is demoted
+    assert index.failing("bash broken.sh") and not index.failing("bash other.sh")
+    store.close()
+
+
+def test_reusing_the_previous_commands_arguments_is_a_feature() -> None:
+    index = HistoryIndex()
+    for cmd in ["source .venv/bin/activate", "ls", "cd src", "python3 -m venv .venv", "vim x"]:
+        index.add(cmd)
+    pool = index.pool("", "python3 -m venv .venv")
+    rows = index.features("", pool, ["python3 -m venv .venv"])
+    assert feature(rows, pool.index("source .venv/bin/activate"), "reuses_prev_argument") == 1.0
+    assert feature(rows, pool.index("cd src"), "reuses_prev_argument") == 0.0
+    assert feature(rows, pool.index("ls"), "reuses_prev_argument") == 0.0
 
 
 def _cyclic_history(cycles: int) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from calmd.cli import calm_main
+from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.replay import PastOnly, _keystrokes_saved
 from tests.tiny_model import save_tiny
 
@@ -72,6 +73,30 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Pat
     assert totals["calmd"]["top1"]["0"] == 1.0  # the follows-previous signal finds it too
     assert totals["calmd"]["keystrokes_saved"] > 0.5
     assert totals["calmd"]["seen_before"]["0"] == 1.0  # after warm-up every line is a repeat
+
+
+def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(tmp_path: Path) -> None:
+    model = save_tiny(tmp_path / "tiny.cwgt")
+    # a loop (predictable: shown and right) broken by new lines (unpredictable: not shown)
+    lines: list[str] = []
+    for i in range(60):
+        lines += ["git status", "make test", "ls -la"] + ([f"vim notes{i}.txt"] if i % 2 else [])
+    history = tmp_path / "user4.txt"
+    history.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "40", "--typing", "4",
+                      "--warmup", "30", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    calmd = json.loads(out.read_text())["totals"]["calmd"]
+    assert calmd["threshold"] == DEFAULT_MIN_CONFIDENCE
+    # after a `v`, the loop's lines are never wanted: a new vim line comes, and it gets no ghost
+    coverage, precision = calmd["coverage"]["1"], calmd["precision"]["1"]
+    assert 0.0 < coverage < 1.0
+    assert precision > calmd["top1"]["1"]  # what is shown is right more often than the top-1 overall
+    sweep = calmd["sweep"]
+    covered = [sweep[t]["0"][0] for t in sorted(sweep, key=float)]
+    assert covered == sorted(covered, reverse=True)  # a higher threshold shows fewer ghosts
+    assert 0.0 <= calmd["keystrokes_saved_shown"] <= calmd["keystrokes_saved"]
 
 
 def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path: Path) -> None:

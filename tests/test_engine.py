@@ -1,0 +1,160 @@
+"""The completion engine with the packaged model, ranker, vocabulary and calibration: what it
+suggests, what it never suggests, and the confidence it gives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from calmd.engine import ModelEngine, RankWeights, Suggestion, packaged_model
+from calmd.history import HistoryStore
+
+
+@pytest.fixture(scope="module")
+def engine() -> ModelEngine:
+    return ModelEngine(packaged_model())
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[HistoryStore]:
+    s = HistoryStore(tmp_path / "h.sqlite3")
+    yield s
+    s.close()
+
+
+def ask(engine: ModelEngine, store: HistoryStore, typed: str, n: int = 5, **ctx: object) -> list[Suggestion]:
+    engine.attach_history(store)
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s", limit=5)]
+    return list(engine.complete({"input": typed, "history": history, **ctx}, n, "s", threading.Event()))
+
+
+def texts(got: list[Suggestion]) -> list[str]:
+    return [s.text for s in got]
+
+
+def record(store: HistoryStore, *lines: tuple[str, int | None], ts: float | None = None) -> None:
+    for i, (cmd, code) in enumerate(lines):
+        store.record(cmd, exit=code, session="s", ts=None if ts is None else ts + i)
+
+
+def test_a_typo_that_was_not_found_is_demoted_below_what_succeeded(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    record(store, ("git status", 0), ("ls", 0), *[("gti status", 127)] * 4)
+    got = ask(engine, store, "g")
+    assert got[0].text == "git status"
+    assert "gti status" not in texts(got)[:4]
+    for typed in ("gt", "gti"):
+        got = ask(engine, store, typed)
+        assert got and got[0].text != "gti status", typed
+        for s in got:
+            if s.text.startswith("gti "):  # the name was never found: whatever follows it
+                assert s.confidence == 0.0 and s.score < got[0].score - 40
+
+
+def test_a_command_that_never_succeeded_is_no_empty_prompt_prediction(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    record(store, ("make", 0), ("ls", 0), *[("(exit 3)", 3)] * 6)
+    got = ask(engine, store, "")
+    assert got[0].text != "(exit 3)"
+    assert all(s.confidence == 0.0 for s in got if s.text == "(exit 3)")
+    assert "make" in texts(got)
+
+
+def test_nothing_is_invented_after_a_complete_command(engine: ModelEngine, store: HistoryStore) -> None:
+    record(store, ("git status", 0), ('git commit -m "fix login redirect"', 0), ("ls", 0))
+    assert ask(engine, store, "git status") == []  # no ` -a`, no ` -l`
+    assert ask(engine, store, 'git commit -m "fix login redirect"') == []  # no ` --no-verify`
+    record(store, ("git status -s", 0))
+    assert texts(ask(engine, store, "git status")) == ["git status -s"]  # the user's own continuation
+    # with a space after it, the user asks for more: the model may propose arguments again
+    assert ask(engine, store, "git status ")
+
+
+def test_the_models_end_of_line_makes_an_input_complete_too(engine: ModelEngine, store: HistoryStore) -> None:
+    # `pwd` was never run here, but the model is sure nothing follows it
+    assert engine.generator.end_probability({"input": "pwd", "history": []}) >= 0.5
+    assert ask(engine, store, "pwd") == []
+
+
+def test_junk_lines_are_never_candidates(engine: ModelEngine, store: HistoryStore) -> None:
+    record(store, ('git commit -m "fix main', 0), ("git commit -m wip", 0), ("ls", 0))
+    got = texts(ask(engine, store, "git c", n=8))
+    assert got and all(line.count('"') % 2 == 0 for line in got)  # the unbalanced line never
+    assert "git commit -m wip" in got
+    engine.attach_history(store)
+    judge = engine._judge("", {"cwd": "/home/u/src/api-server"}, engine._history_side("", {}, "s"), False)
+    engine.home = "/home/u"
+    assert judge("awk '{print ${PASSWORD}") is None
+    assert judge("git stash status") is None and judge("systemctl restics") is None
+    assert judge("kubectl ~/src/api-server") is None and judge("tar -xzf .") is None
+    assert judge("git stash pop") == 0.0 and judge("kubectl get pods") == 0.0
+    # the user's own line is theirs, unless it is half a command (say a beam reproduces it from
+    # out of the pool); the history side's proposals were judged already
+    assert judge("git commit -m wip") == 0.0 and judge('git commit -m "fix main') is None
+
+
+def test_todays_arguments_outrank_a_month_old_imports(
+    engine: ModelEngine, store: HistoryStore, tmp_path: Path
+) -> None:
+    (tmp_path / ".zsh_history").write_text(month_old_history())
+    store.import_file(tmp_path / ".zsh_history")  # 20 x `ssh oldhost`, 8 x `ssh build01`, a month ago
+    today = ["cd ~/work", "ssh newhost", "ls", "git status", "ssh newhost", "vim todo", "make", "ls"]
+    record(store, *[(cmd, 0) for cmd in today], ts=time.time() - 600)
+    for typed in ("ssh ", "ss"):
+        assert ask(engine, store, typed)[0].text == "ssh newhost", typed
+    # by counts and distances alone (no clock), the month-old host wins: what the issue saw
+    engine.weights = RankWeights(recent_boost=0.0)
+    try:
+        assert ask(engine, store, "ssh ")[0].text == "ssh oldhost"
+    finally:
+        engine.weights = RankWeights()
+
+
+def month_old_history() -> str:
+    """A zsh history file with timestamps a month old: 300 commands, `ssh oldhost` 20 times."""
+    month_ago = int(time.time()) - 30 * 86400
+    lines = []
+    for i in range(300):
+        if i % 15 == 0:
+            cmd = "ssh oldhost"
+        elif i % 40 == 7:
+            cmd = "ssh build01"
+        else:
+            cmd = ["ls", "git status", "cd ~/src", "vim notes.md", "make", "git pull", "htop", "docker ps"][
+                i % 8
+            ]
+        lines.append(f": {month_ago + 60 * i}:0;{cmd}")
+    return "\n".join(lines) + "\n"
+
+
+def test_early_is_the_histories_best_proposal(engine: ModelEngine, store: HistoryStore) -> None:
+    engine.attach_history(store)
+    assert engine.early({"input": "git", "history": []}, "s") is None  # nothing recorded yet
+    for _ in range(20):
+        record(store, ("vim main.c", 0), ("make", 0), ("./main", 0))
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s", limit=5)]
+    early = engine.early({"input": "", "history": history}, "s")
+    assert early is not None and early[0] == "vim main.c" and 0.5 < early[1] <= 1.0
+
+
+def test_confidence_is_high_for_the_users_loop_and_low_for_a_guess(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    got = ask(engine, store, "")  # no history at all: a pure guess
+    assert got and all(0.0 <= s.confidence < 0.3 for s in got)
+    seen: list[float] = []
+    for _ in range(4):
+        for _ in range(5):
+            record(store, ("vim main.c", 0), ("make", 0), ("./main", 0), ("ls", 0))
+        got = ask(engine, store, "")
+        assert got[0].text == "vim main.c" and all(s.confidence <= got[0].confidence for s in got)
+        seen.append(got[0].confidence)
+    assert seen == sorted(seen) and seen[0] < 0.5 <= seen[-1]  # the more the loop repeats, the surer
+    typed = ask(engine, store, "v")[0]
+    assert typed.text == "vim main.c" and typed.confidence > seen[-1]  # a typed letter narrows it down

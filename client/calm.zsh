@@ -32,6 +32,8 @@ typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM
 typeset -g _CALM_BRANCH= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
 typeset -ga _CALM_CANDS=()
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
+typeset -ga _CALM_WIDGETS=(_calm_on_reply _calm_pre_redraw _calm_line_init _calm_line_finish
+  _calm_cycle _calm_dismiss)
 
 # --------------------------------------------------------------------------- the helper
 
@@ -108,7 +110,18 @@ _calm_on_reply() {
 _calm_hide() {
   [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] && POSTDISPLAY=
   _CALM_SHOWN=
+  _calm_hl
+}
+
+# Our region_highlight entry (memo=calm) covers the ghost text while it is shown, and is gone
+# otherwise. zsh-syntax-highlighting rebuilds region_highlight from scratch after the widgets it
+# wraps, so this also runs after it (see _calm_precmd).
+_calm_hl() {
+  emulate -L zsh
   region_highlight=("${(@)region_highlight:#*memo=calm}")
+  [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] &&
+    region_highlight+=("$#BUFFER $(( $#BUFFER + $#_CALM_SHOWN )) $CALM_HIGHLIGHT memo=calm")
+  return 0
 }
 
 # Show candidate $1 (an index into _CALM_CANDS) if it extends the buffer; 1 when it does not.
@@ -117,13 +130,14 @@ _calm_show() {
   if [[ -z $cand || $#cand -le $#BUFFER || ${cand[1,$#BUFFER]} != $BUFFER ]]; then
     return 1
   fi
-  # Someone else's text (zsh-autosuggestions) is shown: leave it.
-  [[ -n $POSTDISPLAY && $POSTDISPLAY != $_CALM_SHOWN ]] && return 0
-  _calm_hide
+  local ghost=${cand[$#BUFFER+1,-1]}
+  # Someone else's text (zsh-autosuggestions) is shown: leave it. What it shows may be our own
+  # text, trimmed as the user typed along it (it takes any POSTDISPLAY for its own): that is ours.
+  [[ -n $POSTDISPLAY && $POSTDISPLAY != $_CALM_SHOWN && $POSTDISPLAY != $ghost ]] && return 0
   _CALM_IDX=$1
-  _CALM_SHOWN=${cand[$#BUFFER+1,-1]}
-  POSTDISPLAY=$_CALM_SHOWN
-  region_highlight+=("$#BUFFER $(( $#BUFFER + $#_CALM_SHOWN )) $CALM_HIGHLIGHT memo=calm")
+  _CALM_SHOWN=$ghost
+  POSTDISPLAY=$ghost
+  _calm_hl
   return 0
 }
 
@@ -243,40 +257,40 @@ _calm_dismiss() {
   fi
 }
 
+# Wrap widget $1: function $2 gets what the widget was before as its first argument. A builtin is
+# called by its dot name (`.end-of-line`), which nothing can rebind; only a user widget is kept as
+# a copy, _calm_orig_$1. (A copy of a builtin would itself look builtin to zsh-syntax-highlighting,
+# which would then call a `._calm_orig_...` that does not exist.)
+_calm_wrap() {
+  local widget=$1 kind=$2 orig
+  [[ -n ${widgets[$widget]} ]] || return
+  [[ ${widgets[$widget]} == user:_calm_w_* ]] && return
+  if [[ ${widgets[$widget]} == builtin ]]; then
+    orig=.$widget
+  else
+    orig=_calm_orig_$widget
+    zle -A $widget $orig
+  fi
+  functions[_calm_w_$widget]="$kind $orig \"\$@\""
+  zle -N $widget _calm_w_$widget
+}
+
+# In vi insert mode Esc leaves for command mode: dismiss on the way.
 _calm_vi_cmd_mode() {
   emulate -L zsh
   _calm_shown && _calm_dismiss
-  zle _calm_orig_vi-cmd-mode
-}
-
-# Wrap widget $1 with _calm_accept/_calm_partial ($2), keeping what it was as _calm_orig_$1.
-_calm_wrap() {
-  local widget=$1 kind=$2
-  [[ -n ${widgets[$widget]} ]] || return
-  [[ ${widgets[$widget]} == user:_calm_w_* ]] && return
-  zle -A $widget _calm_orig_$widget
-  functions[_calm_w_$widget]="$kind _calm_orig_$widget \"\$@\""
-  zle -N $widget _calm_w_$widget
+  zle $1 -- "${@:2}"
 }
 
 _calm_setup_zle() {
   local w key km
   for w in $CALM_ACCEPT_WIDGETS; do _calm_wrap $w _calm_accept; done
   for w in $CALM_PARTIAL_WIDGETS; do _calm_wrap $w _calm_partial; done
-  zle -N _calm_on_reply
-  zle -N _calm_pre_redraw
-  zle -N _calm_line_init
-  zle -N _calm_line_finish
-  zle -N _calm_cycle
-  zle -N _calm_dismiss
+  for w in $_CALM_WIDGETS; do zle -N $w; done
   add-zle-hook-widget line-pre-redraw _calm_pre_redraw
   add-zle-hook-widget line-init _calm_line_init
   add-zle-hook-widget line-finish _calm_line_finish
-  # In vi insert mode Esc leaves for command mode: dismiss on the way.
-  if [[ ${widgets[vi-cmd-mode]} != user:_calm_vi_cmd_mode ]]; then
-    zle -A vi-cmd-mode _calm_orig_vi-cmd-mode
-    zle -N vi-cmd-mode _calm_vi_cmd_mode
-  fi
+  _calm_wrap vi-cmd-mode _calm_vi_cmd_mode
   # (keymap key widget) triples to bind; what each key did before is looked up in one go.
   local -a todo
   if [[ -n $CALM_CYCLE_KEY ]]; then
@@ -360,6 +374,23 @@ _calm_precmd() {
   if (( ${+functions[_zsh_autosuggest_suggest]} && ! ${+functions[_calm_orig_autosuggest_suggest]} )); then
     functions[_calm_orig_autosuggest_suggest]=$functions[_zsh_autosuggest_suggest]
     functions[_zsh_autosuggest_suggest]='_calm_orig_autosuggest_suggest "$@"; _calm_restore'
+  fi
+  # zsh-syntax-highlighting (0.7) empties region_highlight and rebuilds its own entries after every
+  # widget it wraps, the line-pre-redraw hook included when it loads after us: put ours back each
+  # time. Its wrappers around our own widgets only cost time (they change no text): undo them.
+  if (( ${+functions[_zsh_highlight]} && ! ${+functions[_calm_orig_zsh_highlight]} )); then
+    functions[_calm_orig_zsh_highlight]=$functions[_zsh_highlight]
+    functions[_zsh_highlight]='_calm_orig_zsh_highlight "$@"; local ret=$?; _calm_hl; return ret'
+  fi
+  local w
+  for w in $_CALM_WIDGETS; do
+    [[ ${widgets[$w]} == user:$w ]] || zle -N $w
+  done
+  # It also wraps zle-line-pre-redraw when that exists as it loads (made by add-zle-hook-widget
+  # for us): a redraw then drops zsh-autosuggestions' highlight, which a widget set just before.
+  if [[ ${widgets[zle-line-pre-redraw]} == user:_zsh_highlight_widget_* ]] &&
+     (( ${+functions[azhw:zle-line-pre-redraw]} )); then
+    zle -N zle-line-pre-redraw azhw:zle-line-pre-redraw
   fi
 }
 

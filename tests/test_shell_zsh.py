@@ -3,6 +3,7 @@ history prefix matches first, then `input + suffix` candidates: mmit, mmand, nfi
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -265,24 +266,79 @@ def test_ghost_text_survives_a_late_empty_answer_from_zsh_autosuggestions(home: 
 
 
 SYNTAX_HIGHLIGHTING = Path("/usr/share/zsh-syntax-highlighting/zsh-syntax-highlighting.zsh")
+COLOUR = r"(?:\x1b\[[0-9;]*m)*"  # whatever zsh-syntax-highlighting puts around a word
 
 
-def test_coexists_with_autosuggestions_and_syntax_highlighting_loaded_last(
-    home: Path, daemon: Daemon
-) -> None:
-    """The documented order: zsh-autosuggestions, calm, zsh-syntax-highlighting last."""
-    plugin = autosuggestions()
-    if plugin is None or not SYNTAX_HIGHLIGHTING.is_file():
-        pytest.skip("zsh-autosuggestions and zsh-syntax-highlighting are not both installed")
+def plugin_rc(order: str) -> dict[str, str]:
+    """`before` and `after` for zsh_terminal from a load order like "autosuggestions,calm,highlighting"."""
+    paths = {"autosuggestions": autosuggestions(), "highlighting": SYNTAX_HIGHLIGHTING}
+    names = order.split(",")
+    for name in names:
+        if name != "calm" and (paths[name] is None or not Path(str(paths[name])).is_file()):
+            if os.environ.get("CI"):
+                raise AssertionError(f"zsh-{name} is not installed")
+            pytest.skip(f"zsh-{name} is not installed")
+    at = names.index("calm")
+    load = [f"source {paths[n]}" for n in names if n != "calm"]
+    return {"before": "\n".join(load[:at]), "after": "\n".join(load[at:])}
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "calm,highlighting",
+        "highlighting,calm",
+        "autosuggestions,calm,highlighting",  # the order docs/shells.md gives
+        "calm,autosuggestions,highlighting",
+        "highlighting,autosuggestions,calm",
+        "highlighting,calm,autosuggestions",
+    ],
+)
+def test_ghost_keeps_its_colour_beside_syntax_highlighting(home: Path, daemon: Daemon, order: str) -> None:
+    """zsh-syntax-highlighting rebuilds region_highlight after every widget it wraps (and it wraps
+    whatever exists when it loads); the ghost text must stay calm's grey all the same: after the
+    reply is drawn, after cursor motions that redraw the line, and while typing along."""
     record(daemon, "git status")
-    with zsh_terminal(home, before=f"source {plugin}", after=f"source {SYNTAX_HIGHLIGHTING}") as term:
+    with zsh_terminal(home, **plugin_rc(order)) as term:
         term.wait_for("^PROMPT>")
-        term.type("git st")
-        # `git` coloured by zsh-syntax-highlighting, the ghost text still calm's dim grey
-        colour = r"(?:\x1b\[[0-9;]*m)*"
-        term.wait_line(rf"^PROMPT> {colour}git{colour} st{GHOST}atus{LINE_END}", escapes=True)
-        term.send("Right")
-        term.wait_line(rf"^PROMPT> {colour}git{colour} status", escapes=True)
+        ghost = rf"^PROMPT> {COLOUR}git{COLOUR} st{GHOST}atus{LINE_END}"
+        for _ in range(3):
+            term.send("C-u")
+            term.type("git st")
+            term.wait_line(ghost, escapes=True)
+            # Left and Right redraw the line without changing it; wait for the cursor to move.
+            term.send("Left")
+            term.wait_cursor(len("PROMPT> git s"))
+            term.send("Right")
+            term.wait_cursor(len("PROMPT> git st"))
+            assert re.search(ghost, term.line(escapes=True)), term.line(escapes=True)
+            term.type("a")
+            term.wait_line(rf"^PROMPT> {COLOUR}git{COLOUR} sta{GHOST}tus{LINE_END}", escapes=True)
+        term.send("End")
+        term.wait_line(rf"^PROMPT> {COLOUR}git{COLOUR} {COLOUR}status{COLOUR}(?:\s*$|{GHOST})", escapes=True)
         term.send("Enter")
         wait_recorded(home, "git status")
+        # End with nothing shown does what it always does (it used to say "No such widget").
+        term.type("echo abc")
+        term.send("C-g", "C-a")
+        term.wait_cursor(len("PROMPT> "))
+        term.send("End")
+        term.wait_cursor(len("PROMPT> echo abc"))
+        term.send("C-a")
+        term.wait_cursor(len("PROMPT> "))
+        term.send("End")
+        term.wait_cursor(len("PROMPT> echo abc"))
+        if "autosuggestions" in order:
+            # zsh-autosuggestions' own suggestion (a line calm never recorded) keeps its colour too
+            term.send("C-u")
+            term.type(" echo only-in-zsh-history")
+            term.send("Enter")
+            term.wait_for("^only-in-zsh-history$")
+            term.type(" echo only-in")
+            term.wait_line(rf"echo{COLOUR} {COLOUR}only-in{GHOST}-zsh-history{LINE_END}", escapes=True)
+            term.send("Left")
+            term.wait_cursor(len("PROMPT>  echo only-i"))
+            term.send("Right")
+            term.wait_cursor(len("PROMPT>  echo only-in"))
+            assert re.search(rf"only-in{GHOST}-zsh-history{LINE_END}", term.line(escapes=True))
         assert_quiet(term.screen())

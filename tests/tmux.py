@@ -100,6 +100,19 @@ class Terminal:
         args = ["capture-pane", "-p", "-t", "t"] + (["-e"] if escapes else [])
         return self.tmux(*args)
 
+    def cursor(self) -> tuple[int, int]:
+        """(column, row) of the cursor, 0-based."""
+        x, y = self.tmux("display-message", "-p", "-t", "t", "#{cursor_x} #{cursor_y}").split()
+        return int(x), int(y)
+
+    def wait_cursor(self, x: int, *, timeout: float = 5.0) -> None:
+        """Wait until the cursor is in column `x` (a redraw after a key that moves it happened)."""
+        deadline = time.monotonic() + timeout
+        while self.cursor()[0] != x:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cursor at {self.cursor()}, not column {x}; screen:\n{self.screen()}")
+            time.sleep(0.01)
+
     def line(self, *, escapes: bool = False) -> str:
         """The line the cursor is on."""
         y = int(self.tmux("display-message", "-p", "-t", "t", "#{cursor_y}").strip())

@@ -152,8 +152,23 @@ _calm_pick() {
   return 1
 }
 
+# Nothing to show until the user edits the line again: drop what is shown, what is asked for and
+# what we have.
+_calm_quiet() {
+  (( ++_CALM_SEQ ))
+  _calm_hide
+  _CALM_CANDS=() _CALM_LAST_BUF=$BUFFER
+}
+
 _calm_pre_redraw() {
   emulate -L zsh
+  # Completion draws the line itself (listings, menus) and clips region_highlight to the buffer:
+  # a ghost left there looks typed. Suggestions come back with the next edit.
+  if [[ $LASTWIDGET == (*complet*|list-choices|delete-char-or-list|menu-select) ||
+        ${widgets[$LASTWIDGET]} == completion:* ]]; then
+    _calm_quiet
+    return
+  fi
   if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
     _calm_restore  # zsh-autosuggestions clears POSTDISPLAY when it has nothing
     return

@@ -112,6 +112,34 @@ def test_cycle_and_dismiss(home: Path, daemon: Daemon) -> None:
         term.wait_line(rf"^PROMPT> abcd{GHOST}mmit", escapes=True)
 
 
+MENU = "autoload -Uz compinit; compinit -u -D; zstyle ':completion:*' menu select"
+
+
+@pytest.mark.parametrize("rc", ["", MENU])
+def test_tab_completion_hides_the_ghost(home: Path, daemon: Daemon, rc: str) -> None:
+    """Completion redraws the line itself (a listing, a menu) and clips region_highlight to the
+    buffer: a ghost left in POSTDISPLAY looked typed, with the cursor in the middle of it."""
+    (home / "alpha1").mkdir()
+    (home / "alpha2").mkdir()
+    with zsh_terminal(home, before=rc) as term:
+        term.wait_for("^PROMPT>")
+        term.type("ls alpha")
+        term.wait_line(rf"^PROMPT> ls alpha{GHOST}mmit", escapes=True)
+        term.send("Tab")  # ambiguous: lists alpha1/ alpha2/ (a menu with compinit)
+        term.wait_for(r"alpha1/\s+alpha2/")
+        assert re.search(r"^PROMPT> ls alpha\s*$", term.screen().split("\n")[0]), term.screen()
+        assert term.cursor() == (len("PROMPT> ls alpha"), 0)
+        if rc:
+            term.send("Tab")  # into the menu: alpha1/ is inserted
+            term.wait_line(r"^PROMPT> ls alpha1/")
+            term.send("Enter")  # take it, leave the menu
+        else:
+            term.type("1/")
+        term.wait_cursor(len("PROMPT> ls alpha1/"))
+        term.type("x")  # typing brings suggestions back
+        term.wait_line(rf"^PROMPT> ls alpha1/x{GHOST}mmit", escapes=True)
+
+
 def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) -> None:
     with zsh_terminal(home) as term:
         term.wait_for("^PROMPT>")

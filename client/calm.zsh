@@ -20,7 +20,10 @@ autoload -Uz add-zsh-hook add-zle-hook-widget
 (( ${+CALM_RECORD} ))         || typeset -g CALM_RECORD=1
 (( ${+CALM_AUTOSTART} ))      || typeset -g CALM_AUTOSTART=0
 (( ${+CALM_CYCLE_KEY} ))      || typeset -g CALM_CYCLE_KEY='^[[Z'
-(( ${+CALM_DISMISS_KEYS} ))   || typeset -ga CALM_DISMISS_KEYS=('^G' '^[')
+# Not Esc: bound alone, it would end zsh's wait for the rest of Esc-prefixed keys (Esc . or Esc b
+# typed slowly) after KEYTIMEOUT. vi insert mode's Esc dismisses anyway (vi-cmd-mode).
+(( ${+CALM_DISMISS_KEYS} ))   || typeset -ga CALM_DISMISS_KEYS=('^G')
+(( ${+CALM_DISMISS_WIDGETS} )) || typeset -ga CALM_DISMISS_WIDGETS=(kill-line)
 (( ${+CALM_ACCEPT_WIDGETS} )) || typeset -ga CALM_ACCEPT_WIDGETS=(
   forward-char end-of-line vi-forward-char vi-end-of-line vi-add-eol)
 (( ${+CALM_PARTIAL_WIDGETS} )) || typeset -ga CALM_PARTIAL_WIDGETS=(
@@ -264,11 +267,20 @@ _calm_cycle() {
 _calm_dismiss() {
   emulate -L zsh
   if _calm_shown; then
-    (( ++_CALM_SEQ ))
-    _calm_hide
-    _CALM_CANDS=()
+    _calm_quiet
   else
     _calm_orig
+  fi
+}
+
+# $1: the original widget (kill-line). The suggestion is what lies after the cursor at the end of
+# the line: kill it; anywhere else, kill as always.
+_calm_kill() {
+  emulate -L zsh
+  if _calm_shown && _calm_at_end; then
+    _calm_quiet
+  else
+    zle $1 -- "${@:2}"
   fi
 }
 
@@ -301,6 +313,7 @@ _calm_setup_zle() {
   local w key km
   for w in $CALM_ACCEPT_WIDGETS; do _calm_wrap $w _calm_accept; done
   for w in $CALM_PARTIAL_WIDGETS; do _calm_wrap $w _calm_partial; done
+  for w in $CALM_DISMISS_WIDGETS; do _calm_wrap $w _calm_kill; done
   for w in $_CALM_WIDGETS; do zle -N $w; done
   add-zle-hook-widget line-pre-redraw _calm_pre_redraw
   add-zle-hook-widget line-init _calm_line_init

@@ -106,10 +106,51 @@ def test_cycle_and_dismiss(home: Path, daemon: Daemon) -> None:
         term.send("C-u")
         term.type("abc")
         term.wait_line(rf"^PROMPT> abc{GHOST}mmit", escapes=True)
-        term.send("Escape")
+        term.send("C-g")
         term.wait_line(r"^PROMPT> abc\s*$")
         term.type("d")  # typing again brings suggestions back
         term.wait_line(rf"^PROMPT> abcd{GHOST}mmit", escapes=True)
+        term.send("C-k")  # kill what is after the cursor: the suggestion
+        term.wait_line(r"^PROMPT> abcd\s*$")
+        term.send("C-a", "C-k")  # elsewhere, Ctrl-k kills as always
+        term.wait_line(rf"^PROMPT> (?:{GHOST}|{LINE_END})", escapes=True)
+
+
+@pytest.mark.parametrize("mode", ["emacs", "vi"])
+def test_escape_sequences_behave_as_without_calm(home: Path, daemon: Daemon, mode: str) -> None:
+    """Esc is a prefix in zsh (Esc . inserts the last word, Esc b goes back a word) and a user may
+    type it slowly: zsh waits for the next key only while Esc alone is unbound. KEYTIMEOUT=1
+    (10 ms) and a pause after Esc make the difference certain."""
+    rc = "KEYTIMEOUT=1" + ("\nbindkey -v" if mode == "vi" else "")
+    with zsh_terminal(home, before=rc) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo aaa bbb")
+        term.send("Enter")
+        term.wait_for("^aaa bbb$")
+        term.type("echo ")
+        term.wait_line(rf"^PROMPT> echo {GHOST}aaa bbb", escapes=True)  # something to dismiss
+        if mode == "emacs":
+            term.send("Escape")
+            time.sleep(0.1)  # a slow Esc: longer than KEYTIMEOUT
+            term.type(".")
+            term.wait_line(rf"^PROMPT> echo bbb(?:{GHOST}|{LINE_END})", escapes=True)  # insert-last-word
+            term.send("C-u")
+            term.type("echo foo bar")
+            term.send("Escape")
+            time.sleep(0.1)
+            term.type("b")  # backward-word
+            term.wait_cursor(len("PROMPT> echo foo "))
+            term.type("X")
+            term.wait_line(r"^PROMPT> echo foo Xbar")
+        else:
+            term.send("Escape")  # vi: to command mode, and the suggestion goes
+            term.wait_line(r"^PROMPT> echo\s*$")
+            term.type("b")  # vi-backward-word
+            term.wait_cursor(len("PROMPT> "))
+            term.type("A")
+            term.type("x")
+            term.wait_line(r"^PROMPT> echo x")
+        assert_quiet(term.screen())
 
 
 MENU = "autoload -Uz compinit; compinit -u -D; zstyle ':completion:*' menu select"

@@ -124,7 +124,12 @@ _calm_key() {
     _calm_collect "$_CALM_PRED_SEQ" || return
     _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_READY=1
   else
-    (( ${#READLINE_LINE} < CALM_MIN_LENGTH )) && return
+    # A line emptied after the prediction went (Ctrl-U after a press): ask for it again.
+    if [[ -z $READLINE_LINE ]]; then
+      (( CALM_PREDICT )) || return
+    elif (( ${#READLINE_LINE} < CALM_MIN_LENGTH )); then
+      return
+    fi
     _calm_drain
     seq=$(( ++_CALM_SEQ ))
     _calm_esc "$PWD"; local cwd=$REPLY

@@ -10,6 +10,7 @@
 typeset -g _CALM_LOADED=1
 
 zmodload zsh/system zsh/datetime 2>/dev/null || return 0
+zmodload -F zsh/files b:zf_rm 2>/dev/null
 autoload -Uz add-zsh-hook add-zle-hook-widget
 
 # Options: set only what the user has not set.
@@ -33,10 +34,11 @@ autoload -Uz add-zsh-hook add-zle-hook-widget
 typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
 typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
 typeset -g _CALM_BRANCH= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
+typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0
 typeset -ga _CALM_CANDS=()
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
 typeset -ga _CALM_WIDGETS=(_calm_on_reply _calm_pre_redraw _calm_line_init _calm_line_finish
-  _calm_cycle _calm_dismiss)
+  _calm_cycle _calm_dismiss _calm_isearch_update _calm_isearch_exit _calm_interrupt)
 
 # --------------------------------------------------------------------------- the helper
 
@@ -165,12 +167,24 @@ _calm_quiet() {
 
 _calm_pre_redraw() {
   emulate -L zsh
-  # Completion draws the line itself (listings, menus) and clips region_highlight to the buffer:
-  # a ghost left there looks typed. Suggestions come back with the next edit.
-  if [[ $LASTWIDGET == (*complet*|list-choices|delete-char-or-list|menu-select) ||
+  # Quiet until the next edit: completion draws the line itself (listings, menus) and clips
+  # region_highlight to the buffer, so a ghost left there looks typed; during Ctrl-R the line is
+  # the search's; and a pasted line is what the user meant to type.
+  if (( _CALM_ISEARCH )) ||
+     [[ $LASTWIDGET == (*complet*|list-choices|delete-char-or-list|menu-select|bracketed-paste) ||
         ${widgets[$LASTWIDGET]} == completion:* ]]; then
     _calm_quiet
     return
+  fi
+  # A line recalled from the history (Up, history searches) is quiet until edited; the user's own
+  # line (back down to it, a search given up) is not.
+  if (( HISTNO != _CALM_HISTNO )); then
+    _CALM_HISTNO=$HISTNO
+    if (( HISTNO != HISTCMD )); then
+      _calm_quiet
+      return
+    fi
+    _CALM_LAST_BUF=$'\0'  # ask again even if the text is the same
   fi
   if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
     _calm_restore  # zsh-autosuggestions clears POSTDISPLAY when it has nothing
@@ -191,8 +205,8 @@ _calm_pre_redraw() {
 
 _calm_line_init() {
   emulate -L zsh
-  _CALM_CANDS=() _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER
-  (( _CALM_OFF )) && return
+  _CALM_CANDS=() _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER _CALM_HISTNO=$HISTNO _CALM_ISEARCH=0
+  (( _CALM_OFF || HISTNO != HISTCMD )) && return  # a line pushed from the history (Ctrl-o)
   [[ -z $BUFFER ]] && (( ! CALM_PREDICT )) && return
   _calm_request
 }
@@ -202,6 +216,32 @@ _calm_line_finish() {
   (( ++_CALM_SEQ ))
   _calm_hide
   _CALM_CANDS=()
+}
+
+_calm_isearch_update() { _CALM_ISEARCH=1; _calm_quiet }
+_calm_isearch_exit() { _CALM_ISEARCH=0 }
+
+# Ctrl-C at the prompt ends zle without running zle-line-finish (zsh skips hooks while an
+# interrupt is pending), so the ghost text would stay in the scrollback: TRAPINT hides it first.
+_calm_interrupt() {
+  _calm_line_finish
+  zle -R
+}
+
+_calm_on_int() { zle && zle _calm_interrupt }
+
+# 0 when INT is trapped with `trap '...' INT`: that is no function, and defining TRAPINT would
+# replace it, so calm leaves Ctrl-C alone then. Only `trap`'s listing shows it, and a subshell
+# would not: the listing goes through a private file. (No emulate -L here: its local_traps would
+# take back a TRAPINT defined inside.)
+_calm_int_trapped() {
+  local tmp=${TMPDIR:-/tmp}/calm-trap-$UID-$$-$RANDOM fd listing
+  sysopen -w -o creat,excl -m 600 -u fd $tmp 2>/dev/null || return 0
+  trap >&$fd
+  exec {fd}>&-
+  listing=$(<$tmp)
+  zf_rm -f -- $tmp
+  [[ $'\n'$listing == *$'\n'trap\ *\ INT(|$'\n'*) ]]
 }
 
 # --------------------------------------------------------------------------- keys
@@ -318,6 +358,8 @@ _calm_setup_zle() {
   add-zle-hook-widget line-pre-redraw _calm_pre_redraw
   add-zle-hook-widget line-init _calm_line_init
   add-zle-hook-widget line-finish _calm_line_finish
+  add-zle-hook-widget isearch-update _calm_isearch_update
+  add-zle-hook-widget isearch-exit _calm_isearch_exit
   _calm_wrap vi-cmd-mode _calm_vi_cmd_mode
   # (keymap key widget) triples to bind; what each key did before is looked up in one go.
   local -a todo
@@ -332,13 +374,23 @@ _calm_setup_zle() {
   for key in '^[[F' '^[OF' '^[[4~' '^[[8~'; do
     todo+=(emacs $key +end-of-line viins $key +end-of-line vicmd $key +vi-end-of-line)
   done
-  local -a old=("${(@f)$(for km key w in $todo; do bindkey -M $km -- $key; done 2>/dev/null)}")
-  local -i i=0
+  # During Ctrl-R a key that the isearch keymap leaves unbound runs the main keymap's widget,
+  # which ends the search first: Ctrl-g would accept the found line instead of giving up. Such a
+  # key keeps its old meaning there (=: bind it to what the main keymap had, if it is unbound).
+  for key in $CALM_CYCLE_KEY $CALM_DISMISS_KEYS; do
+    [[ -n $key ]] && todo+=(isearch $key =)
+  done
+  local -a old=("${(@f)$(bindkey -lL main; for km key w in $todo; do bindkey -M $km -- $key; done 2>/dev/null)}")
+  local main=${${(z)old[1]}[3]}  # emacs or viins
+  local -i i=1
   for km key w in $todo; do
     (( ++i ))
     local was=${${(z)old[i]}[2]}
     if [[ $w == +* ]]; then
       [[ $was == undefined-key ]] && bindkey -M $km -- $key ${w#+}
+    elif [[ $w == = ]]; then
+      w=${_CALM_ORIG[$main:${(g:ec:)key}]}
+      [[ $was == undefined-key && -n $w && $w != undefined-key ]] && bindkey -M $km -- $key $w
     elif [[ $was != $w ]]; then
       _CALM_ORIG[$km:${(g:ec:)key}]=$was
       bindkey -M $km -- $key $w
@@ -432,5 +484,11 @@ _calm_restore() {
 # --------------------------------------------------------------------------- start
 
 _calm_setup_zle
+if (( ${+functions[TRAPINT]} )); then  # chain the user's
+  functions[_calm_user_trapint]=$functions[TRAPINT]
+  TRAPINT() { _calm_on_int; _calm_user_trapint "$@" }
+elif ! _calm_int_trapped; then
+  TRAPINT() { _calm_on_int; return $(( 128 + $1 )) }
+fi
 add-zsh-hook preexec _calm_preexec
 precmd_functions=(_calm_precmd ${precmd_functions:#_calm_precmd})  # first: it needs $?

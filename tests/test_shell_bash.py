@@ -71,6 +71,23 @@ def test_prediction_on_empty_line(home: Path, daemon: Daemon) -> None:
         term.wait_line(r"^PROMPT> after true\s*$")
 
 
+def test_key_on_a_line_emptied_with_ctrl_u(home: Path, daemon: Daemon) -> None:
+    """The prediction asked for at the prompt is superseded by the first press on a typed line;
+    on the line emptied again, the key asks for it anew."""
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("true")
+        term.send("Enter")
+        term.wait_for("^PROMPT> true\nPROMPT>")
+        term.type("xyz")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> xyzmmit\s*$")
+        term.send("C-u")
+        term.wait_line(r"^PROMPT>\s*$")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> after true\s*$")
+
+
 def test_failing_command_and_existing_hooks_kept(home: Path, daemon: Daemon) -> None:
     before = "PROMPT_COMMAND='echo pc-$?'\ntrap 'echo trap >> \"$HOME/debug-trap.log\"' DEBUG"
     with bash_terminal(home, before=before) as term:

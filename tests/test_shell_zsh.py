@@ -181,6 +181,91 @@ def test_tab_completion_hides_the_ghost(home: Path, daemon: Daemon, rc: str) -> 
         term.wait_line(rf"^PROMPT> ls alpha1/x{GHOST}mmit", escapes=True)
 
 
+def drawn_until(log: Path, sentinel: str, *, timeout: float = 5.0) -> str:
+    """What the shell wrote to the terminal (Terminal.record_output) up to `sentinel`, once the
+    sentinel is there: anything drawn before it, even if overwritten since, is in the result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_bytes().decode(errors="replace") if log.exists() else ""
+        if sentinel in text:
+            return text[: text.index(sentinel)]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{sentinel!r} was never drawn: {text!r}")
+        time.sleep(0.01)
+
+
+def test_no_ghost_in_isearch_on_recalled_lines_or_after_a_paste(home: Path, daemon: Daemon) -> None:
+    """Each case ends with a sentinel: a suggestion asked for after it, so a stale one for the
+    searched, recalled or pasted line would have been drawn before it (it answers in order)."""
+    record(daemon, "echo hello-from-calm-only")
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo hello")
+        term.send("Enter")
+        term.wait_for("^hello$")
+        term.type("echo hello")  # what calm suggests for it
+        term.wait_line(rf"^PROMPT> echo hello{GHOST}-from-calm-only", escapes=True)
+        term.send("C-u")
+        term.wait_line(rf"^PROMPT> {GHOST}after echo hello", escapes=True)
+
+        term.record_output(home / "isearch.log")
+        term.send("C-r")
+        term.type("hello")
+        term.wait_for(r"bck-i-search: hello")
+        term.send("C-g")  # back to the empty line, whose prediction is the sentinel
+        drawn = drawn_until(home / "isearch.log", "after echo hello")
+        assert "-from-calm-only" not in drawn, drawn
+
+        term.record_output(home / "recall.log")
+        term.send("Up")
+        term.wait_line(r"^PROMPT> echo hello")
+        term.type("!")  # an edit: suggestions again
+        drawn = drawn_until(home / "recall.log", "mmit")
+        assert "-from-calm-only" not in drawn, drawn
+
+        term.send("C-u")
+        term.record_output(home / "paste.log")
+        term.tmux("set-buffer", "echo hel")
+        term.tmux("paste-buffer", "-p", "-t", "t")  # bracketed, as a terminal pastes
+        term.wait_line(r"^PROMPT> echo hel")
+        term.type(" x")
+        drawn = drawn_until(home / "paste.log", "mmit")
+        assert DIM + "lo" not in drawn, drawn  # the ghost for `echo hel`, whichever it is
+
+
+@pytest.mark.parametrize(
+    "trap",
+    [
+        "",
+        "TRAPINT() { print -r -- user-trap-$1; return $(( 128 + $1 )) }",
+        "trap 'print -r -- user-trap-2' INT",
+    ],
+)
+def test_ctrl_c_leaves_no_ghost_in_the_scrollback(home: Path, daemon: Daemon, trap: str) -> None:
+    """zsh runs no zle-line-finish on Ctrl-C; calm's TRAPINT hides the ghost. A TRAPINT function of
+    the user's runs after it; an INT trap set with `trap` is left alone (calm cannot chain it)."""
+    record(daemon, "git status")
+    with zsh_terminal(home, before=trap) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        term.send("C-c")
+        if trap:
+            term.wait_for("^PROMPT> git stuser-trap-2")  # the user's trap still runs
+            return
+        term.wait_cursor(len("PROMPT> "))
+        screen = term.wait_for(r"^PROMPT> git st\n^PROMPT>")
+        assert screen.split("\n")[0].rstrip() == "PROMPT> git st", screen
+        term.type("sleep 5")  # Ctrl-C still interrupts a command, with status 130
+        term.send("Enter")
+        term.wait_for(r"^PROMPT> sleep 5\n")
+        term.send("C-c")
+        term.wait_line(r"^PROMPT> ")
+        term.type("echo status-$?")
+        term.send("Enter")
+        term.wait_for("^status-130$")
+
+
 def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) -> None:
     with zsh_terminal(home) as term:
         term.wait_for("^PROMPT>")

@@ -151,6 +151,11 @@ class Terminal:
                 )
             time.sleep(0.01)
 
+    def record_output(self, path: Path) -> None:
+        """From now on, append every byte the program writes to the terminal to `path` (what a
+        screen capture cannot show: text drawn and overwritten between two captures)."""
+        self.tmux("pipe-pane", "-t", "t", f"cat >> {shlex.quote(str(path))}")
+
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10)
 

@@ -189,7 +189,7 @@ _calm_debug() {
   [[ -z ${COMP_LINE-} && $BASH_COMMAND != _calm_* ]] || return $status
   # Commands of PROMPT_COMMAND that run after ours are not the user's.
   local IFS=$'\n' entry pc
-  pc=$'\n'"${PROMPT_COMMAND[*]}"$'\n'
+  pc=$'\n'"${PROMPT_COMMAND[*]-}"$'\n'
   pc=${pc//;/$'\n'}
   pc=${pc//$'\n' /$'\n'}
   if [[ $pc != *$'\n'"$BASH_COMMAND"$'\n'* ]]; then
@@ -256,7 +256,9 @@ _calm_install() {
   prev=${prev//"'\\''"/"'"}
   # shellcheck disable=SC2064
   trap "_calm_debug; ${prev:-:}" DEBUG
-  if (( ${#PROMPT_COMMAND[@]} > 1 )); then
+  # Under `set -u`, bash 5.2 calls even ${#PROMPT_COMMAND[@]} of a string unbound: ask for the
+  # array attribute, and only of a variable that is set.
+  if [[ -n ${PROMPT_COMMAND+set} && ${PROMPT_COMMAND@a} == *a* ]]; then
     PROMPT_COMMAND=(_calm_precmd "${PROMPT_COMMAND[@]}")
   else
     PROMPT_COMMAND="_calm_precmd${PROMPT_COMMAND:+$'\n'$PROMPT_COMMAND}"

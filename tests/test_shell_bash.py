@@ -107,6 +107,69 @@ def test_failing_command_and_existing_hooks_kept(home: Path, daemon: Daemon) -> 
         assert not [r for r in history_rows(home) if r.cmd.startswith("echo pc")]
 
 
+# The interface of bash-preexec (arrays preexec_functions and precmd_functions, run from its own
+# DEBUG trap and PROMPT_COMMAND), in a few lines: the real script is not packaged (Debian, npm).
+PREEXEC_STANDIN = r"""
+bash_preexec_imported=defined
+preexec_functions=() precmd_functions=()
+__bp_ready=0
+__bp_status() { return "$1"; }
+__bp_precmd() {
+  local s=$? f
+  for f in "${precmd_functions[@]}"; do __bp_status "$s"; "$f"; done  # each sees $?
+  __bp_ready=1
+}
+__bp_debug() {
+  (( __bp_ready )) || return 0
+  [[ $BASH_COMMAND == __bp_* ]] && return 0
+  __bp_ready=0
+  local f line; line=$(HISTTIMEFORMAT= builtin history 1); line=${line#*[0-9]  }
+  for f in "${preexec_functions[@]}"; do "$f" "$line"; done
+}
+PROMPT_COMMAND=__bp_precmd
+trap __bp_debug DEBUG
+"""
+
+
+@pytest.mark.parametrize(
+    "hooks",
+    [
+        "",
+        "PROMPT_COMMAND='echo pc-$?'",
+        "PROMPT_COMMAND=('echo pc-$?')",
+        "trap 'echo trap >> \"$HOME/debug-trap.log\"' DEBUG",
+        PREEXEC_STANDIN,
+    ],
+    ids=["none", "string", "array", "debug-trap", "bash-preexec"],
+)
+def test_set_u_before_the_hook(home: Path, daemon: Daemon, hooks: str) -> None:
+    """`set -u` in ~/.bashrc before calm's line: no "unbound variable", everything installed."""
+    with bash_terminal(home, before=f"set -u\n{hooks}") as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("false", "(exit 3)", "echo recorded-$?"):  # one at a time: no typeahead echo
+            prompts = term.screen().count("PROMPT>")
+            term.type(cmd)
+            term.send("Enter")
+            term.wait(lambda screen, n=prompts: screen.count("PROMPT>") > n, what="the next prompt")
+        term.wait_for("^recorded-3$")
+        assert wait_recorded(home, "false").exit == 1
+        assert wait_recorded(home, "(exit 3)").exit == 3
+        assert wait_recorded(home, "echo recorded-$?").exit == 0
+        term.type("xyz")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> xyzmmit\s*$")
+        term.send("C-u")
+        term.type("echo ok")
+        term.send("Enter")
+        term.wait_for("^ok$")
+        if "pc-" in hooks:
+            term.wait_for("^pc-1$")  # the user's PROMPT_COMMAND still runs and sees $?
+        if "debug-trap" in hooks:
+            assert (home / "debug-trap.log").read_text().count("trap") >= 3
+        assert "unbound variable" not in term.screen()
+        assert_quiet(term.screen())
+
+
 @pytest.mark.parametrize("histcontrol", ["", "ignoreboth"])
 def test_leading_space_command_not_recorded(home: Path, daemon: Daemon, histcontrol: str) -> None:
     with bash_terminal(home, before=f"HISTCONTROL={histcontrol}") as term:

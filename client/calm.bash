@@ -22,7 +22,8 @@ _CALM_LOADED=1
 
 _CALM_SESSION="bash-${HOSTNAME%%.*}-$$-$EPOCHSECONDS"
 _CALM_WFD= _CALM_RFD= _CALM_STARTED_AT=0 _CALM_SEQ=0 _CALM_PRED_SEQ=-1 _CALM_OFF=0
-_CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH=
+_CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH= _CALM_BRANCH_DIR=
+_CALM_CMD_CWD= _CALM_CMD_GIT=
 _CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0
 _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
 
@@ -152,7 +153,7 @@ _calm_key() {
 
 # _CALM_BRANCH: the branch (or short commit) of the repository around $PWD, read from .git/HEAD.
 _calm_git_branch() {
-  _CALM_BRANCH=
+  _CALM_BRANCH= _CALM_BRANCH_DIR=$PWD
   local dir=$PWD gitdir= head=
   while true; do
     if [[ -d $dir/.git ]]; then
@@ -177,9 +178,13 @@ _calm_git_branch() {
   fi
 }
 
-# The command line about to run ($1), as bash-preexec passes it or as read from the history.
+# The command line about to run ($1), as bash-preexec passes it or as read from the history. It
+# is recorded with the folder and branch it was typed in (a `cd proj` line with the folder it was
+# typed in, not proj), as the model sees them when it suggests that line.
 _calm_preexec() {
   _CALM_CMD=$1 _CALM_TS=$EPOCHREALTIME
+  [[ $PWD == "$_CALM_BRANCH_DIR" ]] || _calm_git_branch
+  _CALM_CMD_CWD=$PWD _CALM_CMD_GIT=$_CALM_BRANCH
 }
 
 # DEBUG trap: the first command after the prompt starts the user's line.
@@ -221,8 +226,9 @@ _calm_precmd() {
   fi
   if [[ -n $_CALM_CMD ]]; then
     if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
+      _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
       _calm_esc "$_CALM_CMD"
-      out+="r"$'\t'"$ret"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
+      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
     fi
     _CALM_CMD=
   fi

@@ -33,7 +33,7 @@ autoload -Uz add-zsh-hook add-zle-hook-widget
 
 typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
 typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
-typeset -g _CALM_BRANCH= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
+typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0
 typeset -ga _CALM_CANDS=()
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
@@ -402,7 +402,7 @@ _calm_setup_zle() {
 
 # _CALM_BRANCH: the branch (or short commit) of the repository around $PWD, read from .git/HEAD.
 _calm_git_branch() {
-  _CALM_BRANCH=
+  _CALM_BRANCH= _CALM_BRANCH_DIR=$PWD
   local dir=$PWD gitdir head
   while true; do
     if [[ -d $dir/.git ]]; then
@@ -426,8 +426,12 @@ _calm_git_branch() {
   fi
 }
 
+# The line is recorded with the folder and branch it was typed in (a `cd proj` line with the folder
+# it was typed in, not proj), as the model sees them when it suggests that line.
 _calm_preexec() {
   _CALM_CMD=$1 _CALM_TS=$EPOCHREALTIME _CALM_RAN=1
+  [[ $PWD == $_CALM_BRANCH_DIR ]] || _calm_git_branch  # a widget changed folder at the prompt
+  _CALM_CMD_CWD=$PWD _CALM_CMD_GIT=$_CALM_BRANCH
 }
 
 _calm_precmd() {
@@ -440,8 +444,8 @@ _calm_precmd() {
     if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
       local cmd cwd
       _calm_esc $_CALM_CMD; cmd=$REPLY
-      _calm_esc $PWD; cwd=$REPLY
-      _calm_send r $ret "$cwd" "$_CALM_BRANCH" "$_CALM_TS" "$cmd"
+      _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
+      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd"
     fi
   fi
   _calm_git_branch

@@ -71,6 +71,25 @@ def test_prediction_on_empty_line(home: Path, daemon: Daemon) -> None:
         term.wait_line(r"^PROMPT> after true\s*$")
 
 
+def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
+    """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
+    need("git")
+    proj = home / "proj"
+    proj.mkdir()
+    for path, branch in ((home, "trunk"), (proj, "feature")):
+        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("cd proj", "echo in-proj", "cd .."):
+            term.type(cmd)
+            term.send("Enter")
+            wait_recorded(home, cmd)
+        rows = {r.cmd: (r.cwd, r.git) for r in history_rows(home)}
+        assert rows["cd proj"] == (str(home), "trunk")
+        assert rows["echo in-proj"] == (str(proj), "feature")
+        assert rows["cd .."] == (str(proj), "feature")
+
+
 def test_key_on_a_line_emptied_with_ctrl_u(home: Path, daemon: Daemon) -> None:
     """The prediction asked for at the prompt is superseded by the first press on a typed line;
     on the line emptied again, the key asks for it anew."""

@@ -276,6 +276,25 @@ def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) 
         term.wait_line(r"^PROMPT> after true", escapes=True)
 
 
+def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
+    """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
+    need("git")
+    proj = home / "proj"
+    proj.mkdir()
+    for path, branch in ((home, "trunk"), (proj, "feature")):
+        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("cd proj", "echo in-proj", "cd .."):
+            term.type(cmd)
+            term.send("Enter")
+            wait_recorded(home, cmd)
+        rows = {r.cmd: (r.cwd, r.git) for r in history_rows(home)}
+        assert rows["cd proj"] == (str(home), "trunk")
+        assert rows["echo in-proj"] == (str(proj), "feature")
+        assert rows["cd .."] == (str(proj), "feature")
+
+
 def test_failing_command_recorded_with_its_exit_code(home: Path, daemon: Daemon) -> None:
     with zsh_terminal(home) as term:
         term.wait_for("^PROMPT>")

@@ -5,17 +5,26 @@ starts one helper (`calmd shell-helper`) when the hook loads, talks to it over t
 line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
 whenever the daemon comes back. The helper is silent: its errors go to a log file.
 
-Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`):
+Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
+separated by tabs). The hooks start the helper with `--format 2`:
 
-    shell -> helper   c <seq> <n> <cwd> <git> <input>           complete `input`, best `n`
-                      r <exit> <cwd> <git> <ts> <cmd>           record an executed command
-    helper -> shell   <seq> <final> <candidate> <candidate>...  (fields separated by tabs)
+    shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
+                      r <exit> <cwd> <git> <ts> <cmd>            record an executed command
+    helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
 
-A `c` line is answered with a line holding the best candidate as soon as it arrives (final=0),
-then a line with every candidate, best first (final=1), which may hold none (no daemon, disabled,
-nothing to suggest). Only the newest `c` matters: older ones that are still queued are skipped,
-and the daemon cancels an older request of the same session when a newer one arrives. `r` lines
-get no answer; they are sent before the next `c`, and kept (up to 256) while no daemon runs.
+`min` is the shell's CALM_MIN_CONFIDENCE (empty: calmd.protocol.DEFAULT_MIN_CONFIDENCE). `flags`
+holds one character per candidate: 1 when its confidence reaches `min` (or the daemon sends none,
+as an older one does), so that it may be shown unasked; 0 when only cycling should reach it. A `c`
+line is answered first, at once, with the daemon's `early` answer (the history's best line, asked
+for with `"early": true`) when it reaches `min`; then with the model's best candidate when that
+one differs from what is shown and reaches `min` (both final=0); then with every candidate
+(final=1), which may hold none (no daemon, disabled, nothing to suggest). Only the newest `c`
+matters: older ones that are still queued are skipped, and the daemon cancels an older request of
+the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
+`c`, and kept (up to 256) while no daemon runs.
+
+Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
+`c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
 """
 
 from __future__ import annotations
@@ -119,6 +128,16 @@ class Complete:
     input: str
     cwd: str
     git: str
+    min_confidence: float | None = None  # None: the default threshold
+
+
+def parse_confidence(text: str) -> float | None:
+    """A threshold from the shell: a number in [0, 1], else None (the default)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
 
 
 @dataclass
@@ -138,9 +157,11 @@ class Record:
 def parse_request(line: str) -> Complete | Record | None:
     parts = line.split("\t")
     try:
-        if parts[0] == "c" and len(parts) == 6:
+        if parts[0] == "c" and len(parts) in (6, 7):  # 6: a hook from before --format 2
             n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
-            return Complete(parts[1], n, unescape(parts[5]), unescape(parts[3]), unescape(parts[4]))
+            threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
+            cwd, git = unescape(parts[3]), unescape(parts[4])
+            return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
         if parts[0] == "r" and len(parts) == 6:
             exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
             ts = float(parts[4]) if parts[4] else None
@@ -157,7 +178,17 @@ class Active:
 
     seq: str
     rid: int
+    input: str = ""
+    threshold: float = 0.0
     candidates: list[str] = field(default_factory=list)
+    confident: list[bool] = field(default_factory=list)
+    shown: str = ""  # the candidate already sent on its own (final=0), early or the model's best
+
+    def is_confident(self, confidence: Any) -> bool:
+        """A confidence at or above the threshold; none at all (an older daemon) counts as one."""
+        if isinstance(confidence, bool) or not isinstance(confidence, int | float):
+            return True
+        return float(confidence) >= self.threshold
 
 
 class Helper:
@@ -171,7 +202,12 @@ class Helper:
         stdin: int = 0,
         stdout: int = 1,
         autostart: bool = False,
+        line_format: int = 1,
     ) -> None:
+        from calmd.protocol import DEFAULT_MIN_CONFIDENCE
+
+        self.default_threshold = DEFAULT_MIN_CONFIDENCE
+        self.line_format = line_format
         self.session = session
         self.socket_path = socket_path
         self.stdin = stdin
@@ -189,8 +225,12 @@ class Helper:
 
     # -- shell side ------------------------------------------------------------------------------
 
-    def emit(self, seq: str, final: bool, candidates: list[str]) -> None:
-        line = "\t".join([seq, "1" if final else "0", *(escape(c) for c in candidates)]) + "\n"
+    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+        head = [seq, "1" if final else "0"]
+        if self.line_format >= 2:
+            flags = confident if confident is not None else [True] * len(candidates)
+            head.append("".join("1" if f else "0" for f in flags))
+        line = "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"
         data = line.encode()
         while data:
             written = os.write(self.stdout, data)
@@ -285,9 +325,11 @@ class Helper:
                     **({"cwd": q.cwd} if q.cwd else {}),
                     **({"git": q.git} if q.git else {}),
                 }
-                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx)
+                early = {"early": True} if self.line_format >= 2 else {}
+                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx, **early)
                 log.debug("sent complete %s as %d", q.seq, rid)
-                self.active = Active(q.seq, rid)
+                threshold = self.default_threshold if q.min_confidence is None else q.min_confidence
+                self.active = Active(q.seq, rid, q.input, threshold)
         except OSError as exc:
             self.drop(exc)
 
@@ -302,16 +344,37 @@ class Helper:
         active = self.active
         if active is None or rid != active.rid:
             return  # a cancelled or superseded request
+        if "early" in message:
+            # The history's best line, before the model runs: the ghost text at once, if sure enough.
+            text = message["early"]
+            if (
+                self.line_format >= 2
+                and isinstance(text, str)
+                and len(text) > len(active.input)
+                and text.startswith(active.input)
+                and not active.candidates
+                and active.is_confident(message.get("confidence"))
+            ):
+                active.shown = text
+                self.emit(active.seq, False, [text])
+            return
         if "candidate" in message:
             candidate = str(message["candidate"])
             if candidate and candidate not in active.candidates:
+                confident = active.is_confident(message.get("confidence"))
                 active.candidates.append(candidate)
-                if len(active.candidates) == 1:
-                    self.emit(active.seq, False, active.candidates)  # the ghost text, at once
+                active.confident.append(confident)
+                # The model's best, at once, when it changes what is shown: not when it is the
+                # early answer again, and not to take a shown one away (the final list says so).
+                if len(active.candidates) == 1 and (
+                    self.line_format < 2 or (confident and candidate != active.shown)
+                ):
+                    active.shown = candidate
+                    self.emit(active.seq, False, [candidate], [confident])
             return
         if "error" in message:
             log.warning("complete failed: %s", message["error"])
-        self.emit(active.seq, True, active.candidates)
+        self.emit(active.seq, True, active.candidates, active.confident)
         self.active = None
 
     def read_daemon(self) -> None:
@@ -367,7 +430,7 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
     _setup_log()
     socket = Path(args.socket) if getattr(args, "socket", None) else paths.socket_path()
     session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = Helper(session, socket, autostart=args.autostart)
+    helper = Helper(session, socket, autostart=args.autostart, line_format=args.format)
     try:
         return helper.run()
     except (BrokenPipeError, KeyboardInterrupt):
@@ -410,6 +473,7 @@ def add_calmd_parsers(sub: Any) -> None:
     p.add_argument("--session", default="", help="session id (default: from the parent pid)")
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
+    p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
     p.set_defaults(func=cmd_shell_helper)
 
 

@@ -24,8 +24,8 @@ _CALM_SESSION="bash-${HOSTNAME%%.*}-$$-$EPOCHSECONDS"
 _CALM_WFD= _CALM_RFD= _CALM_STARTED_AT=0 _CALM_SEQ=0 _CALM_PRED_SEQ=-1 _CALM_OFF=0
 _CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH= _CALM_BRANCH_DIR=
 _CALM_CMD_CWD= _CALM_CMD_GIT=
-_CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0
-_CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+_CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0 _CALM_CYCLING=0
+_CALM_CANDS=() _CALM_FLAGS= _CALM_PRED=() _CALM_PRED_FLAGS= _CALM_PRED_READY=0
 
 # --------------------------------------------------------------------------- the helper
 
@@ -35,7 +35,7 @@ _calm_start() {
   _CALM_STARTED_AT=$EPOCHSECONDS
   local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
   command mkfifo -m 600 -- "$fifo" 2>/dev/null || return 1
-  local argv=("${_CALM_HELPER[@]}" --session "$_CALM_SESSION")
+  local argv=("${_CALM_HELPER[@]}" --format 2 --session "$_CALM_SESSION")
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(exec "${argv[@]}" <"$fifo" 2>/dev/null)
   exec {_CALM_WFD}>"$fifo"
@@ -70,10 +70,11 @@ _calm_drain() {
   done
 }
 
-# _CALM_CANDS = the candidates of the final reply to request $1 (wait up to CALM_TIMEOUT).
+# _CALM_CANDS = the candidates of the final reply to request $1 (wait up to CALM_TIMEOUT), and
+# _CALM_FLAGS one character per candidate: 1 when it is sure enough to be inserted first.
 _calm_collect() {
   local line rest status
-  _CALM_CANDS=()
+  _CALM_CANDS=() _CALM_FLAGS=
   while [[ -n $_CALM_RFD ]]; do
     IFS= read -r -t "$CALM_TIMEOUT" -u "$_CALM_RFD" line
     status=$?
@@ -85,8 +86,10 @@ _calm_collect() {
     [[ $rest == *$'\t'* ]] || return 0
     local -a parts
     IFS=$'\t' read -r -a parts <<<"${rest#*$'\t'}"
+    (( ${#parts[@]} )) || return 0
+    _CALM_FLAGS=${parts[0]}
     local part
-    for part in "${parts[@]}"; do
+    for part in "${parts[@]:1}"; do
       printf -v part '%b' "$part"
       _CALM_CANDS+=("$part")
     done
@@ -102,9 +105,11 @@ _calm_set_line() {
   READLINE_POINT=${#READLINE_LINE}
 }
 
-# First press: the best candidate for the line. Again: the next one, then back to what was typed.
+# First press: the best candidate for the line, if it is sure enough (its confidence reaches
+# CALM_MIN_CONFIDENCE); otherwise the line stays as typed. Again: the next candidate (the less sure
+# ones too), then back to what was typed.
 _calm_key() {
-  if [[ -n $_CALM_INSERTED && $READLINE_LINE == "$_CALM_INSERTED" ]] && (( ${#_CALM_CANDS[@]} )); then
+  if (( _CALM_CYCLING )) && [[ $READLINE_LINE == "$_CALM_INSERTED" ]] && (( ${#_CALM_CANDS[@]} )); then
     _CALM_IDX=$(( (_CALM_IDX + 1) % (${#_CALM_CANDS[@]} + 1) ))
     if (( _CALM_IDX == ${#_CALM_CANDS[@]} )); then
       _calm_set_line "$_CALM_TYPED"
@@ -114,16 +119,16 @@ _calm_key() {
     _CALM_INSERTED=$READLINE_LINE
     return
   fi
-  _CALM_INSERTED= _CALM_TYPED=$READLINE_LINE
+  _CALM_CYCLING=0 _CALM_INSERTED= _CALM_TYPED=$READLINE_LINE
   (( _CALM_OFF )) && return
   [[ -z $_CALM_WFD ]] && return
   local seq
   if [[ -z $READLINE_LINE ]] && (( _CALM_PRED_READY )); then
-    _CALM_CANDS=("${_CALM_PRED[@]}")
+    _CALM_CANDS=("${_CALM_PRED[@]}") _CALM_FLAGS=$_CALM_PRED_FLAGS
   elif [[ -z $READLINE_LINE ]] && (( _CALM_PRED_SEQ == _CALM_SEQ )); then
     # Asked for at the prompt; usually here already.
     _calm_collect "$_CALM_PRED_SEQ" || return
-    _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_READY=1
+    _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_FLAGS=$_CALM_FLAGS _CALM_PRED_READY=1
   else
     # A line emptied after the prediction went (Ctrl-U after a press): ask for it again.
     if [[ -z $READLINE_LINE ]]; then
@@ -135,17 +140,25 @@ _calm_key() {
     seq=$(( ++_CALM_SEQ ))
     _calm_esc "$PWD"; local cwd=$REPLY
     _calm_esc "$READLINE_LINE"
-    _calm_write "c"$'\t'"$seq"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$REPLY"$'\n'
+    _calm_write "c"$'\t'"$seq"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"${CALM_MIN_CONFIDENCE-}"$'\t'"$REPLY"$'\n'
     _calm_collect "$seq" || return
   fi
-  local cand keep=()
-  for cand in "${_CALM_CANDS[@]}"; do
-    [[ $cand != "$_CALM_TYPED" && $cand == "$_CALM_TYPED"* ]] && keep+=("$cand")
+  local -i i
+  local keep=() flags=
+  for (( i = 0; i < ${#_CALM_CANDS[@]}; i++ )); do
+    [[ ${_CALM_CANDS[i]} != "$_CALM_TYPED" && ${_CALM_CANDS[i]} == "$_CALM_TYPED"* ]] || continue
+    keep+=("${_CALM_CANDS[i]}")
+    flags+=${_CALM_FLAGS:i:1}
   done
-  _CALM_CANDS=("${keep[@]}")
+  _CALM_CANDS=("${keep[@]}") _CALM_FLAGS=$flags
   (( ${#_CALM_CANDS[@]} )) || return
-  _CALM_IDX=0
-  _calm_set_line "${_CALM_CANDS[0]}"
+  _CALM_CYCLING=1
+  if [[ ${_CALM_FLAGS:0:1} == 1 ]]; then
+    _CALM_IDX=0
+    _calm_set_line "${_CALM_CANDS[0]}"
+  else
+    _CALM_IDX=-1  # not sure enough: the next press brings the first candidate
+  fi
   _CALM_INSERTED=$READLINE_LINE
 }
 
@@ -235,10 +248,10 @@ _calm_precmd() {
   _calm_git_branch
   if (( CALM_PREDICT && ! _CALM_OFF )); then
     _CALM_PRED_SEQ=$(( ++_CALM_SEQ ))
-    out+="c"$'\t'"$_CALM_SEQ"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'$'\n'
+    out+="c"$'\t'"$_CALM_SEQ"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"${CALM_MIN_CONFIDENCE-}"$'\t'$'\n'
   fi
   [[ -n $out ]] && _calm_write "$out"
-  _CALM_INSERTED= _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+  _CALM_CYCLING=0 _CALM_INSERTED= _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
   _CALM_NEXT_HIST=$HISTCMD _CALM_ARMED=1
   return $ret
 }

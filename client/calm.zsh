@@ -36,6 +36,7 @@ typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0
 typeset -ga _CALM_CANDS=()
+typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
 typeset -ga _CALM_WIDGETS=(_calm_on_reply _calm_pre_redraw _calm_line_init _calm_line_finish
   _calm_cycle _calm_dismiss _calm_isearch_update _calm_isearch_exit _calm_interrupt)
@@ -49,7 +50,7 @@ _calm_start() {
   _CALM_STARTED_AT=$EPOCHSECONDS
   local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
   command mkfifo -m 600 -- $fifo 2>/dev/null || return 1
-  local -a argv=($_CALM_HELPER --session $_CALM_SESSION)
+  local -a argv=($_CALM_HELPER --format 2 --session $_CALM_SESSION)
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(exec $argv <$fifo 2>/dev/null)
   exec {_CALM_WFD}>$fifo
@@ -81,10 +82,11 @@ _calm_request() {
   (( ++_CALM_SEQ ))
   _calm_esc $BUFFER; local input=$REPLY
   _calm_esc $PWD
-  _calm_send c $_CALM_SEQ $CALM_MAX_CANDIDATES "$REPLY" "$_CALM_BRANCH" "$input"
+  _calm_send c $_CALM_SEQ $CALM_MAX_CANDIDATES "$REPLY" "$_CALM_BRANCH" "${CALM_MIN_CONFIDENCE-}" "$input"
 }
 
 # zle -F handler: replies for the newest request replace the candidates; older ones are dropped.
+# A reply is "seq final flags candidate...".
 _calm_on_reply() {
   emulate -L zsh
   local data line
@@ -102,9 +104,10 @@ _calm_on_reply() {
     [[ ${line%%$'\t'*} == $_CALM_SEQ ]] || continue
     local -a parts=("${(@ps:\t:)line}")
     local shown=$_CALM_SHOWN
-    _CALM_CANDS=("${(@g::)parts[3,-1]}")
+    _CALM_FLAGS=$parts[3]
+    _CALM_CANDS=("${(@g::)parts[4,-1]}")
     _CALM_IDX=0
-    _calm_pick 1
+    (( _CALM_ISEARCH )) || _calm_pick
     [[ $_CALM_SHOWN == $shown ]] || zle -R  # redraw only when the text changed
     return
   done
@@ -146,13 +149,20 @@ _calm_show() {
   return 0
 }
 
-# Show the first candidate from index $1 on (wrapping) that extends the buffer, else nothing.
+# Show what fits the buffer: the candidate shown so far while it still extends it (the user may
+# have cycled to it), else the best candidate that extends it if it is sure enough (flag 1), else
+# nothing: a less sure one is for cycling only.
 _calm_pick() {
-  local -i i n=$#_CALM_CANDS k
-  for (( k = 0; k < n; k++ )); do
-    i=$(( ($1 - 1 + k) % n + 1 ))
-    _calm_show $i && return 0
+  (( _CALM_IDX )) && _calm_show $_CALM_IDX && return 0
+  local -i i
+  local cand
+  for (( i = 1; i <= $#_CALM_CANDS; i++ )); do
+    cand=$_CALM_CANDS[i]
+    [[ $#cand -gt $#BUFFER && ${cand[1,$#BUFFER]} == $BUFFER ]] || continue
+    [[ $_CALM_FLAGS[i] == 1 ]] && _calm_show $i && return 0
+    break
   done
+  _CALM_IDX=0
   _calm_hide
   return 1
 }
@@ -162,7 +172,7 @@ _calm_pick() {
 _calm_quiet() {
   (( ++_CALM_SEQ ))
   _calm_hide
-  _CALM_CANDS=() _CALM_LAST_BUF=$BUFFER
+  _CALM_CANDS=() _CALM_IDX=0 _CALM_LAST_BUF=$BUFFER
 }
 
 _calm_pre_redraw() {
@@ -195,7 +205,7 @@ _calm_pre_redraw() {
     _calm_hide
     return
   fi
-  _calm_pick 1  # keep showing a candidate that still fits while the new answer comes
+  _calm_pick  # keep showing a candidate that still fits while the new answer comes
   if (( $#BUFFER >= CALM_MIN_LENGTH || ($#BUFFER == 0 && CALM_PREDICT) )); then
     _calm_request
   else
@@ -205,7 +215,7 @@ _calm_pre_redraw() {
 
 _calm_line_init() {
   emulate -L zsh
-  _CALM_CANDS=() _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER _CALM_HISTNO=$HISTNO _CALM_ISEARCH=0
+  _CALM_CANDS=() _CALM_IDX=0 _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER _CALM_HISTNO=$HISTNO _CALM_ISEARCH=0
   (( _CALM_OFF || HISTNO != HISTCMD )) && return  # a line pushed from the history (Ctrl-o)
   [[ -z $BUFFER ]] && (( ! CALM_PREDICT )) && return
   _calm_request
@@ -215,7 +225,7 @@ _calm_line_finish() {
   emulate -L zsh
   (( ++_CALM_SEQ ))
   _calm_hide
-  _CALM_CANDS=()
+  _CALM_CANDS=() _CALM_IDX=0
 }
 
 _calm_isearch_update() { _CALM_ISEARCH=1; _calm_quiet }
@@ -283,7 +293,7 @@ _calm_partial() {
       BUFFER=${BUFFER[1,CURSOR]}
     fi
     _CALM_LAST_BUF=$BUFFER
-    _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+    _calm_pick
   else
     zle $1 -- "${@:2}"
   fi
@@ -295,13 +305,15 @@ _calm_orig() {
   [[ -n $w && $w != undefined-key ]] && zle $w
 }
 
+# The next candidate that extends the buffer, wrapping; the first one when none is shown (below
+# the threshold too: cycling reaches every candidate).
 _calm_cycle() {
   emulate -L zsh
-  if _calm_shown && (( $#_CALM_CANDS > 1 )); then
-    _calm_pick $(( _CALM_IDX % $#_CALM_CANDS + 1 ))
-  else
-    _calm_orig
-  fi
+  local -i n=$#_CALM_CANDS k
+  for (( k = 1; k <= n; k++ )); do
+    _calm_show $(( (_CALM_IDX + k - 1) % n + 1 )) && return 0
+  done
+  _calm_orig
 }
 
 _calm_dismiss() {
@@ -481,7 +493,7 @@ _calm_precmd() {
 # Show our candidate again when someone else cleared POSTDISPLAY for the same buffer.
 _calm_restore() {
   [[ -z $POSTDISPLAY && -n $_CALM_SHOWN && $BUFFER == $_CALM_LAST_BUF ]] || return 0
-  _calm_pick $(( _CALM_IDX ? _CALM_IDX : 1 ))
+  _calm_pick
   return 0
 }
 

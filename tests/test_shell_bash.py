@@ -11,10 +11,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.daemon import Daemon, running_daemon
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import assert_quiet, bash_terminal, calm_cli, history_rows, need, record, wait_recorded
 
 pytestmark = pytest.mark.skipif(
@@ -249,3 +251,36 @@ def test_disable_turns_the_key_off(home: Path, daemon: Daemon) -> None:
         term.type("xyz")
         term.send("BTab")
         term.wait_line(r"^PROMPT> xyzmmit\s*$")
+
+
+def test_key_inserts_first_only_a_sure_candidate(home: Path) -> None:
+    """Below CALM_MIN_CONFIDENCE the first press leaves the line as typed; pressing again goes
+    through every candidate, the unsure ones too (tests/fake_daemon.py sends the confidences)."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed == "":
+            yield from candidates(("predicted-unsure", UNSURE))
+        elif typed == "abc":
+            yield from candidates(("abc-sure", SURE), ("abc-unsure", UNSURE))
+        elif typed == "xyz":
+            yield {"early": "xyz-early", "confidence": SURE}  # the key waits for the full list
+            yield from candidates(("xyz-low", UNSURE), ("xyz-lower", UNSURE))
+
+    with FakeDaemon.at_home(home, script), bash_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.type("abc")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> abc-sure\s*$")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> abc-unsure\s*$")
+        term.send("C-u")
+        term.type("xyz")
+        term.send("BTab", "BTab")  # the first leaves `xyz`, the second brings the first candidate
+        term.wait_line(r"^PROMPT> xyz-low\s*$")
+        for text in ("xyz-lower", "xyz", "xyz-low"):
+            term.send("BTab")
+            term.wait_line(rf"^PROMPT> {text}\s*$")
+        term.send("C-u")
+        term.send("BTab", "BTab")  # the unsure prediction, on the second press only
+        term.wait_line(r"^PROMPT> predicted-unsure\s*$")

@@ -7,14 +7,17 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from calmd import shell
 from tests.daemon import Daemon, running_daemon
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
 
 
@@ -35,6 +38,15 @@ class HelperProcess:
 
     def complete(self, seq: int, text: str, n: int = 5) -> None:
         self.send("c", str(seq), str(n), "/tmp", "main", shell.escape(text))
+
+    def complete2(self, seq: int, text: str, n: int = 5, min_confidence: str = "") -> None:
+        """A request as the hooks send it to a `--format 2` helper (with the threshold)."""
+        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, shell.escape(text))
+
+    def reply2(self, timeout: float = 10.0) -> tuple[str, bool, str, list[str]]:
+        """A `--format 2` answer: (seq, final, flags, candidates)."""
+        seq, final, cands = self.reply(timeout)
+        return seq, final, cands[0] if cands else "", cands[1:]
 
     def reply(self, timeout: float = 10.0) -> tuple[str, bool, list[str]]:
         assert self.proc.stdout is not None
@@ -102,6 +114,9 @@ def test_parse_request() -> None:
     assert isinstance(r, shell.Record)
     assert r.fields("s") == {"exit": 1, "cwd": "/src", "ts": 1700000000.5, "session": "s"}
     assert shell.parse_request("c\t1\t99\t\t\tx") == shell.Complete("1", 32, "x", "", "")
+    assert shell.parse_request("c\t1\t5\t/\tm\t0.25\tx") == shell.Complete("1", 5, "x", "/", "m", 0.25)
+    for odd in ("", "-1", "2", "nan", "abc"):  # the default threshold
+        assert shell.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == shell.Complete("1", 5, "x", "/", "m", None)
     assert shell.parse_request("r\t\t\t\t\tls") == shell.Record("ls", None, "", "", None)
     for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
         assert shell.parse_request(bad) is None
@@ -169,6 +184,90 @@ def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> Non
     helper.complete(2, "x", n=1)
     assert helper.final(2) == ["xmmit"]
     assert "echo still-recorded" in [r.cmd for r in history_rows(home)]
+
+
+def test_helper_passes_the_early_answer_on_at_once_then_refines(home: Path) -> None:
+    release = threading.Event()
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        yield {"early": typed + " --from-history", "confidence": SURE}
+        yield release  # the model's candidates wait until the early answer has been seen
+        yield from candidates((typed + " --model", SURE), (typed + " --less-sure", UNSURE))
+
+    with FakeDaemon.at_home(home, script) as fake:
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            helper.complete2(1, "git")
+            assert helper.reply2() == ("1", False, "1", ["git --from-history"])  # before any candidate
+            assert fake.requests[0]["early"] is True
+            release.set()
+            assert helper.reply2() == ("1", False, "1", ["git --model"])  # the model's best, at once
+            assert helper.reply2() == ("1", True, "10", ["git --model", "git --less-sure"])
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_applies_the_confidence_threshold(home: Path) -> None:
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        yield {"early": typed + "-early", "confidence": UNSURE}
+        yield from candidates((typed + "-a", UNSURE), (typed + "-b", SURE), (typed + "-a", SURE))
+
+    with FakeDaemon.at_home(home, script):
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            # The default threshold (calmd.protocol): nothing sure enough comes early, no
+            # duplicate, and the list says which candidate may be shown unasked.
+            helper.complete2(1, "x")
+            assert helper.reply2() == ("1", True, "01", ["x-a", "x-b"])
+            helper.complete2(2, "x", min_confidence=f"{UNSURE:.3f}")  # CALM_MIN_CONFIDENCE lower
+            assert helper.reply2() == ("2", False, "1", ["x-early"])
+            assert helper.reply2() == ("2", False, "1", ["x-a"])
+            assert helper.reply2() == ("2", True, "11", ["x-a", "x-b"])
+            helper.complete2(3, "x", min_confidence="1")
+            assert helper.reply2() == ("3", True, "00", ["x-a", "x-b"])
+            helper.complete2(4, "x", min_confidence="not a number")  # the default again
+            assert helper.reply2() == ("4", True, "01", ["x-a", "x-b"])
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_with_an_older_daemon_shows_everything(home: Path) -> None:
+    """No `early` message and no `confidence` field (a daemon from before them): every candidate
+    counts as sure, as before."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        yield from candidates((typed + "1", None), (typed + "2", None))
+
+    with FakeDaemon.at_home(home, script):
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            helper.complete2(1, "x", min_confidence="0.99")
+            assert helper.reply2() == ("1", False, "1", ["x1"])
+            assert helper.reply2() == ("1", True, "11", ["x1", "x2"])
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_for_a_hook_from_before_the_line_format(home: Path) -> None:
+    """A shell still running the old hook whose helper an upgraded calmd restarts: old lines both
+    ways, no early answer asked for."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        yield {"early": "never asked for", "confidence": 1.0}
+        yield from candidates(("x1", UNSURE), ("x2", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake:
+        helper = HelperProcess(home)
+        try:
+            helper.complete(1, "x")
+            assert helper.reply() == ("1", False, ["x1"])
+            assert helper.reply() == ("1", True, ["x1", "x2"])
+            assert "early" not in fake.requests[0]
+        finally:
+            assert helper.close() == 0
 
 
 def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:

@@ -7,13 +7,16 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.daemon import Daemon, running_daemon
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
     assert_quiet,
     autosuggestions,
@@ -515,3 +518,94 @@ def test_ghost_keeps_its_colour_beside_syntax_highlighting(home: Path, daemon: D
             term.wait_cursor(len("PROMPT>  echo only-in"))
             assert re.search(rf"only-in{GHOST}-zsh-history{LINE_END}", term.line(escapes=True))
         assert_quiet(term.screen())
+
+
+# --------------------------------------------------------------------------- early answers, confidence
+# Against tests/fake_daemon.py, which sends `early` and `confidence` when the test wants them.
+
+
+def test_early_answer_drawn_at_once_then_refined(home: Path) -> None:
+    release = threading.Event()
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed.startswith("dep"):
+            yield {"early": "deploy --from-history", "confidence": SURE}
+            if typed == "dep":
+                yield release  # the model's answer waits until the early one is on screen
+            yield from candidates(("deploy --model", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake, zsh_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.type("dep")
+        term.wait_line(rf"^PROMPT> dep{GHOST}loy --from-history{LINE_END}", escapes=True)
+        assert fake.wait_requests(1)[-1]["early"] is True
+        release.set()
+        term.wait_line(rf"^PROMPT> dep{GHOST}loy --model{LINE_END}", escapes=True)
+
+
+def test_no_flicker_while_the_next_answer_comes(home: Path) -> None:
+    """The ghost that still extends the line stays until the next answer replaces it: never a
+    blank line between two answers."""
+    release = threading.Event()
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed == "g":
+            yield from candidates(("git status", SURE))
+        elif typed == "gi":
+            yield release
+            yield {"early": "git log", "confidence": SURE}
+            yield 0.2
+            yield from candidates(("git stash", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake, zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        fake.wait_requests(1)  # the prediction: the helper is up
+        term.type("g")
+        term.wait_line(rf"^PROMPT> g{GHOST}it status{LINE_END}", escapes=True)
+        term.type("i")
+        fake.wait_requests(3)  # the prediction, g, gi
+        for _ in range(20):  # the answer for `gi` is held back: the old ghost stays
+            assert re.search(rf"^PROMPT> gi{GHOST}t status{LINE_END}", term.line(escapes=True))
+            time.sleep(0.01)
+        release.set()
+        seen = set()
+        while not seen & {"stash"}:  # every screen until the model's answer shows a ghost
+            line = term.line(escapes=True)
+            match = re.search(rf"^PROMPT> gi{GHOST}t (status|log|stash){LINE_END}", line)
+            assert match, line
+            seen.add(match.group(1))
+        assert "log" in seen or "stash" in seen
+
+
+def test_only_sure_candidates_are_shown_but_cycling_reaches_all(home: Path) -> None:
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed == "":
+            yield from candidates(("predicted-unsure", UNSURE))
+        elif typed == "xyz":
+            yield {"early": "xyz-early-unsure", "confidence": UNSURE}
+            yield from candidates(("xyz-low", UNSURE), ("xyz-lower", UNSURE))
+        elif typed == "xyz1":
+            yield from candidates(("xyz1-sure", SURE), ("xyz1-other", UNSURE))
+
+    with FakeDaemon.at_home(home, script), zsh_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.record_output(home / "out.log")
+        term.type("xyz")
+        term.type("1")  # the sentinel: an answer that is shown, asked for after the others
+        drawn = drawn_until(home / "out.log", "-sure")
+        for unsure in ("predicted-unsure", "-early-unsure", "-low"):
+            assert unsure not in drawn, drawn
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-sure{LINE_END}", escapes=True)
+        term.send("BTab")  # cycling reaches the unsure one
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-other{LINE_END}", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-sure{LINE_END}", escapes=True)
+        term.send("BSpace")  # back to `xyz`: its candidates are unsure, nothing is shown...
+        term.wait_line(r"^PROMPT> xyz\s*$")
+        term.send("BTab")  # ...but the cycle key brings them
+        term.wait_line(rf"^PROMPT> xyz{GHOST}-low{LINE_END}", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}-lower{LINE_END}", escapes=True)

@@ -169,10 +169,17 @@ class Terminal:
 PROMPT = "PROMPT> "
 
 
+# The shell tests that drive the scripted engine are about mechanics, not about which candidate is
+# sure enough: they show every candidate, whatever confidence the daemon gives it. The tests of
+# the threshold set CALM_MIN_CONFIDENCE themselves ("": the default).
+TEST_MIN_CONFIDENCE = "0"
+
+
 def zsh_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
     """An interactive zsh that reads no global rc file (`zsh -d`, like `zsh -f`) and only our
     $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`."""
     need("zsh", "tmux")
+    env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
     script = init_script("zsh", home)
     zdot = home / "zdot"
     zdot.mkdir(exist_ok=True)
@@ -185,6 +192,7 @@ def zsh_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -
 
 def bash_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
     need("bash", "tmux")
+    env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
     script = init_script("bash", home)
     rc = home / ".bashrc-test"
     # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it

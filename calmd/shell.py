@@ -222,6 +222,7 @@ class Helper:
         self.queued: Complete | None = None
         self.active: Active | None = None
         self.flag = disabled_flag()
+        self.out: list[tuple[str, bool, str]] = []  # (seq, final, line) waiting for flush()
 
     # -- shell side ------------------------------------------------------------------------------
 
@@ -230,8 +231,17 @@ class Helper:
         if self.line_format >= 2:
             flags = confident if confident is not None else [True] * len(candidates)
             head.append("".join("1" if f else "0" for f in flags))
-        line = "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"
-        data = line.encode()
+        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"))
+
+    def flush(self) -> None:
+        """Write what `emit` queued, in one write. An early or first answer that came in the same
+        batch as the final one for its request is left out: each line the shell reads costs it a
+        wake-up and a parse, and the final line says it all."""
+        if not self.out:
+            return
+        finals = {seq for seq, final, _ in self.out if final}
+        data = "".join(line for seq, final, line in self.out if final or seq not in finals).encode()
+        self.out.clear()
         while data:
             written = os.write(self.stdout, data)
             data = data[written:]
@@ -393,6 +403,7 @@ class Helper:
         parent = os.getppid()
         while True:
             self.send_work()
+            self.flush()
             fds = [self.stdin]
             if self.client is not None:
                 fds.append(self.client.fileno())

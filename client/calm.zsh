@@ -32,9 +32,9 @@ autoload -Uz add-zsh-hook add-zle-hook-widget
   vi-forward-blank-word-end)
 
 typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
-typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
+typeset -g _CALM_REDRAW_FN= _CALM_CWD= _CALM_HL_AT=-1 _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
-typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0
+typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_PENDING=0
 typeset -ga _CALM_CANDS=()
 typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
@@ -78,12 +78,19 @@ _calm_send() {
   print -rnu $_CALM_WFD -- "$*"$'\n' 2>/dev/null || _calm_stop
 }
 
+# Ask for the buffer. Runs on every key: one write, no further function call; the folder was
+# escaped when it changed (_calm_cwd), the buffer is escaped only when it needs it.
 _calm_request() {
-  (( ++_CALM_SEQ ))
-  _calm_esc $BUFFER; local input=$REPLY
-  _calm_esc $PWD
-  _calm_send c $_CALM_SEQ $CALM_MAX_CANDIDATES "$REPLY" "$_CALM_BRANCH" "${CALM_MIN_CONFIDENCE-}" "$input"
+  [[ -n $_CALM_WFD ]] || return
+  local input=$BUFFER
+  [[ $input == *[\\$'\n\t']* ]] && input=${${${input//\\/\\\\}//$'\n'/\\n}//$'\t'/\\t}
+  _CALM_PENDING=1
+  print -rnu $_CALM_WFD -- c$'\t'$(( ++_CALM_SEQ ))$'\t'$CALM_MAX_CANDIDATES$'\t'$_CALM_CWD$'\t'$_CALM_BRANCH$'\t'${CALM_MIN_CONFIDENCE-}$'\t'$input$'\n' 2>/dev/null ||
+    _calm_stop
 }
+
+# _CALM_CWD: $PWD escaped for the request lines (on chpwd and at each prompt).
+_calm_cwd() { _calm_esc $PWD; _CALM_CWD=$REPLY }
 
 # zle -F handler: replies for the newest request replace the candidates; older ones are dropped.
 # A reply is "seq final flags candidate...".
@@ -104,6 +111,7 @@ _calm_on_reply() {
     [[ ${line%%$'\t'*} == $_CALM_SEQ ]] || continue
     local -a parts=("${(@ps:\t:)line}")
     local shown=$_CALM_SHOWN
+    [[ $parts[2] == 1 ]] && _CALM_PENDING=0
     _CALM_FLAGS=$parts[3]
     _CALM_CANDS=("${(@g::)parts[4,-1]}")
     _CALM_IDX=0
@@ -116,19 +124,25 @@ _calm_on_reply() {
 # --------------------------------------------------------------------------- ghost text
 
 _calm_hide() {
-  [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] && POSTDISPLAY=
-  _CALM_SHOWN=
+  [[ -z $_CALM_SHOWN ]] && return  # nothing of ours: nothing to undo (the common case per key)
+  [[ $POSTDISPLAY == $_CALM_SHOWN ]] && POSTDISPLAY=
+  _CALM_SHOWN= _CALM_HL_AT=-1
   _calm_hl
 }
 
 # Our region_highlight entry (memo=calm) covers the ghost text while it is shown, and is gone
-# otherwise. zsh-syntax-highlighting rebuilds region_highlight from scratch after the widgets it
-# wraps, so this also runs after it (see _calm_precmd).
+# otherwise. (Callers run under emulate -L zsh; _calm_hl_after runs after zsh-syntax-highlighting,
+# which rebuilds region_highlight from scratch after the widgets it wraps: see _calm_precmd.)
 _calm_hl() {
-  emulate -L zsh
   region_highlight=("${(@)region_highlight:#*memo=calm}")
   [[ -n $_CALM_SHOWN && $POSTDISPLAY == $_CALM_SHOWN ]] &&
     region_highlight+=("$#BUFFER $(( $#BUFFER + $#_CALM_SHOWN )) $CALM_HIGHLIGHT memo=calm")
+  return 0
+}
+
+_calm_hl_after() {
+  emulate -L zsh
+  [[ -n $_CALM_SHOWN || -n ${(M)region_highlight:#*memo=calm} ]] && _calm_hl
   return 0
 }
 
@@ -143,7 +157,8 @@ _calm_show() {
   # text, trimmed as the user typed along it (it takes any POSTDISPLAY for its own): that is ours.
   [[ -n $POSTDISPLAY && $POSTDISPLAY != $_CALM_SHOWN && $POSTDISPLAY != $ghost ]] && return 0
   _CALM_IDX=$1
-  _CALM_SHOWN=$ghost
+  [[ $ghost == $_CALM_SHOWN && $POSTDISPLAY == $ghost && $_CALM_HL_AT == $#BUFFER ]] && return 0
+  _CALM_SHOWN=$ghost _CALM_HL_AT=$#BUFFER
   POSTDISPLAY=$ghost
   _calm_hl
   return 0
@@ -170,7 +185,7 @@ _calm_pick() {
 # Nothing to show until the user edits the line again: drop what is shown, what is asked for and
 # what we have.
 _calm_quiet() {
-  (( ++_CALM_SEQ ))
+  (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
   _calm_hide
   _CALM_CANDS=() _CALM_IDX=0 _CALM_LAST_BUF=$BUFFER
 }
@@ -180,12 +195,15 @@ _calm_pre_redraw() {
   # Quiet until the next edit: completion draws the line itself (listings, menus) and clips
   # region_highlight to the buffer, so a ghost left there looks typed; during Ctrl-R the line is
   # the search's; and a pasted line is what the user meant to type.
-  if (( _CALM_ISEARCH )) ||
-     [[ $LASTWIDGET == (*complet*|list-choices|delete-char-or-list|menu-select|bracketed-paste) ||
-        ${widgets[$LASTWIDGET]} == completion:* ]]; then
+  if (( _CALM_ISEARCH )); then
     _calm_quiet
     return
   fi
+  case $LASTWIDGET in
+    (self-insert|backward-delete-char) ;;  # most keys: no further look-up
+    (*complet*|list-choices|delete-char-or-list|menu-select|bracketed-paste) _calm_quiet; return ;;
+    (*) if [[ ${widgets[$LASTWIDGET]} == completion:* ]]; then _calm_quiet; return; fi ;;
+  esac
   # A line recalled from the history (Up, history searches) is quiet until edited; the user's own
   # line (back down to it, a search given up) is not.
   if (( HISTNO != _CALM_HISTNO )); then
@@ -197,19 +215,36 @@ _calm_pre_redraw() {
     _CALM_LAST_BUF=$'\0'  # ask again even if the text is the same
   fi
   if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
-    _calm_restore  # zsh-autosuggestions clears POSTDISPLAY when it has nothing
+    # zsh-autosuggestions clears POSTDISPLAY when it has nothing: show ours again
+    [[ -z $POSTDISPLAY && -n $_CALM_SHOWN ]] && _calm_pick
     return
   fi
+  local before=$_CALM_LAST_BUF
   _CALM_LAST_BUF=$BUFFER
   if (( _CALM_OFF )) || [[ -z $_CALM_WFD ]]; then
     _calm_hide
     return
   fi
+  # Typed along the ghost of an answer that has come: it just gets shorter, and there is nothing
+  # new to ask (the path of most keys, hence written out here). Anything else asks again, also
+  # typing along while an answer is on its way: that one is for a shorter line, and could not say
+  # that the ghost no longer fits.
+  if (( _CALM_IDX && ! _CALM_PENDING )) && [[ -n $_CALM_SHOWN && $BUFFER == $before?* ]]; then
+    local cand=$_CALM_CANDS[_CALM_IDX]
+    local ghost=${cand[$#BUFFER+1,-1]}
+    if [[ $#cand -gt $#BUFFER && ${cand[1,$#BUFFER]} == $BUFFER &&
+          ( $POSTDISPLAY == $_CALM_SHOWN || $POSTDISPLAY == $ghost ) ]]; then
+      _CALM_SHOWN=$ghost _CALM_HL_AT=$#BUFFER
+      POSTDISPLAY=$ghost
+      region_highlight=("${(@)region_highlight:#*memo=calm}" "$#BUFFER $#cand $CALM_HIGHLIGHT memo=calm")
+      return
+    fi
+  fi
   _calm_pick  # keep showing a candidate that still fits while the new answer comes
   if (( $#BUFFER >= CALM_MIN_LENGTH || ($#BUFFER == 0 && CALM_PREDICT) )); then
     _calm_request
   else
-    (( ++_CALM_SEQ ))
+    (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
   fi
 }
 
@@ -223,7 +258,7 @@ _calm_line_init() {
 
 _calm_line_finish() {
   emulate -L zsh
-  (( ++_CALM_SEQ ))
+  (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
   _calm_hide
   _CALM_CANDS=() _CALM_IDX=0
 }
@@ -367,7 +402,16 @@ _calm_setup_zle() {
   for w in $CALM_PARTIAL_WIDGETS; do _calm_wrap $w _calm_partial; done
   for w in $CALM_DISMISS_WIDGETS; do _calm_wrap $w _calm_kill; done
   for w in $_CALM_WIDGETS; do zle -N $w; done
-  add-zle-hook-widget line-pre-redraw _calm_pre_redraw
+  # line-pre-redraw runs on every key: when no one else uses it, be the widget itself rather than
+  # a hook of add-zle-hook-widget's dispatcher (a zstyle lookup and a widget call per key). The
+  # dispatcher takes such a widget as its first hook if someone adds one later.
+  if (( ${+widgets[zle-line-pre-redraw]} )); then
+    add-zle-hook-widget line-pre-redraw _calm_pre_redraw
+    _CALM_REDRAW_FN=azhw:zle-line-pre-redraw
+  else
+    zle -N zle-line-pre-redraw _calm_pre_redraw
+    _CALM_REDRAW_FN=_calm_pre_redraw
+  fi
   add-zle-hook-widget line-init _calm_line_init
   add-zle-hook-widget line-finish _calm_line_finish
   add-zle-hook-widget isearch-update _calm_isearch_update
@@ -461,6 +505,7 @@ _calm_precmd() {
     fi
   fi
   _calm_git_branch
+  _calm_cwd
   # zsh-autosuggestions wraps every widget at its first precmd; ours must stay unwrapped.
   if (( ${+ZSH_AUTOSUGGEST_IGNORE_WIDGETS} )) && (( ! ${ZSH_AUTOSUGGEST_IGNORE_WIDGETS[(I)_calm_*]} )); then
     ZSH_AUTOSUGGEST_IGNORE_WIDGETS+=('_calm_*')
@@ -476,17 +521,17 @@ _calm_precmd() {
   # time. Its wrappers around our own widgets only cost time (they change no text): undo them.
   if (( ${+functions[_zsh_highlight]} && ! ${+functions[_calm_orig_zsh_highlight]} )); then
     functions[_calm_orig_zsh_highlight]=$functions[_zsh_highlight]
-    functions[_zsh_highlight]='_calm_orig_zsh_highlight "$@"; local ret=$?; _calm_hl; return ret'
+    functions[_zsh_highlight]='_calm_orig_zsh_highlight "$@"; local ret=$?; _calm_hl_after; return ret'
   fi
   local w
   for w in $_CALM_WIDGETS; do
     [[ ${widgets[$w]} == user:$w ]] || zle -N $w
   done
-  # It also wraps zle-line-pre-redraw when that exists as it loads (made by add-zle-hook-widget
-  # for us): a redraw then drops zsh-autosuggestions' highlight, which a widget set just before.
+  # It also wraps zle-line-pre-redraw when that exists as it loads (ours): a redraw then drops
+  # zsh-autosuggestions' highlight, which a widget set just before, and costs a rebuild per key.
   if [[ ${widgets[zle-line-pre-redraw]} == user:_zsh_highlight_widget_* ]] &&
-     (( ${+functions[azhw:zle-line-pre-redraw]} )); then
-    zle -N zle-line-pre-redraw azhw:zle-line-pre-redraw
+     (( ${+functions[$_CALM_REDRAW_FN]} )); then
+    zle -N zle-line-pre-redraw $_CALM_REDRAW_FN
   fi
 }
 
@@ -507,4 +552,5 @@ elif ! _calm_int_trapped; then
   TRAPINT() { _calm_on_int; return $(( 128 + $1 )) }
 fi
 add-zsh-hook preexec _calm_preexec
+add-zsh-hook chpwd _calm_cwd
 precmd_functions=(_calm_precmd ${precmd_functions:#_calm_precmd})  # first: it needs $?

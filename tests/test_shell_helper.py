@@ -48,6 +48,18 @@ class HelperProcess:
         seq, final, cands = self.reply(timeout)
         return seq, final, cands[0] if cands else "", cands[1:]
 
+    def until_final(self, seq: int) -> tuple[list[tuple[str, list[str]]], tuple[str, list[str]]]:
+        """`--format 2` answers to `seq`: the (flags, candidates) of those before the final one,
+        and of the final one."""
+        before = []
+        while True:
+            got, final, flags, cands = self.reply2()
+            if got != str(seq):
+                continue
+            if final:
+                return before, (flags, cands)
+            before.append((flags, cands))
+
     def reply(self, timeout: float = 10.0) -> tuple[str, bool, list[str]]:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
@@ -187,13 +199,16 @@ def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> Non
 
 
 def test_helper_passes_the_early_answer_on_at_once_then_refines(home: Path) -> None:
-    release = threading.Event()
+    release, release_more = threading.Event(), threading.Event()
 
     def script(request: dict[str, Any]) -> Iterator[Any]:
         typed = request["ctx"]["input"]
+        model = candidates((typed + " --model", SURE), (typed + " --less-sure", UNSURE))
         yield {"early": typed + " --from-history", "confidence": SURE}
         yield release  # the model's candidates wait until the early answer has been seen
-        yield from candidates((typed + " --model", SURE), (typed + " --less-sure", UNSURE))
+        yield model[0]
+        yield release_more  # and the rest until the model's best has been
+        yield model[1]
 
     with FakeDaemon.at_home(home, script) as fake:
         helper = HelperProcess(home, "--format", "2")
@@ -203,6 +218,7 @@ def test_helper_passes_the_early_answer_on_at_once_then_refines(home: Path) -> N
             assert fake.requests[0]["early"] is True
             release.set()
             assert helper.reply2() == ("1", False, "1", ["git --model"])  # the model's best, at once
+            release_more.set()
             assert helper.reply2() == ("1", True, "10", ["git --model", "git --less-sure"])
         finally:
             assert helper.close() == 0
@@ -220,15 +236,16 @@ def test_helper_applies_the_confidence_threshold(home: Path) -> None:
             # The default threshold (calmd.protocol): nothing sure enough comes early, no
             # duplicate, and the list says which candidate may be shown unasked.
             helper.complete2(1, "x")
-            assert helper.reply2() == ("1", True, "01", ["x-a", "x-b"])
+            assert helper.until_final(1) == ([], ("01", ["x-a", "x-b"]))
             helper.complete2(2, "x", min_confidence=f"{UNSURE:.3f}")  # CALM_MIN_CONFIDENCE lower
-            assert helper.reply2() == ("2", False, "1", ["x-early"])
-            assert helper.reply2() == ("2", False, "1", ["x-a"])
-            assert helper.reply2() == ("2", True, "11", ["x-a", "x-b"])
+            early, final = helper.until_final(2)
+            assert final == ("11", ["x-a", "x-b"])
+            # (a batch that holds the final answer goes out alone: what came before may be left out)
+            assert early in ([], [("1", ["x-early"])], [("1", ["x-early"]), ("1", ["x-a"])])
             helper.complete2(3, "x", min_confidence="1")
-            assert helper.reply2() == ("3", True, "00", ["x-a", "x-b"])
+            assert helper.until_final(3) == ([], ("00", ["x-a", "x-b"]))
             helper.complete2(4, "x", min_confidence="not a number")  # the default again
-            assert helper.reply2() == ("4", True, "01", ["x-a", "x-b"])
+            assert helper.until_final(4) == ([], ("01", ["x-a", "x-b"]))
         finally:
             assert helper.close() == 0
 
@@ -245,8 +262,9 @@ def test_helper_with_an_older_daemon_shows_everything(home: Path) -> None:
         helper = HelperProcess(home, "--format", "2")
         try:
             helper.complete2(1, "x", min_confidence="0.99")
-            assert helper.reply2() == ("1", False, "1", ["x1"])
-            assert helper.reply2() == ("1", True, "11", ["x1", "x2"])
+            early, final = helper.until_final(1)
+            assert final == ("11", ["x1", "x2"])
+            assert early in ([], [("1", ["x1"])])
         finally:
             assert helper.close() == 0
 
@@ -263,8 +281,7 @@ def test_helper_for_a_hook_from_before_the_line_format(home: Path) -> None:
         helper = HelperProcess(home)
         try:
             helper.complete(1, "x")
-            assert helper.reply() == ("1", False, ["x1"])
-            assert helper.reply() == ("1", True, ["x1", "x2"])
+            assert helper.final(1) == ["x1", "x2"]
             assert "early" not in fake.requests[0]
         finally:
             assert helper.close() == 0

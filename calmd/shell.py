@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import logging
 import os
 import select
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calmd import paths
+from calmd.atomic import atomic_write, read_regular_file
 
 if TYPE_CHECKING:
     from calmd.client import CalmClient
@@ -56,6 +59,9 @@ LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
 MAX_CANDIDATES = 32  # the protocol's limit for `n`
 PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
+HOOK_FILE = "calm.{shell}"  # in the data dir: `calmd init`'s output, sourced by the setup line
+HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
+IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
 
 log = logging.getLogger("calmd.shell")
 
@@ -107,15 +113,39 @@ def script_path(shell: str) -> Path:
 
 def init_script(shell: str, socket: str | None = None) -> str:
     """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
-    helper = [sys.executable, "-m", "calmd.shell", "shell-helper"]
+    from calmd import __version__
+
+    helper = [sys.executable, "-m", "calmd.shell", "shell-helper", "--shell", shell]
     if socket:
         helper += ["--socket", socket]
     head = [
-        f'# calmd {shell} integration: eval "$(calmd init {shell})"',
+        f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)",
         "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
         f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
     ]
     return "\n".join(head) + "\n" + script_path(shell).read_text()
+
+
+def hook_file(shell: str) -> Path:
+    """Where `calmd init` keeps its output, for the setup line that sources it without starting
+    Python: calm.zsh or calm.bash in the data dir."""
+    return paths.data_dir() / HOOK_FILE.format(shell=shell)
+
+
+def write_hook_file(shell: str, text: str) -> bool:
+    """Put `text` in the hook file (atomically, owner-only) unless it holds it already; True when
+    written. Never raises: the shell works without the file (its setup line falls back)."""
+    path = hook_file(shell)
+    try:
+        if path.exists() and bytes(read_regular_file(path, limit=HOOK_FILE_LIMIT)) == text.encode():
+            return False
+        paths.private_dir(path.parent)
+        with atomic_write(path) as out:
+            out.write(text.encode())
+    except OSError as exc:
+        log.info("could not write %s: %s", path, exc)
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- the helper
@@ -203,11 +233,16 @@ class Helper:
         stdout: int = 1,
         autostart: bool = False,
         line_format: int = 1,
+        shell: str | None = None,
+        socket_arg: str | None = None,
     ) -> None:
         from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
         self.default_threshold = DEFAULT_MIN_CONFIDENCE
         self.line_format = line_format
+        self.shell = shell  # the hook file to keep current, and the --socket it was made with
+        self.socket_arg = socket_arg
+        self.chores_done = False
         self.session = session
         self.socket_path = socket_path
         self.stdin = stdin
@@ -399,6 +434,15 @@ class Helper:
         for message in messages:
             self.on_message(message)
 
+    def refresh_hook_file(self) -> None:
+        """An upgraded calmd rewrites the hook file the setup line sources (only one that exists:
+        `calmd init` makes it), so the next shell loads the new hook without running Python. A
+        shell that still runs the old hook goes on with it: this helper speaks its lines too."""
+        if self.shell is None or not hook_file(self.shell).exists():
+            return
+        if write_hook_file(self.shell, init_script(self.shell, self.socket_arg)):
+            log.info("rewrote %s for calmd as installed now", hook_file(self.shell))
+
     def run(self) -> int:
         parent = os.getppid()
         while True:
@@ -408,8 +452,14 @@ class Helper:
             if self.client is not None:
                 fds.append(self.client.fileno())
             try:
-                ready, _, _ = select.select(fds, [], [], PARENT_CHECK_EVERY)
+                # Chores wait until the first answers are out and nothing came for a moment.
+                wait = PARENT_CHECK_EVERY if self.chores_done else IDLE_AFTER
+                ready, _, _ = select.select(fds, [], [], wait)
             except InterruptedError:
+                continue
+            if not ready and not self.chores_done:
+                self.chores_done = True
+                self.refresh_hook_file()
                 continue
             if not ready and os.getppid() != parent:
                 return 0  # the shell is gone; a process it started may still hold our stdin open
@@ -434,14 +484,40 @@ def _setup_log() -> None:
     log.propagate = False
 
 
+def reopen_stdin_read_only() -> None:
+    """The hooks give us as stdin a pipe they hold open read-write (so that neither side waits for
+    the other), read-write too. Reopened read-only, it shows the shell's end as end of file (Linux:
+    through /proc; elsewhere the parent check notices within PARENT_CHECK_EVERY)."""
+    try:
+        st = os.fstat(0)
+        if not stat.S_ISFIFO(st.st_mode) or fcntl.fcntl(0, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return
+        fd = os.open("/proc/self/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+        if os.fstat(fd).st_ino == st.st_ino:
+            os.set_blocking(fd, True)
+            os.dup2(fd, 0)
+        os.close(fd)
+    except OSError as exc:
+        log.info("stdin stays read-write: %s", exc)
+
+
 def cmd_shell_helper(args: argparse.Namespace) -> int:
     # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
     _setup_log()
-    socket = Path(args.socket) if getattr(args, "socket", None) else paths.socket_path()
+    reopen_stdin_read_only()
+    socket_arg = getattr(args, "socket", None)
+    socket = Path(socket_arg) if socket_arg else paths.socket_path()
     session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = Helper(session, socket, autostart=args.autostart, line_format=args.format)
+    helper = Helper(
+        session,
+        socket,
+        autostart=args.autostart,
+        line_format=args.format,
+        shell=args.shell,
+        socket_arg=socket_arg,
+    )
     try:
         return helper.run()
     except (BrokenPipeError, KeyboardInterrupt):
@@ -455,7 +531,10 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    sys.stdout.write(init_script(args.shell, getattr(args, "socket", None)))
+    """Print the hook, and keep it in the hook file for the setup line that sources it."""
+    text = init_script(args.shell, getattr(args, "socket", None))
+    write_hook_file(args.shell, text)
+    sys.stdout.write(text)
     return 0
 
 
@@ -485,6 +564,7 @@ def add_calmd_parsers(sub: Any) -> None:
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
     p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
+    p.add_argument("--shell", choices=SHELLS, help="the hook file to rewrite when calmd changes")
     p.set_defaults(func=cmd_shell_helper)
 
 

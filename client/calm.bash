@@ -33,13 +33,29 @@ _calm_start() {
   [[ -n $_CALM_WFD ]] && return 0
   (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
   _CALM_STARTED_AT=$EPOCHSECONDS
-  local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
-  command mkfifo -m 600 -- "$fifo" 2>/dev/null || return 1
+  _calm_pipe || return 1
+  # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go). The
+  # terminal's hangup does not stop it: it goes when the shell does.
   local argv=("${_CALM_HELPER[@]}" --format 2 --session "$_CALM_SESSION")
   (( CALM_AUTOSTART )) && argv+=(--autostart)
-  exec {_CALM_RFD}< <(exec "${argv[@]}" <"$fifo" 2>/dev/null)
-  exec {_CALM_WFD}>"$fifo"
-  command rm -f -- "$fifo"
+  exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null "${argv[@]}" <&"$_CALM_WFD" {_CALM_WFD}>&-)
+}
+
+# _CALM_WFD: a pipe of which the shell holds both ends (read-write), so that opening it waits for
+# no one and writing to it never meets a pipe without a reader (an interactive bash would die of
+# SIGPIPE). On Linux: a process substitution's pipe reopened read-write through /proc (one fork,
+# no exec, no file); elsewhere a FIFO, removed once open.
+_calm_pipe() {
+  local t fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
+  if [[ -d /proc/self/fd ]]; then
+    exec {t}< <(:)
+    { exec {_CALM_WFD}<>"/proc/self/fd/$t"; } 2>/dev/null
+    exec {t}<&-
+  elif command mkfifo -m 600 -- "$fifo" 2>/dev/null; then
+    { exec {_CALM_WFD}<>"$fifo"; } 2>/dev/null
+    command rm -f -- "$fifo"
+  fi
+  [[ -n $_CALM_WFD ]]
 }
 
 _calm_stop() {
@@ -55,11 +71,12 @@ _calm_esc() {
   REPLY=${REPLY//$'\t'/\\t}
 }
 
-# Write $1 to the helper. An interactive bash dies of SIGPIPE when it writes to a pipe nobody
-# reads, so the write happens in a subshell that ignores it (once per prompt or key press).
+# Write $1 to the helper, in the shell itself (no subshell: see _calm_pipe). Should the helper die,
+# its replies end: _calm_drain, which runs before every write, stops there, so what goes unread is
+# one line at most.
 _calm_write() {
   [[ -n $_CALM_WFD ]] || return 1
-  ( trap '' PIPE; printf '%s' "$1" >&"$_CALM_WFD" ) 2>/dev/null || _calm_stop
+  printf '%s' "$1" >&"$_CALM_WFD" 2>/dev/null || _calm_stop
 }
 
 # Throw away replies nobody waits for any more.

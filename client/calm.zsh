@@ -10,8 +10,7 @@
 typeset -g _CALM_LOADED=1
 
 zmodload zsh/system zsh/datetime 2>/dev/null || return 0
-zmodload -F zsh/files b:zf_rm 2>/dev/null
-autoload -Uz add-zsh-hook add-zle-hook-widget
+zmodload -F zsh/files b:zf_rm 2>/dev/null || zf_rm() { command rm "$@" }
 
 # Options: set only what the user has not set.
 (( ${+CALM_HIGHLIGHT} ))      || typeset -g CALM_HIGHLIGHT='fg=8'
@@ -48,15 +47,32 @@ _calm_start() {
   [[ -n $_CALM_WFD ]] && return 0
   (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
   _CALM_STARTED_AT=$EPOCHSECONDS
-  local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
-  command mkfifo -m 600 -- $fifo 2>/dev/null || return 1
+  _calm_pipe || return 1
+  # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go); its end
+  # shows here as the end of its replies. The terminal's hangup does not stop it: it goes when
+  # the shell does.
   local -a argv=($_CALM_HELPER --format 2 --session $_CALM_SESSION)
   (( CALM_AUTOSTART )) && argv+=(--autostart)
-  exec {_CALM_RFD}< <(exec $argv <$fifo 2>/dev/null)
-  exec {_CALM_WFD}>$fifo
-  command rm -f -- $fifo
+  exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null $argv <&$_CALM_WFD {_CALM_WFD}>&-)
   zle -F -w $_CALM_RFD _calm_on_reply 2>/dev/null
   return 0
+}
+
+# _CALM_WFD: a pipe of which the shell holds both ends (read-write), so that opening it waits for
+# no one and writing to it never meets a pipe without a reader. On Linux: a process substitution's
+# pipe reopened read-write through /proc (one fork, no exec, no file); elsewhere a FIFO, removed
+# once open.
+_calm_pipe() {
+  local t fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
+  if [[ -d /proc/self/fd ]]; then
+    exec {t}< <(:)
+    { exec {_CALM_WFD}<>/proc/self/fd/$t } 2>/dev/null
+    exec {t}<&-
+  elif command mkfifo -m 600 -- $fifo 2>/dev/null; then
+    { exec {_CALM_WFD}<>$fifo } 2>/dev/null
+    zf_rm -f -- $fifo
+  fi
+  [[ -n $_CALM_WFD ]]
 }
 
 _calm_stop() {
@@ -280,13 +296,21 @@ _calm_on_int() { zle && zle _calm_interrupt }
 # would not: the listing goes through a private file. (No emulate -L here: its local_traps would
 # take back a TRAPINT defined inside.)
 _calm_int_trapped() {
-  local tmp=${TMPDIR:-/tmp}/calm-trap-$UID-$$-$RANDOM fd listing
-  sysopen -w -o creat,excl -m 600 -u fd $tmp 2>/dev/null || return 0
-  trap >&$fd
+  _calm_capture trap || return 0
+  [[ $'\n'$REPLY == *$'\n'trap\ *\ INT(|$'\n'*) ]]
+}
+
+# REPLY = the output of the command $@, without the fork of $(...): through a private file
+# (created exclusively, 0600) that zsh reads in-process. 1 when no file could be made.
+_calm_capture() {
+  local tmp=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM fd
+  REPLY=
+  sysopen -w -o creat,excl -m 600 -u fd $tmp 2>/dev/null || return 1
+  "$@" >&$fd 2>/dev/null
   exec {fd}>&-
-  listing=$(<$tmp)
+  REPLY=$(<$tmp)
   zf_rm -f -- $tmp
-  [[ $'\n'$listing == *$'\n'trap\ *\ INT(|$'\n'*) ]]
+  return 0
 }
 
 # --------------------------------------------------------------------------- keys
@@ -396,26 +420,37 @@ _calm_vi_cmd_mode() {
   zle $1 -- "${@:2}"
 }
 
+# Hook widget $2 as zle-$1 (line-init...): the widget itself when nothing else uses the hook, else
+# through add-zle-hook-widget. Its dispatcher costs a zstyle look-up and a widget call each time
+# (line-pre-redraw runs on every key) and loading it 0.7 ms at start; it takes a widget it finds as
+# its first hook when someone adds one later.
+_calm_hook() {
+  if (( ${+widgets[zle-$1]} )); then
+    (( ${+functions[add-zle-hook-widget]} )) || autoload -Uz add-zle-hook-widget
+    add-zle-hook-widget $1 $2
+  else
+    zle -N zle-$1 $2
+  fi
+}
+
+# What the main keymap is, then what each key of $todo (_calm_setup_zle's) is bound to.
+_calm_bindings() {
+  bindkey -lL main
+  for km key w in $todo; do bindkey -M $km -- $key; done
+}
+
 _calm_setup_zle() {
   local w key km
   for w in $CALM_ACCEPT_WIDGETS; do _calm_wrap $w _calm_accept; done
   for w in $CALM_PARTIAL_WIDGETS; do _calm_wrap $w _calm_partial; done
   for w in $CALM_DISMISS_WIDGETS; do _calm_wrap $w _calm_kill; done
   for w in $_CALM_WIDGETS; do zle -N $w; done
-  # line-pre-redraw runs on every key: when no one else uses it, be the widget itself rather than
-  # a hook of add-zle-hook-widget's dispatcher (a zstyle lookup and a widget call per key). The
-  # dispatcher takes such a widget as its first hook if someone adds one later.
-  if (( ${+widgets[zle-line-pre-redraw]} )); then
-    add-zle-hook-widget line-pre-redraw _calm_pre_redraw
-    _CALM_REDRAW_FN=azhw:zle-line-pre-redraw
-  else
-    zle -N zle-line-pre-redraw _calm_pre_redraw
-    _CALM_REDRAW_FN=_calm_pre_redraw
-  fi
-  add-zle-hook-widget line-init _calm_line_init
-  add-zle-hook-widget line-finish _calm_line_finish
-  add-zle-hook-widget isearch-update _calm_isearch_update
-  add-zle-hook-widget isearch-exit _calm_isearch_exit
+  _calm_hook line-pre-redraw _calm_pre_redraw
+  _CALM_REDRAW_FN=${widgets[zle-line-pre-redraw]#user:}
+  _calm_hook line-init _calm_line_init
+  _calm_hook line-finish _calm_line_finish
+  _calm_hook isearch-update _calm_isearch_update
+  _calm_hook isearch-exit _calm_isearch_exit
   _calm_wrap vi-cmd-mode _calm_vi_cmd_mode
   # (keymap key widget) triples to bind; what each key did before is looked up in one go.
   local -a todo
@@ -436,7 +471,8 @@ _calm_setup_zle() {
   for key in $CALM_CYCLE_KEY $CALM_DISMISS_KEYS; do
     [[ -n $key ]] && todo+=(isearch $key =)
   done
-  local -a old=("${(@f)$(bindkey -lL main; for km key w in $todo; do bindkey -M $km -- $key; done 2>/dev/null)}")
+  _calm_capture _calm_bindings || return
+  local -a old=("${(@f)REPLY}")
   local main=${${(z)old[1]}[3]}  # emacs or viins
   local -i i=1
   for km key w in $todo; do
@@ -551,6 +587,6 @@ if (( ${+functions[TRAPINT]} )); then  # chain the user's
 elif ! _calm_int_trapped; then
   TRAPINT() { _calm_on_int; return $(( 128 + $1 )) }
 fi
-add-zsh-hook preexec _calm_preexec
-add-zsh-hook chpwd _calm_cwd
+preexec_functions=(${preexec_functions:#_calm_preexec} _calm_preexec)
+chpwd_functions=(${chpwd_functions:#_calm_cwd} _calm_cwd)
 precmd_functions=(_calm_precmd ${precmd_functions:#_calm_precmd})  # first: it needs $?

@@ -6,8 +6,11 @@ candidate into the line and cycles on repeat."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,16 @@ import pytest
 
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
-from tests.tmux import assert_quiet, bash_terminal, calm_cli, history_rows, need, record, wait_recorded
+from tests.tmux import (
+    SETUP_LINES,
+    assert_quiet,
+    bash_terminal,
+    calm_cli,
+    history_rows,
+    need,
+    record,
+    wait_recorded,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("tmux") is None, reason="needs bash and tmux"
@@ -284,3 +296,34 @@ def test_key_inserts_first_only_a_sure_candidate(home: Path) -> None:
         term.send("C-u")
         term.send("BTab", "BTab")  # the unsure prediction, on the second press only
         term.wait_line(r"^PROMPT> predicted-unsure\s*$")
+
+
+def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
+    """As in test_shell_zsh.py: `calmd init` on the first start, the hook file later (no Python,
+    no calmd on the PATH), a stale file rewritten by the helper."""
+    record(daemon, "git status")
+    hook = home / "data" / "calm.bash"
+    assert not hook.exists()
+    bin_dir = str(Path(sys.executable).parent)
+    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
+    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
+    assert shutil.which("calmd", path=without_calmd) is None
+    with bash_terminal(home, setup=SETUP_LINES["bash"], PATH=with_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> git status\s*$")
+    text = hook.read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
+    with bash_terminal(home, setup=SETUP_LINES["bash"], PATH=without_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> git status\s*$")
+        deadline = time.monotonic() + 10
+        while hook.read_text() != text:  # the helper rewrites it once it has a moment
+            assert time.monotonic() < deadline, hook.read_text()[:200]
+            time.sleep(0.05)
+        assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+        assert_quiet(term.screen())

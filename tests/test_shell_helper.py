@@ -287,6 +287,25 @@ def test_helper_for_a_hook_from_before_the_line_format(home: Path) -> None:
             assert helper.close() == 0
 
 
+def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemon) -> None:
+    """The hooks hand the helper its input as a FIFO they hold open read-write (so that neither
+    side waits for the other) and remove at once. The helper reopens it read-only, so it still sees
+    the shell go; what the shell wrote before going is not lost, even when it went before the
+    helper ran."""
+    fifo = home / "input.fifo"
+    os.mkfifo(fifo, 0o600)
+    shell_side = os.open(fifo, os.O_RDWR)
+    fifo.unlink()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s-fifo", "--format", "2"],
+        stdin=shell_side, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shell_env(home),
+    )  # fmt: skip
+    os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
+    os.close(shell_side)  # the shell is gone, likely before the helper even started
+    assert proc.wait(timeout=30) == 0  # end of file: it did not wait for its parent to go
+    assert wait_recorded(home, "echo through-the-fifo").session == "s-fifo"
+
+
 def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
     helper = HelperProcess(home)
     assert helper.close() == 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import pytest
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
+    SETUP_LINES,
     assert_quiet,
     autosuggestions,
     calm_cli,
@@ -612,3 +615,38 @@ def test_only_sure_candidates_are_shown_but_cycling_reaches_all(home: Path) -> N
         term.wait_line(rf"^PROMPT> xyz{GHOST}-low{LINE_END}", escapes=True)
         term.send("BTab")
         term.wait_line(rf"^PROMPT> xyz{GHOST}-lower{LINE_END}", escapes=True)
+
+
+def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
+    """The first start has no hook file: the line runs `calmd init`, which leaves one. Later starts
+    source it and start no Python (calmd is not even on the PATH then). A hook file from an older
+    calmd is loaded, and the helper rewrites it for the next start."""
+    record(daemon, "git status")
+    hook = home / "data" / "calm.zsh"
+    assert not hook.exists()
+    bin_dir = str(Path(sys.executable).parent)
+    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
+    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
+    assert shutil.which("calmd", path=without_calmd) is None
+    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=with_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+    text = hook.read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
+    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=without_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        wait_rewritten(hook, text)
+        assert_quiet(term.screen())
+
+
+def wait_rewritten(hook: Path, text: str, timeout: float = 10.0) -> None:
+    """Until the helper has put `text` in the hook file (once it has a moment), owner-only."""
+    deadline = time.monotonic() + timeout
+    while hook.read_text() != text:
+        assert time.monotonic() < deadline, hook.read_text()[:200]
+        time.sleep(0.05)
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600

@@ -175,31 +175,44 @@ PROMPT = "PROMPT> "
 TEST_MIN_CONFIDENCE = "0"
 
 
-def zsh_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+def zsh_terminal(
+    home: Path, *, before: str = "", after: str = "", setup: str | None = None, **env: str
+) -> Terminal:
     """An interactive zsh that reads no global rc file (`zsh -d`, like `zsh -f`) and only our
-    $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`."""
+    $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`. The hook comes from `calmd init`
+    run beforehand, or from the rc line `setup`."""
     need("zsh", "tmux")
     env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
-    script = init_script("zsh", home)
+    if setup is None:
+        setup = f'eval "$(< {shlex.quote(str(init_script("zsh", home)))})"'
     zdot = home / "zdot"
     zdot.mkdir(exist_ok=True)
     (zdot / ".zshrc").write_text(
-        f"PS1={shlex.quote(PROMPT)}\nRPS1=\nHISTFILE=\nunsetopt PROMPT_SP\n{before}\n"
-        f'eval "$(< {shlex.quote(str(script))})"\n{after}\n'
+        f"PS1={shlex.quote(PROMPT)}\nRPS1=\nHISTFILE=\nunsetopt PROMPT_SP\n{before}\n{setup}\n{after}\n"
     )
     return Terminal(["zsh", "-d", "-i"], shell_env(home, ZDOTDIR=str(zdot), **env), cwd=home)
 
 
-def bash_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+def bash_terminal(
+    home: Path, *, before: str = "", after: str = "", setup: str | None = None, **env: str
+) -> Terminal:
     need("bash", "tmux")
     env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
-    script = init_script("bash", home)
+    if setup is None:
+        # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it
+        setup = f'eval "$(< {shlex.quote(str(init_script("bash", home)))})"'
     rc = home / ".bashrc-test"
-    # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it
-    rc.write_text(
-        f'PS1={shlex.quote(PROMPT)}\nHISTFILE=\n{before}\neval "$(< {shlex.quote(str(script))})"\n{after}\n'
-    )
+    rc.write_text(f"PS1={shlex.quote(PROMPT)}\nHISTFILE=\n{before}\n{setup}\n{after}\n")
     return Terminal(["bash", "--noprofile", "--rcfile", str(rc), "-i"], shell_env(home, **env), cwd=home)
+
+
+# The setup lines of docs/shells.md: source the hook file `calmd init` leaves in the data dir,
+# and run `calmd init` only when it is not there.
+DATA_DIR = "${CALM_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/calm}"
+SETUP_LINES = {
+    "zsh": f'source {DATA_DIR}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"',
+    "bash": f'eval "$(cat "{DATA_DIR}/calm.bash" 2>/dev/null || calmd init bash)"',
+}
 
 
 # --------------------------------------------------------------------------- the history store

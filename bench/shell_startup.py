@@ -9,9 +9,8 @@ zle's line-init. Then it types `exit`. Configurations are interleaved run by run
 the same machine, and each is compared with the plain shell of the same run (medians).
 
 - zsh / bash: nothing but the prompt.
-- calm (setup line): the documented line, with the hook file present (as after the first start):
-  `source <data>/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"`, and for bash
-  `eval "$(cat <data>/calm.bash 2>/dev/null || calmd init bash)"`.
+- calm (setup line): the line docs/shells.md gives (tests.tmux.SETUP_LINES), with the hook file
+  present, as after the first start: zsh sources it, bash evals `cat`'s output.
 - calm (eval calmd init): `eval "$(calmd init zsh)"`, which starts Python every time.
 - zsh-autosuggestions: `source .../zsh-autosuggestions.zsh` (its widgets are bound at the first
   precmd, also inside the measured time).
@@ -38,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.tmux import autosuggestions  # noqa: E402
+from tests.tmux import SETUP_LINES, autosuggestions  # noqa: E402
 
 PROMPT = b"READY> "
 CALMD = Path(sys.executable).parent / "calmd"
@@ -129,13 +128,13 @@ def main() -> int:
             configs[name] = (["/usr/bin/env", "bash", "--noprofile", "--rcfile", str(path), "-i"], "bash")
 
         zsh("zsh", "")
-        zsh("zsh + calm (setup line)", f'source {data}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"')
+        zsh("zsh + calm (setup line)", SETUP_LINES["zsh"])
         zsh("zsh + calm (eval calmd init)", 'eval "$(calmd init zsh)"')
         plugin = autosuggestions()
         if plugin is not None:
             zsh("zsh + zsh-autosuggestions", f"source {plugin}")
         bash("bash", "")
-        bash("bash + calm (setup line)", f'eval "$(cat {data}/calm.bash 2>/dev/null || calmd init bash)"')
+        bash("bash + calm (setup line)", SETUP_LINES["bash"])
         bash("bash + calm (eval calmd init)", 'eval "$(calmd init bash)"')
 
         times: dict[str, list[float]] = {name: [] for name in configs}

@@ -1,4 +1,5 @@
-# calm.bash: command suggestions from calmd.  Load with  eval "$(calmd init bash)"  (last in ~/.bashrc)
+# calm.bash: command suggestions from calmd. Loaded, last in ~/.bashrc, by the setup line of
+# docs/shells.md, which evals the copy `calmd init bash` keeps in the data dir (or its output).
 #
 # Readline offers no hook per keystroke, so bash gets a key instead of ghost text: CALM_KEY
 # (Shift-Tab) puts the best candidate for the line into READLINE_LINE, pressing it again cycles

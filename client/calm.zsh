@@ -1,4 +1,5 @@
-# calm.zsh: inline command suggestions from calmd.  Load with  eval "$(calmd init zsh)"
+# calm.zsh: inline command suggestions from calmd. Loaded by the setup line of docs/shells.md,
+# which sources the copy `calmd init zsh` keeps in the data dir (or evals `calmd init zsh`).
 #
 # One helper process per shell (`calmd shell-helper`, started once) holds the daemon connection;
 # the shell writes one line per request to it and reads the replies through `zle -F`, so typing
@@ -31,8 +32,10 @@ zmodload -F zsh/files b:zf_rm 2>/dev/null || zf_rm() { command rm "$@" }
   vi-forward-blank-word-end)
 
 typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
-typeset -g _CALM_REDRAW_FN= _CALM_CWD= _CALM_HL_AT=-1 _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS=
-typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0 _CALM_STARTED_AT=0
+typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_HL_AT=-1
+typeset -g _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS= _CALM_CMD_CWD= _CALM_CMD_GIT=
+typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0
+typeset -g _CALM_STARTED_AT=0
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_PENDING=0
 typeset -ga _CALM_CANDS=()
 typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
@@ -471,7 +474,7 @@ _calm_setup_zle() {
   for key in $CALM_CYCLE_KEY $CALM_DISMISS_KEYS; do
     [[ -n $key ]] && todo+=(isearch $key =)
   done
-  _calm_capture _calm_bindings || return
+  _calm_capture _calm_bindings || REPLY=$(_calm_bindings 2>/dev/null)  # no private file: fork
   local -a old=("${(@f)REPLY}")
   local main=${${(z)old[1]}[3]}  # emacs or viins
   local -i i=1

@@ -438,9 +438,9 @@ class Helper:
         """An upgraded calmd rewrites the hook file the setup line sources (only one that exists:
         `calmd init` makes it), so the next shell loads the new hook without running Python. A
         shell that still runs the old hook goes on with it: this helper speaks its lines too."""
-        if self.shell is None or not hook_file(self.shell).exists():
-            return
-        if write_hook_file(self.shell, init_script(self.shell, self.socket_arg)):
+        if self.shell is None or self.socket_arg is not None or not hook_file(self.shell).exists():
+            return  # (a hook for another socket never came from the file)
+        if write_hook_file(self.shell, init_script(self.shell)):
             log.info("rewrote %s for calmd as installed now", hook_file(self.shell))
 
     def run(self) -> int:
@@ -531,9 +531,13 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    """Print the hook, and keep it in the hook file for the setup line that sources it."""
-    text = init_script(args.shell, getattr(args, "socket", None))
-    write_hook_file(args.shell, text)
+    """Print the hook, and keep it in the hook file for the setup line that sources it. A hook for
+    another socket (`calmd --socket PATH init`) is printed only: the setup line's file is the
+    default one, what its fallback `calmd init SHELL` gives."""
+    socket = getattr(args, "socket", None)
+    text = init_script(args.shell, socket)
+    if socket is None:
+        write_hook_file(args.shell, text)
     sys.stdout.write(text)
     return 0
 

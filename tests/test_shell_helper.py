@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import subprocess
 import sys
 import threading
@@ -323,6 +324,26 @@ def test_init_script(home: Path, name: str) -> None:
     assert text.endswith(shell.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+@pytest.mark.parametrize("name", ["zsh", "bash"])
+def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
+    """For the setup line that sources it: the same text, owner-only, written once; a hook for
+    another socket is printed, not kept (the file is what the setup line's `calmd init` gives)."""
+    run = [sys.executable, "-m", "calmd.shell", "init", name]
+    out = subprocess.run(run, env=shell_env(home), capture_output=True, text=True, check=True).stdout
+    hook = home / "data" / f"calm.{name}"
+    assert hook.read_text() == out
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    assert stat.S_IMODE(hook.parent.stat().st_mode) == 0o700
+    first = hook.stat()
+    subprocess.run(run, env=shell_env(home), capture_output=True, check=True)
+    assert (hook.stat().st_ino, hook.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # untouched
+    hook.unlink()
+    other = [sys.executable, "-m", "calmd.shell", "--socket", str(home / "other.sock"), "init", name]
+    out = subprocess.run(other, env=shell_env(home), capture_output=True, text=True, check=True).stdout
+    assert "other.sock" in out
+    assert not hook.exists()
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:

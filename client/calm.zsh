@@ -53,10 +53,15 @@ _calm_start() {
   _calm_pipe || return 1
   # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go); its end
   # shows here as the end of its replies. The terminal's hangup does not stop it: it goes when
-  # the shell does.
+  # the shell does. The shell waits for the new process to say it runs (an empty line) before zle
+  # draws the prompt: drawn while the process was still being set up, the first prompt now and
+  # then came out blank (about one start in a hundred in the tests). zsh-autosuggestions waits
+  # for its child likewise.
   local -a argv=($_CALM_HELPER --format 2 --session $_CALM_SESSION)
   (( CALM_AUTOSTART )) && argv+=(--autostart)
-  exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null $argv <&$_CALM_WFD {_CALM_WFD}>&-)
+  exec {_CALM_RFD}< <(trap '' HUP; print; exec 2>/dev/null $argv <&$_CALM_WFD {_CALM_WFD}>&-)
+  local started
+  read -r -u $_CALM_RFD started
   zle -F -w $_CALM_RFD _calm_on_reply 2>/dev/null
   return 0
 }

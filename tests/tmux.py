@@ -128,7 +128,9 @@ class Terminal:
             if check(text):
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what or check}; screen:\n{text}")
+                raise AssertionError(
+                    f"timed out waiting for {what or check}; screen:\n{text}\n{self.processes()}"
+                )
             time.sleep(0.01)
 
     def wait_for(self, pattern: str, *, timeout: float = 5.0, escapes: bool = False) -> str:
@@ -155,6 +157,18 @@ class Terminal:
         """From now on, append every byte the program writes to the terminal to `path` (what a
         screen capture cannot show: text drawn and overwritten between two captures)."""
         self.tmux("pipe-pane", "-t", "t", f"cat >> {shlex.quote(str(path))}")
+
+    def processes(self) -> str:
+        """The pane's process and its children, with what they wait in (for a timeout's report)."""
+        try:
+            pid = self.tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()
+            out = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:24,args", "--ppid", pid, "-p", pid],
+                capture_output=True, text=True, timeout=10,
+            )  # fmt: skip
+            return out.stdout
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            return f"(no process list: {exc})"
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10)

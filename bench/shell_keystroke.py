@@ -156,7 +156,9 @@ def helper_pids(shell_pid: int) -> list[int]:
     return pids
 
 
-def run_config(name: str, home: Path, rc: str, ghost: bool, rounds: int, env: dict[str, str]) -> Result:
+def run_config(
+    name: str, home: Path, rc: str, ghost: bool, rounds: int, env: dict[str, str], think: float = 0.0
+) -> Result:
     zdot = home / f"zdot-{name.replace(' ', '-')}"
     zdot.mkdir()
     histfile = home / "zsh_history"
@@ -198,6 +200,7 @@ def run_config(name: str, home: Path, rc: str, ghost: bool, rounds: int, env: di
             for cmd in COMMANDS:
                 ctl.command("send-keys -t t C-u")
                 wait(PROMPT.rstrip())
+                time.sleep(think)  # a user's pause before the first key of a line
                 for i, ch in enumerate(cmd[:-1]):
                     typed, rest = cmd[: i + 1], cmd[i + 1 :]
                     expect = f"{typed}{DIM}{rest}" if ghost else typed
@@ -243,6 +246,10 @@ def main() -> int:
     parser.add_argument(
         "--engine", choices=("scripted", "model"), default="scripted", help="calm's daemon engine"
     )
+    parser.add_argument(
+        "--think", type=float, default=0.0, metavar="S",
+        help="seconds between the start of a line and its first key (a user's pause; 0: at once)",
+    )  # fmt: skip
     args = parser.parse_args()
     plugin = autosuggestions()
     with tempfile.TemporaryDirectory(prefix="calm-bench-") as tmp:
@@ -265,9 +272,10 @@ def main() -> int:
                     ("autosuggestions sync", auto + "unset ZSH_AUTOSUGGEST_USE_ASYNC\n" + AUTO_WRAP, True)
                 )
             for name, rc, ghost in configs:
-                results.append(run_config(name, home, rc, ghost, args.rounds, env))
+                results.append(run_config(name, home, rc, ghost, args.rounds, env, args.think))
     base = results[0]
-    print(f"zsh keystroke benchmark ({args.engine} engine, load {os.getloadavg()[0]:.2f}): {len(COMMANDS)} "
+    print(f"zsh keystroke benchmark ({args.engine} engine, think {args.think:g} s, "
+          f"load {os.getloadavg()[0]:.2f}): {len(COMMANDS)} "
           f"commands x {args.rounds} rounds, {sum(len(c) - 1 for c in COMMANDS) * args.rounds} keys per "
           "configuration")  # fmt: skip
     head = (

@@ -36,7 +36,7 @@ typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_
 typeset -g _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS= _CALM_CMD_CWD= _CALM_CMD_GIT=
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0
 typeset -g _CALM_STARTED_AT=0
-typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_PENDING=0
+typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_LIST_SEQ=-1  # the request _CALM_CANDS answer
 typeset -ga _CALM_CANDS=()
 typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
@@ -108,7 +108,6 @@ _calm_request() {
   [[ -n $_CALM_WFD ]] || return
   local input=$BUFFER
   [[ $input == *[\\$'\n\t']* ]] && input=${${${input//\\/\\\\}//$'\n'/\\n}//$'\t'/\\t}
-  _CALM_PENDING=1
   print -rnu $_CALM_WFD -- c$'\t'$(( ++_CALM_SEQ ))$'\t'$CALM_MAX_CANDIDATES$'\t'$_CALM_CWD$'\t'$_CALM_BRANCH$'\t'${CALM_MIN_CONFIDENCE-}$'\t'$input$'\n' 2>/dev/null ||
     _calm_stop
 }
@@ -135,7 +134,7 @@ _calm_on_reply() {
     [[ ${line%%$'\t'*} == $_CALM_SEQ ]] || continue
     local -a parts=("${(@ps:\t:)line}")
     local shown=$_CALM_SHOWN
-    [[ $parts[2] == 1 ]] && _CALM_PENDING=0
+    _CALM_LIST_SEQ=$_CALM_SEQ
     _CALM_FLAGS=$parts[3]
     _CALM_CANDS=("${(@g::)parts[4,-1]}")
     _CALM_IDX=0
@@ -209,7 +208,7 @@ _calm_pick() {
 # Nothing to show until the user edits the line again: drop what is shown, what is asked for and
 # what we have.
 _calm_quiet() {
-  (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
+  (( ++_CALM_SEQ ))
   _calm_hide
   _CALM_CANDS=() _CALM_IDX=0 _CALM_LAST_BUF=$BUFFER
 }
@@ -249,11 +248,12 @@ _calm_pre_redraw() {
     _calm_hide
     return
   fi
-  # Typed along the ghost of an answer that has come: it just gets shorter, and there is nothing
-  # new to ask (the path of most keys, hence written out here). Anything else asks again, also
-  # typing along while an answer is on its way: that one is for a shorter line, and could not say
-  # that the ghost no longer fits.
-  if (( _CALM_IDX && ! _CALM_PENDING )) && [[ -n $_CALM_SHOWN && $BUFFER == $before?* ]]; then
+  # Typed along a ghost from the answer to the latest request: it just gets shorter, and there is
+  # nothing new to ask (the path of most keys, hence written out here); the rest of that answer
+  # (the model's list after the early line) applies to this line as well. Anything else asks
+  # again, also typing along a ghost from an older answer while a newer request is on its way
+  # (that one, for a shorter line, could not say that the ghost no longer fits).
+  if (( _CALM_IDX && _CALM_LIST_SEQ == _CALM_SEQ )) && [[ -n $_CALM_SHOWN && $BUFFER == $before?* ]]; then
     local cand=$_CALM_CANDS[_CALM_IDX]
     local ghost=${cand[$#BUFFER+1,-1]}
     if [[ $#cand -gt $#BUFFER && ${cand[1,$#BUFFER]} == $BUFFER &&
@@ -268,7 +268,7 @@ _calm_pre_redraw() {
   if (( $#BUFFER >= CALM_MIN_LENGTH || ($#BUFFER == 0 && CALM_PREDICT) )); then
     _calm_request
   else
-    (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
+    (( ++_CALM_SEQ ))
   fi
 }
 
@@ -282,7 +282,7 @@ _calm_line_init() {
 
 _calm_line_finish() {
   emulate -L zsh
-  (( ++_CALM_SEQ, _CALM_PENDING = 0 ))
+  (( ++_CALM_SEQ ))
   _calm_hide
   _CALM_CANDS=() _CALM_IDX=0
 }

@@ -1,11 +1,15 @@
 """Keystroke benchmark for the zsh hook, side by side with zsh-autosuggestions (history strategy).
 
-    python bench/shell_keystroke.py [--rounds 2]
+    python bench/shell_keystroke.py [--rounds 2] [--engine scripted|model]
 
 Each configuration runs in its own zsh inside tmux (no rc file but the plugin): plain zsh (the
-baseline), calm (against a real daemon with the scripted engine: history prefix matches, so the
-model's own latency is left out), and zsh-autosuggestions in its default async mode and in sync
-mode. The same commands are in both histories; every command is typed key by key.
+baseline), calm, and zsh-autosuggestions in its default async mode and in sync mode. The same
+commands are in both histories; every command is typed key by key. calm runs against a real
+daemon: with `--engine scripted` (the default) the scripted engine of the tests, whose answers are
+history prefix matches, so the model's own latency is left out; with `--engine model` the packaged
+model, as a user has it, where the first key of a line depends on the daemon's early answer (the
+history's best line, sent before the model runs). calm runs with CALM_MIN_CONFIDENCE=0: what is
+measured is how fast the expected line shows, not whether it is sure enough to be shown.
 
 Measured per keystroke:
 - latency: from `send-keys` to the expected suggestion on screen, polled through a tmux control
@@ -152,7 +156,9 @@ def helper_pids(shell_pid: int) -> list[int]:
     return pids
 
 
-def run_config(name: str, home: Path, rc: str, ghost: bool, rounds: int, env: dict[str, str]) -> Result:
+def run_config(
+    name: str, home: Path, rc: str, ghost: bool, rounds: int, env: dict[str, str], think: float = 0.0
+) -> Result:
     zdot = home / f"zdot-{name.replace(' ', '-')}"
     zdot.mkdir()
     histfile = home / "zsh_history"
@@ -194,6 +200,7 @@ def run_config(name: str, home: Path, rc: str, ghost: bool, rounds: int, env: di
             for cmd in COMMANDS:
                 ctl.command("send-keys -t t C-u")
                 wait(PROMPT.rstrip())
+                time.sleep(think)  # a user's pause before the first key of a line
                 for i, ch in enumerate(cmd[:-1]):
                     typed, rest = cmd[: i + 1], cmd[i + 1 :]
                     expect = f"{typed}{DIM}{rest}" if ghost else typed
@@ -236,17 +243,26 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=2, help="times each command is typed")
+    parser.add_argument(
+        "--engine", choices=("scripted", "model"), default="scripted", help="calm's daemon engine"
+    )
+    parser.add_argument(
+        "--think", type=float, default=0.0, metavar="S",
+        help="seconds between the start of a line and its first key (a user's pause; 0: at once)",
+    )  # fmt: skip
     args = parser.parse_args()
     plugin = autosuggestions()
     with tempfile.TemporaryDirectory(prefix="calm-bench-") as tmp:
         home = Path(tmp)
         (home / "zsh_history").write_text("".join(c + "\n" for c in COMMANDS))
         results: list[Result] = []
-        with running_daemon(home) as daemon:
+        model = args.engine == "model"  # the packaged model, or the scripted engine of the tests
+        engine = "calmd.engine:load_engine" if model else "tests.scripted_engine:load"
+        with running_daemon(home, engine=engine, weights=not model) as daemon:
             with CalmClient(daemon.socket) as client:
                 for cmd in COMMANDS:
                     client.record(cmd, exit=0, session="bench")
-            env = shell_env(home)
+            env = shell_env(home, CALM_MIN_CONFIDENCE="0")
             script = init_script("zsh", home)
             configs = [("plain zsh", "", False), ("calm", f'eval "$(< {script})"\n{CALM_WRAP}', True)]
             if plugin is not None:
@@ -256,10 +272,12 @@ def main() -> int:
                     ("autosuggestions sync", auto + "unset ZSH_AUTOSUGGEST_USE_ASYNC\n" + AUTO_WRAP, True)
                 )
             for name, rc, ghost in configs:
-                results.append(run_config(name, home, rc, ghost, args.rounds, env))
+                results.append(run_config(name, home, rc, ghost, args.rounds, env, args.think))
     base = results[0]
-    print(f"zsh keystroke benchmark: {len(COMMANDS)} commands x {args.rounds} rounds, "
-          f"{sum(len(c) - 1 for c in COMMANDS) * args.rounds} keys per configuration")  # fmt: skip
+    print(f"zsh keystroke benchmark ({args.engine} engine, think {args.think:g} s, "
+          f"load {os.getloadavg()[0]:.2f}): {len(COMMANDS)} "
+          f"commands x {args.rounds} rounds, {sum(len(c) - 1 for c in COMMANDS) * args.rounds} keys per "
+          "configuration")  # fmt: skip
     head = (
         f"{'configuration':24} {'first p50':>9} {'first p90':>9} {'next p50':>8} {'next p90':>8} "
         f"{'hook ms':>8} {'shell CPU':>9} {'other CPU':>9} {'missed':>6}"

@@ -26,7 +26,7 @@ log = logging.getLogger("calmd")
 DATA_FILES = (
     "history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm", "history.sqlite3-journal",
     "shell.cwgt", "shell.prev.cwgt", "train.ctds", "training.json", "training.log", "training.lock",
-    "shell-helper.log", "shell-helper.log.old", "shell-disabled",
+    "shell-helper.log", "shell-helper.log.old", "shell-disabled", "calm.zsh", "calm.bash",
 )  # fmt: skip
 TRAINING_SUBDIR = "training"  # the background run's datasets
 

@@ -1,4 +1,5 @@
-# calm.bash: command suggestions from calmd.  Load with  eval "$(calmd init bash)"  (last in ~/.bashrc)
+# calm.bash: command suggestions from calmd. Loaded, last in ~/.bashrc, by the setup line of
+# docs/shells.md, which evals the copy `calmd init bash` keeps in the data dir (or its output).
 #
 # Readline offers no hook per keystroke, so bash gets a key instead of ghost text: CALM_KEY
 # (Shift-Tab) puts the best candidate for the line into READLINE_LINE, pressing it again cycles
@@ -22,9 +23,10 @@ _CALM_LOADED=1
 
 _CALM_SESSION="bash-${HOSTNAME%%.*}-$$-$EPOCHSECONDS"
 _CALM_WFD= _CALM_RFD= _CALM_STARTED_AT=0 _CALM_SEQ=0 _CALM_PRED_SEQ=-1 _CALM_OFF=0
-_CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH=
-_CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0
-_CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+_CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH= _CALM_BRANCH_DIR=
+_CALM_CMD_CWD= _CALM_CMD_GIT=
+_CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0 _CALM_CYCLING=0
+_CALM_CANDS=() _CALM_FLAGS= _CALM_PRED=() _CALM_PRED_FLAGS= _CALM_PRED_READY=0
 
 # --------------------------------------------------------------------------- the helper
 
@@ -32,13 +34,29 @@ _calm_start() {
   [[ -n $_CALM_WFD ]] && return 0
   (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
   _CALM_STARTED_AT=$EPOCHSECONDS
-  local fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
-  command mkfifo -m 600 -- "$fifo" 2>/dev/null || return 1
-  local argv=("${_CALM_HELPER[@]}" --session "$_CALM_SESSION")
+  _calm_pipe || return 1
+  # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go). The
+  # terminal's hangup does not stop it: it goes when the shell does.
+  local argv=("${_CALM_HELPER[@]}" --format 2 --session "$_CALM_SESSION")
   (( CALM_AUTOSTART )) && argv+=(--autostart)
-  exec {_CALM_RFD}< <(exec "${argv[@]}" <"$fifo" 2>/dev/null)
-  exec {_CALM_WFD}>"$fifo"
-  command rm -f -- "$fifo"
+  exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null "${argv[@]}" <&"$_CALM_WFD" {_CALM_WFD}>&-)
+}
+
+# _CALM_WFD: a pipe of which the shell holds both ends (read-write), so that opening it waits for
+# no one and writing to it never meets a pipe without a reader (an interactive bash would die of
+# SIGPIPE). On Linux: a process substitution's pipe reopened read-write through /proc (one fork,
+# no exec, no file); elsewhere a FIFO, removed once open.
+_calm_pipe() {
+  local t fifo=${TMPDIR:-/tmp}/calm-$UID-$$-$RANDOM
+  if [[ -d /proc/self/fd ]]; then
+    exec {t}< <(:)
+    { exec {_CALM_WFD}<>"/proc/self/fd/$t"; } 2>/dev/null
+    exec {t}<&-
+  elif command mkfifo -m 600 -- "$fifo" 2>/dev/null; then
+    { exec {_CALM_WFD}<>"$fifo"; } 2>/dev/null
+    command rm -f -- "$fifo"
+  fi
+  [[ -n $_CALM_WFD ]]
 }
 
 _calm_stop() {
@@ -54,11 +72,12 @@ _calm_esc() {
   REPLY=${REPLY//$'\t'/\\t}
 }
 
-# Write $1 to the helper. An interactive bash dies of SIGPIPE when it writes to a pipe nobody
-# reads, so the write happens in a subshell that ignores it (once per prompt or key press).
+# Write $1 to the helper, in the shell itself (no subshell: see _calm_pipe). Should the helper die,
+# its replies end: _calm_drain, which runs before every write, stops there, so what goes unread is
+# one line at most.
 _calm_write() {
   [[ -n $_CALM_WFD ]] || return 1
-  ( trap '' PIPE; printf '%s' "$1" >&"$_CALM_WFD" ) 2>/dev/null || _calm_stop
+  printf '%s' "$1" >&"$_CALM_WFD" 2>/dev/null || _calm_stop
 }
 
 # Throw away replies nobody waits for any more.
@@ -69,10 +88,11 @@ _calm_drain() {
   done
 }
 
-# _CALM_CANDS = the candidates of the final reply to request $1 (wait up to CALM_TIMEOUT).
+# _CALM_CANDS = the candidates of the final reply to request $1 (wait up to CALM_TIMEOUT), and
+# _CALM_FLAGS one character per candidate: 1 when it is sure enough to be inserted first.
 _calm_collect() {
   local line rest status
-  _CALM_CANDS=()
+  _CALM_CANDS=() _CALM_FLAGS=
   while [[ -n $_CALM_RFD ]]; do
     IFS= read -r -t "$CALM_TIMEOUT" -u "$_CALM_RFD" line
     status=$?
@@ -84,8 +104,10 @@ _calm_collect() {
     [[ $rest == *$'\t'* ]] || return 0
     local -a parts
     IFS=$'\t' read -r -a parts <<<"${rest#*$'\t'}"
+    (( ${#parts[@]} )) || return 0
+    _CALM_FLAGS=${parts[0]}
     local part
-    for part in "${parts[@]}"; do
+    for part in "${parts[@]:1}"; do
       printf -v part '%b' "$part"
       _CALM_CANDS+=("$part")
     done
@@ -101,9 +123,11 @@ _calm_set_line() {
   READLINE_POINT=${#READLINE_LINE}
 }
 
-# First press: the best candidate for the line. Again: the next one, then back to what was typed.
+# First press: the best candidate for the line, if it is sure enough (its confidence reaches
+# CALM_MIN_CONFIDENCE); otherwise the line stays as typed. Again: the next candidate (the less sure
+# ones too), then back to what was typed.
 _calm_key() {
-  if [[ -n $_CALM_INSERTED && $READLINE_LINE == "$_CALM_INSERTED" ]] && (( ${#_CALM_CANDS[@]} )); then
+  if (( _CALM_CYCLING )) && [[ $READLINE_LINE == "$_CALM_INSERTED" ]] && (( ${#_CALM_CANDS[@]} )); then
     _CALM_IDX=$(( (_CALM_IDX + 1) % (${#_CALM_CANDS[@]} + 1) ))
     if (( _CALM_IDX == ${#_CALM_CANDS[@]} )); then
       _calm_set_line "$_CALM_TYPED"
@@ -113,33 +137,46 @@ _calm_key() {
     _CALM_INSERTED=$READLINE_LINE
     return
   fi
-  _CALM_INSERTED= _CALM_TYPED=$READLINE_LINE
+  _CALM_CYCLING=0 _CALM_INSERTED= _CALM_TYPED=$READLINE_LINE
   (( _CALM_OFF )) && return
   [[ -z $_CALM_WFD ]] && return
   local seq
   if [[ -z $READLINE_LINE ]] && (( _CALM_PRED_READY )); then
-    _CALM_CANDS=("${_CALM_PRED[@]}")
+    _CALM_CANDS=("${_CALM_PRED[@]}") _CALM_FLAGS=$_CALM_PRED_FLAGS
   elif [[ -z $READLINE_LINE ]] && (( _CALM_PRED_SEQ == _CALM_SEQ )); then
     # Asked for at the prompt; usually here already.
     _calm_collect "$_CALM_PRED_SEQ" || return
-    _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_READY=1
+    _CALM_PRED=("${_CALM_CANDS[@]}") _CALM_PRED_FLAGS=$_CALM_FLAGS _CALM_PRED_READY=1
   else
-    (( ${#READLINE_LINE} < CALM_MIN_LENGTH )) && return
+    # A line emptied after the prediction went (Ctrl-U after a press): ask for it again.
+    if [[ -z $READLINE_LINE ]]; then
+      (( CALM_PREDICT )) || return
+    elif (( ${#READLINE_LINE} < CALM_MIN_LENGTH )); then
+      return
+    fi
     _calm_drain
     seq=$(( ++_CALM_SEQ ))
     _calm_esc "$PWD"; local cwd=$REPLY
     _calm_esc "$READLINE_LINE"
-    _calm_write "c"$'\t'"$seq"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$REPLY"$'\n'
+    _calm_write "c"$'\t'"$seq"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"${CALM_MIN_CONFIDENCE-}"$'\t'"$REPLY"$'\n'
     _calm_collect "$seq" || return
   fi
-  local cand keep=()
-  for cand in "${_CALM_CANDS[@]}"; do
-    [[ $cand != "$_CALM_TYPED" && $cand == "$_CALM_TYPED"* ]] && keep+=("$cand")
+  local -i i
+  local keep=() flags=
+  for (( i = 0; i < ${#_CALM_CANDS[@]}; i++ )); do
+    [[ ${_CALM_CANDS[i]} != "$_CALM_TYPED" && ${_CALM_CANDS[i]} == "$_CALM_TYPED"* ]] || continue
+    keep+=("${_CALM_CANDS[i]}")
+    flags+=${_CALM_FLAGS:i:1}
   done
-  _CALM_CANDS=("${keep[@]}")
+  _CALM_CANDS=("${keep[@]}") _CALM_FLAGS=$flags
   (( ${#_CALM_CANDS[@]} )) || return
-  _CALM_IDX=0
-  _calm_set_line "${_CALM_CANDS[0]}"
+  _CALM_CYCLING=1
+  if [[ ${_CALM_FLAGS:0:1} == 1 ]]; then
+    _CALM_IDX=0
+    _calm_set_line "${_CALM_CANDS[0]}"
+  else
+    _CALM_IDX=-1  # not sure enough: the next press brings the first candidate
+  fi
   _CALM_INSERTED=$READLINE_LINE
 }
 
@@ -147,7 +184,7 @@ _calm_key() {
 
 # _CALM_BRANCH: the branch (or short commit) of the repository around $PWD, read from .git/HEAD.
 _calm_git_branch() {
-  _CALM_BRANCH=
+  _CALM_BRANCH= _CALM_BRANCH_DIR=$PWD
   local dir=$PWD gitdir= head=
   while true; do
     if [[ -d $dir/.git ]]; then
@@ -172,9 +209,13 @@ _calm_git_branch() {
   fi
 }
 
-# The command line about to run ($1), as bash-preexec passes it or as read from the history.
+# The command line about to run ($1), as bash-preexec passes it or as read from the history. It
+# is recorded with the folder and branch it was typed in (a `cd proj` line with the folder it was
+# typed in, not proj), as the model sees them when it suggests that line.
 _calm_preexec() {
   _CALM_CMD=$1 _CALM_TS=$EPOCHREALTIME
+  [[ $PWD == "$_CALM_BRANCH_DIR" ]] || _calm_git_branch
+  _CALM_CMD_CWD=$PWD _CALM_CMD_GIT=$_CALM_BRANCH
 }
 
 # DEBUG trap: the first command after the prompt starts the user's line.
@@ -184,7 +225,7 @@ _calm_debug() {
   [[ -z ${COMP_LINE-} && $BASH_COMMAND != _calm_* ]] || return $status
   # Commands of PROMPT_COMMAND that run after ours are not the user's.
   local IFS=$'\n' entry pc
-  pc=$'\n'"${PROMPT_COMMAND[*]}"$'\n'
+  pc=$'\n'"${PROMPT_COMMAND[*]-}"$'\n'
   pc=${pc//;/$'\n'}
   pc=${pc//$'\n' /$'\n'}
   if [[ $pc != *$'\n'"$BASH_COMMAND"$'\n'* ]]; then
@@ -216,18 +257,19 @@ _calm_precmd() {
   fi
   if [[ -n $_CALM_CMD ]]; then
     if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
+      _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
       _calm_esc "$_CALM_CMD"
-      out+="r"$'\t'"$ret"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
+      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
     fi
     _CALM_CMD=
   fi
   _calm_git_branch
   if (( CALM_PREDICT && ! _CALM_OFF )); then
     _CALM_PRED_SEQ=$(( ++_CALM_SEQ ))
-    out+="c"$'\t'"$_CALM_SEQ"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'$'\n'
+    out+="c"$'\t'"$_CALM_SEQ"$'\t'"$CALM_MAX_CANDIDATES"$'\t'"$cwd"$'\t'"$_CALM_BRANCH"$'\t'"${CALM_MIN_CONFIDENCE-}"$'\t'$'\n'
   fi
   [[ -n $out ]] && _calm_write "$out"
-  _CALM_INSERTED= _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
+  _CALM_CYCLING=0 _CALM_INSERTED= _CALM_CANDS=() _CALM_PRED=() _CALM_PRED_READY=0
   _CALM_NEXT_HIST=$HISTCMD _CALM_ARMED=1
   return $ret
 }
@@ -251,7 +293,9 @@ _calm_install() {
   prev=${prev//"'\\''"/"'"}
   # shellcheck disable=SC2064
   trap "_calm_debug; ${prev:-:}" DEBUG
-  if (( ${#PROMPT_COMMAND[@]} > 1 )); then
+  # Under `set -u`, bash 5.2 calls even ${#PROMPT_COMMAND[@]} of a string unbound: ask for the
+  # array attribute, and only of a variable that is set.
+  if [[ -n ${PROMPT_COMMAND+set} && ${PROMPT_COMMAND@a} == *a* ]]; then
     PROMPT_COMMAND=(_calm_precmd "${PROMPT_COMMAND[@]}")
   else
     PROMPT_COMMAND="_calm_precmd${PROMPT_COMMAND:+$'\n'$PROMPT_COMMAND}"

@@ -6,16 +6,30 @@ candidate into the line and cycles on repeat."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.daemon import Daemon, running_daemon
-from tests.tmux import assert_quiet, bash_terminal, calm_cli, history_rows, need, record, wait_recorded
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
+from tests.tmux import (
+    SETUP_LINES,
+    assert_quiet,
+    bash_terminal,
+    calm_cli,
+    history_rows,
+    need,
+    record,
+    wait_recorded,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("tmux") is None, reason="needs bash and tmux"
@@ -71,6 +85,42 @@ def test_prediction_on_empty_line(home: Path, daemon: Daemon) -> None:
         term.wait_line(r"^PROMPT> after true\s*$")
 
 
+def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
+    """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
+    need("git")
+    proj = home / "proj"
+    proj.mkdir()
+    for path, branch in ((home, "trunk"), (proj, "feature")):
+        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("cd proj", "echo in-proj", "cd .."):
+            term.type(cmd)
+            term.send("Enter")
+            wait_recorded(home, cmd)
+        rows = {r.cmd: (r.cwd, r.git) for r in history_rows(home)}
+        assert rows["cd proj"] == (str(home), "trunk")
+        assert rows["echo in-proj"] == (str(proj), "feature")
+        assert rows["cd .."] == (str(proj), "feature")
+
+
+def test_key_on_a_line_emptied_with_ctrl_u(home: Path, daemon: Daemon) -> None:
+    """The prediction asked for at the prompt is superseded by the first press on a typed line;
+    on the line emptied again, the key asks for it anew."""
+    with bash_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("true")
+        term.send("Enter")
+        term.wait_for("^PROMPT> true\nPROMPT>")
+        term.type("xyz")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> xyzmmit\s*$")
+        term.send("C-u")
+        term.wait_line(r"^PROMPT>\s*$")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> after true\s*$")
+
+
 def test_failing_command_and_existing_hooks_kept(home: Path, daemon: Daemon) -> None:
     before = "PROMPT_COMMAND='echo pc-$?'\ntrap 'echo trap >> \"$HOME/debug-trap.log\"' DEBUG"
     with bash_terminal(home, before=before) as term:
@@ -88,6 +138,69 @@ def test_failing_command_and_existing_hooks_kept(home: Path, daemon: Daemon) -> 
         assert wait_recorded(home, "echo 'a|b' | cat").exit == 0
         assert (home / "debug-trap.log").read_text().count("trap") >= 3  # the user's trap too
         assert not [r for r in history_rows(home) if r.cmd.startswith("echo pc")]
+
+
+# The interface of bash-preexec (arrays preexec_functions and precmd_functions, run from its own
+# DEBUG trap and PROMPT_COMMAND), in a few lines: the real script is not packaged (Debian, npm).
+PREEXEC_STANDIN = r"""
+bash_preexec_imported=defined
+preexec_functions=() precmd_functions=()
+__bp_ready=0
+__bp_status() { return "$1"; }
+__bp_precmd() {
+  local s=$? f
+  for f in "${precmd_functions[@]}"; do __bp_status "$s"; "$f"; done  # each sees $?
+  __bp_ready=1
+}
+__bp_debug() {
+  (( __bp_ready )) || return 0
+  [[ $BASH_COMMAND == __bp_* ]] && return 0
+  __bp_ready=0
+  local f line; line=$(HISTTIMEFORMAT= builtin history 1); line=${line#*[0-9]  }
+  for f in "${preexec_functions[@]}"; do "$f" "$line"; done
+}
+PROMPT_COMMAND=__bp_precmd
+trap __bp_debug DEBUG
+"""
+
+
+@pytest.mark.parametrize(
+    "hooks",
+    [
+        "",
+        "PROMPT_COMMAND='echo pc-$?'",
+        "PROMPT_COMMAND=('echo pc-$?')",
+        "trap 'echo trap >> \"$HOME/debug-trap.log\"' DEBUG",
+        PREEXEC_STANDIN,
+    ],
+    ids=["none", "string", "array", "debug-trap", "bash-preexec"],
+)
+def test_set_u_before_the_hook(home: Path, daemon: Daemon, hooks: str) -> None:
+    """`set -u` in ~/.bashrc before calm's line: no "unbound variable", everything installed."""
+    with bash_terminal(home, before=f"set -u\n{hooks}") as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("false", "(exit 3)", "echo recorded-$?"):  # one at a time: no typeahead echo
+            prompts = term.screen().count("PROMPT>")
+            term.type(cmd)
+            term.send("Enter")
+            term.wait(lambda screen, n=prompts: screen.count("PROMPT>") > n, what="the next prompt")
+        term.wait_for("^recorded-3$")
+        assert wait_recorded(home, "false").exit == 1
+        assert wait_recorded(home, "(exit 3)").exit == 3
+        assert wait_recorded(home, "echo recorded-$?").exit == 0
+        term.type("xyz")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> xyzmmit\s*$")
+        term.send("C-u")
+        term.type("echo ok")
+        term.send("Enter")
+        term.wait_for("^ok$")
+        if "pc-" in hooks:
+            term.wait_for("^pc-1$")  # the user's PROMPT_COMMAND still runs and sees $?
+        if "debug-trap" in hooks:
+            assert (home / "debug-trap.log").read_text().count("trap") >= 3
+        assert "unbound variable" not in term.screen()
+        assert_quiet(term.screen())
 
 
 @pytest.mark.parametrize("histcontrol", ["", "ignoreboth"])
@@ -150,3 +263,67 @@ def test_disable_turns_the_key_off(home: Path, daemon: Daemon) -> None:
         term.type("xyz")
         term.send("BTab")
         term.wait_line(r"^PROMPT> xyzmmit\s*$")
+
+
+def test_key_inserts_first_only_a_sure_candidate(home: Path) -> None:
+    """Below CALM_MIN_CONFIDENCE the first press leaves the line as typed; pressing again goes
+    through every candidate, the unsure ones too (tests/fake_daemon.py sends the confidences)."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed == "":
+            yield from candidates(("predicted-unsure", UNSURE))
+        elif typed == "abc":
+            yield from candidates(("abc-sure", SURE), ("abc-unsure", UNSURE))
+        elif typed == "xyz":
+            yield {"early": "xyz-early", "confidence": SURE}  # the key waits for the full list
+            yield from candidates(("xyz-low", UNSURE), ("xyz-lower", UNSURE))
+
+    with FakeDaemon.at_home(home, script), bash_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.type("abc")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> abc-sure\s*$")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> abc-unsure\s*$")
+        term.send("C-u")
+        term.type("xyz")
+        term.send("BTab", "BTab")  # the first leaves `xyz`, the second brings the first candidate
+        term.wait_line(r"^PROMPT> xyz-low\s*$")
+        for text in ("xyz-lower", "xyz", "xyz-low"):
+            term.send("BTab")
+            term.wait_line(rf"^PROMPT> {text}\s*$")
+        term.send("C-u")
+        term.send("BTab", "BTab")  # the unsure prediction, on the second press only
+        term.wait_line(r"^PROMPT> predicted-unsure\s*$")
+
+
+def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
+    """As in test_shell_zsh.py: `calmd init` on the first start, the hook file later (no Python,
+    no calmd on the PATH), a stale file rewritten by the helper."""
+    record(daemon, "git status")
+    hook = home / "data" / "calm.bash"
+    assert not hook.exists()
+    bin_dir = str(Path(sys.executable).parent)
+    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
+    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
+    assert shutil.which("calmd", path=without_calmd) is None
+    with bash_terminal(home, setup=SETUP_LINES["bash"], PATH=with_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> git status\s*$")
+    text = hook.read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
+    with bash_terminal(home, setup=SETUP_LINES["bash"], PATH=without_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.send("BTab")
+        term.wait_line(r"^PROMPT> git status\s*$")
+        deadline = time.monotonic() + 10
+        while hook.read_text() != text:  # the helper rewrites it once it has a moment
+            assert time.monotonic() < deadline, hook.read_text()[:200]
+            time.sleep(0.05)
+        assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+        assert_quiet(term.screen())

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from calmd import shell
 from tests.daemon import Daemon, running_daemon
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
 
 
@@ -35,6 +39,27 @@ class HelperProcess:
 
     def complete(self, seq: int, text: str, n: int = 5) -> None:
         self.send("c", str(seq), str(n), "/tmp", "main", shell.escape(text))
+
+    def complete2(self, seq: int, text: str, n: int = 5, min_confidence: str = "") -> None:
+        """A request as the hooks send it to a `--format 2` helper (with the threshold)."""
+        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, shell.escape(text))
+
+    def reply2(self, timeout: float = 10.0) -> tuple[str, bool, str, list[str]]:
+        """A `--format 2` answer: (seq, final, flags, candidates)."""
+        seq, final, cands = self.reply(timeout)
+        return seq, final, cands[0] if cands else "", cands[1:]
+
+    def until_final(self, seq: int) -> tuple[list[tuple[str, list[str]]], tuple[str, list[str]]]:
+        """`--format 2` answers to `seq`: the (flags, candidates) of those before the final one,
+        and of the final one."""
+        before = []
+        while True:
+            got, final, flags, cands = self.reply2()
+            if got != str(seq):
+                continue
+            if final:
+                return before, (flags, cands)
+            before.append((flags, cands))
 
     def reply(self, timeout: float = 10.0) -> tuple[str, bool, list[str]]:
         assert self.proc.stdout is not None
@@ -102,6 +127,9 @@ def test_parse_request() -> None:
     assert isinstance(r, shell.Record)
     assert r.fields("s") == {"exit": 1, "cwd": "/src", "ts": 1700000000.5, "session": "s"}
     assert shell.parse_request("c\t1\t99\t\t\tx") == shell.Complete("1", 32, "x", "", "")
+    assert shell.parse_request("c\t1\t5\t/\tm\t0.25\tx") == shell.Complete("1", 5, "x", "/", "m", 0.25)
+    for odd in ("", "-1", "2", "nan", "abc"):  # the default threshold
+        assert shell.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == shell.Complete("1", 5, "x", "/", "m", None)
     assert shell.parse_request("r\t\t\t\t\tls") == shell.Record("ls", None, "", "", None)
     for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
         assert shell.parse_request(bad) is None
@@ -171,6 +199,114 @@ def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> Non
     assert "echo still-recorded" in [r.cmd for r in history_rows(home)]
 
 
+def test_helper_passes_the_early_answer_on_at_once_then_refines(home: Path) -> None:
+    release, release_more = threading.Event(), threading.Event()
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        model = candidates((typed + " --model", SURE), (typed + " --less-sure", UNSURE))
+        yield {"early": typed + " --from-history", "confidence": SURE}
+        yield release  # the model's candidates wait until the early answer has been seen
+        yield model[0]
+        yield release_more  # and the rest until the model's best has been
+        yield model[1]
+
+    with FakeDaemon.at_home(home, script) as fake:
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            helper.complete2(1, "git")
+            assert helper.reply2() == ("1", False, "1", ["git --from-history"])  # before any candidate
+            assert fake.requests[0]["early"] is True
+            release.set()
+            assert helper.reply2() == ("1", False, "1", ["git --model"])  # the model's best, at once
+            release_more.set()
+            assert helper.reply2() == ("1", True, "10", ["git --model", "git --less-sure"])
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_applies_the_confidence_threshold(home: Path) -> None:
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        yield {"early": typed + "-early", "confidence": UNSURE}
+        yield from candidates((typed + "-a", UNSURE), (typed + "-b", SURE), (typed + "-a", SURE))
+
+    with FakeDaemon.at_home(home, script):
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            # The default threshold (calmd.protocol): nothing sure enough comes early, no
+            # duplicate, and the list says which candidate may be shown unasked.
+            helper.complete2(1, "x")
+            assert helper.until_final(1) == ([], ("01", ["x-a", "x-b"]))
+            helper.complete2(2, "x", min_confidence=f"{UNSURE:.3f}")  # CALM_MIN_CONFIDENCE lower
+            early, final = helper.until_final(2)
+            assert final == ("11", ["x-a", "x-b"])
+            # (a batch that holds the final answer goes out alone: what came before may be left out)
+            assert early in ([], [("1", ["x-early"])], [("1", ["x-early"]), ("1", ["x-a"])])
+            helper.complete2(3, "x", min_confidence="1")
+            assert helper.until_final(3) == ([], ("00", ["x-a", "x-b"]))
+            helper.complete2(4, "x", min_confidence="not a number")  # the default again
+            assert helper.until_final(4) == ([], ("01", ["x-a", "x-b"]))
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_with_an_older_daemon_shows_everything(home: Path) -> None:
+    """No `early` message and no `confidence` field (a daemon from before them): every candidate
+    counts as sure, as before."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        yield from candidates((typed + "1", None), (typed + "2", None))
+
+    with FakeDaemon.at_home(home, script):
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            helper.complete2(1, "x", min_confidence="0.99")
+            early, final = helper.until_final(1)
+            assert final == ("11", ["x1", "x2"])
+            assert early in ([], [("1", ["x1"])])
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_for_a_hook_from_before_the_line_format(home: Path) -> None:
+    """A shell still running the old hook whose helper an upgraded calmd restarts: old lines both
+    ways, no early answer asked for."""
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        yield {"early": "never asked for", "confidence": 1.0}
+        yield from candidates(("x1", UNSURE), ("x2", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake:
+        helper = HelperProcess(home)
+        try:
+            helper.complete(1, "x")
+            assert helper.final(1) == ["x1", "x2"]
+            assert "early" not in fake.requests[0]
+        finally:
+            assert helper.close() == 0
+
+
+def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemon) -> None:
+    """The hooks hand the helper its input as a FIFO they hold open read-write (so that neither
+    side waits for the other) and remove at once. The helper reopens it read-only, so it still sees
+    the shell go; what the shell wrote before going is not lost, even when it went before the
+    helper ran."""
+    fifo = home / "input.fifo"
+    os.mkfifo(fifo, 0o600)
+    shell_side = os.open(fifo, os.O_RDWR)
+    fifo.unlink()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s-fifo", "--format", "2"],
+        stdin=shell_side, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shell_env(home),
+    )  # fmt: skip
+    os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
+    os.close(shell_side)  # the shell is gone, likely before the helper even started
+    assert proc.wait(timeout=30) == 0  # end of file: it did not wait for its parent to go
+    assert wait_recorded(home, "echo through-the-fifo").session == "s-fifo"
+
+
 def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
     helper = HelperProcess(home)
     assert helper.close() == 0
@@ -188,6 +324,26 @@ def test_init_script(home: Path, name: str) -> None:
     assert text.endswith(shell.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+@pytest.mark.parametrize("name", ["zsh", "bash"])
+def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
+    """For the setup line that sources it: the same text, owner-only, written once; a hook for
+    another socket is printed, not kept (the file is what the setup line's `calmd init` gives)."""
+    run = [sys.executable, "-m", "calmd.shell", "init", name]
+    out = subprocess.run(run, env=shell_env(home), capture_output=True, text=True, check=True).stdout
+    hook = home / "data" / f"calm.{name}"
+    assert hook.read_text() == out
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    assert stat.S_IMODE(hook.parent.stat().st_mode) == 0o700
+    first = hook.stat()
+    subprocess.run(run, env=shell_env(home), capture_output=True, check=True)
+    assert (hook.stat().st_ino, hook.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # untouched
+    hook.unlink()
+    other = [sys.executable, "-m", "calmd.shell", "--socket", str(home / "other.sock"), "init", name]
+    out = subprocess.run(other, env=shell_env(home), capture_output=True, text=True, check=True).stdout
+    assert "other.sock" in out
+    assert not hook.exists()
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:

@@ -3,17 +3,24 @@ history prefix matches first, then `input + suffix` candidates: mmit, mmand, nfi
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.daemon import Daemon, running_daemon
+from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
+    SETUP_LINES,
     assert_quiet,
     autosuggestions,
     calm_cli,
@@ -105,10 +112,180 @@ def test_cycle_and_dismiss(home: Path, daemon: Daemon) -> None:
         term.send("C-u")
         term.type("abc")
         term.wait_line(rf"^PROMPT> abc{GHOST}mmit", escapes=True)
-        term.send("Escape")
+        term.send("C-g")
         term.wait_line(r"^PROMPT> abc\s*$")
         term.type("d")  # typing again brings suggestions back
         term.wait_line(rf"^PROMPT> abcd{GHOST}mmit", escapes=True)
+        term.send("C-k")  # kill what is after the cursor: the suggestion
+        term.wait_line(r"^PROMPT> abcd\s*$")
+        term.send("C-a", "C-k")  # elsewhere, Ctrl-k kills as always
+        term.wait_line(rf"^PROMPT> (?:{GHOST}|{LINE_END})", escapes=True)
+
+
+@pytest.mark.parametrize("mode", ["emacs", "vi"])
+def test_escape_sequences_behave_as_without_calm(home: Path, daemon: Daemon, mode: str) -> None:
+    """Esc is a prefix in zsh (Esc . inserts the last word, Esc b goes back a word) and a user may
+    type it slowly: zsh waits for the next key only while Esc alone is unbound. KEYTIMEOUT=1
+    (10 ms) and a pause after Esc make the difference certain."""
+    rc = "KEYTIMEOUT=1" + ("\nbindkey -v" if mode == "vi" else "")
+    with zsh_terminal(home, before=rc) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo aaa bbb")
+        term.send("Enter")
+        term.wait_for("^aaa bbb$")
+        term.type("echo ")
+        term.wait_line(rf"^PROMPT> echo {GHOST}aaa bbb", escapes=True)  # something to dismiss
+        if mode == "emacs":
+            term.send("Escape")
+            time.sleep(0.1)  # a slow Esc: longer than KEYTIMEOUT
+            term.type(".")
+            term.wait_line(rf"^PROMPT> echo bbb(?:{GHOST}|{LINE_END})", escapes=True)  # insert-last-word
+            term.send("C-u")
+            term.type("echo foo bar")
+            term.send("Escape")
+            time.sleep(0.1)
+            term.type("b")  # backward-word
+            term.wait_cursor(len("PROMPT> echo foo "))
+            term.type("X")
+            term.wait_line(r"^PROMPT> echo foo Xbar")
+        else:
+            term.send("Escape")  # vi: to command mode, and the suggestion goes
+            term.wait_line(r"^PROMPT> echo\s*$")
+            term.type("b")  # vi-backward-word
+            term.wait_cursor(len("PROMPT> "))
+            term.type("A")
+            term.type("x")
+            term.wait_line(r"^PROMPT> echo x")
+        assert_quiet(term.screen())
+
+
+MENU = "autoload -Uz compinit; compinit -u -D; zstyle ':completion:*' menu select"
+
+
+@pytest.mark.parametrize("rc", ["", MENU])
+def test_tab_completion_hides_the_ghost(home: Path, daemon: Daemon, rc: str) -> None:
+    """Completion redraws the line itself (a listing, a menu) and clips region_highlight to the
+    buffer: a ghost left in POSTDISPLAY looked typed, with the cursor in the middle of it."""
+    (home / "alpha1").mkdir()
+    (home / "alpha2").mkdir()
+    with zsh_terminal(home, before=rc) as term:
+        term.wait_for("^PROMPT>")
+        term.type("ls alpha")
+        term.wait_line(rf"^PROMPT> ls alpha{GHOST}mmit", escapes=True)
+        term.send("Tab")  # ambiguous: lists alpha1/ alpha2/ (a menu with compinit)
+        term.wait_for(r"alpha1/\s+alpha2/")
+        assert re.search(r"^PROMPT> ls alpha\s*$", term.screen().split("\n")[0]), term.screen()
+        assert term.cursor() == (len("PROMPT> ls alpha"), 0)
+        if rc:
+            term.send("Tab")  # into the menu: alpha1/ is inserted
+            term.wait_line(r"^PROMPT> ls alpha1/")
+            term.send("Enter")  # take it, leave the menu
+        else:
+            term.type("1/")
+        term.wait_cursor(len("PROMPT> ls alpha1/"))
+        term.type("x")  # typing brings suggestions back
+        term.wait_line(rf"^PROMPT> ls alpha1/x{GHOST}mmit", escapes=True)
+
+
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\x1b[=>]")
+
+
+def visible(raw: str) -> str:
+    """Terminal output without its escape sequences (a word may be drawn in pieces)."""
+    return ESCAPE.sub("", raw)
+
+
+def drawn_until(log: Path, sentinel: str, *, timeout: float = 5.0) -> str:
+    """What the shell wrote to the terminal (Terminal.record_output) up to `sentinel` (visible
+    text), once the sentinel is there: anything drawn before it, even if overwritten since, is in
+    the result, escape sequences included."""
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = log.read_bytes().decode(errors="replace") if log.exists() else ""
+        kept = [m for m in re.finditer(r"[^\x1b]|" + ESCAPE.pattern, raw) if not m.group().startswith("\x1b")]
+        text = "".join(m.group() for m in kept)
+        if sentinel in text:
+            return raw[: kept[text.index(sentinel)].start()]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{sentinel!r} was never drawn: {raw!r}")
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("order", ["calm", "highlighting,calm", "calm,highlighting"])
+def test_no_ghost_in_isearch_on_recalled_lines_or_after_a_paste(
+    home: Path, daemon: Daemon, order: str
+) -> None:
+    """Each case ends with a sentinel: a suggestion asked for after it, so a stale one for the
+    searched, recalled or pasted line would have been drawn before it (it answers in order).
+    zsh-syntax-highlighting defines zle-isearch-update itself: calm then hooks it through
+    add-zle-hook-widget."""
+    record(daemon, "echo hello-from-calm-only")
+    with zsh_terminal(home, **plugin_rc(order)) as term:
+        term.wait_for("^PROMPT>")
+        term.type("echo hello")
+        term.send("Enter")
+        term.wait_for("^hello$")
+        term.type("echo hello")  # what calm suggests for it
+        term.wait_line(rf"^PROMPT> {COLOUR}echo{COLOUR} hello{GHOST}-from-calm-only", escapes=True)
+        term.send("C-u")
+        term.wait_line(rf"^PROMPT> {GHOST}after echo hello", escapes=True)
+
+        term.record_output(home / "isearch.log")
+        term.send("C-r")
+        term.type("hello")
+        term.wait_for(r"bck-i-search: hello")
+        term.send("C-g")  # back to the empty line, whose prediction is the sentinel
+        drawn = drawn_until(home / "isearch.log", "after echo hello")
+        assert "-from-calm-only" not in visible(drawn), drawn
+
+        term.record_output(home / "recall.log")
+        term.send("Up")
+        term.wait_line(r"^PROMPT> echo hello")
+        term.type("!")  # an edit: suggestions again
+        drawn = drawn_until(home / "recall.log", "mmit")
+        assert "-from-calm-only" not in visible(drawn), drawn
+
+        term.send("C-u")
+        term.record_output(home / "paste.log")
+        term.tmux("set-buffer", "echo hello")
+        term.tmux("paste-buffer", "-p", "-t", "t")  # bracketed, as a terminal pastes
+        term.wait_line(r"^PROMPT> echo hello")
+        term.type(" x")
+        drawn = drawn_until(home / "paste.log", "mmit")
+        assert "-from-calm-only" not in visible(drawn), drawn
+
+
+@pytest.mark.parametrize(
+    "trap",
+    [
+        "",
+        "TRAPINT() { print -r -- user-trap-$1; return $(( 128 + $1 )) }",
+        "trap 'print -r -- user-trap-2' INT",
+    ],
+)
+def test_ctrl_c_leaves_no_ghost_in_the_scrollback(home: Path, daemon: Daemon, trap: str) -> None:
+    """zsh runs no zle-line-finish on Ctrl-C; calm's TRAPINT hides the ghost. A TRAPINT function of
+    the user's runs after it; an INT trap set with `trap` is left alone (calm cannot chain it)."""
+    record(daemon, "git status")
+    with zsh_terminal(home, before=trap) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        term.send("C-c")
+        if trap:
+            term.wait_for("^PROMPT> git stuser-trap-2")  # the user's trap still runs
+            return
+        term.wait_cursor(len("PROMPT> "))
+        screen = term.wait_for(r"^PROMPT> git st\n^PROMPT>")
+        assert screen.split("\n")[0].rstrip() == "PROMPT> git st", screen
+        term.type("sleep 5")  # Ctrl-C still interrupts a command, with status 130
+        term.send("Enter")
+        term.wait_for(r"^PROMPT> sleep 5\n")
+        term.send("C-c")
+        term.wait_line(r"^PROMPT> ")
+        term.type("echo status-$?")
+        term.send("Enter")
+        term.wait_for("^status-130$")
 
 
 def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) -> None:
@@ -119,6 +296,25 @@ def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) 
         term.wait_line(rf"^PROMPT> {GHOST}after true", escapes=True)
         term.send("Right")
         term.wait_line(r"^PROMPT> after true", escapes=True)
+
+
+def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
+    """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
+    need("git")
+    proj = home / "proj"
+    proj.mkdir()
+    for path, branch in ((home, "trunk"), (proj, "feature")):
+        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+    with zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("cd proj", "echo in-proj", "cd .."):
+            term.type(cmd)
+            term.send("Enter")
+            wait_recorded(home, cmd)
+        rows = {r.cmd: (r.cwd, r.git) for r in history_rows(home)}
+        assert rows["cd proj"] == (str(home), "trunk")
+        assert rows["echo in-proj"] == (str(proj), "feature")
+        assert rows["cd .."] == (str(proj), "feature")
 
 
 def test_failing_command_recorded_with_its_exit_code(home: Path, daemon: Daemon) -> None:
@@ -265,24 +461,208 @@ def test_ghost_text_survives_a_late_empty_answer_from_zsh_autosuggestions(home: 
 
 
 SYNTAX_HIGHLIGHTING = Path("/usr/share/zsh-syntax-highlighting/zsh-syntax-highlighting.zsh")
+COLOUR = r"(?:\x1b\[[0-9;]*m)*"  # whatever zsh-syntax-highlighting puts around a word
 
 
-def test_coexists_with_autosuggestions_and_syntax_highlighting_loaded_last(
-    home: Path, daemon: Daemon
-) -> None:
-    """The documented order: zsh-autosuggestions, calm, zsh-syntax-highlighting last."""
-    plugin = autosuggestions()
-    if plugin is None or not SYNTAX_HIGHLIGHTING.is_file():
-        pytest.skip("zsh-autosuggestions and zsh-syntax-highlighting are not both installed")
+def plugin_rc(order: str) -> dict[str, str]:
+    """`before` and `after` for zsh_terminal from a load order like "autosuggestions,calm,highlighting"."""
+    paths = {"autosuggestions": autosuggestions(), "highlighting": SYNTAX_HIGHLIGHTING}
+    names = order.split(",")
+    for name in names:
+        if name != "calm" and (paths[name] is None or not Path(str(paths[name])).is_file()):
+            if os.environ.get("CI"):
+                raise AssertionError(f"zsh-{name} is not installed")
+            pytest.skip(f"zsh-{name} is not installed")
+    at = names.index("calm")
+    load = [f"source {paths[n]}" for n in names if n != "calm"]
+    return {"before": "\n".join(load[:at]), "after": "\n".join(load[at:])}
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "calm,highlighting",
+        "highlighting,calm",
+        "autosuggestions,calm,highlighting",  # the order docs/shells.md gives
+        "calm,autosuggestions,highlighting",
+        "highlighting,autosuggestions,calm",
+        "highlighting,calm,autosuggestions",
+    ],
+)
+def test_ghost_keeps_its_colour_beside_syntax_highlighting(home: Path, daemon: Daemon, order: str) -> None:
+    """zsh-syntax-highlighting rebuilds region_highlight after every widget it wraps (and it wraps
+    whatever exists when it loads); the ghost text must stay calm's grey all the same: after the
+    reply is drawn, after cursor motions that redraw the line, and while typing along."""
     record(daemon, "git status")
-    with zsh_terminal(home, before=f"source {plugin}", after=f"source {SYNTAX_HIGHLIGHTING}") as term:
+    with zsh_terminal(home, **plugin_rc(order)) as term:
         term.wait_for("^PROMPT>")
-        term.type("git st")
-        # `git` coloured by zsh-syntax-highlighting, the ghost text still calm's dim grey
-        colour = r"(?:\x1b\[[0-9;]*m)*"
-        term.wait_line(rf"^PROMPT> {colour}git{colour} st{GHOST}atus{LINE_END}", escapes=True)
-        term.send("Right")
-        term.wait_line(rf"^PROMPT> {colour}git{colour} status", escapes=True)
+        ghost = rf"^PROMPT> {COLOUR}git{COLOUR} st{GHOST}atus{LINE_END}"
+        for _ in range(3):
+            term.send("C-u")
+            term.type("git st")
+            term.wait_line(ghost, escapes=True)
+            # Left and Right redraw the line without changing it; wait for the cursor to move.
+            term.send("Left")
+            term.wait_cursor(len("PROMPT> git s"))
+            term.send("Right")
+            term.wait_cursor(len("PROMPT> git st"))
+            assert re.search(ghost, term.line(escapes=True)), term.line(escapes=True)
+            term.type("a")
+            term.wait_line(rf"^PROMPT> {COLOUR}git{COLOUR} sta{GHOST}tus{LINE_END}", escapes=True)
+        term.send("End")
+        term.wait_line(rf"^PROMPT> {COLOUR}git{COLOUR} {COLOUR}status{COLOUR}(?:\s*$|{GHOST})", escapes=True)
         term.send("Enter")
         wait_recorded(home, "git status")
+        # End with nothing shown does what it always does (it used to say "No such widget").
+        term.type("echo abc")
+        term.send("C-g", "C-a")
+        term.wait_cursor(len("PROMPT> "))
+        term.send("End")
+        term.wait_cursor(len("PROMPT> echo abc"))
+        term.send("C-a")
+        term.wait_cursor(len("PROMPT> "))
+        term.send("End")
+        term.wait_cursor(len("PROMPT> echo abc"))
+        if "autosuggestions" in order:
+            # zsh-autosuggestions' own suggestion (a line calm never recorded) keeps its colour too
+            term.send("C-u")
+            term.type(" echo only-in-zsh-history")
+            term.send("Enter")
+            term.wait_for("^only-in-zsh-history$")
+            term.type(" echo only-in")
+            term.wait_line(rf"echo{COLOUR} {COLOUR}only-in{GHOST}-zsh-history{LINE_END}", escapes=True)
+            term.send("Left")
+            term.wait_cursor(len("PROMPT>  echo only-i"))
+            term.send("Right")
+            term.wait_cursor(len("PROMPT>  echo only-in"))
+            assert re.search(rf"only-in{GHOST}-zsh-history{LINE_END}", term.line(escapes=True))
         assert_quiet(term.screen())
+
+
+# --------------------------------------------------------------------------- early answers, confidence
+# Against tests/fake_daemon.py, which sends `early` and `confidence` when the test wants them.
+
+
+def test_early_answer_drawn_at_once_then_refined(home: Path) -> None:
+    release = threading.Event()
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed.startswith("dep"):
+            yield {"early": "deploy --from-history", "confidence": SURE}
+            if typed == "dep":
+                yield release  # the model's answer waits until the early one is on screen
+            yield from candidates(("deploy --model", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake, zsh_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.type("dep")
+        term.wait_line(rf"^PROMPT> dep{GHOST}loy --from-history{LINE_END}", escapes=True)
+        assert fake.wait_requests(1)[-1]["early"] is True
+        release.set()
+        term.wait_line(rf"^PROMPT> dep{GHOST}loy --model{LINE_END}", escapes=True)
+
+
+def test_no_flicker_while_the_next_answer_comes(home: Path) -> None:
+    """A ghost that still extends the line stays until the next answer replaces it: never a blank
+    line between two answers. (Backspace asks again; typing along the ghost asks nothing.)"""
+    release = threading.Event()
+    asked: list[str] = []
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        asked.append(typed)
+        if typed == "g" and asked.count("g") == 1:
+            yield from candidates(("git status", SURE))
+        elif typed == "g":
+            yield release  # the second time, the answer is held back
+            yield {"early": "git log", "confidence": SURE}
+            yield 0.2
+            yield from candidates(("git stash", SURE))
+
+    with FakeDaemon.at_home(home, script) as fake, zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        fake.wait_requests(1)  # the prediction: the helper is up
+        term.type("g")
+        term.wait_line(rf"^PROMPT> g{GHOST}it status{LINE_END}", escapes=True)
+        term.type("i")  # along the ghost: nothing to ask
+        term.wait_line(rf"^PROMPT> gi{GHOST}t status{LINE_END}", escapes=True)
+        term.send("BSpace")  # asks again for `g`: the old ghost stays meanwhile
+        assert [r["ctx"]["input"] for r in fake.wait_requests(3)] == ["", "g", "g"]
+        for _ in range(20):
+            assert re.search(rf"^PROMPT> g{GHOST}it status{LINE_END}", term.line(escapes=True))
+            time.sleep(0.01)
+        release.set()
+        seen = set()
+        while "stash" not in seen:  # every screen until the model's answer shows a ghost
+            line = term.line(escapes=True)
+            match = re.search(rf"^PROMPT> g{GHOST}it (status|log|stash){LINE_END}", line)
+            assert match, line
+            seen.add(match.group(1))
+
+
+def test_only_sure_candidates_are_shown_but_cycling_reaches_all(home: Path) -> None:
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        if typed == "":
+            yield from candidates(("predicted-unsure", UNSURE))
+        elif typed == "xyz":
+            yield {"early": "xyz-early-unsure", "confidence": UNSURE}
+            yield from candidates(("xyz-low", UNSURE), ("xyz-lower", UNSURE))
+        elif typed == "xyz1":
+            yield from candidates(("xyz1-sure", SURE), ("xyz1-other", UNSURE))
+
+    with FakeDaemon.at_home(home, script), zsh_terminal(home, CALM_MIN_CONFIDENCE="") as term:
+        term.wait_for("^PROMPT>")
+        term.record_output(home / "out.log")
+        term.type("xyz")
+        term.type("1")  # the sentinel: an answer that is shown, asked for after the others
+        drawn = drawn_until(home / "out.log", "-sure")
+        for unsure in ("predicted-unsure", "-early-unsure", "-low"):
+            assert unsure not in drawn, drawn
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-sure{LINE_END}", escapes=True)
+        term.send("BTab")  # cycling reaches the unsure one
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-other{LINE_END}", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz1{GHOST}-sure{LINE_END}", escapes=True)
+        term.send("BSpace")  # back to `xyz`: its candidates are unsure, nothing is shown...
+        term.wait_line(r"^PROMPT> xyz\s*$")
+        term.send("BTab")  # ...but the cycle key brings them
+        term.wait_line(rf"^PROMPT> xyz{GHOST}-low{LINE_END}", escapes=True)
+        term.send("BTab")
+        term.wait_line(rf"^PROMPT> xyz{GHOST}-lower{LINE_END}", escapes=True)
+
+
+def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
+    """The first start has no hook file: the line runs `calmd init`, which leaves one. Later starts
+    source it and start no Python (calmd is not even on the PATH then). A hook file from an older
+    calmd is loaded, and the helper rewrites it for the next start."""
+    record(daemon, "git status")
+    hook = home / "data" / "calm.zsh"
+    assert not hook.exists()
+    bin_dir = str(Path(sys.executable).parent)
+    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
+    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
+    assert shutil.which("calmd", path=without_calmd) is None
+    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=with_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+    text = hook.read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
+    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=without_calmd) as term:
+        term.wait_for("^PROMPT>")
+        term.type("git st")
+        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
+        wait_rewritten(hook, text)
+        assert_quiet(term.screen())
+
+
+def wait_rewritten(hook: Path, text: str, timeout: float = 10.0) -> None:
+    """Until the helper has put `text` in the hook file (once it has a moment), owner-only."""
+    deadline = time.monotonic() + timeout
+    while hook.read_text() != text:
+        assert time.monotonic() < deadline, hook.read_text()[:200]
+        time.sleep(0.05)
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600

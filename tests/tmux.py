@@ -100,6 +100,19 @@ class Terminal:
         args = ["capture-pane", "-p", "-t", "t"] + (["-e"] if escapes else [])
         return self.tmux(*args)
 
+    def cursor(self) -> tuple[int, int]:
+        """(column, row) of the cursor, 0-based."""
+        x, y = self.tmux("display-message", "-p", "-t", "t", "#{cursor_x} #{cursor_y}").split()
+        return int(x), int(y)
+
+    def wait_cursor(self, x: int, *, timeout: float = 5.0) -> None:
+        """Wait until the cursor is in column `x` (a redraw after a key that moves it happened)."""
+        deadline = time.monotonic() + timeout
+        while self.cursor()[0] != x:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cursor at {self.cursor()}, not column {x}; screen:\n{self.screen()}")
+            time.sleep(0.01)
+
     def line(self, *, escapes: bool = False) -> str:
         """The line the cursor is on."""
         y = int(self.tmux("display-message", "-p", "-t", "t", "#{cursor_y}").strip())
@@ -115,7 +128,9 @@ class Terminal:
             if check(text):
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what or check}; screen:\n{text}")
+                raise AssertionError(
+                    f"timed out waiting for {what or check}; screen:\n{text}\n{self.processes()}"
+                )
             time.sleep(0.01)
 
     def wait_for(self, pattern: str, *, timeout: float = 5.0, escapes: bool = False) -> str:
@@ -138,6 +153,23 @@ class Terminal:
                 )
             time.sleep(0.01)
 
+    def record_output(self, path: Path) -> None:
+        """From now on, append every byte the program writes to the terminal to `path` (what a
+        screen capture cannot show: text drawn and overwritten between two captures)."""
+        self.tmux("pipe-pane", "-t", "t", f"cat >> {shlex.quote(str(path))}")
+
+    def processes(self) -> str:
+        """The pane's process and its children, with what they wait in (for a timeout's report)."""
+        try:
+            pid = self.tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()
+            out = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:24,args", "--ppid", pid, "-p", pid],
+                capture_output=True, text=True, timeout=10,
+            )  # fmt: skip
+            return out.stdout
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            return f"(no process list: {exc})"
+
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10)
 
@@ -151,29 +183,50 @@ class Terminal:
 PROMPT = "PROMPT> "
 
 
-def zsh_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+# The shell tests that drive the scripted engine are about mechanics, not about which candidate is
+# sure enough: they show every candidate, whatever confidence the daemon gives it. The tests of
+# the threshold set CALM_MIN_CONFIDENCE themselves ("": the default).
+TEST_MIN_CONFIDENCE = "0"
+
+
+def zsh_terminal(
+    home: Path, *, before: str = "", after: str = "", setup: str | None = None, **env: str
+) -> Terminal:
     """An interactive zsh that reads no global rc file (`zsh -d`, like `zsh -f`) and only our
-    $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`."""
+    $ZDOTDIR/.zshrc: the prompt, `before`, the calm hook, `after`. The hook comes from `calmd init`
+    run beforehand, or from the rc line `setup`."""
     need("zsh", "tmux")
-    script = init_script("zsh", home)
+    env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
+    if setup is None:
+        setup = f'eval "$(< {shlex.quote(str(init_script("zsh", home)))})"'
     zdot = home / "zdot"
     zdot.mkdir(exist_ok=True)
     (zdot / ".zshrc").write_text(
-        f"PS1={shlex.quote(PROMPT)}\nRPS1=\nHISTFILE=\nunsetopt PROMPT_SP\n{before}\n"
-        f'eval "$(< {shlex.quote(str(script))})"\n{after}\n'
+        f"PS1={shlex.quote(PROMPT)}\nRPS1=\nHISTFILE=\nunsetopt PROMPT_SP\n{before}\n{setup}\n{after}\n"
     )
     return Terminal(["zsh", "-d", "-i"], shell_env(home, ZDOTDIR=str(zdot), **env), cwd=home)
 
 
-def bash_terminal(home: Path, *, before: str = "", after: str = "", **env: str) -> Terminal:
+def bash_terminal(
+    home: Path, *, before: str = "", after: str = "", setup: str | None = None, **env: str
+) -> Terminal:
     need("bash", "tmux")
-    script = init_script("bash", home)
+    env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
+    if setup is None:
+        # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it
+        setup = f'eval "$(< {shlex.quote(str(init_script("bash", home)))})"'
     rc = home / ".bashrc-test"
-    # eval, as in ~/.bashrc: a sourced file would not see the DEBUG trap set before it
-    rc.write_text(
-        f'PS1={shlex.quote(PROMPT)}\nHISTFILE=\n{before}\neval "$(< {shlex.quote(str(script))})"\n{after}\n'
-    )
+    rc.write_text(f"PS1={shlex.quote(PROMPT)}\nHISTFILE=\n{before}\n{setup}\n{after}\n")
     return Terminal(["bash", "--noprofile", "--rcfile", str(rc), "-i"], shell_env(home, **env), cwd=home)
+
+
+# The setup lines of docs/shells.md: source the hook file `calmd init` leaves in the data dir,
+# and run `calmd init` only when it is not there.
+DATA_DIR = "${CALM_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/calm}"
+SETUP_LINES = {
+    "zsh": f'source {DATA_DIR}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"',
+    "bash": f'eval "$(cat "{DATA_DIR}/calm.bash" 2>/dev/null || calmd init bash)"',
+}
 
 
 # --------------------------------------------------------------------------- the history store

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import COMMANDS, HISTORY, pct
 
 from calmd import paths
-from calmd.client import CalmClient
+from calmd.shell.client import CalmClient
 
 HERE = Path(__file__).resolve().parent.parent
 

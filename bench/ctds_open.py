@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calmd.ctds import CtdsReader
-from calmd.tokenizer import Special
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.tokenizer import Special
 
 
 def synth_dataset(path: Path, megabytes: int, seed: int = 0) -> int:

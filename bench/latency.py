@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calmd.client import CalmClient
-from calmd.engine import ModelEngine, packaged_model
-from calmd.history import HistoryStore
+from calmd.daemon.engine import ModelEngine, packaged_model
+from calmd.history.store import HistoryStore
+from calmd.shell.client import CalmClient
 
 COMMANDS = [
     "git status", "git commit -m 'fix the parser'", "ls -la", "cd ..", "docker ps -a", "make test",
@@ -112,8 +112,8 @@ def interleaved(c: CalmClient, model: Path, db: Path, commands: list[str]) -> tu
 
 def start_training_load(home: Path) -> subprocess.Popen[bytes]:
     """The background trainer's load: `calm train` of nano, nice 19, one thread, on shell-like data."""
-    from calmd.ctds import write_ctds
-    from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+    from calmd.formats.ctds import write_ctds
+    from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
 
     history = [{"cmd": c, "exit": 0} for c in COMMANDS[:5]]
     seqs = [build_sequence(DEFAULT_SHELL_TEMPLATE, {"history": history, "input": c}, training=True)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from calmd import fastscan
-from calmd.checkpoint import GenerationDefaults, LoadedModel, header_for
-from calmd.cwgt import Metadata
-from calmd.generate import Generator
-from calmd.model import SIZES, CalmModel
+from calmd.formats.cwgt import Metadata
+from calmd.model import fastscan
+from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for
+from calmd.model.generate import Generator
+from calmd.model.mamba import SIZES, CalmModel
 
 
 def timed(fn: Callable[[], object], repeat: int, warmup: int = 2) -> list[float]:

@@ -1,6 +1,6 @@
 """The history ranker's cost per keystroke, with and without carry-over candidates, in one run.
 
-What the daemon does for each keystroke before the model runs (calmd/engine.py): the pool of
+What the daemon does for each keystroke before the model runs (calmd/daemon/engine.py): the pool of
 history commands extending the input, their features and the network's scores. The index holds
 the newest --commands commands of the public histories of ../shared/data/histories (or a
 synthetic history when absent); each query replays a real "previous command, next command" pair
@@ -16,14 +16,14 @@ import statistics
 import time
 from pathlib import Path
 
-from calmd.ranking import HistoryIndex, packaged_ranker
+from calmd.daemon.ranking import HistoryIndex, packaged_ranker
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 KS = (0, 1, 2, 4, 8)
 
 
 def history(limit: int) -> list[str]:
-    from calmd.replay import read_commands
+    from calmd.quality.replay import read_commands
 
     files = sorted(HISTORIES.glob("*.txt")) if HISTORIES.is_dir() else []
     commands = [c for f in files for c in read_commands(f)]

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from calmd.secrets import find_secret  # noqa: E402
+from calmd.history.secrets import find_secret  # noqa: E402
 
 OLD_COMMIT = "aa4422d"  # the detector before issue 12
 CORPUS = REPO / "tests" / "data" / "secrets"
@@ -38,11 +38,11 @@ _KEEP: list[object] = []
 
 def old_detector() -> Detector:
     source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{OLD_COMMIT}:calmd/secrets.py"],
+        ["git", "-C", str(REPO), "show", f"{OLD_COMMIT}:calmd/history/secrets.py"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     module = types.ModuleType("old_secrets")
-    exec(compile(source, f"{OLD_COMMIT}:calmd/secrets.py", "exec"), module.__dict__)
+    exec(compile(source, f"{OLD_COMMIT}:calmd/history/secrets.py", "exec"), module.__dict__)
     return module.find_secret  # type: ignore[no-any-return]
 
 

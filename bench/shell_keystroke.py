@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from calmd.client import CalmClient  # noqa: E402
+from calmd.shell.client import CalmClient  # noqa: E402
 from tests.daemon import running_daemon  # noqa: E402
 from tests.tmux import PROMPT, autosuggestions, init_script, shell_env  # noqa: E402
 
@@ -257,7 +257,7 @@ def main() -> int:
         (home / "zsh_history").write_text("".join(c + "\n" for c in COMMANDS))
         results: list[Result] = []
         model = args.engine == "model"  # the packaged model, or the scripted engine of the tests
-        engine = "calmd.engine:load_engine" if model else "tests.scripted_engine:load"
+        engine = "calmd.daemon.engine:load_engine" if model else "tests.scripted_engine:load"
         with running_daemon(home, engine=engine, weights=not model) as daemon:
             with CalmClient(daemon.socket) as client:
                 for cmd in COMMANDS:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from calmd.client import CalmClient
+from calmd.shell.client import CalmClient
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import msgpack
 
-from calmd.client import CalmClient
-from calmd.engine import packaged_model
+from calmd.daemon.engine import packaged_model
+from calmd.shell.client import CalmClient
 
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 MIB = 1 << 20

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calmd.tokenizer import decode, encode
+from calmd.formats.tokenizer import decode, encode
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 

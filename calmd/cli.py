@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-    from calmd.client import CalmClient
+    from calmd.shell.client import CalmClient
 
 
 def _console(no_color: bool = False) -> Console:
@@ -35,7 +35,7 @@ def _console(no_color: bool = False) -> Console:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from calmd.tokenizer import encode, frame, special_id
+    from calmd.formats.tokenizer import encode, frame, special_id
 
     ids = frame(special_id(args.frame), args.text) if args.frame else encode(args.text)
     print(json.dumps(ids.tolist()) if args.json else " ".join(map(str, ids.tolist())))
@@ -43,8 +43,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_detokenize(args: argparse.Namespace) -> int:
-    from calmd.tokenizer import decode
-    from calmd.view import render
+    from calmd.formats.tokenizer import decode
+    from calmd.formats.view import render
 
     values: list[int] = []
     for word in args.ids:
@@ -85,8 +85,8 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 def dataset_from_history(args: argparse.Namespace) -> int:
     """The shell-history path of calm-dataset.txt: the history store -> CTDS."""
-    from calmd.continual import DatasetOptions, write_history_dataset
-    from calmd.history import HistoryStore
+    from calmd.history.store import HistoryStore
+    from calmd.training.background import DatasetOptions, write_history_dataset
 
     db = Path(args.db) if args.db else paths.history_path()
     if not db.exists():
@@ -112,9 +112,9 @@ def dataset_from_history(args: argparse.Namespace) -> int:
 def dataset_from_text(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from calmd.ctds import CtdsWriter
-    from calmd.source import SourceParser
-    from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE_SPEC, build_sequence, parse_template
+    from calmd.formats.ctds import CtdsWriter
+    from calmd.formats.source import SourceParser
+    from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE_SPEC, build_sequence, parse_template
 
     source = Path(args.source)
     output = Path(args.output) if args.output else paths.dataset_path()
@@ -157,8 +157,8 @@ def dataset_from_text(args: argparse.Namespace) -> int:
 
 
 def dataset_view(args: argparse.Namespace) -> int:
-    from calmd.ctds import CtdsReader
-    from calmd.view import legend, render
+    from calmd.formats.ctds import CtdsReader
+    from calmd.formats.view import legend, render
 
     path = Path(args.ds) if args.ds else paths.dataset_path()
     console = _console(args.no_color)
@@ -188,7 +188,7 @@ def dataset_view(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from calmd.cwgt import HEADER, read_cwgt
+    from calmd.formats.cwgt import HEADER, read_cwgt
 
     f = read_cwgt(args.file)
     h = f.header
@@ -257,7 +257,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from calmd.history import HistoryStore
+    from calmd.history.store import HistoryStore
 
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
     try:
@@ -287,7 +287,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     command line either."""
     import re
 
-    from calmd.history import HistoryStore
+    from calmd.history.store import HistoryStore
 
     pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
     if not pattern:
@@ -323,16 +323,16 @@ def cmd_forget(args: argparse.Namespace) -> int:
 
 def _default_model() -> Path:
     """The user's weights, else the default model shipped in the package."""
-    from calmd.engine import packaged_model
+    from calmd.daemon.engine import packaged_model
 
     user = paths.weights_path()
     return user if user.exists() else packaged_model()
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from calmd.checkpoint import GenerationDefaults, save_model
-    from calmd.cwgt import Metadata
-    from calmd.model import SIZES, CalmModel
+    from calmd.formats.cwgt import Metadata
+    from calmd.model.checkpoint import GenerationDefaults, save_model
+    from calmd.model.mamba import SIZES, CalmModel
 
     out = Path(args.output) if args.output else paths.weights_path()
     if out.exists() and not args.force:
@@ -346,8 +346,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from calmd.checkpoint import load_model
-    from calmd.generate import Generator, SamplingOptions
+    from calmd.model.checkpoint import load_model
+    from calmd.model.generate import Generator, SamplingOptions
 
     model_path = Path(args.model) if args.model else _default_model()
     loaded = load_model(model_path)
@@ -373,7 +373,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from calmd.continual import rollback
+    from calmd.training.background import rollback
 
     weights = Path(args.weights) if args.weights else paths.weights_path()
     rollback(weights)
@@ -382,11 +382,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calmd import replay
+    from calmd.quality import replay
 
     files = replay.expand(args.files)
     if args.held_out:
-        from calmd.recipe import held_out
+        from calmd.training.recipe import held_out
 
         files = [f for f in files if held_out(f.stem)]
     if not files:
@@ -394,7 +394,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     model = Path(args.model) if args.model else _default_model()
     from dataclasses import fields
 
-    from calmd.engine import RankWeights
+    from calmd.daemon.engine import RankWeights
 
     known = {f.name for f in fields(RankWeights)}
     weights = {}
@@ -544,14 +544,15 @@ def calm_parser() -> argparse.ArgumentParser:
         dest="weights",
         action="append",
         metavar="NAME=VALUE",
-        help="override a ranking weight (calmd.engine.RankWeights), to measure an idea",
+        help="override a ranking weight (calmd.daemon.engine.RankWeights), to measure an idea",
     )
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)
 
     # Subcommands that live beside their logic (these modules import nothing heavy at load time).
-    from calmd import shell, train_cli
+    from calmd.shell import helper as shell
+    from calmd.training import commands as train_cli
 
     train_cli.add_parsers(sub)  # train, evaluate
     shell.add_calm_parsers(sub)  # enable, disable
@@ -597,7 +598,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import importlib
     import logging
 
-    from calmd.server import ServerConfig, run_server
+    from calmd.daemon.server import ServerConfig, run_server
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -622,13 +623,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> CalmClient:
-    from calmd.client import CalmClient
+    from calmd.shell.client import CalmClient
 
     return CalmClient(Path(args.socket) if args.socket else None, timeout=args.timeout)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from calmd.client import DaemonNotRunning
+    from calmd.shell.client import DaemonNotRunning
 
     try:
         with _client(args) as client:
@@ -727,7 +728,7 @@ def _training_line(training: dict[str, object]) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from calmd.client import DaemonNotRunning
+    from calmd.shell.client import DaemonNotRunning
 
     try:
         with _client(args) as client:
@@ -751,7 +752,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    from calmd.client import DaemonNotRunning
+    from calmd.shell.client import DaemonNotRunning
 
     history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
     try:
@@ -778,7 +779,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
 def cmd_install_systemd(args: argparse.Namespace) -> int:
     import shutil
 
-    source = Path(__file__).resolve().parent.parent / "systemd"
+    source = paths.PACKAGE_DATA.parent.parent / "systemd"
     if not source.is_dir():
         from importlib import resources
 
@@ -814,7 +815,7 @@ def calmd_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        default="calmd.engine:load_engine",
+        default="calmd.daemon.engine:load_engine",
         metavar="MODULE:FUNC",
         help="engine loader called with the weight path (tests plug in a scripted engine)",
     )
@@ -836,7 +837,7 @@ def calmd_parser() -> argparse.ArgumentParser:
         "--train-arg",
         action="append",
         metavar="ARG",
-        help="extra argument for the training process (python -m calmd.continual --help)",
+        help="extra argument for the training process (python -m calmd.training.background --help)",
     )
     p.add_argument(
         "--max-connections",
@@ -879,7 +880,7 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.set_defaults(func=cmd_install_systemd)
 
-    from calmd import shell
+    from calmd.shell import helper as shell
 
     shell.add_calmd_parsers(sub)  # init zsh|bash, shell-helper
     return parser

@@ -21,7 +21,7 @@ PRIVATE_UMASK = 0o077  # files 0600, folders 0700
 
 log = logging.getLogger("calmd")
 
-# What calmd keeps in CALM_HOME (the shell hooks' files are named in calmd/shell.py): the start-up
+# What calmd keeps in CALM_HOME (the shell hooks' files are named in calmd/shell/helper.py): the start-up
 # tightening touches only these, so that a CALM_HOME pointed at a shared folder loses nothing else.
 DATA_FILES = (
     "history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm", "history.sqlite3-journal",
@@ -49,9 +49,12 @@ def history_path() -> Path:
     return data_dir() / "history.sqlite3"
 
 
+PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
+
+
 def packaged_weights() -> Path:
-    """The default model shipped inside the package (built by `python -m calmd.recipe`)."""
-    return Path(__file__).resolve().parent / "data" / "default.cwgt"
+    """The default model shipped inside the package (built by `python -m calmd.training.recipe`)."""
+    return PACKAGE_DATA / "default.cwgt"
 
 
 def socket_path() -> Path:

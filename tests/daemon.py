@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from calmd import paths
-from calmd.cwgt import CwgtHeader, Metadata, write_cwgt
+from calmd.formats.cwgt import CwgtHeader, Metadata, write_cwgt
 
 BIN = Path(sys.executable).parent
 

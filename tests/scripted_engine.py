@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from calmd.cwgt import read_cwgt
-from calmd.history import HistoryStore
+from calmd.formats.cwgt import read_cwgt
+from calmd.history.store import HistoryStore
 
 SUFFIXES = ["mmit", "mmand", "nfig", "py", "unt"]
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from calmd import atomic
-from calmd.ctds import CtdsReader, write_ctds
-from calmd.cwgt import CwgtHeader, Metadata, read_cwgt, write_cwgt
+from calmd.formats.ctds import CtdsReader, write_ctds
+from calmd.formats.cwgt import CwgtHeader, Metadata, read_cwgt, write_cwgt
 
 HEADER = CwgtHeader(
     d_model=8, n_layers=1, ffn_expand=0, expand=2, d_state=4, d_conv=4, dt_rank=1, param_count=0
@@ -52,7 +52,7 @@ def test_full_disk_keeps_old_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 WRITER = """
 import sys, time
-from calmd.ctds import CtdsWriter
+from calmd.formats.ctds import CtdsWriter
 w = CtdsWriter(sys.argv[1])
 for i in range(10**9):
     w.add([257, 259, 264, 97 + i % 20, 258])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.calibration import (
+from calmd.daemon.calibration import (
     EARLY_FEATURES,
     FEATURES,
     Calibrator,
@@ -20,7 +20,7 @@ from calmd.calibration import (
     reliability,
 )
 from calmd.errors import FormatError
-from calmd.recipe import held_out
+from calmd.training.recipe import held_out
 
 
 def test_fit_head_gives_probabilities_that_mean_what_they_say() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.client import CalmClient
-from calmd.ctds import CtdsReader
-from calmd.cwgt import CwgtHeader, Metadata, write_cwgt
-from calmd.engine import packaged_model
-from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+from calmd.daemon.engine import packaged_model
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.cwgt import CwgtHeader, Metadata, write_cwgt
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, daemon_env, wait_ready
 
 BIN = Path(sys.executable).parent
@@ -164,7 +164,7 @@ def test_inspect_rejects_corrupt_file(tmp_path: Path) -> None:
 def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> None:
     """A fresh user (no weights, no history): `calmd serve` loads the model shipped in the
     package and suggests from the first keystroke; `calmd stop` ends it."""
-    assert packaged_model().exists(), "build it with: python -m calmd.recipe"
+    assert packaged_model().exists(), "build it with: python -m calmd.training.recipe"
     env = daemon_env(tmp_path)
     proc = subprocess.Popen([str(BIN / "calmd"), "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip

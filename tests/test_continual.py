@@ -11,10 +11,17 @@ from pathlib import Path
 import pytest
 
 from calmd.cli import calm_main
-from calmd.client import CalmClient
-from calmd.continual import DatasetOptions, RunOptions, history_examples, is_trivial, read_status, run
-from calmd.ctds import CtdsReader
-from calmd.history import HistoryStore
+from calmd.formats.ctds import CtdsReader
+from calmd.history.store import HistoryStore
+from calmd.shell.client import CalmClient
+from calmd.training.background import (
+    DatasetOptions,
+    RunOptions,
+    history_examples,
+    is_trivial,
+    read_status,
+    run,
+)
 from tests.daemon import BIN, running_daemon
 
 WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
@@ -112,7 +119,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
     (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     with (
-        running_daemon(tmp_path, engine="calmd.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(30):
@@ -140,7 +147,7 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
     args = ("--no-import", "--train-threshold", "40", "--train-max-load", "1000", *TRAIN_ARGS,
             "--train-arg=--epochs=50")  # fmt: skip
     with (
-        running_daemon(tmp_path, engine="calmd.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(6):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from calmd.corpus import fill_placeholders, history_examples, scrub, tldr_examples
-from calmd.tokenizer import HistoryEntry
+from calmd.formats.tokenizer import HistoryEntry
+from calmd.training.corpus import fill_placeholders, history_examples, scrub, tldr_examples
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmd.ctds import CtdsReader, CtdsWriter, write_ctds
 from calmd.errors import FormatError
-from calmd.tokenizer import Special
+from calmd.formats.ctds import CtdsReader, CtdsWriter, write_ctds
+from calmd.formats.tokenizer import Special
 
 # BOS ATN CMD "ls" EOS  and  BOS CWD "/" END ATN CMD "pwd" EOS
 SEQ_A = [257, 259, 264, 108, 115, 258]

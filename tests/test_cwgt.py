@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmd.cwgt import (
+from calmd.errors import FormatError
+from calmd.formats.cwgt import (
     FLAG_HAS_EWC,
     FLAG_TIED,
     MAX_CWGT_BYTES,
@@ -24,7 +25,6 @@ from calmd.cwgt import (
     split_flat,
     write_cwgt,
 )
-from calmd.errors import FormatError
 
 META = Metadata(
     "shell", "BOS;CWD:cwd;GIT:git;HIST:history;COMP:completions;ENV:env;ATN;CMD:input", "| ; && ||"

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from calmd.client import CalmClient, DaemonNotRunning
+from calmd.shell.client import CalmClient, DaemonNotRunning
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from calmd.client import CalmClient
+from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 
-ENGINE = "calmd.engine:load_engine"
+ENGINE = "calmd.daemon.engine:load_engine"
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from calmd.client import CalmClient
+from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.test_engine import month_old_history
 
-ENGINE = "calmd.engine:load_engine"
+ENGINE = "calmd.daemon.engine:load_engine"
 ARGS = ("--train-threshold", "0")  # no background training while the tests run
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from calmd.engine import ModelEngine, RankWeights, Suggestion, packaged_model
-from calmd.history import HistoryStore
+from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion, packaged_model
+from calmd.history.store import HistoryStore
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from calmd.checkpoint import load_model
 from calmd.cli import calm_main
-from calmd.ctds import CtdsReader
-from calmd.evaluate import (
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.tokenizer import BYTE_TOKENS, Special, StopMatcher, parse_stop_conditions
+from calmd.model.checkpoint import load_model
+from calmd.model.mamba import CalmModel, ModelConfig
+from calmd.training.evaluate import (
     compare,
     evaluate,
     expected_completion,
@@ -23,9 +25,7 @@ from calmd.evaluate import (
     load_sequences,
     sequence_loss,
 )
-from calmd.model import CalmModel, ModelConfig
-from calmd.tokenizer import BYTE_TOKENS, Special, StopMatcher, parse_stop_conditions
-from calmd.train import TrainConfig, train
+from calmd.training.train import TrainConfig, train
 from tests.test_train import TASK_A, TASK_B, dataset, sequences, tiny_model_file
 
 STOPS = parse_stop_conditions("| ; && ||")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from calmd import fastscan
-from calmd.model import SelectiveScanFn, selective_scan
+from calmd.model import fastscan
+from calmd.model.mamba import SelectiveScanFn, selective_scan
 from tests.test_model import scan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +59,8 @@ def _in_fresh_python(code: str, **env: str) -> str:
 
 TRAIN_ONE_STEP = """
 import torch
-from calmd import fastscan
-from calmd.model import CalmModel, ModelConfig
+from calmd.model import fastscan
+from calmd.model.mamba import CalmModel, ModelConfig
 model = CalmModel(ModelConfig(d_model=16, n_layers=1, ffn_expand=0, expand=2, d_state=4, d_conv=4))
 tokens = torch.randint(0, 256, (2, 12))
 loss = model.loss(tokens, torch.ones_like(tokens, dtype=torch.bool))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from calmd import paths
-from calmd.client import CalmClient
+from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 from tests.test_continual import TRAIN_ARGS, WORK
 
@@ -77,7 +77,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     # Everything runs under umask 000: what comes out private, calmd made private.
     with (
-        running_daemon(tmp_path, engine="calmd.engine:load_engine", args=args, prefix=PERMISSIVE) as d,
+        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args, prefix=PERMISSIVE) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(30):
@@ -92,7 +92,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
         for argv in (
             [str(BIN / "calm"), "import", str(history)],
             [str(BIN / "calm"), "dataset", "--quiet"],  # into CALM_HOME/train.ctds
-            [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s"],  # its log
+            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s"],  # its log
         ):
             done = subprocess.run([*PERMISSIVE, *argv], env=env, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=120)  # fmt: skip

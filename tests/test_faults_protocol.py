@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmd.client import CalmClient
-from calmd.protocol import FrameReader
+from calmd.daemon.protocol import FrameReader
+from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 
 # calmd.md, "Limits and errors": no reply may carry another code.

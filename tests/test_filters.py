@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from calmd.errors import FormatError
-from calmd.filters import (
+from calmd.daemon.filters import (
     UserVocabulary,
     Vocabulary,
     balanced,
@@ -20,6 +19,7 @@ from calmd.filters import (
     packaged_vocabulary,
     segments,
 )
+from calmd.errors import FormatError
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from calmd.checkpoint import GenerationDefaults, LoadedModel, header_for
-from calmd.cwgt import Metadata
-from calmd.generate import Generator, SamplingOptions, filter_logits
-from calmd.model import CalmModel
-from calmd.tokenizer import Special
+from calmd.formats.cwgt import Metadata
+from calmd.formats.tokenizer import Special
+from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for
+from calmd.model.generate import Generator, SamplingOptions, filter_logits
+from calmd.model.mamba import CalmModel
 from tests.tiny_model import CONTEXT, train_tiny
 
 

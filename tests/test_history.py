@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from calmd.client import CalmClient
-from calmd.continual import DatasetOptions, write_history_dataset
-from calmd.ctds import CtdsReader
-from calmd.history import HistoryStore, detect_format, parse_history, unmetafy
-from calmd.ranking import HistoryIndex
-from calmd.tokenizer import decode
+from calmd.daemon.ranking import HistoryIndex
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.tokenizer import decode
+from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
+from calmd.shell.client import CalmClient
+from calmd.training.background import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from calmd import fastscan
-from calmd.checkpoint import load_model, save_model
-from calmd.cwgt import Metadata, read_cwgt
 from calmd.errors import FormatError
-from calmd.model import (
+from calmd.formats.cwgt import Metadata, read_cwgt
+from calmd.model import fastscan
+from calmd.model.checkpoint import load_model, save_model
+from calmd.model.mamba import (
     SIZES,
     CalmModel,
     ModelConfig,
@@ -57,7 +57,7 @@ def scan_inputs(
 
 @pytest.fixture(params=["cpp", "torch"])
 def scan_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each fast path in turn: the fused C++ kernel (calmd/fastscan.py), the chunked PyTorch one."""
+    """Each fast path in turn: the fused C++ kernel (calmd/model/fastscan.py), the chunked PyTorch one."""
     if request.param == "torch":
         monkeypatch.setattr(fastscan, "use_cpp", False)
     elif fastscan.library() is None:

@@ -8,9 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.errors import FormatError
-from calmd.history import HistoryStore
-from calmd.ranking import (
+from calmd.daemon.ranking import (
     FEATURES,
     POOL_FOLLOWERS,
     POOL_RECENT,
@@ -25,6 +23,8 @@ from calmd.ranking import (
     split_carry,
     top1,
 )
+from calmd.errors import FormatError
+from calmd.history.store import HistoryStore
 
 
 def feature(rows: np.ndarray, j: int, name: str) -> float:
@@ -301,7 +301,7 @@ def test_query_targets_are_found_in_the_pool() -> None:
 
 
 def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from calmd.ranking import main
+    from calmd.daemon.ranking import main
 
     users = tmp_path / "data" / "histories" / "users"
     users.mkdir(parents=True)
@@ -312,7 +312,7 @@ def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest
     assert main(args) == 0
     ranker = Ranker.load(out)
     assert ranker.info["training_queries"] > 0
-    assert ranker.info["command"].startswith("python -m calmd.ranking --data")
+    assert ranker.info["command"].startswith("python -m calmd.daemon.ranking --data")
     assert "wrote" in capsys.readouterr().out
     assert not list(tmp_path.glob(".ranker.json.*"))  # the atomic write left no temp file
 

@@ -1,4 +1,4 @@
-"""`python -m calmd.recipe` on a small data folder of the shared layout: an interrupted run
+"""`python -m calmd.training.recipe` on a small data folder of the shared layout: an interrupted run
 continued with --resume writes the same model as an uninterrupted one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from calmd import recipe, train
+from calmd.training import recipe, train
 
 PAGE = """# {name}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from calmd.cli import calm_main
-from calmd.protocol import DEFAULT_MIN_CONFIDENCE
-from calmd.replay import PastOnly, _keystrokes_saved
+from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+from calmd.quality.replay import PastOnly, _keystrokes_saved
 from tests.tiny_model import save_tiny
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from calmd.client import CalmClient
-from calmd.ctds import CtdsReader
-from calmd.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
-from calmd.tokenizer import decode
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.tokenizer import decode
+from calmd.history.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
+from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
 
 DATA = Path(__file__).resolve().parent / "data" / "secrets"

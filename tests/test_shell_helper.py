@@ -1,4 +1,4 @@
-"""calmd/shell.py without a terminal: the line protocol, the helper process against a real daemon,
+"""calmd/shell/helper.py without a terminal: the line protocol, the helper process against a real daemon,
 `calmd init`, `calm enable|disable`."""
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
-from calmd import shell
+from calmd.shell import helper as shell
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
 
 
 class HelperProcess:
-    """`python -m calmd.shell shell-helper` on two pipes, as a shell runs it."""
+    """`python -m calmd.shell.helper shell-helper` on two pipes, as a shell runs it."""
 
     def __init__(self, home: Path, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s-test", *args],
+            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-test", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell_env(home),
         )  # fmt: skip
         self.buf = b""
@@ -185,14 +185,16 @@ def test_helper_without_daemon_answers_empty_and_keeps_records(home: Path) -> No
 
 def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
     env = shell_env(home)
-    out = subprocess.run([sys.executable, "-m", "calmd.shell", "disable"], env=env, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "calmd.shell.helper", "disable"], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
     assert "disabled" in out.stdout
     assert (home / "data" / shell.DISABLED_FLAG).exists()
     helper.complete(1, "x")
     assert helper.reply() == ("1", True, [])
     helper.send("r", "0", "", "", "", "echo still-recorded")
-    subprocess.run([sys.executable, "-m", "calmd.shell", "enable"], env=env, capture_output=True, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "calmd.shell.helper", "enable"], env=env, capture_output=True, check=True
+    )
     assert not (home / "data" / shell.DISABLED_FLAG).exists()
     helper.complete(2, "x", n=1)
     assert helper.final(2) == ["xmmit"]
@@ -234,7 +236,7 @@ def test_helper_applies_the_confidence_threshold(home: Path) -> None:
     with FakeDaemon.at_home(home, script):
         helper = HelperProcess(home, "--format", "2")
         try:
-            # The default threshold (calmd.protocol): nothing sure enough comes early, no
+            # The default threshold (calmd.daemon.protocol): nothing sure enough comes early, no
             # duplicate, and the list says which candidate may be shown unasked.
             helper.complete2(1, "x")
             assert helper.until_final(1) == ([], ("01", ["x-a", "x-b"]))
@@ -298,7 +300,7 @@ def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemo
     shell_side = os.open(fifo, os.O_RDWR)
     fifo.unlink()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "calmd.shell", "shell-helper", "--session", "s-fifo", "--format", "2"],
+        [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-fifo", "--format", "2"],
         stdin=shell_side, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shell_env(home),
     )  # fmt: skip
     os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
@@ -315,11 +317,11 @@ def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
 @pytest.mark.parametrize("name", ["zsh", "bash"])
 def test_init_script(home: Path, name: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell", "init", name],
+        [sys.executable, "-m", "calmd.shell.helper", "init", name],
         env=shell_env(home), capture_output=True, text=True, check=True,
     )  # fmt: skip
     text = out.stdout
-    assert "-m calmd.shell shell-helper" in text
+    assert "-m calmd.shell.helper shell-helper" in text
     assert str(home / "data" / shell.DISABLED_FLAG) in text
     assert text.endswith(shell.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
@@ -330,7 +332,7 @@ def test_init_script(home: Path, name: str) -> None:
 def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     """For the setup line that sources it: the same text, owner-only, written once; a hook for
     another socket is printed, not kept (the file is what the setup line's `calmd init` gives)."""
-    run = [sys.executable, "-m", "calmd.shell", "init", name]
+    run = [sys.executable, "-m", "calmd.shell.helper", "init", name]
     out = subprocess.run(run, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     hook = home / "data" / f"calm.{name}"
     assert hook.read_text() == out
@@ -340,7 +342,7 @@ def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     subprocess.run(run, env=shell_env(home), capture_output=True, check=True)
     assert (hook.stat().st_ino, hook.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # untouched
     hook.unlink()
-    other = [sys.executable, "-m", "calmd.shell", "--socket", str(home / "other.sock"), "init", name]
+    other = [sys.executable, "-m", "calmd.shell.helper", "--socket", str(home / "other.sock"), "init", name]
     out = subprocess.run(other, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     assert "other.sock" in out
     assert not hook.exists()
@@ -367,6 +369,7 @@ def test_parsers_register_subcommands() -> None:
 
 
 def test_shell_module_stays_light() -> None:
-    code = "import sys, calmd.shell; print(any(m in sys.modules for m in ('torch', 'numpy', 'calmd.client')))"
+    heavy = "('torch', 'numpy', 'calmd.shell.client')"
+    code = f"import sys, calmd.shell.helper; print(any(m in sys.modules for m in {heavy}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calmd.errors import FormatError
-from calmd.source import format_example, format_text, iter_file, parse_text, write_text
-from calmd.tokenizer import (
+from calmd.formats.source import format_example, format_text, iter_file, parse_text, write_text
+from calmd.formats.tokenizer import (
     DEFAULT_SHELL_TEMPLATE,
     Example,
     HistoryEntry,

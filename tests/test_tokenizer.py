@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calmd.errors import SequenceTooLong, TemplateError, TokenError
-from calmd.tokenizer import (
+from calmd.formats.tokenizer import (
     DEFAULT_SHELL_TEMPLATE,
     DEFAULT_SHELL_TEMPLATE_SPEC,
     SPECIAL_IDS,

@@ -22,20 +22,20 @@ import numpy as np
 import pytest
 import torch
 
-from calmd.checkpoint import GenerationDefaults, load_model, save_model
 from calmd.cli import calm_main
-from calmd.ctds import CtdsReader, write_ctds
-from calmd.cwgt import Metadata, read_cwgt
-from calmd.evaluate import sequence_loss
-from calmd.model import SIZES, CalmModel, ModelConfig, flatten
-from calmd.tokenizer import (
+from calmd.formats.ctds import CtdsReader, write_ctds
+from calmd.formats.cwgt import Metadata, read_cwgt
+from calmd.formats.tokenizer import (
     DEFAULT_SHELL_STOPS,
     DEFAULT_SHELL_TEMPLATE,
     DEFAULT_SHELL_TEMPLATE_SPEC,
     build_sequence,
 )
-from calmd.train import TrainConfig, pad_batch, supervised_nll, train, write_loss_png
-from calmd.train_cli import TRAIN_FLAGS
+from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
+from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten
+from calmd.training.commands import TRAIN_FLAGS
+from calmd.training.evaluate import sequence_loss
+from calmd.training.train import TrainConfig, pad_batch, supervised_nll, train, write_loss_png
 
 TINY = ModelConfig(d_model=32, n_layers=1, expand=2, d_state=4, d_conv=4, l_max=256)
 BIN = Path(sys.executable).parent
@@ -279,7 +279,7 @@ def test_calm_init_then_calm_train_fits_a_few_commands(tmp_path: Path) -> None:
     data = write_ctds(tmp_path / "t.ctds", [build_sequence(DEFAULT_SHELL_TEMPLATE, {"cwd": "/home/u/proj",
                       "input": c}, training=True) for c in commands])  # fmt: skip
     assert calm("train", "-m", str(model), "-d", str(data), "--epochs", "40", *QUICK) == 0
-    from calmd.generate import Generator
+    from calmd.model.generate import Generator
 
     gen = Generator(load_model(model), trace=False)
     for typed, expected in [("git", "git status"), ("mak", "make test"), ("dock", "docker compose up -d")]:
@@ -288,7 +288,7 @@ def test_calm_init_then_calm_train_fits_a_few_commands(tmp_path: Path) -> None:
 
 
 def test_lr_schedules() -> None:
-    from calmd.train import lr_at
+    from calmd.training.train import lr_at
 
     constant = TrainConfig(lr_schedule="constant")
     assert [lr_at(constant, 0.01, s, 100) for s in (0, 50, 99)] == [0.01, 0.01, 0.01]

@@ -16,16 +16,17 @@ from typing import Any
 
 import pytest
 
-from calmd import continual, paths
-from calmd.checkpoint import load_model
+from calmd import paths
 from calmd.cli import calm_main
-from calmd.client import CalmClient
-from calmd.continual import TrainingLock, read_status, rollback
-from calmd.cwgt import read_cwgt
 from calmd.errors import CalmError, FormatError
+from calmd.formats.cwgt import read_cwgt
+from calmd.model.checkpoint import load_model
+from calmd.shell.client import CalmClient
+from calmd.training import background as continual
+from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 
-ENGINE = "calmd.engine:load_engine"
+ENGINE = "calmd.daemon.engine:load_engine"
 COMMANDS = ["git status", "make build", "make test", "git commit -am wip", "docker ps -a"]
 
 
@@ -69,7 +70,7 @@ def runs_on(data: Path) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"calmd.continual" in argv and str(data).encode() in argv and alive(int(proc.name)):
+        if b"calmd.training.background" in argv and str(data).encode() in argv and alive(int(proc.name)):
             found.append(int(proc.name))
     return found
 
@@ -122,7 +123,7 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
         pid = wait_until(lambda: (t := training(c))["state"] == "training" and t["pid"], "the run to train")
         # a second run started by hand says who holds the data dir, and touches nothing
         second = subprocess.run(
-            [sys.executable, "-m", "calmd.continual", "--data-dir", str(data), "--min-examples=10"],
+            [sys.executable, "-m", "calmd.training.background", "--data-dir", str(data), "--min-examples=10"],
             capture_output=True, text=True, timeout=120, env=daemon_env(tmp_path),
         )  # fmt: skip
         assert second.returncode == continual.EXIT_LOCKED, second.stderr

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from calmd.checkpoint import save_model
-from calmd.cwgt import Metadata
-from calmd.model import CalmModel, ModelConfig
-from calmd.tokenizer import DEFAULT_SHELL_TEMPLATE, atn_position, build_sequence
+from calmd.formats.cwgt import Metadata
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, atn_position, build_sequence
+from calmd.model.checkpoint import save_model
+from calmd.model.mamba import CalmModel, ModelConfig
 
 TINY = ModelConfig(d_model=32, n_layers=2, d_state=8)
 COMMANDS = ("git status", "git stash pop", "ls -la | grep x", "make test")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from calmd.client import CalmClient
-from calmd.history import HistoryRow, HistoryStore
+from calmd.history.store import HistoryRow, HistoryStore
+from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, daemon_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def init_script(shell: str, home: Path) -> Path:
     """`calmd init SHELL` output written to a file in `home` (what an rc file would eval)."""
     env = shell_env(home)
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell", "init", shell],
+        [sys.executable, "-m", "calmd.shell.helper", "init", shell],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     path = home / f"calm-init.{shell}"
@@ -267,9 +267,9 @@ def record(daemon: Daemon, *cmds: str) -> None:
 
 
 def calm_cli(home: Path, *args: str) -> str:
-    """`calm ARGS` (enable/disable) as the user would run it, through calmd.shell's own entry."""
+    """`calm ARGS` (enable/disable) as the user would run it, through calmd.shell.helper's own entry."""
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell", *args],
+        [sys.executable, "-m", "calmd.shell.helper", *args],
         env=shell_env(home), check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return out.stdout

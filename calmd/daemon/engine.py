@@ -1,0 +1,342 @@
+"""The daemon's completion engine: model candidates merged with the user's history, ranked.
+
+For one keystroke (`ctx` with the typed `input`):
+1. the history proposes commands that extend the input (for an empty input: the recent commands
+   and those that followed the previous command), each with a probability P_hist from the
+   learned ranker of calmd/daemon/ranking.py (transitions, counts, distances; fitted on public
+   histories, docs/learning.md), raised for commands run in the same cwd before and for
+   commands run lately (by the clock, where the store has timestamps); junk is dropped
+   (calmd/daemon/filters.py: unbalanced quotes or brackets) and commands that never succeeded are
+   demoted below every other. The best of them is the `early` proposal, sent before the model
+   runs when the client asks for it;
+2. the model proposes `n` completions by beam search from the cached context state
+   (calmd/model/generate.py), each with its log-probability; a line only the model proposes is
+   dropped when it is junk, holds a secret, pastes the cwd in, invents a subcommand or flag
+   (calmd/daemon/filters.py), or extends an input that is a complete command already (the user ran
+   exactly it, or the model's likeliest next token is the end of the line);
+3. the likeliest history proposals are scored by the model too (log P(command | context), one
+   batched pass);
+4. both are ranked as a mixture of the two predictors, the history "cache model" and the
+   language model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd) ** (1 / T).
+   A command the user ran before thus needs no luck from the model, and the model still orders
+   close calls and proposes what the history has never seen;
+5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final, with
+   its calibrated confidence (calmd/daemon/calibration.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from calmd import paths
+from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
+from calmd.daemon.filters import Vocabulary, balanced, cwd_argument, invented, packaged_vocabulary
+from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
+from calmd.history.secrets import find_secret
+from calmd.history.store import HistoryStore
+from calmd.model.checkpoint import load_model
+from calmd.model.generate import Candidate
+
+FAILING_PENALTY = 50.0  # nats off a never-successful command's score: below every other candidate
+# Junk lines (calmd/daemon/filters.py) the beams may finish before the search stops with what it has: as
+# many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
+# searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
+# tiny test model's `git sta`, `git stas`, ... on the way ended the search before `git stash
+# pop`, and with 5 before it too. In-process p50 / p99 with 5, 8, 10: 8.3 / 18.4, 9.2 / 18.5,
+# 9.4 / 19.2 ms (interleaved, bench/latency.py's keystrokes).
+DROP_BUDGET = 8
+
+
+@dataclass(frozen=True)
+class RankWeights:
+    """The mixture's knobs (measured with `calm replay --weight name=value`, docs/quality.md)."""
+
+    history_mix: float = 0.6  # lam: the history predictor's share of the mixture
+    same_cwd: float = 1.0  # P_hist x (1 + same_cwd) for commands run in this cwd before (hand-set:
+    # the public histories carry no cwd, so replay cannot fit it)
+    pool: float = POOL_RECENT  # the most recent distinct history commands that extend the input
+    model_temperature: float = 1.0  # P_model ** (1 / T) in the mixture: T > 1 gives the model more say
+    recent_boost: float = 2.0  # P_hist x (1 + recent_boost * 0.5 ** (age / recent_half_life_h))
+    recent_half_life_h: float = 168.0  # age: hours between the command's last run and the newest one
+    complete_rule: float = 3.0  # when the input counts as complete: 0 never, 1 the user ran exactly
+    # it, 2 the model's likeliest next token ends the line, 3 either
+    vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
+
+
+class Suggestion(NamedTuple):
+    """One streamed candidate."""
+
+    text: str  # the whole command line
+    score: float  # the mixture's log-probability (the ranking key; demotions lower it)
+    confidence: float  # calibrated P(this is the whole line the user runs), calmd/daemon/calibration.py
+    features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
+
+
+EarlyCallback = Callable[[str, float], None]
+
+
+@dataclass
+class HistorySide:
+    """The history's proposals for one keystroke, after the junk filters."""
+
+    proposals: dict[str, float]  # command -> P_hist (normalised over what is left)
+    carry: set[str]  # which of them are carry-overs (new lines, not past commands)
+    failing: set[str]  # which of them never succeeded (demoted, confidence 0)
+
+    def ordered(self) -> list[str]:
+        """Best first; a failing command after every other."""
+        return sorted(self.proposals, key=lambda c: (c not in self.failing, self.proposals[c]), reverse=True)
+
+
+_INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
+
+
+def history_index(store: HistoryStore) -> HistoryIndex:
+    """One in-memory index per store, shared by the engines a hot reload replaces (so a reload
+    does not re-read the whole history). Used from the daemon's single inference thread."""
+    index = _INDEXES.get(store)
+    if index is None:
+        index = _INDEXES[store] = HistoryIndex()
+    return index
+
+
+class ModelEngine:
+    """Wraps a loaded model and its generator; thread-confined to the daemon's worker thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        weights: RankWeights | None = None,
+        ranker: Ranker | None = None,
+        calibrator: Calibrator | None = None,
+        vocabulary: Vocabulary | None = None,
+    ) -> None:
+        import torch
+
+        from calmd.model.generate import Generator
+
+        torch.set_num_threads(1)  # one and two threads measured equal for batch-1 steps
+        self.path = path
+        self.loaded = load_model(path)
+        # No traced step: measured, it saves nothing at beam widths of 5-8 (18.1 vs 18.4 ms for
+        # five candidates) and costs 60 MB of resident memory (performance.md).
+        self.generator = Generator(self.loaded, trace=False)
+        self.weights = weights or RankWeights()
+        self.history: HistoryStore | None = None
+        self.index: HistoryIndex | None = None
+        self.ranker = ranker or packaged_ranker()
+        self.calibrator = calibrator or packaged_calibrator()
+        self.vocabulary = vocabulary or packaged_vocabulary()
+        self.home = os.environ.get("HOME")
+        self.max_scored = 8  # history proposals scored by the model per request (latency bound)
+        self.drop_budget = DROP_BUDGET
+        self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
+
+    def attach_history(self, store: HistoryStore) -> None:
+        self.history = store
+        self.index = history_index(store)
+        self.index.prior = self.ranker.prior  # other users' carry-over habits, fitted with the ranker
+
+    def describe(self) -> dict[str, Any]:
+        h = self.loaded.header
+        return {
+            "path": str(self.path),
+            "size": f"d_model {h.d_model} x {h.n_layers} layers",
+            "parameters": h.param_count,
+            "domain": self.loaded.metadata.domain,
+            "file_bytes": self.path.stat().st_size if self.path.exists() else None,
+            "ranker": f"learned, {len(self.ranker.mean)} features, fitted on "
+            f"{self.ranker.info.get('training_users', '?')} users' histories",
+            "indexed_commands": len(self.index) if self.index is not None else 0,
+        }
+
+    def complete(
+        self,
+        ctx: dict[str, Any],
+        n: int,
+        session: str,
+        cancelled: threading.Event,
+        early: EarlyCallback | None = None,
+        *,
+        explain: bool = False,
+    ) -> Iterator[Suggestion]:
+        """Stream the best `n` candidates, each as soon as its rank is final. `early` is called
+        once, before the model runs, with the history's best proposal and its confidence (not
+        at all when the history has none)."""
+        typed = ctx.get("input", "")
+        side = self._history_side(typed, ctx, session)
+        index = self.index
+        history_size = len(index) if index is not None else 0
+        ordered = side.ordered()
+        input_run_before = index is not None and bool(typed) and index.count.get(typed, 0) > 0
+        if early is not None and ordered and ordered[0] not in side.failing:
+            best = ordered[0]
+            second = side.proposals[ordered[1]] if len(ordered) > 1 else 0.0
+            count = index.count.get(best, 0) if index is not None else 0
+            row = early_row(p_hist=side.proposals[best], second_p_hist=second, carry=best in side.carry,
+                            k=len(typed), input_run_before=input_run_before, count=count,
+                            history=history_size)  # fmt: skip
+            if explain:
+                self.explained_early = (best, row)
+            early(best, round(self.calibrator.early.probability(row), 3))
+        if n <= 0 or cancelled.is_set():
+            return
+        proposals = side.proposals
+        lam = self.weights.history_mix if proposals else 0.0
+        temperature = self.weights.model_temperature
+        # Score the likeliest history proposals with the model: one batched pass.
+        best_few = ordered[: self.max_scored]
+        extra: list[tuple[str, float]] = []
+        start, _ = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
+        if best_few:
+            scores = self.generator.score_many(ctx, best_few, session=session, start=start)
+            for cmd, lp in zip(best_few, scores, strict=True):
+                p = lam * proposals[cmd] + (1 - lam) * math.exp(lp / temperature)
+                score = math.log(p) - (FAILING_PENALTY if cmd in side.failing else 0.0)
+                extra.append((cmd, score))
+        offset = math.log(1 - lam)  # the model's share, for candidates only the model proposes
+        if temperature != 1.0:  # beams rank by lp; on the mixture's scale they are lp / T
+            extra = [(cmd, offset + (score - offset) * temperature) for cmd, score in extra]
+        p_end = self.generator.end_probability(ctx, session=session, start=start)
+        complete = self._is_complete(typed, input_run_before, p_end)
+        judge = self._judge(typed, ctx, side, complete)
+        top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
+        if complete:  # only lines the user ran may continue it: no beams, no carry-overs
+            own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
+            ranked: Iterator[Candidate] = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+        else:
+            ranked = self.generator.candidates(
+                ctx,
+                n,
+                session=session,
+                cancelled=cancelled,
+                extra=extra,
+                beam_offset=offset,
+                judge=judge,
+                max_dropped=max(n, self.drop_budget),
+                start=start,
+            )
+        for rank, cand in enumerate(ranked):
+            if cancelled.is_set():
+                return
+            score = cand.logprob if temperature == 1.0 else offset + (cand.logprob - offset) / temperature
+            text = cand.text
+            count = index.count.get(text, 0) if index is not None else 0
+            row = candidate_row(
+                log_p=score, p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
+                model_only=text not in proposals and count == 0, carry=text in side.carry, rank=rank,
+                k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
+                history=history_size,
+            )  # fmt: skip
+            failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
+            confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
+            yield Suggestion(text, score, confidence, row if explain else None)
+
+    def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
+        """Whether the input is a whole command already: then only the user's own history may
+        continue it (`git status` is not followed by an invented ` -a`)."""
+        if not typed or typed != typed.rstrip():  # a trailing space asks for more
+            return False
+        rule = int(self.weights.complete_rule)
+        by_history = bool(rule & 1) and run_before
+        by_model = bool(rule & 2) and p_end >= 0.5  # the end of the line is the likeliest next token
+        return by_history or by_model
+
+    def _judge(
+        self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool
+    ) -> Callable[[str], float | None]:
+        """What happens to a line a beam finished: kept (0), demoted (a negative number added to
+        its score) or dropped (None)."""
+        index = self.index
+        cwd = str(ctx.get("cwd") or "")
+
+        def judge(text: str) -> float | None:
+            if text in side.proposals:
+                return -FAILING_PENALTY if text in side.failing else 0.0  # judged with the history's
+            if not balanced(text):
+                return None  # half a command, whoever wrote it (a past line out of the pool too)
+            if index is not None and index.count.get(text, 0) > 0:  # the user's own line
+                return -FAILING_PENALTY if index.failing(text) else 0.0
+            if index is not None and index.missing(text):
+                return -FAILING_PENALTY  # `gti log` when `gti` was not found
+            if complete or find_secret(text) is not None:
+                return None
+            if self.weights.vocabulary and self._made_up(text, typed, cwd):
+                return None
+            return 0.0
+
+        return judge
+
+    def _made_up(self, text: str, typed: str, cwd: str) -> bool:
+        user = self.index.vocabulary if self.index is not None else None
+        if invented(text, typed, self.vocabulary, user) is not None:
+            return True
+        return bool(cwd) and cwd_argument(text, typed, cwd, self.home)
+
+    def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float] | None:
+        """The history's best proposal and its confidence, without the model (what `complete`
+        passes to its `early` callback)."""
+        found: list[tuple[str, float]] = []
+        for _ in self.complete(ctx, 0, session, threading.Event(), lambda t, c: found.append((t, c))):
+            pass
+        return found[0] if found else None
+
+    def _history_side(self, typed: str, ctx: dict[str, Any], session: str) -> HistorySide:
+        """History commands that extend the input, each with its history probability P_hist."""
+        store, index = self.history, self.index
+        if store is None or index is None:
+            return HistorySide({}, set(), set())
+        index.sync(store)  # what any shell recorded since the last keystroke
+        context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
+        prev = context[-1] if context else None
+        pool = index.pool(typed, prev, size=int(self.weights.pool))
+        if not pool:
+            return HistorySide({}, set(), set())
+        probs = self.ranker.probabilities(index.features(typed, pool, context))
+        proposals: dict[str, float] = {}
+        carry: set[str] = set()
+        cwd = str(ctx.get("cwd") or "")
+        for cmd, p in zip(pool, probs, strict=True):
+            if not balanced(cmd):
+                continue  # half a command (an open quote or bracket): never shown
+            if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
+                if find_secret(cmd) is not None or (
+                    self.weights.vocabulary and self._made_up(cmd, typed, cwd)
+                ):
+                    continue
+                carry.add(cmd)
+            proposals[cmd] = float(p)
+        if cwd and self.weights.same_cwd:
+            for cmd in store.in_cwd(cwd, prefix=typed, limit=20):
+                if cmd in proposals:
+                    proposals[cmd] *= 1 + self.weights.same_cwd
+        boost, half_life = self.weights.recent_boost, self.weights.recent_half_life_h * 3600
+        if boost and index.newest_ts:
+            for cmd in proposals:
+                ts = index.last_ts.get(cmd)
+                if ts is not None:
+                    proposals[cmd] *= 1 + boost * 0.5 ** (max(0.0, index.newest_ts - ts) / half_life)
+        total = sum(proposals.values())
+        if total > 0:
+            proposals = {cmd: p / total for cmd, p in proposals.items()}
+        failing = {cmd for cmd in proposals if index.failing(cmd)}
+        return HistorySide(proposals, carry, failing)
+
+
+def packaged_model() -> Path:
+    """The default model shipped inside the package (built by `python -m calmd.training.recipe`)."""
+    return paths.packaged_weights()
+
+
+def load_engine(path: Path) -> ModelEngine:
+    """The server's engine loader: the weight file, else the default model shipped in the package."""
+    return ModelEngine(path if path.exists() else packaged_model())

@@ -1,0 +1,203 @@
+"""The daemon's background training: it starts `python -m calmd.training.background`, watches it, stops it,
+and tells `status` what it is doing or why it ended.
+
+- The run is started niced (19), one thread, output in `training.log` (0600) in the data dir.
+- It dies with the daemon: between fork and exec the child asks the kernel for SIGKILL when its
+  parent exits (PR_SET_PDEATHSIG), then checks that the parent is still the daemon (it may have
+  died in between); the run also checks at every step (`--parent-pid`).
+- One run per CALM_HOME: the run holds `training.lock`; the daemon starts none while anyone holds
+  it (another daemon's run, a run started by hand) and reports who does.
+- `status` tells a running run from a dead one by the lock, not by what `training.json` last
+  said: a run killed mid-way left `training` there, and shows as `interrupted`. A failed run
+  shows as `failed` with its reason, also when it could not write one (a full disk): the exit
+  code says it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from calmd.training import background as continual
+
+log = logging.getLogger("calmd")
+
+LOG_NAME = "training.log"
+LOG_ROTATE_BYTES = 1 << 20  # training.log is moved to training.log.old past this, at a run's start
+_PR_SET_PDEATHSIG = 1
+
+
+def child_setup(parent_pid: int) -> Callable[[], None]:
+    """The trainer's `preexec_fn`: lowest priority, SIGKILL when the daemon exits, and exit at
+    once if it already has. prctl is looked up here, in the parent: the child between fork and
+    exec should do as little as it can."""
+    try:
+        prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):  # not Linux: the run's per-step parent check remains
+        prctl = None
+
+    def setup() -> None:
+        os.nice(19)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(continual.EXIT_STOPPED)
+
+    return setup
+
+
+def _open_log(data_dir: Path) -> int:
+    path = data_dir / LOG_NAME
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > LOG_ROTATE_BYTES:
+            path.replace(path.with_name(LOG_NAME + ".old"))
+    # O_NONBLOCK: a FIFO planted at the path fails here (ENXIO) instead of blocking the event loop
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)  # what the run inherits: a plain log file
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)  # a log left 0644 by an older calmd
+    return fd
+
+
+def _exit_reason(pid: int, code: int) -> tuple[str, str] | None:
+    """(state, reason) from the run's exit code, for when training.json does not tell."""
+    if code == continual.EXIT_DISK_FULL:
+        return "failed", "disk full: the run could not write its files (training.log says which)"
+    if code == continual.EXIT_STOPPED:
+        return "interrupted", "stopped (the daemon shut down)"
+    if code < 0:
+        return "interrupted", f"the run (pid {pid}) was killed by {signal.Signals(-code).name}"
+    if code not in (continual.EXIT_DONE, continual.EXIT_LOCKED):
+        return "failed", f"the training process (pid {pid}) exited with code {code} (see {LOG_NAME})"
+    return None
+
+
+class Trainer:
+    """Background training runs of one data dir, as the daemon sees them."""
+
+    def __init__(
+        self, data_dir: Path, weights_path: Path, extra_args: tuple[str, ...] = (),
+        on_swapped: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:  # fmt: skip
+        self.data_dir = data_dir
+        self.weights_path = weights_path
+        self.extra_args = extra_args
+        self.on_swapped = on_swapped
+        self._proc: asyncio.subprocess.Process | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._last: tuple[int, int] | None = None  # (pid, exit code) of the daemon's last run
+        self.last_disk_full: float | None = None
+
+    @property
+    def running(self) -> bool:
+        """This daemon's run is alive."""
+        return self._proc is not None and self._proc.returncode is None
+
+    def clean_leftovers(self) -> list[str]:
+        """At the daemon's start: what killed runs left, unless a run (someone else's) is live."""
+        if continual.lock_holder(self.data_dir) is not None:
+            return []
+        removed = continual.clean_leftovers(self.data_dir)
+        if removed:
+            log.info("removed what killed training runs left: %s", ", ".join(removed))
+        return removed
+
+    async def start(self, why: str) -> dict[str, Any]:
+        if self.running:
+            return {"ok": True, "started": False, "reason": "a training run is in progress"}
+        holder = continual.lock_holder(self.data_dir)
+        if holder is not None:
+            return {"ok": True, "started": False,
+                    "reason": f"a training run (pid {holder}) already works on {self.data_dir}"}  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        argv = [sys.executable, "-m", "calmd.training.background", "--data-dir", str(self.data_dir),
+                "--weights", str(self.weights_path), "--parent-pid", str(os.getpid()),
+                *self.extra_args]  # fmt: skip
+        log_fd = _open_log(self.data_dir)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdout=log_fd, stderr=log_fd, stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=child_setup(os.getpid()),
+            )  # fmt: skip
+        finally:
+            os.close(log_fd)
+        log.info("training started (%s): pid %d", why, self._proc.pid)
+        self._watch = asyncio.ensure_future(self._await(self._proc))
+        return {"ok": True, "started": True, "pid": self._proc.pid}
+
+    async def _await(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self._last = (proc.pid, code)
+        info = self._state()
+        reason = (info.get("last_result") or {}).get("reason", "?")
+        log.info("training finished (exit %d): %s", code, reason)
+        if code == continual.EXIT_DISK_FULL or str(reason).startswith("disk full"):
+            self.last_disk_full = time.time()
+        last = info.get("last_result") or {}
+        if last.get("swapped") and self.on_swapped is not None:
+            await self.on_swapped()  # do not wait for the file watcher
+
+    async def stop(self, timeout: float) -> None:
+        """SIGTERM (the run writes `interrupted` and removes its temp files), SIGKILL after
+        `timeout`. Stopping loses nothing: a run replaces files only by rename."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), max(0.0, timeout))
+        except TimeoutError:
+            log.warning("the training run (pid %d) did not stop on SIGTERM: killing it", proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 1.0)
+
+    def status(self, threshold: int) -> dict[str, Any]:
+        return {**self._state(), "threshold": threshold}
+
+    def _state(self) -> dict[str, Any]:
+        info = continual.read_status(self.data_dir)
+        running_pid: int | None = None
+        if self.running:
+            assert self._proc is not None
+            running_pid = self._proc.pid
+        else:
+            running_pid = continual.lock_holder(self.data_dir)
+        progress = {k: info[k] for k in ("step", "loss", "sequences", "held_out") if k in info}
+        if running_pid is not None:
+            state = str(info.get("state")) if info.get("state") in continual.RUNNING_STATES else "starting"
+            if info.get("pid") not in (running_pid, None) and running_pid != 0:
+                state, progress = "starting", {}  # training.json is still the previous run's
+            return {"state": state, "pid": running_pid or None, "progress": progress, "last_result": None}
+        last = {k: info.get(k) for k in ("state", "swapped", "reason", "finished")}
+        state = str(info.get("state") or "idle")
+        if self._last is not None:
+            pid, code = self._last
+            if info.get("pid") != pid or state in continual.RUNNING_STATES:
+                derived = _exit_reason(pid, code)  # training.json does not say how our run ended
+                if derived is not None:
+                    state, reason = derived
+                    last = {"state": state, "swapped": False, "reason": reason, "finished": None}
+        if state in continual.RUNNING_STATES:  # nobody holds the lock: that run is dead
+            state = "interrupted"
+            reason = f"the run (pid {info.get('pid', '?')}) ended without a result (killed)"
+            last = {"state": state, "swapped": False, "finished": info.get("updated"), "reason": reason}
+        if state == "done":
+            state = "idle"
+        return {"state": state, "pid": None, "progress": progress,
+                "last_result": last if info or self._last else None}  # fmt: skip

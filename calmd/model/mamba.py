@@ -1,0 +1,600 @@
+"""CALM: a byte-level Mamba language model, in one file that reads top to bottom.
+
+Glossary (shapes in comments use these letters)
+    B  batch size                  L  sequence length            V  vocabulary (320)
+    D  d_model                     E  d_inner = expand * D       N  d_state
+    K  d_conv (causal conv width)  R  dt_rank                    T  time chunk of the fast scan
+
+Architecture: embedding (V, D) -> n_layers x [x + Mamba(RMSNorm(x)); x + FFN(RMSNorm(x)) when
+ffn_expand > 0] -> RMSNorm -> LM head (the embedding matrix when tied, CWGT flag bit 0).
+
+The mixer is Mamba (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State
+Spaces"), with the parameter names and shapes of `mamba_ssm.modules.mamba_simple.Mamba`
+(bias=False, conv_bias=True), so weights move between this CPU path and mamba-ssm unchanged:
+    in_proj.weight (2E, D)   conv1d.weight (E, 1, K)   conv1d.bias (E)   x_proj.weight (R+2N, E)
+    dt_proj.weight (E, R)    dt_proj.bias (E)          A_log (E, N)      D (E)   out_proj.weight (D, E)
+
+Selective scan, per channel e and state n:  h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t,
+y_t = C_t . h_t + D u_t, then y * silu(z). Three implementations:
+- `selective_scan_ref`: a plain loop over time with autograd through it (slow, the reference);
+- `SelectiveScanFn`: the CPU fast path, a custom autograd Function that runs the recurrence in
+  time chunks (only (B, E, T, N) tensors, never (B, E, L, N)) and a hand-written reverse scan;
+- mamba-ssm's CUDA kernel, used only when CUDA and mamba_ssm are both available.
+
+Recurrent inference passes an explicit `InferenceState` (per-layer conv and SSM state) in and out
+of `prefill()` and `step()`; a loop of `step()` equals the parallel `forward()` (tested).
+
+CWGT flattening order (docs/model.md): `named_parameters()` order, i.e. embedding.weight, then
+for each layer i: layers.i.norm1.weight, layers.i.mixer.{in_proj.weight, conv1d.weight,
+conv1d.bias, x_proj.weight, dt_proj.weight, dt_proj.bias, A_log, D, out_proj.weight}, then (when
+ffn_expand > 0) layers.i.norm2.weight, layers.i.ffn.up.weight, layers.i.ffn.down.weight; then
+norm_f.weight; then lm_head.weight only when untied. Each array is flattened row-major.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from calmd.model import fastscan
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Exactly the CWGT v5 header's hyper-parameters; travels inside the weight file."""
+
+    d_model: int
+    n_layers: int
+    ffn_expand: int = 0
+    expand: int = 2
+    d_state: int = 16
+    d_conv: int = 4
+    dt_rank: int = 0  # 0: ceil(d_model / 16), mamba's "auto"
+    vocab_size: int = 320
+    l_max: int = 768
+    tied: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dt_rank == 0:
+            object.__setattr__(self, "dt_rank", math.ceil(self.d_model / 16))
+        u8, u16 = 0xFF, 0xFFFF  # the CWGT header's field widths
+        widths = {"d_model": u16, "vocab_size": u16, "l_max": u16, "n_layers": u8, "ffn_expand": u8,
+                  "expand": u8, "d_state": u8, "d_conv": u8, "dt_rank": u8}  # fmt: skip
+        for name, limit in widths.items():
+            value = getattr(self, name)
+            low = 0 if name == "ffn_expand" else 1
+            if not isinstance(value, int) or not low <= value <= limit:
+                raise ValueError(f"model config {name}={value!r} must be an integer in {low}..{limit}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    def param_count(self) -> int:
+        D, E, N, K, R, V = (
+            self.d_model,
+            self.d_inner,
+            self.d_state,
+            self.d_conv,
+            self.dt_rank,
+            self.vocab_size,
+        )
+        mixer = D * 2 * E + (E * K + E) + E * (R + 2 * N) + (R * E + E) + E * N + E + E * D
+        ffn = (D + 2 * D * self.ffn_expand * D) if self.ffn_expand else 0
+        per_layer = D + mixer + ffn
+        return V * D + self.n_layers * per_layer + D + (0 if self.tied else V * D)
+
+
+SIZES: dict[str, ModelConfig] = {
+    # nano: the keystroke model; latency figures in docs/performance.md
+    "nano": ModelConfig(d_model=128, n_layers=4, ffn_expand=0, expand=2, d_state=16, d_conv=4),
+    "micro": ModelConfig(d_model=256, n_layers=6, ffn_expand=0, expand=2, d_state=16, d_conv=4),
+    "mini": ModelConfig(d_model=384, n_layers=8, ffn_expand=2, expand=2, d_state=16, d_conv=4),
+}
+
+# --------------------------------------------------------------------------- selective scan
+
+
+def selective_scan_ref(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None = None,
+    h0: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The reference: a loop over time, autograd through it.
+
+    u, delta (B, E, L) with delta already softplus'ed; A (E, N); B, C (B, N, L); D (E);
+    z (B, E, L) or None; h0 (B, E, N) or None. Returns y (B, E, L) and the last state (B, E, N).
+    """
+    batch, channels, length = u.shape
+    h = u.new_zeros(batch, channels, A.shape[1]) if h0 is None else h0
+    ys = []
+    for t in range(length):
+        dA = torch.exp(delta[:, :, t, None] * A)  # (B, E, N)
+        dBu = delta[:, :, t, None] * B[:, None, :, t] * u[:, :, t, None]  # (B, E, N)
+        h = dA * h + dBu
+        ys.append((h * C[:, None, :, t]).sum(-1))  # (B, E)
+    y = torch.stack(ys, dim=-1) + D[None, :, None] * u  # (B, E, L)
+    if z is not None:
+        y = y * F.silu(z)
+    return y, h
+
+
+def _chunk_inputs(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, start: int, stop: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Time-major slices of one chunk: d, uc (T, B, E); Bt (T, B, N); dA, dBu (T, B, E, N)."""
+    d = delta[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
+    uc = u[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
+    Bt = B[:, :, start:stop].permute(2, 0, 1)  # (T, B, N)
+    dA = torch.exp(d[..., None] * A)  # (T, B, E, N)
+    dBu = (d * uc)[..., None] * Bt[:, :, None, :]  # (T, B, E, N)
+    return d, uc, Bt, dA, dBu
+
+
+def _chunk_states(dA: Tensor, dBu: Tensor, h: Tensor) -> Tensor:
+    """Run h_t = dA_t * h_{t-1} + dBu_t over one chunk; all states (T, B, E, N). Time-major, so
+    each step reads and writes contiguous (B, E, N) blocks."""
+    states = torch.empty_like(dBu)
+    for t in range(dA.shape[0]):
+        h = torch.addcmul(dBu[t], dA[t], h, out=states[t])
+    return states
+
+
+class SelectiveScanFn(torch.autograd.Function):
+    """The CPU fast path: chunked recurrence forward, hand-written reverse scan backward.
+
+    Saves only the inputs and the state at each chunk boundary; the backward pass recomputes a
+    chunk's states from its boundary, then walks it backwards. Memory is O(T B E N) per chunk;
+    sums over the state dimension are contractions (einsum -> batched matmul).
+    """
+
+    CHUNK = 16  # measured: 8-32 within a few percent; 16 keeps chunk tensors in L3 for nano
+
+    @staticmethod
+    def forward(
+        ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, h0: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        length = u.shape[2]
+        chunk = SelectiveScanFn.CHUNK
+        y = torch.empty_like(u)  # (B, E, L)
+        h = h0
+        boundaries = []
+        for start in range(0, length, chunk):
+            stop = min(start + chunk, length)
+            _, _, _, dA, dBu = _chunk_inputs(u, delta, A, B, start, stop)
+            boundaries.append(h)
+            states = _chunk_states(dA, dBu, h)  # (T, B, E, N)
+            y[:, :, start:stop] = torch.einsum("tben,bnt->bet", states, C[:, :, start:stop])
+            h = states[-1]
+        y = y + D[None, :, None] * u
+        ctx.save_for_backward(u, delta, A, B, C, D, torch.stack(boundaries) if boundaries else h0[None])
+        return y, h.clone()
+
+    @staticmethod
+    def backward(ctx: Any, gy: Tensor, gh_last: Tensor) -> tuple[Tensor | None, ...]:
+        u, delta, A, B, C, D, boundaries = ctx.saved_tensors
+        length = u.shape[2]
+        chunk = SelectiveScanFn.CHUNK
+        gu = gy * D[None, :, None]  # (B, E, L)
+        gD = (gy * u).sum(dim=(0, 2))  # (E)
+        gdelta = torch.empty_like(delta)
+        gB = torch.empty_like(B)
+        gC = torch.empty_like(C)
+        gA = torch.zeros_like(A)
+        g = gh_last.clone()  # dL/dh_t, carried backwards through time   (B, E, N)
+        next_dA: Tensor | None = None  # dA of the step after the current one
+        starts = list(range(0, length, chunk))
+        for index in reversed(range(len(starts))):
+            start = starts[index]
+            stop = min(start + chunk, length)
+            d, uc, Bt, dA, dBu = _chunk_inputs(u, delta, A, B, start, stop)
+            h_start = boundaries[index]  # (B, E, N)
+            states = _chunk_states(dA, dBu, h_start)  # (T, B, E, N)
+            gyc = gy[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
+            Ct = C[:, :, start:stop].permute(2, 0, 1)  # (T, B, N)
+            gh = gyc[..., None] * Ct[:, :, None, :]  # dL/dh_t through y_t   (T, B, E, N)
+            gC[:, :, start:stop] = torch.einsum("tben,tbe->bnt", states, gyc)
+            # reverse scan, in place: gh_t += dA_{t+1} * gh_{t+1}
+            for t in reversed(range(stop - start)):
+                if next_dA is not None:
+                    torch.addcmul(gh[t], next_dA, g, out=gh[t])
+                else:
+                    gh[t] += g
+                g = gh[t]
+                next_dA = dA[t]
+            # dL/d(dt A) = gh_t * h_{t-1} * dA_t, with h_{t-1} the previous state (h_start first)
+            g_dA = gh * dA
+            g_dA[1:] *= states[:-1]
+            g_dA[0] *= h_start
+            gA += torch.einsum("tben,tbe->en", g_dA, d)
+            gB_dot = torch.einsum("tben,tbn->tbe", gh, Bt)  # sum_n gh * B   (T, B, E)
+            gdelta[:, :, start:stop] = (torch.einsum("tben,en->tbe", g_dA, A) + gB_dot * uc).permute(1, 2, 0)
+            gu[:, :, start:stop] += (gB_dot * d).permute(1, 2, 0)
+            gB[:, :, start:stop] = torch.einsum("tben,tbe->bnt", gh, d * uc)
+        gh0 = g * next_dA if next_dA is not None else g
+        return gu, gdelta, gA, gB, gC, gD, gh0
+
+
+def selective_scan(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None = None,
+    h0: Tensor | None = None, *, reference: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Dispatch: the reference loop, mamba-ssm's CUDA kernel (CUDA tensors, mamba_ssm installed,
+    no initial state: its kernel cannot take one), the fused C++ kernel of calmd/model/fastscan.py
+    (CPU, when it could be built), or the chunked PyTorch fast path. Same results."""
+    if reference:
+        return selective_scan_ref(u, delta, A, B, C, D, z, h0)
+    if h0 is None and _cuda_scan_available(u):
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+
+        y, last = selective_scan_fn(u, delta, A, B.contiguous(), C.contiguous(), D, z=z,
+                                    return_last_state=True)  # fmt: skip
+        return y, last
+    if h0 is None:
+        h0 = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
+    if all(t.dtype == u.dtype for t in (delta, A, B, C, D, h0)) and fastscan.supports(u):
+        y, h = fastscan.CppScanFn.apply(u, delta, A, B, C, D, h0)  # the fused kernel, when built
+    else:
+        y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)
+    if z is not None:
+        y = y * F.silu(z)
+    return y, h
+
+
+def _cuda_scan_available(x: Tensor) -> bool:
+    if not x.is_cuda:
+        return False
+    try:
+        import mamba_ssm  # noqa: F401  (only imported on a CUDA device)
+    except ImportError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@dataclass
+class LayerState:
+    conv: Tensor  # (B, K, E): the last K inputs of the causal conv, oldest first (time-major, so
+    #               a step shifts whole rows instead of striding over a width-K last axis)
+    ssm: Tensor  # (B, E, N)
+
+
+@dataclass
+class InferenceState:
+    """Per-layer recurrent state after `seen` tokens; passed into and returned by prefill/step."""
+
+    layers: list[LayerState] = field(default_factory=list)
+    seen: int = 0
+
+    def clone(self) -> InferenceState:
+        return InferenceState([LayerState(s.conv.clone(), s.ssm.clone()) for s in self.layers], self.seen)
+
+    def expand(self, n: int) -> InferenceState:
+        """Repeat a batch-1 state to n rows (one per candidate)."""
+        return InferenceState(
+            [
+                LayerState(s.conv.expand(n, -1, -1).clone(), s.ssm.expand(n, -1, -1).clone())
+                for s in self.layers
+            ],
+            self.seen,
+        )
+
+    def select(self, rows: Tensor | list[int]) -> InferenceState:
+        """Gather rows (beam search reorders candidates)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        return InferenceState([LayerState(s.conv[index], s.ssm[index]) for s in self.layers], self.seen)
+
+    @property
+    def batch(self) -> int:
+        return self.layers[0].ssm.shape[0] if self.layers else 0
+
+
+class Mamba(nn.Module):
+    """The selective SSM mixer; names and shapes as mamba_ssm.modules.mamba_simple.Mamba."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D, E, N, K, R = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.dt_rank
+        self.d_inner, self.d_state, self.d_conv, self.dt_rank = E, N, K, R
+        self.in_proj = nn.Linear(D, 2 * E, bias=False)
+        self.conv1d = nn.Conv1d(E, E, kernel_size=K, groups=E, padding=K - 1, bias=True)
+        self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, E, bias=True)
+        self.A_log = nn.Parameter(torch.empty(E, N))
+        self.D = nn.Parameter(torch.empty(E))
+        self.out_proj = nn.Linear(E, D, bias=False)
+        self.reference_scan = False  # tests and benchmarks switch to the slow loop
+
+    def forward(self, x: Tensor, state: LayerState | None = None) -> tuple[Tensor, LayerState]:
+        """x (B, L, D) -> (B, L, D), continuing from `state` when given; returns the new state."""
+        xz = self.in_proj(x).transpose(1, 2)  # (B, 2E, L)
+        xs, z = xz.chunk(2, dim=1)  # (B, E, L) each
+        if state is None:
+            conv_in = F.pad(xs, (self.d_conv - 1, 0))  # (B, E, L+K-1)
+        else:
+            conv_in = torch.cat([state.conv[:, 1:].transpose(1, 2), xs], dim=2)  # K-1 previous inputs first
+        new_conv = conv_in[:, :, -self.d_conv :].transpose(1, 2).contiguous()  # last K inputs (B, K, E)
+        xc = F.silu(F.conv1d(conv_in, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner))  # (B, E, L)
+        dt, Bm, Cm = self.x_proj(xc.transpose(1, 2)).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.softplus(self.dt_proj(dt)).transpose(1, 2)  # (B, E, L)
+        A = -torch.exp(self.A_log.float())  # (E, N)
+        h0 = None if state is None else state.ssm
+        y, h = selective_scan(
+            xc, delta, A, Bm.transpose(1, 2).contiguous(), Cm.transpose(1, 2).contiguous(), self.D.float(), z,
+            h0, reference=self.reference_scan,
+        )  # fmt: skip
+        return self.out_proj(y.transpose(1, 2)), LayerState(new_conv, h)
+
+    def step(self, x: Tensor, state: LayerState) -> tuple[Tensor, LayerState]:
+        """One token: x (B, D) -> (B, D). Same arithmetic as forward, without the time axis."""
+        xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, E) each
+        conv = torch.cat([state.conv[:, 1:], xs[:, None]], dim=1)  # (B, K, E)
+        assert self.conv1d.bias is not None
+        xc = F.silu((conv * self.conv1d.weight[:, 0].t()).sum(1) + self.conv1d.bias)  # (B, E)
+        dt, Bm, Cm = self.x_proj(xc).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.softplus(self.dt_proj(dt))  # (B, E)
+        A = -torch.exp(self.A_log.float())  # (E, N)
+        dA = torch.exp(delta[:, :, None] * A)  # (B, E, N)
+        # the outer product dt*x (x) B as a batched matmul: broadcasting addcmul was 7x slower
+        h = torch.baddbmm(dA * state.ssm, (delta * xc)[:, :, None], Bm[:, None, :])  # (B, E, N)
+        y = torch.bmm(h, Cm[:, :, None])[:, :, 0] + self.D * xc  # (B, E)
+        y = y * F.silu(z)
+        return self.out_proj(y), LayerState(conv, h)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, expand: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, expand * d_model, bias=False)
+        self.down = nn.Linear(expand * d_model, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(cfg.d_model)
+        self.mixer = Mamba(cfg)
+        self.norm2 = RMSNorm(cfg.d_model) if cfg.ffn_expand else None
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_expand) if cfg.ffn_expand else None
+
+    def forward(self, x: Tensor, state: LayerState | None = None) -> tuple[Tensor, LayerState]:
+        mixed, new_state = self.mixer(self.norm1(x), state)
+        x = x + mixed
+        if self.ffn is not None and self.norm2 is not None:
+            x = x + self.ffn(self.norm2(x))
+        return x, new_state
+
+    def step(self, x: Tensor, state: LayerState) -> tuple[Tensor, LayerState]:
+        mixed, new_state = self.mixer.step(self.norm1(x), state)
+        x = x + mixed
+        if self.ffn is not None and self.norm2 is not None:
+            x = x + self.ffn(self.norm2(x))
+        return x, new_state
+
+
+# --------------------------------------------------------------------------- the language model
+
+
+class CalmModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = RMSNorm(cfg.d_model)
+        self.lm_head = None if cfg.tied else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._traced_step: Any = None  # see trace_step()
+        self.init_weights(0)
+
+    # -- initialisation (mamba_ssm's Mamba.__init__ and _init_weights) -----------------------------
+
+    @torch.no_grad()
+    def init_weights(
+        self, seed: int = 0, *, dt_min: float = 1e-3, dt_max: float = 0.1, dt_floor: float = 1e-4
+    ) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        cfg = self.cfg
+        nn.init.normal_(self.embedding.weight, std=0.02, generator=gen)
+        for block in self.layers:
+            assert isinstance(block, Block)
+            m = block.mixer
+            for lin in (m.in_proj, m.x_proj, m.out_proj):
+                bound = 1 / math.sqrt(lin.in_features)
+                nn.init.uniform_(lin.weight, -bound, bound, generator=gen)
+            bound = 1 / math.sqrt(cfg.d_conv)
+            nn.init.uniform_(m.conv1d.weight, -bound, bound, generator=gen)
+            assert m.conv1d.bias is not None
+            nn.init.uniform_(m.conv1d.bias, -bound, bound, generator=gen)
+            dt_std = cfg.dt_rank**-0.5
+            nn.init.uniform_(m.dt_proj.weight, -dt_std, dt_std, generator=gen)
+            # dt_proj.bias = softplus^-1(dt), dt log-uniform in [dt_min, dt_max]
+            dt = torch.exp(torch.rand(cfg.d_inner, generator=gen) * (math.log(dt_max) - math.log(dt_min))
+                           + math.log(dt_min)).clamp(min=dt_floor)  # fmt: skip
+            m.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            m.A_log.copy_(
+                torch.log(torch.arange(1, cfg.d_state + 1, dtype=torch.float32)).repeat(cfg.d_inner, 1)
+            )
+            m.D.fill_(1.0)
+            # GPT-2 style: scale the residual-writing projection by 1/sqrt(n_layers)
+            m.out_proj.weight.mul_(1 / math.sqrt(cfg.n_layers))
+            if block.ffn is not None:
+                nn.init.normal_(block.ffn.up.weight, std=0.02, generator=gen)
+                nn.init.normal_(block.ffn.down.weight, std=0.02 / math.sqrt(cfg.n_layers), generator=gen)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=0.02, generator=gen)
+
+    def set_reference_scan(self, on: bool) -> None:
+        for block in self.layers:
+            assert isinstance(block, Block)
+            block.mixer.reference_scan = on
+
+    # -- parallel path ---------------------------------------------------------------------------
+
+    def _head(self, x: Tensor) -> Tensor:
+        x = self.norm_f(x)
+        return x @ self.embedding.weight.t() if self.lm_head is None else self.lm_head(x)  # (..., V)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) int64 -> logits (B, L, V)."""
+        logits, _ = self.prefill(tokens)
+        return logits
+
+    def prefill(self, tokens: Tensor, state: InferenceState | None = None) -> tuple[Tensor, InferenceState]:
+        """Run `tokens` (B, L) through the parallel path, continuing from `state` when given.
+        Returns logits (B, L, V) and the state after the last token."""
+        x = self.embedding(tokens)  # (B, L, D)
+        new_layers = []
+        for i, block in enumerate(self.layers):
+            x, layer_state = block(x, None if state is None else state.layers[i])
+            new_layers.append(layer_state)
+        seen = (0 if state is None else state.seen) + tokens.shape[1]
+        return self._head(x), InferenceState(new_layers, seen)
+
+    def loss(self, tokens: Tensor, loss_mask: Tensor) -> Tensor:
+        """Mean next-token cross entropy over the supervised targets.
+
+        tokens (B, L); loss_mask (B, L) bool, True where token t is a supervised target (the
+        CTDS mask: every token after ATN). Position t-1 predicts token t.
+        """
+        logits = self.forward(tokens[:, :-1])  # (B, L-1, V)
+        targets = tokens[:, 1:]
+        mask = loss_mask[:, 1:]
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        return (losses * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+
+    # -- recurrent path --------------------------------------------------------------------------
+
+    def empty_state(self, batch: int = 1) -> InferenceState:
+        cfg, weight = self.cfg, self.embedding.weight
+        E, K, N = cfg.d_inner, cfg.d_conv, cfg.d_state
+        layers = [
+            LayerState(weight.new_zeros(batch, K, E), weight.new_zeros(batch, E, N))
+            for _ in range(cfg.n_layers)
+        ]
+        return InferenceState(layers, 0)
+
+    def step(self, state: InferenceState, token: Tensor) -> tuple[Tensor, InferenceState]:
+        """One token per row: token (B,) -> logits (B, V) and the state after it."""
+        if self._traced_step is not None and not torch.is_grad_enabled():
+            flat = [t for s in state.layers for t in (s.conv, s.ssm)]
+            logits, *out = self._traced_step(token, *flat)
+            layers = [LayerState(out[2 * i], out[2 * i + 1]) for i in range(len(state.layers))]
+            return logits, InferenceState(layers, state.seen + 1)
+        return self.step_eager(state, token)
+
+    @torch.no_grad()
+    def trace_step(self) -> None:
+        """Make `step` a frozen TorchScript trace of `step_eager` (halves its per-token overhead
+        at batch 1, docs/performance.md). Weights are baked in: loading new ones drops the trace.
+        Used only without autograd; tested against `step_eager`."""
+        self.eval()
+        n_layers = self.cfg.n_layers
+
+        model = self
+
+        class _FlatStep(nn.Module):
+            def forward(self, token: Tensor, *flat: Tensor) -> tuple[Tensor, ...]:
+                layers = [LayerState(flat[2 * i], flat[2 * i + 1]) for i in range(n_layers)]
+                logits, new = model.step_eager(InferenceState(layers, 0), token)
+                return (logits, *[t for s in new.layers for t in (s.conv, s.ssm)])
+
+        example = self.empty_state(2)
+        flat = [t for s in example.layers for t in (s.conv, s.ssm)]
+        wanted = {name: p.requires_grad for name, p in self.named_parameters()}
+        try:
+            self.requires_grad_(False)  # the trace bakes the weights in as constants
+            with warnings.catch_warnings():
+                # torch 2.13 marks torch.jit deprecated; measured: torch.compile gives the same
+                # per-step time after 5-17 s of warm-up, the trace takes 0.1-0.6 s (performance.md)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                traced = torch.jit.trace(_FlatStep(), (torch.zeros(2, dtype=torch.long), *flat))
+                self._traced_step = torch.jit.freeze(traced.eval())
+        finally:
+            for name, p in self.named_parameters():
+                p.requires_grad_(wanted[name])
+
+    def step_eager(self, state: InferenceState, token: Tensor) -> tuple[Tensor, InferenceState]:
+        x = self.embedding(token)  # (B, D)
+        new_layers = []
+        for block, layer_state in zip(self.layers, state.layers, strict=True):
+            assert isinstance(block, Block)
+            x, new_state = block.step(x, layer_state)
+            new_layers.append(new_state)
+        return self._head(x), InferenceState(new_layers, state.seen + 1)
+
+    # -- CWGT flattening --------------------------------------------------------------------------
+
+    def to_named_arrays(self) -> list[tuple[str, npt.NDArray[np.float32]]]:
+        """Parameters in CWGT order (module docstring), float32, C-contiguous."""
+        return [
+            (name, p.detach().cpu().float().contiguous().numpy().copy())
+            for name, p in self.named_parameters()
+        ]
+
+    @torch.no_grad()
+    def load_named_arrays(self, arrays: list[tuple[str, npt.NDArray[np.float32]]]) -> None:
+        self._traced_step = None  # it holds the old weights
+        params = dict(self.named_parameters())
+        names = [name for name, _ in arrays]
+        if names != list(params):
+            missing = set(params) - set(names)
+            extra = set(names) - set(params)
+            raise ValueError(f"parameter names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        for name, array in arrays:
+            p = params[name]
+            if tuple(array.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"parameter {name}: shape {tuple(array.shape)}, the model needs {tuple(p.shape)}"
+                )
+            p.copy_(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
+
+    @classmethod
+    def from_named_arrays(
+        cls, cfg: ModelConfig, arrays: list[tuple[str, npt.NDArray[np.float32]]]
+    ) -> CalmModel:
+        model = cls(cfg)
+        model.load_named_arrays(arrays)
+        return model
+
+
+def flatten(model: CalmModel) -> npt.NDArray[np.float32]:
+    return np.concatenate([a.ravel() for _, a in model.to_named_arrays()])
+
+
+def unflatten(cfg: ModelConfig, flat: npt.NDArray[np.float32]) -> CalmModel:
+    model = CalmModel(cfg)
+    shapes = [(name, p.shape) for name, p in model.named_parameters()]
+    total = sum(int(np.prod(s)) for _, s in shapes)
+    if flat.size != total:
+        raise ValueError(f"flat array has {flat.size} values, the model needs {total}")
+    arrays, offset = [], 0
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        arrays.append((name, np.asarray(flat[offset : offset + n], dtype=np.float32).reshape(tuple(shape))))
+        offset += n
+    model.load_named_arrays(arrays)
+    return model

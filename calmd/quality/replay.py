@@ -1,0 +1,407 @@
+"""`calm replay`: replay shell histories through the daemon's pipeline and score the suggestions.
+
+For each history file (one user), in order: a fresh history store; every command is recorded
+after it has been predicted, so a prediction only sees the past. At sampled positions (after a
+warm-up) the next command is asked for given its first k characters (k = 0, 1, 2, 4, 8; k = 0
+means "predict the next command" on an empty prompt, k only when the command is longer than k):
+top-1 and top-5 exact matches of the whole command line, and the share of queries whose command
+line had been run before (`seen_before`, the most a pure history lookup can score). Keystrokes
+saved: the user types the command one character at a time and accepts the top suggestion (one
+key) as soon as it is the whole command; saved = (length - typed - 1) / length, 0 when it never is.
+
+The candidates come from the same code the daemon runs: the context is built as the server
+builds it (the store's latest commands of the session), ranked by `ModelEngine.complete` with
+its history proposals. The baselines answer the same queries from the same past:
+- `zsh-autosuggestions:history`: the most recent command that starts with the input;
+- `zsh-autosuggestions:match_prev_cmd`: the most recent such command whose predecessor equals
+  the previous command, else the most recent match;
+- `fish`: the most frequent command that starts with the input (ties: the most recent).
+Their top-5 continue in the same order. With training (`--with-training`), every
+`--train-every` replayed commands the background run of calmd/training/background.py fine-tunes the
+user's weights on the store so far and swaps them in when not worse, as the daemon does (this
+costs about half a minute per run on one core). Histories carry no timestamps: command i is replayed at
+`ts = start + 60 i` (one command a minute), which is what the recency signal sees.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+from calmd.history.store import HistoryStore, detect_format, parse_history
+
+KS = (0, 1, 2, 4, 8)
+THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
+HISTORY_CONTEXT = 5  # as the server: ServerConfig.history_context
+SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+
+
+@dataclass
+class Tally:
+    queries: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    top1: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    top5: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    # queries whose command line the user had run before: what a perfect history ranker scores
+    seen: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
+    saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
+    saved_shown: float = 0.0  # the same when only ghosts at or above the threshold are shown
+    typed: int = 0
+    # calmd's top candidate per query: (confidence, right), for coverage and precision
+    tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
+    threshold: float = DEFAULT_MIN_CONFIDENCE
+    runs: int = 0  # background training runs (with training)
+    swaps: int = 0  # of which swapped a new model in
+
+    def add(self, other: Tally) -> None:
+        for k in KS:
+            self.queries[k] += other.queries[k]
+            self.top1[k] += other.top1[k]
+            self.top5[k] += other.top5[k]
+            self.seen[k] += other.seen[k]
+            self.tops[k] += other.tops[k]
+        self.saved += other.saved
+        self.saved_shown += other.saved_shown
+        self.typed += other.typed
+        self.runs += other.runs
+        self.swaps += other.swaps
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "queries": self.queries,
+            "top1": {k: self.top1[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "keystrokes_saved": self.saved / self.typed if self.typed else None,
+            **self._shown_json(),
+            "typed_commands": self.typed,
+            "training_runs": self.runs,
+            "models_swapped_in": self.swaps,
+        }
+
+    def coverage_precision(self, threshold: float) -> dict[int, tuple[float | None, float | None]]:
+        """Per k: the share of queries whose top candidate is shown (confidence >= threshold) and
+        the share of those that are right."""
+        out: dict[int, tuple[float | None, float | None]] = {}
+        for k in KS:
+            tops = self.tops[k]
+            shown = [right for conf, right in tops if conf >= threshold]
+            out[k] = (len(shown) / len(tops) if tops else None, sum(shown) / len(shown) if shown else None)
+        return out
+
+    def _shown_json(self) -> dict[str, Any]:
+        if not any(self.tops.values()):
+            return {}
+        at = self.coverage_precision(self.threshold)
+        return {
+            "threshold": self.threshold,
+            "coverage": {k: at[k][0] for k in KS},
+            "precision": {k: at[k][1] for k in KS},
+            "keystrokes_saved_shown": self.saved_shown / self.typed if self.typed else None,
+            "sweep": {
+                str(t): {k: list(v) for k, v in self.coverage_precision(t).items()} for t in THRESHOLDS
+            },
+        }
+
+
+class PastOnly:
+    """The baselines' view of the history: what was run before the current position."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.last_index: dict[str, int] = {}
+        self.after: dict[str, dict[str, int]] = defaultdict(dict)  # prev -> cmd -> last index
+
+    def add(self, cmd: str) -> None:
+        if self.commands:
+            self.after[self.commands[-1]][cmd] = len(self.commands)
+        self.commands.append(cmd)
+        self.counts[cmd] += 1
+        self.last_index[cmd] = len(self.commands) - 1
+
+    def matches(self, prefix: str) -> list[str]:
+        """Distinct commands starting with prefix, most recent first."""
+        found = [c for c in self.last_index if c.startswith(prefix) and c != prefix]
+        return sorted(found, key=self.last_index.__getitem__, reverse=True)
+
+    def suggest(self, system: str, prefix: str, n: int = 5) -> list[str]:
+        recent = self.matches(prefix)
+        if system == "zsh-autosuggestions:history":
+            return recent[:n]
+        if system == "fish":
+            return sorted(recent, key=lambda c: (self.counts[c], self.last_index[c]), reverse=True)[:n]
+        assert system == "zsh-autosuggestions:match_prev_cmd"
+        prev = self.commands[-1] if self.commands else None
+        followers = self.after.get(prev, {}) if prev is not None else {}
+        first = sorted((c for c in followers if c.startswith(prefix) and c != prefix),
+                       key=followers.__getitem__, reverse=True)  # fmt: skip
+        ordered = first + [c for c in recent if c not in first]
+        return ordered[:n]
+
+
+def read_commands(path: Path) -> list[str]:
+    raw = path.read_bytes()
+    fmt = detect_format(raw)
+    if fmt == "bash" and path.suffix == ".txt":
+        text = raw.decode("utf-8", "replace")
+        return [line for line in text.split("\n") if line.strip()]
+    return [cmd for _, cmd in parse_history(raw, fmt) if cmd.strip()]
+
+
+def _first(items: list[str]) -> str | None:
+    return items[0] if items else None
+
+
+def _keystrokes_saved(cmd: str, suggest: Any) -> float:
+    """Fraction of keystrokes saved typing `cmd` and accepting the first correct top-1."""
+    for typed in range(len(cmd)):
+        if suggest(cmd[:typed]) == cmd:
+            return max(0, len(cmd) - typed - 1) / len(cmd)
+    return 0.0
+
+
+@dataclass
+class Rows:
+    """The engine's suggestions at replay positions, as calibration rows (calmd/daemon/calibration.py)."""
+
+    candidate: list[Any] = field(default_factory=list)
+    candidate_right: list[bool] = field(default_factory=list)
+    early: list[Any] = field(default_factory=list)
+    early_right: list[bool] = field(default_factory=list)
+
+    @property
+    def candidate_x(self) -> Any:
+        import numpy as np
+
+        return np.array(self.candidate)
+
+    @property
+    def candidate_y(self) -> Any:
+        import numpy as np
+
+        return np.array(self.candidate_right, dtype=np.float64)
+
+    @property
+    def early_x(self) -> Any:
+        import numpy as np
+
+        return np.array(self.early)
+
+    @property
+    def early_y(self) -> Any:
+        import numpy as np
+
+        return np.array(self.early_right, dtype=np.float64)
+
+
+@dataclass
+class ReplayConfig:
+    model: Path
+    positions: int = 40  # sampled prediction positions per user
+    warmup: int = 50  # commands replayed before the first sampled position
+    seed: int = 0
+    typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
+    weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
+    train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
+    min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
+
+
+def replay_user(
+    path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None
+) -> dict[str, Tally]:
+    """Replay one user's history; with `rows`, also collect the engine's suggestions and early
+    proposals with their calibration features."""
+    commands = read_commands(path)
+    tallies = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    if len(commands) <= cfg.warmup:
+        return tallies
+    rng = random.Random(f"{cfg.seed}:{path.stem}")
+    candidates_pos = list(range(cfg.warmup, len(commands)))
+    sampled = sorted(rng.sample(candidates_pos, min(cfg.positions, len(candidates_pos))))
+    typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
+    with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
+        store = HistoryStore(Path(tmp) / "history.sqlite3")
+        weights = Path(tmp) / "shell.cwgt"
+        shutil.copyfile(cfg.model, weights)
+        engine = engine_factory(weights)
+        engine.attach_history(store)
+        past = PastOnly()
+        start_ts = time.time() - 60 * len(commands)
+        never = threading.Event()
+        session = "replay"
+        sampled_set = set(sampled)
+
+        def calmd_top(prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+            recent = store.recent(session=session, limit=HISTORY_CONTEXT)
+            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+            if rows is None or target is None:
+                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]
+            engine.explained_early = None
+            got = list(engine.complete(ctx, n, session, never, lambda text, conf: None, explain=True))
+            for s in got:
+                rows.candidate.append(s.features)
+                rows.candidate_right.append(s.text == target)
+            if engine.explained_early is not None:
+                text, row = engine.explained_early
+                rows.early.append(row)
+                rows.early_right.append(text == target)
+            return [(s.text, s.confidence) for s in got]
+
+        top1_cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+
+        def top1(prefix: str) -> tuple[str, float] | None:
+            if prefix not in top1_cache:
+                got = calmd_top(prefix, 1)
+                top1_cache[prefix] = got[0] if got else None
+            return top1_cache[prefix]
+
+        def accepted(prefix: str) -> str | None:
+            got = top1(prefix)
+            return got[0] if got else None
+
+        def accepted_shown(prefix: str) -> str | None:
+            got = top1(prefix)
+            return got[0] if got and got[1] >= cfg.min_confidence else None
+
+        for i, cmd in enumerate(commands):
+            if i in sampled_set:
+                seen_before = cmd in past.counts
+                for k in KS:
+                    if k > 0 and len(cmd) <= k:
+                        continue
+                    prefix = cmd[:k]
+                    ours = calmd_top(prefix, 5, cmd)
+                    answers = {"calmd": [text for text, _ in ours]}
+                    if ours:
+                        tallies["calmd"].tops[k].append((ours[0][1], ours[0][0] == cmd))
+                    else:
+                        tallies["calmd"].tops[k].append((0.0, False))
+                    for system in SYSTEMS[1:]:
+                        answers[system] = past.suggest(system, prefix)
+                    for system, got in answers.items():
+                        t = tallies[system]
+                        t.queries[k] += 1
+                        t.seen[k] += seen_before
+                        t.top1[k] += bool(got) and got[0] == cmd
+                        t.top5[k] += cmd in got[:5]
+                if i in typed_out:
+                    top1_cache.clear()
+                    tallies["calmd"].saved += _keystrokes_saved(cmd, accepted)
+                    tallies["calmd"].saved_shown += _keystrokes_saved(cmd, accepted_shown)
+                    tallies["calmd"].typed += 1
+                    for system in SYSTEMS[1:]:
+                        tallies[system].saved += _keystrokes_saved(
+                            cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
+                        )
+                        tallies[system].typed += 1
+            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
+            past.add(cmd)
+            if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
+                # what the daemon does in real use: fine-tune on the history so far, swap if not worse
+                from calmd.training.background import RunOptions, run
+
+                result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
+                if result.get("swapped"):
+                    engine = engine_factory(weights)
+                    engine.attach_history(store)
+                    tallies["calmd"].swaps += 1
+                tallies["calmd"].runs += 1
+        store.close()
+    return tallies
+
+
+def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
+    """Calibration rows from replaying `files` (calmd/daemon/calibration.py fits on them)."""
+    from calmd.daemon.engine import ModelEngine, RankWeights
+
+    rows = Rows()
+    started = time.monotonic()
+    for n, path in enumerate(files, 1):
+        replay_user(
+            path, cfg, lambda w: ModelEngine(w, RankWeights(**cfg.weights), calibrator=calibrator), rows
+        )
+        elapsed = time.monotonic() - started
+        print(f"[{n}/{len(files)}] {path.stem}: {len(rows.candidate)} rows, {elapsed:.0f} s", flush=True)
+    return rows
+
+
+def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+    from calmd.daemon.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
+    from calmd.daemon.engine import ModelEngine, RankWeights
+
+    totals = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    per_user: dict[str, Any] = {}
+    # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
+    calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
+    started = time.monotonic()
+    for n, path in enumerate(files, 1):
+        tallies = replay_user(
+            path, cfg, lambda weights: ModelEngine(weights, RankWeights(**cfg.weights), calibrator=calibrator)
+        )
+        per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
+        for s, t in tallies.items():
+            totals[s].add(t)
+        if progress:
+            top1 = totals["calmd"].to_json()["top1"]
+            so_far = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
+            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, calmd top-1 {so_far}",
+                  flush=True)  # fmt: skip
+    return {
+        "model": str(cfg.model),
+        "users": len(files),
+        "positions_per_user": cfg.positions,
+        "seed": cfg.seed,
+        "weights": cfg.weights,
+        "totals": {s: t.to_json() for s, t in totals.items()},
+        "per_user": per_user,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS) + f"{'top5 k=0':>10}{'saved':>8}"]
+    for system, t in result["totals"].items():
+        top1 = "".join(f"{(t['top1'][k] or 0) * 100:>7.1f}%" for k in KS)
+        saved = t["keystrokes_saved"]
+        lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
+                     f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
+    # the same for every system: the share of queries whose command had been run before
+    ours = result["totals"]["calmd"]
+    seen = ours["seen_before"]
+    lines.append(f"{'(ceiling) run before':<36}" + "".join(f"{(seen[k] or 0) * 100:>7.1f}%" for k in KS))
+    if "coverage" in ours:
+
+        def pct(v: float | None) -> str:
+            return f"{(v or 0) * 100:>7.1f}%"
+
+        at = f"confidence >= {ours['threshold']:g}"
+        lines.append(f"{'calmd coverage (' + at + ')':<36}" + "".join(pct(ours["coverage"][k]) for k in KS))
+        lines.append(f"{'calmd precision (' + at + ')':<36}" + "".join(pct(ours["precision"][k]) for k in KS))
+        saved = ours["keystrokes_saved_shown"]
+        if saved is not None:
+            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}%")
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    from calmd.atomic import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(json.dumps(result, indent=1).encode())
+
+
+def expand(files: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for name in files:
+        p = Path(name)
+        out.extend(sorted(p.glob("*.txt")) if p.is_dir() else [p])
+    return out

@@ -1,0 +1,596 @@
+"""Shell integration: `calmd init zsh|bash`, the per-shell helper, `calm enable|disable`.
+
+The hooks in client/ (calm.zsh, calm.bash) never start a Python process per keystroke. Each shell
+starts one helper (`calmd shell-helper`) when the hook loads, talks to it over two pipes with one
+line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
+whenever the daemon comes back. The helper is silent: its errors go to a log file.
+
+Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
+separated by tabs). The hooks start the helper with `--format 2`:
+
+    shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
+                      r <exit> <cwd> <git> <ts> <cmd>            record an executed command
+    helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
+
+`min` is the shell's CALM_MIN_CONFIDENCE (empty: calmd.daemon.protocol.DEFAULT_MIN_CONFIDENCE). `flags`
+holds one character per candidate: 1 when its confidence reaches `min` (or the daemon sends none,
+as an older one does), so that it may be shown unasked; 0 when only cycling should reach it. A `c`
+line is answered first, at once, with the daemon's `early` answer (the history's best line, asked
+for with `"early": true`) when it reaches `min`; then with the model's best candidate when that
+one differs from what is shown and reaches `min` (both final=0); then with every candidate
+(final=1), which may hold none (no daemon, disabled, nothing to suggest). Only the newest `c`
+matters: older ones that are still queued are skipped, and the daemon cancels an older request of
+the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
+`c`, and kept (up to 256) while no daemon runs.
+
+Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
+`c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import select
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from calmd import paths
+from calmd.atomic import atomic_write, read_regular_file
+
+if TYPE_CHECKING:
+    from calmd.shell.client import CalmClient
+
+SHELLS = ("zsh", "bash")
+DISABLED_FLAG = "shell-disabled"  # in the data dir: `calm disable` creates it, `calm enable` removes it
+LOG_NAME = "shell-helper.log"
+LOG_MAX_BYTES = 1 << 20
+BACKLOG = 256  # records kept while the daemon is away
+MAX_CANDIDATES = 32  # the protocol's limit for `n`
+PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
+HOOK_FILE = "calm.{shell}"  # in the data dir: `calmd init`'s output, sourced by the setup line
+HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
+IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
+
+log = logging.getLogger("calmd.shell.helper")
+
+
+# --------------------------------------------------------------------------- escaping
+
+
+def escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(nxt, "\\" + nxt))
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- paths and flags
+
+
+def disabled_flag() -> Path:
+    return paths.data_dir() / DISABLED_FLAG
+
+
+def log_path() -> Path:
+    return paths.data_dir() / LOG_NAME
+
+
+def script_path(shell: str) -> Path:
+    """client/calm.<shell> beside the package (a source or editable install), else inside it."""
+    here = paths.PACKAGE_DATA.parent
+    for folder in (here.parent / "client", paths.PACKAGE_DATA / "client"):
+        candidate = folder / f"calm.{shell}"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
+
+
+def init_script(shell: str, socket: str | None = None) -> str:
+    """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
+    from calmd import __version__
+
+    helper = [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--shell", shell]
+    if socket:
+        helper += ["--socket", socket]
+    head = [
+        f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)",
+        "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
+        f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
+    ]
+    return "\n".join(head) + "\n" + script_path(shell).read_text()
+
+
+def hook_file(shell: str) -> Path:
+    """Where `calmd init` keeps its output, for the setup line that sources it without starting
+    Python: calm.zsh or calm.bash in the data dir."""
+    return paths.data_dir() / HOOK_FILE.format(shell=shell)
+
+
+def write_hook_file(shell: str, text: str) -> bool:
+    """Put `text` in the hook file (atomically, owner-only) unless it holds it already; True when
+    written. Never raises: the shell works without the file (its setup line falls back)."""
+    path = hook_file(shell)
+    try:
+        if path.exists() and bytes(read_regular_file(path, limit=HOOK_FILE_LIMIT)) == text.encode():
+            return False
+        paths.private_dir(path.parent)
+        with atomic_write(path) as out:
+            out.write(text.encode())
+    except OSError as exc:
+        log.info("could not write %s: %s", path, exc)
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the helper
+
+
+@dataclass
+class Complete:
+    seq: str
+    n: int
+    input: str
+    cwd: str
+    git: str
+    min_confidence: float | None = None  # None: the default threshold
+
+
+def parse_confidence(text: str) -> float | None:
+    """A threshold from the shell: a number in [0, 1], else None (the default)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
+
+
+@dataclass
+class Record:
+    cmd: str
+    exit: int | None
+    cwd: str
+    git: str
+    ts: float | None
+
+    def fields(self, session: str) -> dict[str, Any]:
+        """The `record` request's fields besides `cmd`, unset ones left out."""
+        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session}
+        return {k: v for k, v in fields.items() if v is not None and v != ""}
+
+
+def parse_request(line: str) -> Complete | Record | None:
+    parts = line.split("\t")
+    try:
+        if parts[0] == "c" and len(parts) in (6, 7):  # 6: a hook from before --format 2
+            n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
+            threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
+            cwd, git = unescape(parts[3]), unescape(parts[4])
+            return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
+        if parts[0] == "r" and len(parts) == 6:
+            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+            ts = float(parts[4]) if parts[4] else None
+            return Record(unescape(parts[5]), exit_code, unescape(parts[2]), unescape(parts[3]), ts)
+    except ValueError:
+        pass
+    log.warning("ignoring a malformed request: %.200r", line)
+    return None
+
+
+@dataclass
+class Active:
+    """The complete request in flight: its line seq, its request id, the candidates so far."""
+
+    seq: str
+    rid: int
+    input: str = ""
+    threshold: float = 0.0
+    candidates: list[str] = field(default_factory=list)
+    confident: list[bool] = field(default_factory=list)
+    shown: str = ""  # the candidate already sent on its own (final=0), early or the model's best
+
+    def is_confident(self, confidence: Any) -> bool:
+        """A confidence at or above the threshold; none at all (an older daemon) counts as one."""
+        if isinstance(confidence, bool) or not isinstance(confidence, int | float):
+            return True
+        return float(confidence) >= self.threshold
+
+
+class Helper:
+    """One per shell: stdin/stdout lines on one side, one daemon connection on the other."""
+
+    def __init__(
+        self,
+        session: str,
+        socket_path: Path,
+        *,
+        stdin: int = 0,
+        stdout: int = 1,
+        autostart: bool = False,
+        line_format: int = 1,
+        shell: str | None = None,
+        socket_arg: str | None = None,
+    ) -> None:
+        from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+
+        self.default_threshold = DEFAULT_MIN_CONFIDENCE
+        self.line_format = line_format
+        self.shell = shell  # the hook file to keep current, and the --socket it was made with
+        self.socket_arg = socket_arg
+        self.chores_done = False
+        self.session = session
+        self.socket_path = socket_path
+        self.stdin = stdin
+        self.stdout = stdout
+        self.autostart = autostart
+        self.autostarted = False
+        self.client: CalmClient | None = None
+        self.connected_once = False
+        self.inbuf = b""
+        self.backlog: deque[Record] = deque(maxlen=BACKLOG)
+        self.pending_records: set[int] = set()
+        self.queued: Complete | None = None
+        self.active: Active | None = None
+        self.flag = disabled_flag()
+        self.out: list[tuple[str, bool, str]] = []  # (seq, final, line) waiting for flush()
+
+    # -- shell side ------------------------------------------------------------------------------
+
+    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+        head = [seq, "1" if final else "0"]
+        if self.line_format >= 2:
+            flags = confident if confident is not None else [True] * len(candidates)
+            head.append("".join("1" if f else "0" for f in flags))
+        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"))
+
+    def flush(self) -> None:
+        """Write what `emit` queued, in one write. An early or first answer that came in the same
+        batch as the final one for its request is left out: each line the shell reads costs it a
+        wake-up and a parse, and the final line says it all."""
+        if not self.out:
+            return
+        finals = {seq for seq, final, _ in self.out if final}
+        data = "".join(line for seq, final, line in self.out if final or seq not in finals).encode()
+        self.out.clear()
+        while data:
+            written = os.write(self.stdout, data)
+            data = data[written:]
+
+    def read_stdin(self) -> bool:
+        """Take in what the shell wrote; False at end of file (the shell is gone)."""
+        chunk = os.read(self.stdin, 65536)
+        if not chunk:
+            return False
+        self.inbuf += chunk
+        *lines, self.inbuf = self.inbuf.split(b"\n")
+        for raw in lines:
+            request = parse_request(raw.decode("utf-8", "replace"))
+            log.debug("shell: %r", request)
+            if isinstance(request, Record):
+                self.backlog.append(request)
+            elif isinstance(request, Complete):
+                self.queued = request  # one still queued is superseded: the shell waits for the newest
+        return True
+
+    # -- daemon side -----------------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        """Connect when not connected (a failed attempt costs microseconds: no throttling)."""
+        if self.client is not None:
+            return True
+        from calmd.shell.client import CalmClient
+
+        try:
+            self.client = CalmClient(self.socket_path, timeout=2.0)
+        except OSError as exc:
+            if self.connected_once:
+                log.info("daemon away (%s)", exc)
+                self.connected_once = False
+            self.maybe_autostart()
+            return False
+        log.info("connected to %s", self.socket_path)
+        self.connected_once = True
+        return True
+
+    def maybe_autostart(self) -> None:
+        if not self.autostart or self.autostarted:
+            return
+        self.autostarted = True
+        calmd = Path(sys.executable).parent / "calmd"
+        argv = [str(calmd)] if calmd.exists() else [sys.executable, "-m", "calmd.cli"]
+        with open(log_path(), "ab") as out:
+            subprocess.Popen(
+                [*argv, "serve"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        log.info("started the daemon in the background")
+
+    def drop(self, exc: BaseException) -> None:
+        """The connection broke: answer the shell's pending request with nothing, retry later."""
+        log.info("connection lost: %s", exc)
+        if self.client is not None:
+            self.client.close()
+        self.client = None
+        self.pending_records.clear()
+        self.connected_once = False
+        if self.active is not None:
+            self.emit(self.active.seq, True, [])
+            self.active = None
+
+    def send_work(self) -> None:
+        """Records first (in order), then the newest complete once the records are stored, so that
+        the prediction after a command already sees it. A newer complete makes the daemon cancel
+        the older one (same session); replies to it are then dropped by `on_message`."""
+        if self.queued is not None and self.flag.exists():
+            self.emit(self.queued.seq, True, [])
+            self.queued = None
+        if not self.backlog and self.queued is None:
+            return
+        if not self.connect():
+            if self.queued is not None:
+                self.emit(self.queued.seq, True, [])
+                self.queued = None
+            return
+        assert self.client is not None
+        try:
+            while self.backlog:
+                record = self.backlog[0]
+                self.pending_records.add(
+                    self.client.send("record", cmd=record.cmd, **record.fields(self.session))
+                )
+                self.backlog.popleft()
+            if self.queued is not None and not self.pending_records:
+                q, self.queued = self.queued, None
+                ctx = {
+                    "input": q.input,
+                    **({"cwd": q.cwd} if q.cwd else {}),
+                    **({"git": q.git} if q.git else {}),
+                }
+                early = {"early": True} if self.line_format >= 2 else {}
+                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx, **early)
+                log.debug("sent complete %s as %d", q.seq, rid)
+                threshold = self.default_threshold if q.min_confidence is None else q.min_confidence
+                self.active = Active(q.seq, rid, q.input, threshold)
+        except OSError as exc:
+            self.drop(exc)
+
+    def on_message(self, message: dict[str, Any]) -> None:
+        rid = message.get("id")
+        log.debug("daemon: %r", message)
+        if rid in self.pending_records:
+            if "error" in message:
+                log.warning("record failed: %s", message["error"])
+            self.pending_records.discard(rid)
+            return
+        active = self.active
+        if active is None or rid != active.rid:
+            return  # a cancelled or superseded request
+        if "early" in message:
+            # The history's best line, before the model runs: the ghost text at once, if sure enough.
+            text = message["early"]
+            if (
+                self.line_format >= 2
+                and isinstance(text, str)
+                and len(text) > len(active.input)
+                and text.startswith(active.input)
+                and not active.candidates
+                and active.is_confident(message.get("confidence"))
+            ):
+                active.shown = text
+                self.emit(active.seq, False, [text])
+            return
+        if "candidate" in message:
+            candidate = str(message["candidate"])
+            if candidate and candidate not in active.candidates:
+                confident = active.is_confident(message.get("confidence"))
+                active.candidates.append(candidate)
+                active.confident.append(confident)
+                # The model's best, at once, when it changes what is shown: not when it is the
+                # early answer again, and not to take a shown one away (the final list says so).
+                if len(active.candidates) == 1 and (
+                    self.line_format < 2 or (confident and candidate != active.shown)
+                ):
+                    active.shown = candidate
+                    self.emit(active.seq, False, [candidate], [confident])
+            return
+        if "error" in message:
+            log.warning("complete failed: %s", message["error"])
+        self.emit(active.seq, True, active.candidates, active.confident)
+        self.active = None
+
+    def read_daemon(self) -> None:
+        """Every message the daemon has sent so far (the socket is non-blocking meanwhile)."""
+        client = self.client
+        assert client is not None
+        try:
+            messages = client.read_available()
+        except (OSError, ValueError, RuntimeError) as exc:  # ConnectionError, ProtocolMismatch, msgpack
+            self.drop(exc)
+            return
+        for message in messages:
+            self.on_message(message)
+
+    def refresh_hook_file(self) -> None:
+        """An upgraded calmd rewrites the hook file the setup line sources (only one that exists:
+        `calmd init` makes it), so the next shell loads the new hook without running Python. A
+        shell that still runs the old hook goes on with it: this helper speaks its lines too."""
+        if self.shell is None or self.socket_arg is not None or not hook_file(self.shell).exists():
+            return  # (a hook for another socket never came from the file)
+        if write_hook_file(self.shell, init_script(self.shell)):
+            log.info("rewrote %s for calmd as installed now", hook_file(self.shell))
+
+    def run(self) -> int:
+        parent = os.getppid()
+        while True:
+            self.send_work()
+            self.flush()
+            fds = [self.stdin]
+            if self.client is not None:
+                fds.append(self.client.fileno())
+            try:
+                # Chores wait until the first answers are out and nothing came for a moment.
+                wait = PARENT_CHECK_EVERY if self.chores_done else IDLE_AFTER
+                ready, _, _ = select.select(fds, [], [], wait)
+            except InterruptedError:
+                continue
+            if not ready and not self.chores_done:
+                self.chores_done = True
+                self.refresh_hook_file()
+                continue
+            if not ready and os.getppid() != parent:
+                return 0  # the shell is gone; a process it started may still hold our stdin open
+            if self.stdin in ready and not self.read_stdin():
+                return 0
+            if self.client is not None and self.client.fileno() in ready:
+                self.read_daemon()
+
+
+def _setup_log() -> None:
+    path = log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > LOG_MAX_BYTES:
+            path.replace(path.with_suffix(".log.old"))
+        handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{os.getpid()}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if os.environ.get("CALM_DEBUG") else logging.INFO)
+    log.propagate = False
+
+
+def reopen_stdin_read_only() -> None:
+    """The hooks give us as stdin a pipe they hold open read-write (so that neither side waits for
+    the other), read-write too. Reopened read-only, it shows the shell's end as end of file (Linux:
+    through /proc; elsewhere the parent check notices within PARENT_CHECK_EVERY)."""
+    try:
+        st = os.fstat(0)
+        if not stat.S_ISFIFO(st.st_mode) or fcntl.fcntl(0, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return
+        fd = os.open("/proc/self/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+        if os.fstat(fd).st_ino == st.st_ino:
+            os.set_blocking(fd, True)
+            os.dup2(fd, 0)
+        os.close(fd)
+    except OSError as exc:
+        log.info("stdin stays read-write: %s", exc)
+
+
+def cmd_shell_helper(args: argparse.Namespace) -> int:
+    # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    _setup_log()
+    reopen_stdin_read_only()
+    socket_arg = getattr(args, "socket", None)
+    socket = Path(socket_arg) if socket_arg else paths.socket_path()
+    session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
+    helper = Helper(
+        session,
+        socket,
+        autostart=args.autostart,
+        line_format=args.format,
+        shell=args.shell,
+        socket_arg=socket_arg,
+    )
+    try:
+        return helper.run()
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0
+    except Exception:
+        log.exception("shell helper crashed")
+        return 1
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Print the hook, and keep it in the hook file for the setup line that sources it. A hook for
+    another socket (`calmd --socket PATH init`) is printed only: the setup line's file is the
+    default one, what its fallback `calmd init SHELL` gives."""
+    socket = getattr(args, "socket", None)
+    text = init_script(args.shell, socket)
+    if socket is None:
+        write_hook_file(args.shell, text)
+    sys.stdout.write(text)
+    return 0
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    flag = disabled_flag()
+    with contextlib.suppress(FileNotFoundError):
+        flag.unlink()
+    print(f"calm: suggestions enabled (removed {flag})")
+    return 0
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    flag = disabled_flag()
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.touch()
+    print(f"calm: suggestions disabled in every shell until `calm enable` (flag file {flag})")
+    return 0
+
+
+def add_calmd_parsers(sub: Any) -> None:
+    """`calmd init SHELL` and `calmd shell-helper` (`sub` is an argparse subparsers object)."""
+    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
+    p.add_argument("shell", choices=SHELLS)
+    p.set_defaults(func=cmd_init)
+    p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
+    p.add_argument("--session", default="", help="session id (default: from the parent pid)")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
+    p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
+    p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
+    p.add_argument("--shell", choices=SHELLS, help="the hook file to rewrite when calmd changes")
+    p.set_defaults(func=cmd_shell_helper)
+
+
+def add_calm_parsers(sub: Any) -> None:
+    """`calm enable` and `calm disable`: suggestions on or off in every shell, no rc edit."""
+    p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
+    p.set_defaults(func=cmd_enable)
+    p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
+    p.set_defaults(func=cmd_disable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m calmd.shell.helper ...`: what the hooks run, independent of the rest of the CLI."""
+    paths.set_private_umask()  # the helper's log (and a daemon it starts) write the user's files
+    parser = argparse.ArgumentParser(prog="calmd")
+    parser.add_argument("--socket", metavar="PATH", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_calmd_parsers(sub)
+    add_calm_parsers(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Training: the loop, evaluation, datasets from the history, the background run, the default model's
+corpus and recipe.
+"""

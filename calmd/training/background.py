@@ -1,0 +1,477 @@
+"""Continual training: datasets from the history store, and the background fine-tuning run.
+
+A run (`python -m calmd.training.background`, started by the daemon in a niced single-thread process):
+1. builds a CTDS from the history store with the `calm dataset` options (`DatasetOptions`), the
+   most recent eligible commands held out for evaluation;
+2. fine-tunes the serving weights (`shell.cwgt`, else the packaged default) with EWC against
+   their stored anchor (calmd/training/train.py), into a temp file in the data dir;
+3. evaluates old and new weights on the held-out commands (calmd/training/evaluate.py); the new weights
+   replace the old only when they are not worse (held-out loss per supervised token not higher):
+   the old file is kept as `shell.prev.cwgt` (`calm rollback` restores it) and the new one is
+   renamed over `shell.cwgt`, which the daemon's hot reload picks up;
+4. writes its progress and result to `training.json` in the data dir (atomically), which
+   `calmd status` shows. A crash or kill at any point leaves `shell.cwgt` and the history as they
+   were: the only files it replaces are replaced by rename.
+
+One run per CALM_HOME: the run holds `training.lock` (flock) for its whole life; a second one
+says who holds it and exits 4 without touching anything. Holding the lock, it first removes what
+killed runs left (`.shell.candidate.<pid>.cwgt`, stale temp files). Started by the daemon
+(`--parent-pid`), it dies with it: the kernel sends it SIGKILL when the daemon exits
+(PR_SET_PDEATHSIG, set between fork and exec), and each training step checks that its parent is
+still the daemon. SIGTERM (the daemon's graceful stop) ends it cleanly, state `interrupted`.
+Exit codes: 0 done (swapped or not), 1 failed (reason in training.json), 3 disk full, 4 another
+run holds the lock, 5 stopped (SIGTERM, or the daemon went away).
+
+"Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
+`clear`, `reset`, `exit`, `history`, `jobs`, `fg`, `bg`, `cd` alone or with `..`, `-`, `~`, and
+anything shorter than --min-cmd-len. They are cheap to type and frequent enough to swamp the
+loss; they still appear as context (HIST frames) of the commands that follow them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calmd import paths
+from calmd.atomic import atomic_write, exchange, fsync_dir, read_regular_file, remove_stale_temp_files
+from calmd.errors import CalmError, DiskFull, SequenceTooLong
+from calmd.formats.ctds import CtdsWriter
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
+from calmd.history.store import HistoryRow, HistoryStore
+
+TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
+                     "cd", "cd ..", "cd -", "cd ~"})  # fmt: skip
+
+
+def is_trivial(cmd: str) -> bool:
+    return " ".join(cmd.split()) in TRIVIAL
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """`calm dataset` options for the shell-history path (calm-dataset.txt)."""
+
+    max_entries: int = 0  # latest N history entries; 0: all
+    hist_frames: int = 5
+    comp_frames: int = 3  # the store records no completion lists, so COMP frames stay empty
+    max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
+    min_cmd_len: int = 2
+    include_failed: bool = False
+    include_trivial: bool = False
+
+
+def history_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[dict[str, Any], str]]:
+    """(context, command) pairs from the store, oldest first, filtered as `opts` says."""
+    rows: list[HistoryRow] = list(store.all_rows())
+    if opts.max_entries:
+        rows = rows[-opts.max_entries :]
+    recent: dict[str, deque[HistoryRow]] = {}
+    everyone: deque[HistoryRow] = deque(maxlen=opts.hist_frames)
+    pairs: list[tuple[dict[str, Any], str]] = []
+    for row in rows:
+        own = recent.setdefault(row.session, deque(maxlen=opts.hist_frames))
+        context_rows = list(own)
+        if len(context_rows) < opts.hist_frames:  # topped up with other shells', as the server does
+            others = [r for r in everyone if r.session != row.session]
+            context_rows = others[len(others) - (opts.hist_frames - len(context_rows)) :] + context_rows
+        eligible = (
+            len(row.cmd.strip()) >= opts.min_cmd_len
+            and (opts.include_failed or not row.exit)
+            and (opts.include_trivial or not is_trivial(row.cmd))
+        )
+        if eligible:
+            ctx: dict[str, Any] = {"history": [{"cmd": r.cmd, "exit": r.exit} for r in context_rows]}
+            if row.cwd:
+                ctx["cwd"] = row.cwd
+            if row.git:
+                ctx["git"] = row.git
+            pairs.append((ctx, row.cmd))
+        own.append(row)
+        everyone.append(row)
+    # --max-dup keeps each command's latest uses (newest contexts matter most)
+    seen: dict[str, int] = {}
+    kept: list[tuple[dict[str, Any], str]] = []
+    for ctx, cmd in reversed(pairs):
+        seen[cmd] = seen.get(cmd, 0) + 1
+        if seen[cmd] <= opts.max_dup:
+            kept.append((ctx, cmd))
+    return kept[::-1]
+
+
+def write_history_dataset(
+    store: HistoryStore, out: Path, opts: DatasetOptions, *, template: Template = DEFAULT_SHELL_TEMPLATE,
+    l_max: int = 768, holdout: int = 0, holdout_path: Path | None = None,
+) -> dict[str, int]:  # fmt: skip
+    """Write the history dataset (and its newest `holdout` examples to `holdout_path`)."""
+    pairs = history_examples(store, opts)
+    split = max(0, len(pairs) - holdout) if holdout_path is not None else len(pairs)
+    counts = {"sequences": 0, "held_out": 0, "skipped_too_long": 0}
+
+    def sequences(chunk: list[tuple[dict[str, Any], str]]) -> Iterator[Any]:
+        for ctx, cmd in chunk:
+            try:
+                yield build_sequence(template, {**ctx, "input": cmd}, l_max=l_max, training=True)
+            except SequenceTooLong:
+                counts["skipped_too_long"] += 1
+
+    with CtdsWriter(out) as writer:
+        for seq in sequences(pairs[:split]):
+            writer.add(seq)
+            counts["sequences"] += 1
+    if holdout_path is not None:
+        with CtdsWriter(holdout_path) as writer:
+            for seq in sequences(pairs[split:]):
+                writer.add(seq)
+                counts["held_out"] += 1
+    return counts
+
+
+# --------------------------------------------------------------------------- the background run
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    data_dir: Path
+    weights: Path
+    min_examples: int = 50  # fewer eligible commands: nothing to learn yet
+    holdout: int = 100  # the newest eligible commands, for the not-worse check
+    epochs: int = 2
+    lr: float = 1e-4
+    ewc_lambda: float = 100.0
+    threads: int = 1
+    max_minutes: float = 20.0
+    parent_pid: int | None = None  # the daemon that started the run: stop when it is gone
+
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_DISK_FULL = 3
+EXIT_LOCKED = 4
+EXIT_STOPPED = 5
+RUNNING_STATES = ("dataset", "training", "evaluating")  # written while a run works
+MAX_STATUS_BYTES = 1 << 20
+
+
+class RunStopped(BaseException):
+    """SIGTERM, or the daemon that started the run is gone: stop, leave everything as it was.
+    A BaseException, so that no `except Exception` on the way swallows it."""
+
+
+def status_path(data_dir: Path) -> Path:
+    return data_dir / "training.json"
+
+
+def lock_path(data_dir: Path) -> Path:
+    return data_dir / "training.lock"
+
+
+def write_status(data_dir: Path, **fields: Any) -> None:
+    fields.setdefault("updated", time.time())
+    fields.setdefault("pid", os.getpid())
+    with atomic_write(status_path(data_dir)) as f:
+        f.write(json.dumps(fields, default=str).encode())
+
+
+def read_status(data_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A write failed for lack of space (ENOSPC, a quota, SQLite's "database or disk is full")."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:  # the exception and what caused it
+        seen.add(id(link))
+        if isinstance(link, DiskFull):
+            return True
+        if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "database or disk is full" in str(link):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
+# --------------------------------------------------------------------------- one run per CALM_HOME
+
+
+class TrainingLock:
+    """`training.lock` in the data dir, held (flock) by the one run of a CALM_HOME, and by `calm
+    rollback` while it swaps files. The holder's pid is written in it for `lock_holder`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = lock_path(data_dir)
+        self._fd: int | None = None
+
+    def acquire(self, *, wait_s: float = 1.0) -> bool:
+        """True when acquired. Waits a little: the daemon's status probe holds it for microseconds."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
+        with contextlib.suppress(OSError):  # the pid is for status only; a full disk must not stop us
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> TrainingLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_holder(data_dir: Path) -> int | None:
+    """The pid of the process holding `training.lock` (0 when it wrote none yet), None when free."""
+    try:
+        fd = os.open(lock_path(data_dir), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no lock file (no run ever), or one we cannot read: nobody we can see
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else 0
+        return None  # we got it: nobody holds it (closing the fd releases ours)
+    finally:
+        os.close(fd)
+
+
+def clean_leftovers(data_dir: Path) -> list[str]:
+    """Remove what killed runs left: candidate weights (6 MB each for nano) and stale temp files.
+    Only call it while no run can be live (holding the lock, or having seen it free)."""
+    removed: list[str] = []
+    for pattern in (".shell.candidate.*.cwgt", ".shell.cwgt.rollback"):
+        for path in data_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    removed += remove_stale_temp_files(data_dir)
+    removed += [f"training/{name}" for name in remove_stale_temp_files(data_dir / "training")]
+    return removed
+
+
+def _check_parent(parent_pid: int | None) -> None:
+    if parent_pid is not None and os.getppid() != parent_pid:
+        raise RunStopped(f"the daemon (pid {parent_pid}) is gone")
+
+
+def run(opts: RunOptions) -> dict[str, Any]:
+    """One training run; returns (and writes) its result. Whatever ends it early is written as
+    its result too: `interrupted` (stopped) or `failed` with the reason (a full disk says so)."""
+    started = time.time()
+    candidate = opts.data_dir / f".shell.candidate.{os.getpid()}.cwgt"
+    try:
+        result = _run_stages(opts, started, candidate)
+    except BaseException as exc:
+        if isinstance(exc, RunStopped | KeyboardInterrupt):
+            state, reason = "interrupted", f"stopped: {exc or type(exc).__name__}"
+        elif is_disk_full(exc):
+            state, reason = "failed", f"disk full: {exc}"
+        else:
+            state, reason = "failed", f"{type(exc).__name__}: {exc}"
+        result = {"state": state, "swapped": False, "reason": reason, "started": started,
+                  "finished": time.time()}  # fmt: skip
+        with contextlib.suppress(OSError):  # a full disk: the exit code tells the daemon
+            write_status(opts.data_dir, **result)
+        raise
+    finally:
+        candidate.unlink(missing_ok=True)
+    write_status(opts.data_dir, **result)
+    return result
+
+
+def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, Any]:
+    from calmd.formats.ctds import CtdsReader
+    from calmd.model.checkpoint import load_model
+    from calmd.training.evaluate import compare, load_sequences
+    from calmd.training.train import TrainConfig, train
+
+    work = opts.data_dir / "training"
+    work.mkdir(parents=True, exist_ok=True)
+    base = opts.weights if opts.weights.exists() else paths.packaged_weights()
+    write_status(opts.data_dir, state="dataset", started=started, base=str(base))
+    current = load_model(base)
+    store = HistoryStore(opts.data_dir / "history.sqlite3")
+    try:
+        recorded = store.count()
+        counts = write_history_dataset(
+            store, work / "train.ctds", DatasetOptions(), template=current.metadata.parsed_template(),
+            l_max=current.model.cfg.l_max, holdout=opts.holdout, holdout_path=work / "heldout.ctds",
+        )  # fmt: skip
+    finally:
+        store.close()
+    if counts["sequences"] < opts.min_examples or counts["held_out"] == 0:
+        return {"state": "done", "swapped": False, "started": started, "finished": time.time(),
+                "reason": f"only {counts['sequences']} training examples (need {opts.min_examples})",
+                **counts}  # fmt: skip
+    last_write = [0.0]
+
+    def on_step(step: int, loss: float) -> None:
+        _check_parent(opts.parent_pid)
+        if time.monotonic() - last_write[0] > 1.0:
+            last_write[0] = time.monotonic()
+            write_status(opts.data_dir, state="training", started=started, step=step, loss=loss,
+                         base=str(base), **counts)  # fmt: skip
+
+    cfg = TrainConfig(
+        model=str(base), dataset=str(work / "train.ctds"), output=str(candidate), epochs=opts.epochs,
+        lr=opts.lr, ewc_lambda=opts.ewc_lambda, threads=opts.threads, max_minutes=opts.max_minutes,
+        val_fraction=0.0, quiet=True, force=True,
+    )  # fmt: skip
+    trained = train(cfg, on_step=on_step)
+    write_status(opts.data_dir, state="evaluating", started=started, **counts)
+    new = load_model(candidate)
+    seqs = load_sequences(CtdsReader(work / "heldout.ctds"))
+    cmp = compare(current.model, new.model, seqs, stops=current.metadata.stop_conditions(), ks=(0, 2))
+    swapped = cmp.new.loss <= cmp.old.loss
+    _check_parent(opts.parent_pid)  # an orphaned run does not swap anything in
+    if swapped:
+        swap_in(candidate, opts.weights)
+        reason = f"held-out loss {cmp.new.loss:.4f} <= {cmp.old.loss:.4f}: swapped in"
+    else:
+        reason = f"held-out loss {cmp.new.loss:.4f} > {cmp.old.loss:.4f}: kept the current model"
+    return {
+        "state": "done", "swapped": swapped, "reason": reason, "started": started,
+        "finished": time.time(),
+        "recorded": recorded, "steps": trained.steps, "old_loss": cmp.old.loss, "new_loss": cmp.new.loss,
+        "old_exact0": cmp.old.accuracy(0), "new_exact0": cmp.new.accuracy(0), **counts,
+    }  # fmt: skip
+
+
+def swap_in(candidate: Path, weights: Path) -> None:
+    """Rename `candidate` over `weights`, keeping the replaced file as `shell.prev.cwgt` for `calm
+    rollback`. Renames only: `weights` holds a complete file at every instant."""
+    prev = weights.with_name("shell.prev.cwgt")
+    if weights.exists():
+        keep = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
+        keep.unlink(missing_ok=True)
+        try:
+            os.link(weights, keep)  # the same file under a second name: no copy
+        except OSError:
+            shutil.copyfile(weights, keep)  # a file system without hard links
+        os.replace(keep, prev)
+    os.replace(candidate, weights)
+    fsync_dir(weights.parent)
+
+
+def rollback(weights: Path) -> Path:
+    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev).
+
+    Atomic: one renameat2(RENAME_EXCHANGE) swaps the two files, so each name holds a complete
+    file at every instant and a crash leaves either the old pair or the swapped one. Where the
+    file system cannot exchange, three renames keep `weights` complete throughout (a crash
+    between them leaves the replaced model as a temp file, not lost in place). Refused while a
+    training run holds the data dir's lock: it could rename its own result over the rollback."""
+    from calmd.model.checkpoint import load_model
+
+    prev = weights.with_name("shell.prev.cwgt")
+    if not prev.exists():
+        raise CalmError(f"{prev} does not exist: nothing to roll back to")
+    with TrainingLock(weights.parent) as lock:
+        if not lock.acquire():
+            holder = lock_holder(weights.parent)
+            raise CalmError(f"a training run (pid {holder}) is in progress: roll back after it ends")
+        load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
+        if not weights.exists():
+            os.replace(prev, weights)
+            fsync_dir(weights.parent)
+        elif not exchange(weights, prev):
+            keep = weights.with_name(f".{weights.name}.rollback.{os.getpid()}.tmp")
+            os.link(weights, keep)
+            os.replace(prev, weights)
+            os.replace(keep, prev)
+            fsync_dir(weights.parent)
+    return weights
+
+
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    raise RunStopped(f"{signal.Signals(signum).name} (the daemon is shutting down)")
+
+
+def _say(message: str) -> None:
+    """One line to stderr (training.log), unbuffered: on a full disk the write fails, and a
+    buffered one would fail again at exit and turn the exit code into 120."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"calmd.training.background: {message}\n".encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths.set_private_umask()  # datasets, candidates, training.json: the user's history, 0600
+    parser = argparse.ArgumentParser(prog="python -m calmd.training.background", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--data-dir", type=Path, default=paths.data_dir())
+    parser.add_argument("--weights", type=Path, default=None)
+    parser.add_argument("--epochs", type=int, default=RunOptions.epochs)
+    parser.add_argument("--min-examples", type=int, default=RunOptions.min_examples)
+    parser.add_argument("--holdout", type=int, default=RunOptions.holdout)
+    parser.add_argument("--max-minutes", type=float, default=RunOptions.max_minutes)
+    parser.add_argument("--threads", type=int, default=RunOptions.threads)
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the daemon that started this run: stop when it is gone")  # fmt: skip
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        _check_parent(args.parent_pid)
+    except RunStopped as exc:
+        _say(str(exc))
+        return EXIT_STOPPED
+    weights = args.weights or args.data_dir / "shell.cwgt"
+    opts = RunOptions(args.data_dir, weights, min_examples=args.min_examples, holdout=args.holdout,
+                      epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes,
+                      parent_pid=args.parent_pid)  # fmt: skip
+    paths.private_dir(args.data_dir)
+    with TrainingLock(args.data_dir) as lock:
+        if not lock.acquire():
+            _say(f"another training run (pid {lock_holder(args.data_dir)}) holds {lock.path}; "
+                 "not starting a second one")  # fmt: skip
+            return EXIT_LOCKED
+        removed = clean_leftovers(args.data_dir)
+        if removed:
+            _say(f"removed what killed runs left: {', '.join(removed)}")
+        try:
+            result = run(opts)
+        except RunStopped as exc:
+            _say(f"stopped: {exc}")
+            return EXIT_STOPPED
+        except BaseException as exc:
+            if is_disk_full(exc):
+                _say(f"disk full: {exc}")
+                return EXIT_DISK_FULL
+            raise
+    print(json.dumps({k: v for k, v in result.items() if k != "state"} | {"state": result["state"]}))
+    return EXIT_DONE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""`calm train` and `calm evaluate`: argument parsing only.
+
+The `calm` CLI builds its parser on every run, so this module imports nothing heavy: torch and
+the training code are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from calmd import paths
+
+# Flags of `calm train`, one per TrainConfig field (checked by a test): field -> (flags, kwargs).
+TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "model": (("-m", "--model"), {"metavar": "new|PATH",
+              "help": "'new' (random weights) or a model to fine-tune (default: your weights)"}),
+    "size": (("--size",), {"choices": ["nano", "micro", "mini"], "help": "size of a new model (nano)"}),
+    "dataset": (("-d", "--dataset"), {"metavar": "DATASET", "help": "CTDS file (yours)"}),
+    "output": (("-o", "--output"), {"metavar": "OUT",
+               "help": "where to write the model (default: the input model, in place)"}),
+    "epochs": (("--epochs",), {"type": int, "help": "passes over the training set (3)"}),
+    "lr": (("--lr",), {"type": float, "help": "learning rate (1e-3 untrained, 1e-4 fine-tuning)"}),
+    "lr_schedule": (("--lr-schedule",), {"choices": ["constant", "cosine"],
+                    "help": "constant, or cosine with a 2%% warm-up (constant)"}),
+    "optimizer": (("--optimizer",), {"choices": ["adam", "adamw", "sgd"], "help": "adamw"}),
+    "weight_decay": (("--weight-decay",), {"type": float, "help": "on weight matrices (0.01)"}),
+    "batch_size": (("--batch-size",), {"type": int, "help": "sequences per step, all ranks (16)"}),
+    "seed": (("--seed",), {"type": int, "help": "initialisation, split, shuffling (0)"}),
+    "grad_clip": (("--grad-clip",), {"type": float, "help": "max gradient norm, 0 = off (1.0)"}),
+    "val_fraction": (("--val-fraction",), {"type": float, "help": "held-out share (0.05)"}),
+    "threads": (("--threads",), {"type": int, "help": "torch threads, 0 = default"}),
+    "ewc_lambda": (("--ewc-lambda",), {"type": float,
+                   "help": "EWC strength against the input model's Fisher, 0 = off (100)"}),
+    "ewc_gamma": (("--ewc-gamma",), {"type": float,
+                  "help": "weight of the input model's Fisher in the stored one (0.5)"}),
+    "fisher_samples": (("--fisher-samples",), {"type": int,
+                       "help": "sequences for the Fisher estimate, 0 = store none (128)"}),
+    "max_steps": (("--max-steps",), {"type": int, "help": "stop after N optimizer steps, 0 = all epochs"}),
+    "max_minutes": (("--max-minutes",), {"type": float, "help": "wall-clock budget, 0 = none"}),
+    "plot": (("--plot",), {"metavar": "PNG", "help": "write the loss curve as a PNG"}),
+    "checkpoint": (("--checkpoint",), {"metavar": "PATH", "help": "save the run's state here every "
+                   "--checkpoint-every steps and when --max-minutes ends it (for --resume)"}),
+    "checkpoint_every": (("--checkpoint-every",), {"type": int, "help": "steps between checkpoints (200)"}),
+    "resume": (("--resume",), {"action": "store_true", "default": None,
+               "help": "continue the run saved in --checkpoint (same settings): the same model as "
+               "one uninterrupted run"}),
+    "device": (("--device",), {"choices": ["auto", "cpu", "cuda"], "help": "auto"}),
+    "force": (("--force",), {"action": "store_true", "default": None,
+              "help": "let --model new replace an existing output file"}),
+    "quiet": (("-q", "--quiet"), {"action": "store_true", "default": None, "help": "no output"}),
+}  # fmt: skip
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `train` and `evaluate` to the `calm` subparsers."""
+    p = sub.add_parser(
+        "train",
+        help="train or fine-tune a model on a CTDS dataset (also under torchrun)",
+        description="Train on the command part of each sequence (tokens after ATN). Runs unchanged "
+        "under `torchrun --nproc_per_node N`; --batch-size is then the global batch.",
+    )
+    for flags, kwargs in TRAIN_FLAGS.values():
+        p.add_argument(*flags, **{"default": None, **kwargs})
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
+    p.add_argument("-m", "--model", type=Path, metavar="MODEL", help=f"weights ({paths.weights_path()})")
+    p.add_argument(
+        "-d", "--dataset", type=Path, metavar="DATASET", help=f"CTDS file ({paths.dataset_path()})"
+    )
+    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="a random sample of N sequences")
+    p.add_argument("--seed", type=int, default=0, help="for the --limit sample (default 0)")
+    p.add_argument("--raw", action="store_true", help="match whole commands, ignoring the stop conditions")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass (default 32)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from calmd.training.train import TrainConfig, train
+
+    given = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    cfg = TrainConfig(**given)
+    result = train(cfg)
+    if not cfg.quiet and os.environ.get("RANK", "0") == "0":
+        print(result.summary())
+        if cfg.plot:
+            print(f"loss curve: {cfg.plot}")
+        print(f"wrote {result.output}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from calmd.errors import CalmError
+    from calmd.training.evaluate import evaluate_files, format_result
+
+    if args.limit < 0:
+        raise CalmError("--limit must be >= 0")
+    if args.batch_size < 1:
+        raise CalmError("--batch-size must be >= 1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = args.model or paths.weights_path()
+    dataset = args.dataset or paths.dataset_path()
+    result, total = evaluate_files(
+        model, dataset, limit=args.limit, seed=args.seed, raw=args.raw, batch_size=args.batch_size
+    )
+    if args.json:
+        json.dump({"model": str(model), "dataset": str(dataset), "dataset_sequences": total,
+                   **result.to_dict()}, sys.stdout, indent=2)  # fmt: skip
+        print()
+    else:
+        print(format_result(result, model=model, dataset=dataset, total=total))
+    return 0

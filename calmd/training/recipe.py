@@ -1,0 +1,154 @@
+"""The default model's recipe: corpus from ../shared/data, training, and the packaged weight file.
+
+    python -m calmd.training.recipe [--data ../shared/data] [--steps 2400] [--output calmd/data/default.cwgt]
+
+1. Corpus (docs/default-model.md): every tldr example (CC-BY 4.0, the tldr-pages project;
+   placeholders filled, alternatives resolved, two variants each) and the public histories of
+   the *training* users (each command with its preceding five as context, scrubbed of names,
+   hosts and addresses, at most three times per distinct command per user). One user in five
+   (by a hash of the id, `held_out()`) is kept out of the corpus: `calm replay` reports its
+   quality on them, users the model has never seen.
+2. Training: a new nano model with `calm train`'s loop (calmd/training/train.py), cosine schedule.
+   The run saves its state to `<work>/train.ckpt` every 200 steps; `--resume` continues an
+   interrupted run from there (the corpus is rebuilt only when missing: it is deterministic) and
+   gives the same model as one uninterrupted run of the same steps.
+3. The result is written atomically to the package (`calmd/data/default.cwgt`) with a provenance
+   note next to it (`calmd/data/DEFAULT_MODEL.md`): the corpus counts, the seed, the time taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from calmd import paths
+from calmd.atomic import atomic_write
+from calmd.errors import SequenceTooLong
+from calmd.formats.ctds import CtdsWriter
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
+from calmd.training.corpus import history_examples, tldr_examples
+
+PACKAGE_DATA = paths.PACKAGE_DATA
+DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
+
+
+def held_out(user_id: str) -> bool:
+    """One user in five, fixed by the id alone: never in the default model's corpus."""
+    return hashlib.sha256(user_id.encode()).digest()[0] % 5 == 0
+
+
+def history_users(data: Path) -> list[Path]:
+    return sorted((data / "histories" / "users").glob("*.txt"))
+
+
+def read_history(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line.strip()]
+
+
+def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Iterator[Example]:
+    """tldr examples, then the training users' history examples, in a seeded shuffled order."""
+    examples: list[Example] = list(tldr_examples(data / "tldr", seed=seed, variants=tldr_variants))
+    for path in history_users(data):
+        if not held_out(path.stem):
+            examples.extend(history_examples(read_history(path), context=5, names=[path.stem]))
+    random.Random(seed).shuffle(examples)
+    yield from examples
+
+
+def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> dict[str, int]:
+    """Write the corpus as CTDS; returns counts (sequences, skipped, tokens)."""
+    counts = {"sequences": 0, "skipped_too_long": 0, "tokens": 0}
+    with CtdsWriter(out) as writer:
+        for ex in corpus_examples(data, seed=seed):
+            try:
+                seq = build_sequence(DEFAULT_SHELL_TEMPLATE, ex.context(), l_max=l_max, training=True)
+            except SequenceTooLong:
+                counts["skipped_too_long"] += 1
+                continue
+            writer.add(seq)
+            counts["sequences"] += 1
+            counts["tokens"] += int(seq.size)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calmd.training.recipe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
+    parser.add_argument("--output", type=Path, default=PACKAGE_DATA / "default.cwgt")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=2400,
+        help="optimizer steps of 32 sequences (default 2400: about 32 min on 2 cores)",
+    )
+    parser.add_argument(
+        "--steps-minutes-cap",
+        type=float,
+        default=60.0,
+        help="stop earlier if the steps take longer than this many minutes",
+    )
+    parser.add_argument("--size", default="nano")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run interrupted in --work (same options)")  # fmt: skip
+    args = parser.parse_args(argv)
+
+    from calmd.training.train import TrainConfig, train
+
+    started = time.time()
+    args.work.mkdir(parents=True, exist_ok=True)
+    corpus = args.work / "corpus.ctds"
+    stamp = args.work / "corpus.json"
+    if args.resume and corpus.exists() and stamp.exists():
+        counts = json.loads(stamp.read_text())
+        print(f"corpus: reusing {corpus}")
+    else:
+        counts = build_corpus(args.data, corpus, seed=args.seed)
+        with atomic_write(stamp) as f:
+            f.write(json.dumps(counts).encode())
+    print(f"corpus: {counts['sequences']:,} sequences, {counts['tokens']:,} tokens "
+          f"({counts['skipped_too_long']} too long) in {time.time() - started:.0f} s")  # fmt: skip
+    cfg = TrainConfig(
+        model="new", size=args.size, dataset=str(corpus), output=str(args.output), epochs=1,
+        lr=3e-3, lr_schedule="cosine", batch_size=32, seed=args.seed, threads=args.threads,
+        val_fraction=0.01, max_steps=args.steps, max_minutes=args.steps_minutes_cap, force=True,
+        checkpoint=str(args.work / "train.ckpt"), resume=args.resume,
+    )  # fmt: skip
+    result = train(cfg)
+    elapsed = time.time() - started
+    write_provenance(args, counts, result.summary().replace("\n", "; "), elapsed)
+    print(f"wrote {args.output} in {elapsed / 60:.1f} min")
+    return 0
+
+
+def write_provenance(args: argparse.Namespace, counts: dict[str, int], summary: str, elapsed: float) -> None:
+    users = history_users(args.data)
+    trained_on = [p.stem for p in users if not held_out(p.stem)]
+    text = f"""# The packaged default model
+
+Built by `python -m calmd.training.recipe --steps {args.steps} --seed {args.seed} --size {args.size}`
+in {elapsed / 60:.1f} minutes on a 2-core CPU.
+
+- Corpus: {counts["sequences"]:,} sequences, {counts["tokens"]:,} tokens.
+- tldr-pages examples (https://github.com/tldr-pages/tldr), CC-BY 4.0, (c) the tldr-pages
+  contributors; placeholders filled and option alternatives resolved by calmd/training/corpus.py.
+- Public shell histories of {len(trained_on)} of the {len(users)} users of shared/data/histories
+  (their repositories are listed in that folder's manifest.tsv), scrubbed of personal names,
+  hosts and addresses. The other {len(users) - len(trained_on)} users are held out for `calm replay`.
+
+Training: {summary}
+"""
+    note = args.output.parent / "DEFAULT_MODEL.md"
+    note.write_text(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,830 @@
+"""Training: `calm train`, next-byte prediction on the command part of CTDS sequences.
+
+Glossary (shapes in comments)
+    B  sequences in a batch (on this rank)     L  padded length of the batch     V  vocabulary (320)
+    P  number of model parameters (CWGT param_count)
+
+Loss. A CTDS sequence is `context frames, ATN, CMD, command bytes, EOS`. Only the tokens after
+ATN are targets (the CTDS loss mask): the model learns to complete commands, never to generate
+contexts. The loss of a step is the mean negative log-likelihood per supervised token of the
+whole (global) batch; padding is neither input that matters (the model is causal and pads come
+last) nor target.
+
+Data-parallel training. Under `torchrun --nproc_per_node N` every rank draws the same shuffled
+global batch of `batch_size` sequences and reads its own shard of it (rows rank, rank + N, ...)
+from the memory-mapped CTDS; DistributedDataParallel all-reduces the gradients (gloo on CPU,
+nccl on GPU). Each rank scales its summed loss by N / (supervised tokens of the global batch), so
+the averaged gradient is exactly the single-process gradient of the same global batch: N ranks
+and one process follow the same trajectory up to float rounding (tested). Rank 0 writes the file.
+
+EWC (Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting in neural networks"). After a
+run, the Fisher diagonal is estimated on a sample of the training sequences as the empirical
+Fisher of the per-token loss,
+
+    F = mean over sampled sequences s of (d/dtheta sum_t nll_st)^2 / T_s      (T_s: supervised tokens)
+
+which is the curvature of the mean per-token loss if token gradients are uncorrelated, so that
+`1/2 sum F (theta - theta*)^2` predicts (Laplace approximation) how much the old per-token loss
+rises when the weights move from theta*. It is stored with the anchor theta* (the trained
+weights) in the CWGT EWC block, both flat in `flatten(model)` order. The next run that starts
+from that file adds `ewc_lambda / 2 * sum F (theta - anchor)^2` to its loss.
+
+Combining Fishers. A model that already carries a Fisher F_old is fine-tuned to new weights
+theta'; its file then stores the anchor theta' and
+
+    F = ewc_gamma * F_old + F_new                                      (online EWC, Schwarz et al. 2018)
+
+The sum keeps the importance of every task seen so far (gamma = 1 is the plain sum: all past
+tasks weigh alike and the model stiffens with every run); with gamma < 1 older tasks fade
+geometrically and F stays bounded (<= max F / (1 - gamma)), which suits a daemon that retrains on
+the user's recent history again and again. The default gamma is 0.5.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from calmd import paths
+from calmd.atomic import atomic_write
+from calmd.errors import CalmError
+from calmd.formats.ctds import CtdsReader
+from calmd.formats.cwgt import Metadata
+from calmd.formats.tokenizer import Special
+from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
+from calmd.model.mamba import SIZES, CalmModel, flatten
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DEFAULT_LR_NEW = 1e-3  # from random weights
+DEFAULT_LR_FINETUNE = 1e-4  # continuing a trained model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of `calm train`, one `--kebab-case` flag per field (calmd/training/commands.py)."""
+
+    model: str | None = None  # "new", or a CWGT path to fine-tune; None: the user's weights
+    size: str = "nano"  # architecture of a new model (calmd.model.mamba.SIZES)
+    dataset: str | None = None  # CTDS file; None: paths.dataset_path()
+    output: str | None = None  # None: the input model's path (in place), or the user's weights
+    epochs: int = 3
+    lr: float | None = None  # None: 1e-3 for a new model, 1e-4 when fine-tuning
+    lr_schedule: str = "constant"  # constant | cosine (linear warm-up over 2% of the steps, then cosine to 0)
+    optimizer: str = "adamw"  # adam | adamw | sgd (momentum 0.9)
+    weight_decay: float = 0.01  # on weight matrices and the embedding only
+    batch_size: int = 16  # sequences per optimizer step, over all ranks
+    seed: int = 0
+    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+    val_fraction: float = 0.05  # sequences held out for the validation loss
+    threads: int = 0  # torch threads; 0: torch's default (cores / local ranks under torchrun)
+    ewc_lambda: float = 100.0  # EWC strength when the input carries a Fisher (docs/training.md); 0: off
+    ewc_gamma: float = 0.5  # weight of the input model's Fisher in the new one
+    fisher_samples: int = 128  # sequences for the Fisher estimate; 0: store no EWC block
+    max_steps: int = 0  # stop after this many optimizer steps; 0: run all epochs
+    max_minutes: float = 0.0  # wall-clock budget for the optimizer steps; 0: none
+    plot: str | None = None  # write the loss curve as a PNG here
+    checkpoint: str | None = None  # the run's state (weights, optimizer, batch order, step) is saved here
+    checkpoint_every: int = 200  # optimizer steps between checkpoints (and one when the run stops)
+    resume: bool = False  # continue the run saved in --checkpoint: the same model as one uninterrupted run
+    device: str = "auto"  # auto | cpu | cuda
+    force: bool = False  # let a new model replace an existing output file
+    quiet: bool = False  # no progress bar, no summary
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.size in SIZES, f"--size must be one of {', '.join(SIZES)}"),
+            (self.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}"),
+            (self.epochs >= 1, "--epochs must be >= 1"),
+            (self.lr is None or self.lr > 0, "--lr must be > 0"),
+            (self.weight_decay >= 0, "--weight-decay must be >= 0"),
+            (self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.grad_clip >= 0, "--grad-clip must be >= 0"),
+            (0 <= self.val_fraction < 1, "--val-fraction must be in [0, 1)"),
+            (self.threads >= 0, "--threads must be >= 0"),
+            (self.ewc_lambda >= 0, "--ewc-lambda must be >= 0"),
+            (0 <= self.ewc_gamma <= 1, "--ewc-gamma must be in [0, 1]"),
+            (self.fisher_samples >= 0, "--fisher-samples must be >= 0"),
+            (self.max_steps >= 0, "--max-steps must be >= 0"),
+            (self.max_minutes >= 0, "--max-minutes must be >= 0"),
+            (self.lr_schedule in ("constant", "cosine"), "--lr-schedule must be constant or cosine"),
+            (self.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
+            (self.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+            (not self.resume or bool(self.checkpoint), "--resume needs --checkpoint PATH"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise CalmError(message)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    output: Path
+    steps: int
+    epochs: float  # passes over the training set actually run
+    tokens: int  # real (non-pad) tokens through the model, all ranks: the throughput measure
+    supervised_tokens: int  # targets the loss saw (tokens after ATN), all ranks
+    seconds: float  # the optimizer steps, without validation and the Fisher estimate
+    train_loss: float  # mean per supervised token over the last epoch's steps (or fewer)
+    val_loss: float | None  # on the held-out sequences, after the run
+    val_sequences: int
+    fisher_sequences: int  # 0: no EWC block was written
+    ewc_lambda: float  # the penalty's strength, 0 when no penalty was applied
+    losses: tuple[float, ...] = field(repr=False, default=())  # per step
+    val_losses: tuple[tuple[int, float], ...] = ()  # (step, loss) after each epoch
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        """The end-of-run report `calm train` prints."""
+        val = (
+            f", validation {self.val_loss:.4f} ({self.val_sequences} held-out sequences)"
+            if self.val_loss is not None
+            else ", no validation set"
+        )
+        lines = [
+            f"{self.steps} steps ({self.epochs:.2f} epochs), {self.tokens:,} tokens "
+            f"({self.supervised_tokens:,} supervised) in {self.seconds:.1f} s "
+            f"({self.tokens_per_second:,.0f} tokens/s)",
+            f"loss: train {self.train_loss:.4f}{val}",
+        ]
+        if self.ewc_lambda:
+            lines.append(f"EWC: penalty lambda {self.ewc_lambda:g} against the input model's Fisher")
+        if self.fisher_sequences:
+            lines.append(
+                f"EWC: Fisher estimated on {self.fisher_sequences} sequences, stored with the weights"
+            )
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- batches and loss
+
+
+def pad_batch(
+    seqs: Sequence[npt.NDArray[np.integer]], cmd_positions: Sequence[int], *, pad_to: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Token arrays -> tokens (B, L) int64 padded with PAD, and the loss mask (B, L) bool: True on
+    every real token after its ATN (the targets). L is the longest sequence, or `pad_to`."""
+    lengths = [len(s) for s in seqs]
+    width = max(lengths, default=1) if pad_to is None else pad_to
+    assert width >= max(lengths, default=0), "pad_to shorter than a sequence"
+    tokens = np.full((len(seqs), width), int(Special.PAD), dtype=np.int64)  # (B, L)
+    mask = np.zeros((len(seqs), width), dtype=np.bool_)  # (B, L)
+    for b, (seq, cmd) in enumerate(zip(seqs, cmd_positions, strict=True)):
+        tokens[b, : len(seq)] = seq
+        mask[b, cmd + 1 : len(seq)] = True
+    return torch.from_numpy(tokens), torch.from_numpy(mask)
+
+
+def supervised_nll(module: Callable[[Tensor], Tensor], tokens: Tensor, mask: Tensor) -> Tensor:
+    """Summed next-token NLL (nats) over the masked targets; position t-1 predicts token t.
+    `module` maps tokens (B, L-1) to logits (B, L-1, V): the model or its DDP wrapper."""
+    logits = module(tokens[:, :-1])  # (B, L-1, V)
+    losses = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
+    )
+    return (losses * mask[:, 1:].reshape(-1)).sum()
+
+
+def supervised_counts(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> int:
+    """Supervised targets of `rows`: every token after ATN."""
+    return int((reader.lengths[rows].astype(np.int64) - reader.cmd_positions[rows] - 1).sum())
+
+
+def read_rows(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> tuple[Tensor, Tensor]:
+    seqs = [reader.sequence(int(r)) for r in rows]  # validated: ids and the ATN position
+    return pad_batch(seqs, [int(reader.cmd_positions[r]) for r in rows])
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place under torchrun (rank 0 of 1 without it)."""
+
+    rank: int = 0
+    world: int = 1
+    local_world: int = 1
+    owned: bool = False  # this module created the process group (and destroys it at the end)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, value: Tensor) -> Tensor:
+        if self.world > 1:
+            torch.distributed.all_reduce(value)
+        return value
+
+
+def init_distributed(device: torch.device) -> Dist:
+    """Join the process group torchrun describes in the environment (WORLD_SIZE, RANK, ...)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    import torch.distributed as dist
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return Dist(dist.get_rank(), dist.get_world_size(), local, owned)
+
+
+# --------------------------------------------------------------------------- EWC
+
+
+def split_like(model: nn.Module, flat: npt.NDArray[np.float32], device: torch.device) -> list[Tensor]:
+    """A flat array in `flatten(model)` order -> one tensor per parameter."""
+    out, offset = [], 0
+    for p in model.parameters():
+        n = p.numel()
+        out.append(
+            torch.from_numpy(np.array(flat[offset : offset + n], dtype=np.float32)).view_as(p).to(device)
+        )
+        offset += n
+    assert offset == flat.size, (offset, flat.size)
+    return out
+
+
+def ewc_penalty(model: nn.Module, fisher: list[Tensor], anchor: list[Tensor]) -> Tensor:
+    """sum F (theta - theta*)^2 over all parameters (without the lambda / 2)."""
+    total = torch.zeros((), device=fisher[0].device)
+    for p, f, a in zip(model.parameters(), fisher, anchor, strict=True):
+        total = total + (f * (p - a).pow(2)).sum()
+    return total
+
+
+def estimate_fisher(
+    model: CalmModel, reader: CtdsReader, rows: npt.NDArray[np.int64], dist: Dist, device: torch.device
+) -> tuple[npt.NDArray[np.float32], int]:
+    """Empirical Fisher diagonal of the per-token loss (module docstring), flat, from `rows`
+    (each rank takes its share). One backward pass per sequence: per-sequence gradients are what
+    the Fisher squares, a batch gradient would square their sum."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    mine = rows[dist.rank :: dist.world]
+    for r in mine:
+        tokens, mask = read_rows(reader, np.array([r]))
+        nll = supervised_nll(model, tokens.to(device), mask.to(device))
+        count = max(int(mask.sum()), 1)
+        grads = torch.autograd.grad(nll, params)
+        for acc, g in zip(total, grads, strict=True):
+            acc.add_(g.pow(2), alpha=1.0 / count)
+    flat = torch.cat([t.reshape(-1) for t in total])
+    n = torch.tensor([float(len(mine))], device=device)
+    flat, n = dist.all_sum(flat), dist.all_sum(n)
+    count = int(n.item())
+    return (flat / max(count, 1)).cpu().numpy().astype(np.float32), count
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise CalmError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+@dataclass
+class _Start:
+    model: CalmModel
+    metadata: Metadata
+    defaults: GenerationDefaults
+    fisher: npt.NDArray[np.float32] | None
+    anchor: npt.NDArray[np.float32] | None
+    new: bool
+    source: Path | None
+    trained: bool  # False for random weights: `--model new`, or a file `calm init` wrote
+
+
+def _start(cfg: TrainConfig) -> _Start:
+    if cfg.model == "new":
+        model = CalmModel(SIZES[cfg.size])
+        model.init_weights(cfg.seed)
+        return _Start(model, Metadata(), GenerationDefaults(), None, None, True, None, False)
+    path = Path(cfg.model) if cfg.model else paths.weights_path()
+    if not path.exists():
+        hint = "" if cfg.model else " (run `calm init` first, or pass --model new)"
+        raise CalmError(f"{path}: model not found{hint}")
+    loaded = load_model(path, with_ewc=True)
+    # Every `calm train` run stores an EWC block (unless --fisher-samples 0); `calm init` writes
+    # none. A file without one holds weights nobody trained: it gets a new model's learning rate.
+    trained = loaded.fisher is not None
+    return _Start(
+        loaded.model, loaded.metadata, loaded.defaults, loaded.fisher, loaded.anchor, False, path, trained
+    )
+
+
+def _output(cfg: TrainConfig, start: _Start) -> Path:
+    if cfg.output is not None:
+        out = Path(cfg.output)
+    elif start.source is not None:
+        out = start.source  # fine-tune in place: the daemon hot-reloads it
+    else:
+        out = paths.weights_path()
+    if start.new and out.exists() and not cfg.force:
+        raise CalmError(f"{out} exists; pass --force to replace it with a new model (or choose -o)")
+    return out
+
+
+def _open_dataset(cfg: TrainConfig, l_max: int) -> CtdsReader:
+    path = Path(cfg.dataset) if cfg.dataset else paths.dataset_path()
+    if not path.exists():
+        raise CalmError(f"{path}: dataset not found (build one with `calm dataset`)")
+    reader = CtdsReader(path)  # FormatError names the file and field
+    if reader.count() == 0:
+        raise CalmError(f"{path}: the dataset holds no sequences")
+    longest = int(reader.lengths.max())
+    if longest > l_max:
+        i = int(np.argmax(reader.lengths))
+        raise CalmError(
+            f"{path}: sequence {i} has {longest} tokens, over the model's l_max {l_max} "
+            f"(rebuild the dataset with `calm dataset --l-max {l_max}`)"
+        )
+    return reader
+
+
+def _optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Weight decay on weight matrices and the embedding; never on norms, biases, A_log or D
+    (mamba_ssm's `_no_weight_decay`)."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("A_log")]
+    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("A_log"))]
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=lr)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+
+
+def _split(n: int, cfg: TrainConfig) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(train rows, validation rows), the same on every rank (seeded)."""
+    perm = np.random.default_rng(cfg.seed).permutation(n).astype(np.int64)
+    n_val = min(round(n * cfg.val_fraction), n - 1) if cfg.val_fraction > 0 else 0
+    if cfg.val_fraction > 0 and n_val == 0 and n >= 10:
+        n_val = 1
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+@torch.no_grad()
+def validation_loss(
+    model: CalmModel, reader: CtdsReader, rows: npt.NDArray[np.int64], batch_size: int, dist: Dist,
+    device: torch.device,
+) -> float | None:  # fmt: skip
+    """Mean NLL per supervised token over `rows` (each rank its share, summed over ranks)."""
+    if rows.size == 0:
+        return None
+    mine = rows[dist.rank :: dist.world]
+    mine = mine[np.argsort(reader.lengths[mine], kind="stable")]  # similar lengths: less padding
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for start in range(0, mine.size, batch_size):
+        chunk = mine[start : start + batch_size]
+        tokens, mask = read_rows(reader, chunk)
+        total[0] += supervised_nll(model, tokens.to(device), mask.to(device)).double()
+        total[1] += int(mask[:, 1:].sum())
+    total = dist.all_sum(total)
+    return float(total[0] / total[1].clamp(min=1))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Progress:
+    """A rich progress bar (loss, tokens/s, ETA) on rank 0, or nothing."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar: Any = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TextColumn("{task.fields[tps]:>8,.0f} tok/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+        )
+        self.task = self.bar.add_task("train", total=total, epoch=1, loss=float("nan"), tps=0.0)
+        self.bar.start()
+
+    def update(self, **fields: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, **fields)
+
+    def skip(self, steps: int) -> None:
+        """Steps a resumed run did before (counted done, not timed)."""
+        if self.bar is not None and steps:
+            self.bar.update(self.task, completed=steps)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def bucketed_order(
+    lengths: npt.NDArray[np.integer], rows: npt.NDArray[np.int64], batch: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """`rows` shuffled, sorted by length inside windows of 64 batches, cut into batches, and the
+    batches shuffled: batches of similar lengths (little padding) in random order."""
+    rows = rng.permutation(rows)
+    window = 64 * batch
+    parts = [rows[i : i + window] for i in range(0, rows.size, window)]
+    ordered = np.concatenate([p[np.argsort(lengths[p], kind="stable")] for p in parts])
+    batches = [ordered[i : i + batch] for i in range(0, ordered.size, batch)]
+    return np.concatenate([batches[i] for i in rng.permutation(len(batches))])
+
+
+def lr_at(cfg: TrainConfig, lr: float, step: int, total: int) -> float:
+    if cfg.lr_schedule == "constant":
+        return lr
+    warm = max(1, total // 50)
+    if step < warm:
+        return lr * (step + 1) / warm
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+
+# --------------------------------------------------------------------------- checkpoints (--resume)
+
+CHECKPOINT_VERSION = 1
+
+
+def _run_key(
+    cfg: TrainConfig, start: _Start, reader: CtdsReader, lr: float, total_steps: int, world: int
+) -> dict[str, str]:
+    """What a saved run and the run that continues it must share: the same start, data, batches
+    and schedule give the same model as one uninterrupted run."""
+    return {
+        "start": f"new {cfg.size} seed {cfg.seed}" if start.source is None else str(start.source.resolve()),
+        "dataset": str(Path(reader.path).resolve()),
+        "dataset sequences": str(reader.count()),
+        "dataset bytes": str(os.path.getsize(reader.path)),
+        "seed": str(cfg.seed),
+        "batch size": str(cfg.batch_size),
+        "epochs": str(cfg.epochs),
+        "lr": repr(lr),
+        "lr schedule": cfg.lr_schedule,
+        "optimizer": cfg.optimizer,
+        "weight decay": repr(cfg.weight_decay),
+        "grad clip": repr(cfg.grad_clip),
+        "validation fraction": repr(cfg.val_fraction),
+        "EWC lambda": repr(cfg.ewc_lambda),
+        "total steps": str(total_steps),
+        "ranks": str(world),
+    }
+
+
+@dataclass
+class _RunState:
+    """What a run has done so far: everything besides the weights and the optimizer that the rest
+    of the run, or a run resumed from its checkpoint, needs."""
+
+    step: int = 0  # optimizer steps done
+    losses: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # supervised targets per step
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+    tokens_seen: int = 0
+    seconds: float = 0.0  # spent in optimizer steps by earlier invocations
+    order: npt.NDArray[np.int64] | None = None  # the current epoch's batch order
+    rng: dict[str, Any] | None = None  # the batch-order generator's state after drawing `order`
+
+
+def save_checkpoint(
+    path: Path, key: dict[str, str], state: _RunState, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """The run's state, written atomically (0600): a kill while saving leaves the previous one."""
+    assert state.order is not None and state.rng is not None
+    blob = {
+        "version": CHECKPOINT_VERSION,
+        "key": key,
+        "step": state.step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "losses": torch.tensor(state.losses, dtype=torch.float64),
+        "step_tokens": torch.tensor(state.step_tokens, dtype=torch.int64),
+        "val_losses": [(int(s), float(v)) for s, v in state.val_losses],
+        "tokens_seen": state.tokens_seen,
+        "seconds": state.seconds,
+        "order": torch.from_numpy(state.order),
+        "rng": json.dumps(state.rng),  # PCG64's 128-bit integers, as text
+    }
+    with atomic_write(path) as f:
+        torch.save(blob, f)
+
+
+def load_checkpoint(
+    path: Path, key: dict[str, str], model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> _RunState:
+    """Restore a run saved by `save_checkpoint` into `model` and `optimizer`; CalmError when the
+    file is not a checkpoint or was saved by a run with other settings (the first one is named)."""
+    if not path.is_file():
+        raise CalmError(f"{path}: no checkpoint to resume from (a run with --checkpoint writes one)")
+    try:
+        blob = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(blob, dict) or blob.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"not a version-{CHECKPOINT_VERSION} calm training checkpoint")
+        saved_key = blob["key"]
+        for name, value in key.items():
+            if saved_key.get(name) != value:
+                raise CalmError(
+                    f"{path}: saved by a run with {name} {saved_key.get(name)}, this run has {value}: "
+                    "resume with the same settings, or start over without --resume"
+                )
+        model.load_state_dict(blob["model"])
+        optimizer.load_state_dict(blob["optimizer"])
+        return _RunState(
+            step=int(blob["step"]),
+            losses=[float(x) for x in blob["losses"].tolist()],
+            step_tokens=[int(x) for x in blob["step_tokens"].tolist()],
+            val_losses=[(int(s), float(v)) for s, v in blob["val_losses"]],
+            tokens_seen=int(blob["tokens_seen"]),
+            seconds=float(blob["seconds"]),
+            order=blob["order"].cpu().numpy().astype(np.int64),
+            rng=json.loads(blob["rng"]),
+        )
+    except CalmError:
+        raise
+    except Exception as exc:  # a truncated or foreign file: name it, never a traceback
+        raise CalmError(f"{path}: cannot resume from it: {type(exc).__name__}: {exc}") from exc
+
+
+def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Run `calm train` (also as one rank under torchrun) and write the model atomically (rank
+    0). `on_step(step, loss)` is called after every optimizer step. With `cfg.checkpoint` the run's
+    state is saved every `checkpoint_every` steps and when the time budget ends it; `cfg.resume`
+    continues such a run, and gives the same model as one uninterrupted run of the same steps."""
+    device = _device(cfg.device)
+    dist = init_distributed(device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    elif dist.local_world > 1 and device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_world))
+    torch.manual_seed(cfg.seed)
+
+    start = _start(cfg)
+    out = _output(cfg, start)
+    model = start.model.to(device)
+    reader = _open_dataset(cfg, model.cfg.l_max)
+    train_rows, val_rows = _split(reader.count(), cfg)
+    if train_rows.size == 0:
+        raise CalmError(f"{reader.path}: no sequences left for training after the validation split")
+    lr = cfg.lr or (DEFAULT_LR_FINETUNE if start.trained else DEFAULT_LR_NEW)
+
+    ewc: tuple[list[Tensor], list[Tensor]] | None = None
+    if cfg.ewc_lambda > 0 and start.fisher is not None and start.anchor is not None:
+        ewc = split_like(model, start.fisher, device), split_like(model, start.anchor, device)
+
+    per_epoch = -(-train_rows.size // cfg.batch_size)
+    total_steps = per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = _optimizer(cfg, model, lr)
+    checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else None
+    key = _run_key(cfg, start, reader, lr, total_steps, dist.world)
+    rng = np.random.default_rng([cfg.seed, 1])  # the same batch order on every rank
+    run = _RunState()
+    if cfg.resume:
+        assert checkpoint is not None  # TrainConfig checks it
+        run = load_checkpoint(checkpoint, key, model, optimizer, device)
+        assert run.rng is not None
+        rng.bit_generator.state = run.rng
+
+    model.train()
+    wrapped: Callable[[Tensor], Tensor] = model
+    if dist.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)  # broadcasts rank 0's weights
+    deadline = time.monotonic() + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
+    params = list(model.parameters())
+    progress = _Progress(dist.main and not cfg.quiet, total_steps)
+    progress.skip(run.step)
+    t0 = time.perf_counter()
+    out_of_time = False
+    try:
+        for step in range(run.step, total_steps):
+            epoch, b = divmod(step, per_epoch)
+            if out_of_time:
+                break
+            if b == 0 or run.order is None:
+                run.order = bucketed_order(reader.lengths, train_rows, cfg.batch_size, rng)
+                run.rng = dict(rng.bit_generator.state)
+            rows = run.order[b * cfg.batch_size : (b + 1) * cfg.batch_size]  # the global batch
+            global_count = max(supervised_counts(reader, rows), 1)
+            mine = rows[dist.rank :: dist.world]
+            if mine.size:
+                tokens, mask = read_rows(reader, mine)
+            else:  # a short last batch: this rank still joins the all-reduce, with nothing to learn
+                tokens, mask = pad_batch([np.array([Special.PAD, Special.PAD])], [1])
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(cfg, lr, step, total_steps)
+            nll = supervised_nll(wrapped, tokens.to(device), mask.to(device))
+            loss = nll * (dist.world / global_count)
+            if ewc is not None:
+                loss = loss + cfg.ewc_lambda / 2 * ewc_penalty(model, *ewc)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+
+            # one small all-reduce: the global loss, and whether any rank ran out of time
+            late = float(time.monotonic() >= deadline)
+            shared = dist.all_sum(torch.tensor([float(nll.detach()), late], dtype=torch.float64))
+            value = float(shared[0]) / global_count
+            out_of_time = bool(shared[1] > 0)
+            if not math.isfinite(value):
+                raise CalmError(f"training diverged at step {step + 1} (loss {value}); nothing written")
+            run.step = step + 1
+            run.losses.append(value)
+            run.step_tokens.append(global_count)
+            run.tokens_seen += int(reader.lengths[rows].astype(np.int64).sum())
+            elapsed = time.perf_counter() - t0
+            progress.update(
+                epoch=epoch + 1, loss=value, tps=run.tokens_seen / max(run.seconds + elapsed, 1e-9)
+            )
+            if b == per_epoch - 1 or step == total_steps - 1 or out_of_time:
+                model.eval()
+                val = validation_loss(model, reader, val_rows, cfg.batch_size, dist, device)
+                model.train()
+                if val is not None:
+                    run.val_losses.append((step + 1, val))
+            if (
+                checkpoint is not None
+                and dist.main
+                and (run.step % cfg.checkpoint_every == 0 or run.step == total_steps or out_of_time)
+            ):
+                saved_seconds, run.seconds = run.seconds, run.seconds + time.perf_counter() - t0
+                save_checkpoint(checkpoint, key, run, model, optimizer)
+                run.seconds = saved_seconds
+            if on_step is not None:
+                on_step(step + 1, value)
+    finally:
+        progress.close()
+    seconds = run.seconds + time.perf_counter() - t0
+    model.eval()
+
+    fisher_flat: npt.NDArray[np.float32] | None = None
+    fisher_count = 0
+    if cfg.fisher_samples:
+        sample = np.random.default_rng([cfg.seed, 2]).permutation(train_rows)[: cfg.fisher_samples]
+        fisher_flat, fisher_count = estimate_fisher(model, reader, np.sort(sample), dist, device)
+        if start.fisher is not None:
+            fisher_flat = (cfg.ewc_gamma * start.fisher + fisher_flat).astype(np.float32)
+
+    losses, step_tokens = run.losses, run.step_tokens
+    last = min(per_epoch, len(losses))
+    recent = np.asarray(step_tokens[-last:], dtype=np.float64)
+    result = TrainResult(
+        output=out,
+        steps=len(losses),
+        epochs=len(losses) / per_epoch,
+        tokens=run.tokens_seen,
+        supervised_tokens=int(sum(step_tokens)),
+        seconds=seconds,
+        train_loss=float(np.dot(losses[-last:], recent) / recent.sum()) if last else math.nan,
+        val_loss=run.val_losses[-1][1] if run.val_losses else None,
+        val_sequences=int(val_rows.size),
+        fisher_sequences=fisher_count,
+        ewc_lambda=cfg.ewc_lambda if ewc is not None else 0.0,
+        losses=tuple(losses),
+        val_losses=tuple(run.val_losses),
+    )
+    if dist.main:
+        ewc_block = (fisher_flat, flatten(model)) if fisher_flat is not None else None
+        save_model(out, model, start.metadata, defaults=start.defaults, ewc=ewc_block)  # atomic
+        if cfg.plot:
+            write_loss_png(Path(cfg.plot), result.losses, result.val_losses)
+    if dist.world > 1:
+        torch.distributed.barrier()
+        if dist.owned:
+            torch.distributed.destroy_process_group()
+    return result
+
+
+# --------------------------------------------------------------------------- the loss-curve PNG
+
+# 3x5 glyphs for tick labels, one string of 15 pixels (rows top to bottom) per character.
+_GLYPHS = {
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
+    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
+    "e": "000111111100111", " ": "000000000000000",
+}  # fmt: skip
+
+
+def _png(width: int, height: int, rgb: npt.NDArray[np.uint8]) -> bytes:
+    """Encode an (H, W, 3) uint8 image as a PNG (zlib + struct, no imaging library)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(height))  # filter 0 per scanline
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _text(img: npt.NDArray[np.uint8], x: int, y: int, text: str, scale: int = 2) -> None:
+    for i, ch in enumerate(text):
+        bits = _GLYPHS.get(ch, _GLYPHS[" "])
+        for r in range(5):
+            for c in range(3):
+                if bits[r * 3 + c] == "1":
+                    x0, y0 = x + (i * 4 + c) * scale, y + r * scale
+                    img[y0 : y0 + scale, x0 : x0 + scale] = 0
+
+
+def _line(
+    img: npt.NDArray[np.uint8], x0: float, y0: float, x1: float, y1: float, color: tuple[int, ...]
+) -> None:
+    n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
+    xs = np.rint(np.linspace(x0, x1, n + 1)).astype(int)
+    ys = np.rint(np.linspace(y0, y1, n + 1)).astype(int)
+    ok = (xs >= 0) & (xs < img.shape[1]) & (ys >= 0) & (ys < img.shape[0])
+    img[ys[ok], xs[ok]] = color
+    img[np.minimum(ys[ok] + 1, img.shape[0] - 1), xs[ok]] = color  # 2 px thick
+
+
+def write_loss_png(
+    path: Path,
+    losses: Sequence[float],
+    val: Sequence[tuple[int, float]],
+    *,
+    width: int = 640,
+    height: int = 360,
+) -> None:
+    """Train loss per step (blue) and validation loss per epoch (orange dots), with the y range
+    and the step count written on the axes. Written atomically."""
+    from calmd.atomic import atomic_write
+
+    img = np.full((height, width, 3), 255, dtype=np.uint8)  # (H, W, 3)
+    left, right, top, bottom = 70, width - 20, 20, height - 40
+    values = [*losses, *(v for _, v in val)]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    steps = max(len(losses), 1)
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # grid and y labels
+        y = bottom - frac * (bottom - top)
+        img[int(y), left:right] = 225
+        _text(img, 4, int(y) - 5, f"{lo + frac * (hi - lo):.3g}")
+    img[top:bottom, left] = 0
+    img[bottom, left:right] = 0
+    _text(img, left, bottom + 10, "0")
+    label = str(steps)
+    _text(img, right - len(label) * 8, bottom + 10, label)
+
+    def xy(step: float, value: float) -> tuple[float, float]:
+        return (left + (step / steps) * (right - left), bottom - (value - lo) / (hi - lo) * (bottom - top))
+
+    points = [xy(i + 1, v) for i, v in enumerate(losses)]
+    if len(points) == 1:
+        points.append(points[0])
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        _line(img, x0, y0, x1, y1, (31, 119, 180))
+    for s, v in val:
+        x, y = xy(s, v)
+        img[max(int(y) - 3, 0) : int(y) + 4, max(int(x) - 3, 0) : int(x) + 4] = (255, 127, 14)
+    with atomic_write(path) as f:
+        f.write(_png(width, height, img))

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from calmd import paths
 from calmd.atomic import atomic_write
 from calmd.errors import FormatError
 
@@ -202,7 +203,7 @@ class Calibrator:
 
 
 def packaged_calibration_path() -> Path:
-    return Path(__file__).resolve().parent / "data" / "calibration.json"
+    return paths.PACKAGE_DATA / "calibration.json"
 
 
 _PACKAGED: Calibrator | None = None

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calmd import paths
 from calmd.atomic import atomic_write
 from calmd.errors import FormatError
 
@@ -383,7 +384,7 @@ _PACKAGED: Vocabulary | None = None
 
 
 def packaged_vocabulary_path() -> Path:
-    return Path(__file__).resolve().parent / "data" / "vocabulary.json"
+    return paths.PACKAGE_DATA / "vocabulary.json"
 
 
 def packaged_vocabulary() -> Vocabulary:

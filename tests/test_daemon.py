@@ -393,3 +393,40 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
     assert sock.exists()  # systemd's socket: calmd did not bind it, so it does not remove it
+
+
+def test_a_weight_file_swapped_while_it_loads_is_loaded_again(tmp_path: Path) -> None:
+    """`calm rollback` or a training run can swap the file while the daemon reads it: what the
+    daemon installs must be what it read, or a later swap back to that file looks like no change."""
+    import asyncio
+
+    from calmd.daemon.server import Server, ServerConfig
+
+    weights, other = tmp_path / "shell.cwgt", tmp_path / "other.cwgt"
+    weights.write_bytes(b"A" * 10)
+    other.write_bytes(b"B" * 20)
+    loads: list[bytes] = []
+
+    class Loaded:
+        def __init__(self, content: bytes) -> None:
+            self.content = content
+
+        def attach_history(self, store: object) -> None: ...
+
+        def describe(self) -> dict[str, object]:
+            return {}
+
+    def loader(path: Path) -> Loaded:
+        content = path.read_bytes()
+        loads.append(content)
+        if len(loads) == 1:  # the first read races a rename: the path now names the other file
+            os.replace(other, weights)
+        return Loaded(content)
+
+    server = Server(
+        ServerConfig(socket_path=tmp_path / "s.sock", data_dir=tmp_path, weights_path=weights), loader
+    )  # type: ignore[arg-type]
+    assert asyncio.run(server.reload()) == {"ok": True}
+    assert loads == [b"A" * 10, b"B" * 20]  # read again once the file held still
+    assert server.engine.content == b"B" * 20  # type: ignore[union-attr]
+    assert server.loaded_id == server._weights_id()

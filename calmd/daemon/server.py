@@ -15,7 +15,7 @@
 - completions run on one worker thread, off the event loop, so `status` and `record` stay instant;
   a fair scheduler (calmd/daemon/scheduler.py) takes connections and sessions in turn, keeps only each
   session's newest request, and so lets no client delay another by more than one completion;
-- the weight file is watched (watchfiles) and reloaded when its mtime changes, debounced; a bad
+- the weight file is watched (watchfiles) and reloaded when it changes (inode, mtime, size), debounced; a bad
   file is rejected, logged and shown by `status`, and the old model keeps serving; a bad file at
   start is no reason not to start: the packaged model serves until a good file appears;
 - background training is calmd/daemon/trainer.py's `Trainer`;
@@ -88,6 +88,8 @@ DEFAULT_MAX_CONNECTIONS = 256
 FD_RESERVE = 64  # descriptors kept for the store, the weights, the watcher, the trainer's pipes
 ACCEPT_RETRY_S = 0.1  # out of descriptors: pending clients wait in the backlog, retried this often
 ACCEPT_BATCH = 64  # accepts per wake-up, so that a burst of connects cannot monopolise the loop
+RELOAD_ATTEMPTS = 5  # loads of a weight file that keeps changing under them before giving up
+FileId = tuple[int, int, int, int]  # (device, inode, mtime in ns, size) of the weight file
 SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
 
 
@@ -419,7 +421,7 @@ class Server:
         self.engine_loader = engine_loader
         self.engine: Engine | None = None
         self.loaded_at: float | None = None
-        self.loaded_mtime: float | None = None
+        self.loaded_id: FileId | None = None  # the weight file the engine was loaded from
         self.last_reload_error: str | None = None
         self.started = time.time()
         self.requests = 0
@@ -468,7 +470,7 @@ class Server:
         self._start_accepting(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
         await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
-        if self._weights_mtime() != self.loaded_mtime:  # changed between the load and the watch
+        if self._weights_id() != self.loaded_id:  # changed between the load and the watch
             await self.reload()
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
@@ -530,29 +532,42 @@ class Server:
         async with self._reload_lock:
             path = self.config.weights_path
             loop = asyncio.get_running_loop()
-            mtime = self._weights_mtime()
             try:
-                engine = await loop.run_in_executor(self._pool, self.engine_loader, path)
+                # The file can be replaced while it loads (a training run's swap, `calm rollback`):
+                # what is installed must carry the identity of the file that was read, or the
+                # watcher would take a later swap back to it for "nothing changed".
+                for _ in range(RELOAD_ATTEMPTS):
+                    before = self._weights_id()
+                    engine = await loop.run_in_executor(self._pool, self.engine_loader, path)
+                    if self._weights_id() == before:
+                        break
+                else:
+                    log.warning("%s kept changing while it loaded: serving the last one read", path)
+                    before = None  # the watcher's next look reloads it
+                loaded = before
             except Exception as exc:  # a bad file must never take the daemon down
                 self.last_reload_error = f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {exc}"
                 if self.engine is not None:
                     log.error("reload of %s failed, keeping the current model: %s", path, exc)
                     return {"ok": False, "reload_error": self.last_reload_error}
                 log.error("%s did not load, serving the packaged model until it does: %s", path, exc)
+                identity = self._weights_id()
                 fallback = self.config.fallback_weights
                 engine = await loop.run_in_executor(self._pool, self.engine_loader, fallback)
-                self._install(engine, mtime, fallback=True)
+                self._install(engine, identity, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
             self.last_reload_error = None
-            self._install(engine, mtime, fallback=mtime is None)  # no file: the loader's default
+            self._install(
+                engine, loaded, fallback=loaded is None and not path.exists()
+            )  # no file: the loader's default
             return {"ok": True}
 
-    def _install(self, engine: Engine, mtime: float | None, *, fallback: bool) -> None:
+    def _install(self, engine: Engine, identity: FileId | None, *, fallback: bool) -> None:
         if self.history is not None:
             engine.attach_history(self.history)
         self.engine = engine
         self.loaded_at = time.time()
-        self.loaded_mtime = mtime  # a bad file's too: the watcher retries when it changes
+        self.loaded_id = identity  # a bad file's too: the watcher retries when it changes
         self.serving_fallback = fallback
         log.info("model loaded: %s", engine.describe().get("path"))
 
@@ -568,15 +583,18 @@ class Server:
             stop_event=self.should_exit,
         ):
             del changes
-            mtime = self._weights_mtime()
-            if mtime is not None and mtime != self.loaded_mtime:
+            current = self._weights_id()
+            if current is not None and current != self.loaded_id:
                 await self.reload()
 
-    def _weights_mtime(self) -> float | None:
+    def _weights_id(self) -> FileId | None:
+        """Which file the weight path names now: a swap by rename changes the inode even when the
+        two files share an mtime."""
         try:
-            return self.config.weights_path.stat().st_mtime
+            st = self.config.weights_path.stat()
         except OSError:
             return None
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
     # -- connections -------------------------------------------------------------------------------
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion, packaged_model
 from calmd.history.store import HistoryStore
+from calmd.model.generate import Candidate
+from tests.tiny_model import CONTEXT
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +160,56 @@ def test_confidence_is_high_for_the_users_loop_and_low_for_a_guess(
     assert seen == sorted(seen) and seen[0] < 0.5 <= seen[-1]  # the more the loop repeats, the surer
     typed = ask(engine, store, "v")[0]
     assert typed.text == "vim main.c" and typed.confidence > seen[-1]  # a typed letter narrows it down
+
+
+# --------------------------------------------------------------------------- the mixture's ranking
+
+
+@pytest.fixture
+def tiny_engine(tiny_weights: Path) -> ModelEngine:
+    """The tiny model of tests/tiny_model.py: it knows `git status`, `git stash pop`, ..."""
+    return ModelEngine(tiny_weights)
+
+
+def merged(
+    engine: ModelEngine, ctx: dict[str, object], n: int, *, extra: list[tuple[str, float]] | None = None,
+    judge: Callable[[str], float | None] = lambda text: 0.0,
+) -> list[Candidate]:  # fmt: skip
+    """The engine's ranking of history proposals (`extra`) and beams, with no history share (lam
+    0: a beam's mixture score is its log-probability)."""
+    ctx = {**CONTEXT, **ctx}
+    search = engine.generator.beam_search(ctx, width=max(engine.generator.beam_width, n))
+    return list(engine.ranked(search, extra or [], judge, n, 0.0, threading.Event()))
+
+
+def test_extra_candidates_are_ranked_with_the_beams_and_deduplicated(tiny_engine: ModelEngine) -> None:
+    ctx = {"input": "git st"}
+    cands = merged(tiny_engine, ctx, 3, extra=[("git stage all", 5.0), ("git status", 10.0)])
+    assert [c.text for c in cands][:2] == ["git status", "git stage all"]
+    assert cands[0].logprob == 10.0
+    assert [c.text for c in cands].count("git status") == 1
+
+
+def test_a_judge_drops_or_demotes_what_the_beams_finish(tiny_engine: ModelEngine) -> None:
+    ctx = {"input": "git st"}
+    plain = merged(tiny_engine, ctx, 2)
+    assert [c.text for c in plain] == ["git status", "git stash pop"]
+    dropped = [
+        c.text for c in merged(tiny_engine, ctx, 2, judge=lambda t: None if t == "git status" else 0.0)
+    ]
+    assert dropped[0] == "git stash pop" and "git status" not in dropped
+    demoted = merged(tiny_engine, ctx, 2, judge=lambda t: -3.0 if t == "git status" else 0.0)
+    assert [c.text for c in demoted] == ["git stash pop", "git status"]
+    assert demoted[1].logprob == pytest.approx(plain[0].logprob - 3.0, abs=1e-4)
+
+
+def test_the_search_stops_after_the_drop_budget_of_junk_lines(tiny_engine: ModelEngine) -> None:
+    ctx = {"input": "git st"}
+    unbounded: list[str] = []
+    tiny_engine.drop_budget = 10_000
+    assert merged(tiny_engine, ctx, 1, judge=lambda t: unbounded.append(t)) == []  # everything dropped
+    bounded: list[str] = []
+    tiny_engine.drop_budget = 2
+    assert merged(tiny_engine, ctx, 1, judge=lambda t: bounded.append(t)) == []
+    assert 2 <= len(bounded) < len(unbounded)  # it stopped at the end of the step of the second drop
+    assert bounded == unbounded[: len(bounded)]

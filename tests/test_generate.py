@@ -78,36 +78,21 @@ def test_prefix_cache_gives_the_same_answers_as_a_fresh_generator(trained: Loade
     assert cached.cache.hits >= 6  # one byte typed: the previous state was extended
 
 
-def test_extra_candidates_are_ranked_with_the_beams_and_deduplicated(trained: LoadedModel) -> None:
+def test_a_beam_search_driven_step_by_step_bounds_and_prunes(trained: LoadedModel) -> None:
     gen = Generator(trained)
-    ctx = {**CTX, "input": "git st"}
-    cands = list(gen.candidates(ctx, 3, extra=[("git stage all", 5.0), ("git status", 10.0)]))
-    assert [c.text for c in cands][:2] == ["git status", "git stage all"]
-    assert cands[0].logprob == 10.0
-    assert [c.text for c in cands].count("git status") == 1
-
-
-def test_a_judge_drops_or_demotes_what_the_beams_finish(trained: LoadedModel) -> None:
-    gen = Generator(trained)
-    ctx = {**CTX, "input": "git st"}
-    plain = list(gen.candidates(ctx, 2))
-    assert [c.text for c in plain] == ["git status", "git stash pop"]
-    dropped = [c.text for c in gen.candidates(ctx, 2, judge=lambda t: None if t == "git status" else 0.0)]
-    assert dropped[0] == "git stash pop" and "git status" not in dropped
-    demoted = list(gen.candidates(ctx, 2, judge=lambda t: -3.0 if t == "git status" else 0.0))
-    assert [c.text for c in demoted] == ["git stash pop", "git status"]
-    assert demoted[1].logprob == pytest.approx(plain[0].logprob - 3.0, abs=1e-4)
-
-
-def test_the_search_stops_after_max_dropped_junk_lines(trained: LoadedModel) -> None:
-    gen = Generator(trained)
-    ctx = {**CTX, "input": "git st"}
-    unbounded: list[str] = []
-    assert list(gen.candidates(ctx, 3, judge=lambda t: unbounded.append(t))) == []  # everything dropped
-    bounded: list[str] = []
-    assert list(gen.candidates(ctx, 3, judge=lambda t: bounded.append(t), max_dropped=2)) == []
-    assert 2 <= len(bounded) < len(unbounded)  # it stopped at the end of the step of the second drop
-    assert bounded == unbounded[: len(bounded)]
+    search = gen.beam_search({**CTX, "input": "git st"}, width=4)
+    finished = []
+    bounds = []
+    while not search.exhausted:
+        finished += search.step()
+        bounds.append(search.bound)
+    assert all(a >= b for a, b in itertools.pairwise(bounds))  # log-probabilities only fall
+    texts = [c.text for c in finished]
+    assert "git status" in texts and "git stash pop" in texts and len(texts) == len(set(texts))
+    pruned = gen.beam_search({**CTX, "input": "git st"}, width=4)
+    pruned.step()
+    pruned.prune(math.inf)  # nothing live can beat +inf: every beam goes
+    assert pruned.exhausted and pruned.bound == -math.inf
 
 
 def test_end_probability_says_whether_the_input_is_a_whole_command(trained: LoadedModel) -> None:

@@ -44,7 +44,7 @@ from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ran
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
-from calmd.model.generate import Candidate
+from calmd.model.generate import BeamSearch, Candidate
 
 FAILING_PENALTY = 50.0  # nats off a never-successful command's score: below every other candidate
 # Junk lines (calmd/daemon/filters.py) the beams may finish before the search stops with what it has: as
@@ -203,9 +203,6 @@ class ModelEngine:
                 p = lam * proposals[cmd] + (1 - lam) * math.exp(lp / temperature)
                 score = math.log(p) - (FAILING_PENALTY if cmd in side.failing else 0.0)
                 extra.append((cmd, score))
-        offset = math.log(1 - lam)  # the model's share, for candidates only the model proposes
-        if temperature != 1.0:  # beams rank by lp; on the mixture's scale they are lp / T
-            extra = [(cmd, offset + (score - offset) * temperature) for cmd, score in extra]
         p_end = self.generator.end_probability(ctx, session=session, start=start)
         complete = self._is_complete(typed, input_run_before, p_end)
         judge = self._judge(typed, ctx, side, complete)
@@ -214,22 +211,12 @@ class ModelEngine:
             own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
             ranked: Iterator[Candidate] = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
         else:
-            ranked = self.generator.candidates(
-                ctx,
-                n,
-                session=session,
-                cancelled=cancelled,
-                extra=extra,
-                beam_offset=offset,
-                judge=judge,
-                max_dropped=max(n, self.drop_budget),
-                start=start,
-            )
+            search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+            ranked = self.ranked(search, extra, judge, n, lam, cancelled)
         for rank, cand in enumerate(ranked):
             if cancelled.is_set():
                 return
-            score = cand.logprob if temperature == 1.0 else offset + (cand.logprob - offset) / temperature
-            text = cand.text
+            score, text = cand.logprob, cand.text
             count = index.count.get(text, 0) if index is not None else 0
             row = candidate_row(
                 log_p=score, p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
@@ -240,6 +227,51 @@ class ModelEngine:
             failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
             confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
             yield Suggestion(text, score, confidence, row if explain else None)
+
+    def ranked(
+        self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
+        n: int, lam: float, cancelled: threading.Event,
+    ) -> Iterator[Candidate]:  # fmt: skip
+        """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
+        log-probability scale) and the lines the beams finish, best first, each yielded as soon as
+        no live beam can beat it. A beam's score lp becomes log(1 - lam) + lp / T on the mixture's
+        scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
+        drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
+        and what it has is final (a model that keeps finishing junk would search to max_tokens)."""
+        offset, temperature = math.log(1 - lam), self.weights.model_temperature
+
+        def mixture(lp: float) -> float:
+            return offset + lp / temperature
+
+        pending = sorted((Candidate(t, s, 0) for t, s in extra if s > -math.inf), key=lambda c: c.logprob,
+                         reverse=True)  # fmt: skip
+        seen = {c.text for c in pending}
+        yielded = dropped = 0
+        budget = max(n, self.drop_budget)
+        while not search.exhausted:
+            if cancelled.is_set():
+                return
+            for cand in search.step():
+                if cand.text in seen:
+                    continue  # a history proposal: ranked with its own score
+                seen.add(cand.text)
+                adjust = judge(cand.text)
+                if adjust is None:
+                    dropped += 1
+                else:
+                    pending.append(Candidate(cand.text, mixture(cand.logprob) + adjust, cand.tokens))
+            pending.sort(key=lambda c: c.logprob, reverse=True)
+            bound = mixture(search.bound)
+            while pending and pending[0].logprob >= bound and yielded < n:
+                yield pending.pop(0)
+                yielded += 1
+            if yielded >= n:
+                return
+            if len(pending) + yielded >= n:  # beams that cannot reach the top n any more
+                search.prune((pending[n - yielded - 1].logprob - offset) * temperature)
+            if dropped >= budget:
+                break
+        yield from pending[: n - yielded]  # beams ran out (or max_tokens, or junk): the rest is final
 
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may

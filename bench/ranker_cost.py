@@ -23,10 +23,10 @@ KS = (0, 1, 2, 4, 8)
 
 
 def history(limit: int) -> list[str]:
-    from calmd.quality.replay import read_commands
+    from calmd.training.corpus import read_history
 
     files = sorted(HISTORIES.glob("*.txt")) if HISTORIES.is_dir() else []
-    commands = [c for f in files for c in read_commands(f)]
+    commands = [c for f in files for c in read_history(f)]
     if not commands:  # synthetic: a few habits with changing arguments
         for i in range(limit // 4):
             commands += [f"mkdir dir{i % 500}", f"cd dir{i % 500}", "git status", f"vim file{i % 97}.py"]

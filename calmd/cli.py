@@ -386,7 +386,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     files = replay.expand(args.files)
     if args.held_out:
-        from calmd.training.recipe import held_out
+        from calmd.training.corpus import held_out
 
         files = [f for f in files if held_out(f.stem)]
     if not files:

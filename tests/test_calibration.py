@@ -13,14 +13,11 @@ from calmd.daemon.calibration import (
     FEATURES,
     Calibrator,
     candidate_row,
-    fit_head,
-    isotonic,
-    main,
     packaged_calibrator,
-    reliability,
 )
 from calmd.errors import FormatError
-from calmd.training.recipe import held_out
+from calmd.quality.fit_calibration import fit_head, isotonic, main, reliability
+from calmd.training.corpus import held_out
 
 
 def test_fit_head_gives_probabilities_that_mean_what_they_say() -> None:

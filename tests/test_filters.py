@@ -11,15 +11,13 @@ from calmd.daemon.filters import (
     UserVocabulary,
     Vocabulary,
     balanced,
-    build,
     cwd_argument,
-    edits,
     invented,
-    main,
     packaged_vocabulary,
     segments,
 )
 from calmd.errors import FormatError
+from calmd.quality.fit_vocabulary import build, edits, main
 
 
 @pytest.mark.parametrize(

@@ -14,17 +14,14 @@ from calmd.daemon.ranking import (
     POOL_RECENT,
     CarryPrior,
     HistoryIndex,
-    Query,
     Ranker,
     carry_line,
-    fit,
     packaged_ranker,
-    replay_queries,
     split_carry,
-    top1,
 )
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
+from calmd.quality.fit_ranker import Query, fit, replay_queries, top1
 
 
 def feature(rows: np.ndarray, j: int, name: str) -> float:
@@ -301,7 +298,7 @@ def test_query_targets_are_found_in_the_pool() -> None:
 
 
 def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from calmd.daemon.ranking import main
+    from calmd.quality.fit_ranker import main
 
     users = tmp_path / "data" / "histories" / "users"
     users.mkdir(parents=True)
@@ -312,7 +309,7 @@ def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest
     assert main(args) == 0
     ranker = Ranker.load(out)
     assert ranker.info["training_queries"] > 0
-    assert ranker.info["command"].startswith("python -m calmd.daemon.ranking --data")
+    assert ranker.info["command"].startswith("python -m calmd.quality.fit_ranker --data")
     assert "wrote" in capsys.readouterr().out
     assert not list(tmp_path.glob(".ranker.json.*"))  # the atomic write left no temp file
 

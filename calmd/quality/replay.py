@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
-from calmd.history.store import HistoryStore, detect_format, parse_history
+from calmd.history.store import HistoryStore
+from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
@@ -149,15 +150,6 @@ class PastOnly:
         return ordered[:n]
 
 
-def read_commands(path: Path) -> list[str]:
-    raw = path.read_bytes()
-    fmt = detect_format(raw)
-    if fmt == "bash" and path.suffix == ".txt":
-        text = raw.decode("utf-8", "replace")
-        return [line for line in text.split("\n") if line.strip()]
-    return [cmd for _, cmd in parse_history(raw, fmt) if cmd.strip()]
-
-
 def _first(items: list[str]) -> str | None:
     return items[0] if items else None
 
@@ -221,7 +213,7 @@ def replay_user(
 ) -> dict[str, Tally]:
     """Replay one user's history; with `rows`, also collect the engine's suggestions and early
     proposals with their calibration features."""
-    commands = read_commands(path)
+    commands = read_history(path)
     tallies = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
     if len(commands) <= cfg.warmup:
         return tallies

@@ -1,6 +1,11 @@
 """Training corpora for the default model, built from the public data in shared/data.
 
-Two sources (docs/default-model.md):
+The shared data folder (`DEFAULT_DATA`, `../shared/data` beside the repository) holds the tldr
+pages and the public histories, one user per file; `held_out()` fixes which users no shipped
+artifact (the default model, the ranker, the calibration, the vocabulary) is built from, so that
+`calm replay --held-out` measures users none of them has seen.
+
+Two sources (calmd/data/DEFAULT_MODEL.md):
 - tldr pages (CC-BY 4.0, the tldr-pages project): each example command becomes one training
   example. `{{placeholders}}` are filled with realistic values (`{{path/to/file}}` -> a file
   name, `{{port}}` -> 8080, ...), and `{{[-x|--long]}}` alternatives are resolved to one
@@ -14,13 +19,40 @@ are used (`scrub`), so the shipped model cannot reproduce them verbatim.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from calmd import paths
 from calmd.formats.tokenizer import Example, HistoryEntry
+from calmd.history.store import detect_format, parse_history
+
+DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
+
+
+def held_out(user_id: str) -> bool:
+    """One user in five, fixed by the id alone: never in the default model's corpus, nor in the
+    fits of the ranker, the calibration and the vocabulary."""
+    return hashlib.sha256(user_id.encode()).digest()[0] % 5 == 0
+
+
+def history_users(data: Path) -> list[Path]:
+    """The public histories' files, one user each, in a fixed order."""
+    return sorted((data / "histories" / "users").glob("*.txt"))
+
+
+def read_history(path: Path) -> list[str]:
+    """The commands of a history file, oldest first: one per line for the public .txt files, else
+    as `calm import` reads a bash or zsh history."""
+    raw = path.read_bytes()
+    fmt = detect_format(raw)
+    if fmt == "bash" and path.suffix == ".txt":
+        return [line for line in raw.decode("utf-8", "replace").split("\n") if line.strip()]
+    return [cmd for _, cmd in parse_history(raw, fmt) if cmd.strip()]
+
 
 # --------------------------------------------------------------------------- tldr
 

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import time
@@ -31,23 +30,14 @@ from calmd.atomic import atomic_write
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
-from calmd.training.corpus import history_examples, tldr_examples
-
-PACKAGE_DATA = paths.PACKAGE_DATA
-DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
-
-
-def held_out(user_id: str) -> bool:
-    """One user in five, fixed by the id alone: never in the default model's corpus."""
-    return hashlib.sha256(user_id.encode()).digest()[0] % 5 == 0
-
-
-def history_users(data: Path) -> list[Path]:
-    return sorted((data / "histories" / "users").glob("*.txt"))
-
-
-def read_history(path: Path) -> list[str]:
-    return [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line.strip()]
+from calmd.training.corpus import (
+    DEFAULT_DATA,
+    held_out,
+    history_examples,
+    history_users,
+    read_history,
+    tldr_examples,
+)
 
 
 def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Iterator[Example]:
@@ -81,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
-    parser.add_argument("--output", type=Path, default=PACKAGE_DATA / "default.cwgt")
+    parser.add_argument("--output", type=Path, default=paths.PACKAGE_DATA / "default.cwgt")
     parser.add_argument(
         "--steps",
         type=int,

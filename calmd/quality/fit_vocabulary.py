@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     sources += [(p.stem, read_history(p)) for p in users]
     vocab = build(sources)
     vocab.info = {
-        "command": " ".join(["python -m calmd.quality.fit_vocabulary", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            ["python -m calmd.quality.fit_vocabulary", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "tldr_examples": len(tldr),
         "training_users": len(users),
         "keys": len(vocab.known),

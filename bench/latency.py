@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calmd.daemon.engine import ModelEngine, packaged_model
+from calmd import paths
+from calmd.daemon.engine import ModelEngine
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 
@@ -138,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, default=packaged_model())
+    parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--commands", type=int, default=len(COMMANDS))
     parser.add_argument("--while-training", action="store_true", help="type while a niced training run works")
     args = parser.parse_args()

@@ -43,7 +43,7 @@ from typing import Any
 
 import msgpack
 
-from calmd.daemon.engine import packaged_model
+from calmd import paths
 from calmd.shell.client import CalmClient
 
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
@@ -479,7 +479,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, default=packaged_model())
+    parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=500)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from calmd import __version__, paths
 from calmd.errors import CalmError, SequenceTooLong
+from calmd.history.context import HISTORY_FRAMES
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -321,14 +322,6 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_model() -> Path:
-    """The user's weights, else the default model shipped in the package."""
-    from calmd.daemon.engine import packaged_model
-
-    user = paths.weights_path()
-    return user if user.exists() else packaged_model()
-
-
 def cmd_init(args: argparse.Namespace) -> int:
     from calmd.formats.cwgt import Metadata
     from calmd.model.checkpoint import GenerationDefaults, save_model
@@ -349,7 +342,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from calmd.model.checkpoint import load_model
     from calmd.model.generate import Generator, SamplingOptions
 
-    model_path = Path(args.model) if args.model else _default_model()
+    model_path = Path(args.model) if args.model else paths.serving_weights()
     loaded = load_model(model_path)
     gen = Generator(loaded, trace=False)
     ctx: dict[str, object] = {"input": args.input}
@@ -391,7 +384,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         files = [f for f in files if held_out(f.stem)]
     if not files:
         raise CalmError("no history files to replay")
-    model = Path(args.model) if args.model else _default_model()
+    model = Path(args.model) if args.model else paths.serving_weights()
     from dataclasses import fields
 
     from calmd.daemon.engine import RankWeights
@@ -455,7 +448,13 @@ def calm_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("from the shell history (without --from)")
     g.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     g.add_argument("--max-entries", "-n", type=int, default=0, help="latest N history entries (0: all)")
-    g.add_argument("--hist-frames", "-H", type=int, default=5, help="history frames per sequence (5)")
+    g.add_argument(
+        "--hist-frames",
+        "-H",
+        type=int,
+        default=HISTORY_FRAMES,
+        help=f"history frames per sequence ({HISTORY_FRAMES})",
+    )
     g.add_argument("--comp-frames", type=int, default=3, help="completion items per sequence (3)")
     g.add_argument("--max-dup", type=int, default=3, help="max uses of one command as a target (3)")
     g.add_argument("--min-cmd-len", type=int, default=2, help="min command length in chars (2)")

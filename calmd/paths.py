@@ -21,14 +21,27 @@ PRIVATE_UMASK = 0o077  # files 0600, folders 0700
 
 log = logging.getLogger("calmd")
 
-# What calmd keeps in CALM_HOME (the shell hooks' files are named in calmd/shell/helper.py): the start-up
+# What calmd keeps in CALM_HOME. Every file name is defined here and nowhere else; the start-up
 # tightening touches only these, so that a CALM_HOME pointed at a shared folder loses nothing else.
+HISTORY = "history.sqlite3"  # the history store (SQLite adds -wal, -shm, -journal beside it)
+WEIGHTS = "shell.cwgt"  # the user's model, written by the background run (or `calm train`)
+PREV_WEIGHTS = "shell.prev.cwgt"  # the model the last swap replaced: `calm rollback` restores it
+DATASET = "train.ctds"  # `calm dataset`'s output and `calm train`'s default input
+TRAINING_STATUS = "training.json"  # the background run's progress and result
+TRAINING_LOCK = "training.lock"  # held by the one run of a CALM_HOME
+TRAINING_LOG = "training.log"  # the background run's output
+TRAINING_SUBDIR = "training"  # the background run's datasets, built from the history:
+TRAINING_SET = "train.ctds"  # ... what it trains on,
+HELDOUT_SET = "heldout.ctds"  # ... and the newest commands, for its not-worse check
+HELPER_LOG = "shell-helper.log"  # the shell helpers' log
+DISABLED_FLAG = "shell-disabled"  # `calm disable` creates it, `calm enable` removes it
+HOOK_FILE = "calm.{shell}"  # `calmd init`'s output, sourced by the setup line
 DATA_FILES = (
-    "history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm", "history.sqlite3-journal",
-    "shell.cwgt", "shell.prev.cwgt", "train.ctds", "training.json", "training.log", "training.lock",
-    "shell-helper.log", "shell-helper.log.old", "shell-disabled", "calm.zsh", "calm.bash",
+    HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, DATASET,
+    TRAINING_STATUS, TRAINING_LOG, TRAINING_LOCK, HELPER_LOG, HELPER_LOG + ".old", DISABLED_FLAG,
+    HOOK_FILE.format(shell="zsh"), HOOK_FILE.format(shell="bash"),
 )  # fmt: skip
-TRAINING_SUBDIR = "training"  # the background run's datasets
+PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
 
 
 def data_dir() -> Path:
@@ -37,24 +50,43 @@ def data_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_data_dir(APP, appauthor=False))
 
 
-def weights_path() -> Path:
-    return data_dir() / "shell.cwgt"
+def weights_path(data: Path | None = None) -> Path:
+    return (data or data_dir()) / WEIGHTS
+
+
+def prev_weights_path(weights: Path) -> Path:
+    """Where the model a swap replaced is kept, beside the weights."""
+    return weights.with_name(PREV_WEIGHTS)
 
 
 def dataset_path() -> Path:
-    return data_dir() / "train.ctds"
+    return data_dir() / DATASET
 
 
-def history_path() -> Path:
-    return data_dir() / "history.sqlite3"
+def history_path(data: Path | None = None) -> Path:
+    return (data or data_dir()) / HISTORY
 
 
-PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
+def training_dir(data: Path) -> Path:
+    return data / TRAINING_SUBDIR
+
+
+def training_sets(data: Path) -> tuple[Path, Path]:
+    """The background run's (training, held-out) datasets: derived from the history, so `calm
+    forget` deletes them with the rows."""
+    return training_dir(data) / TRAINING_SET, training_dir(data) / HELDOUT_SET
 
 
 def packaged_weights() -> Path:
     """The default model shipped inside the package (built by `python -m calmd.training.recipe`)."""
     return PACKAGE_DATA / "default.cwgt"
+
+
+def serving_weights(weights: Path | None = None) -> Path:
+    """The model that serves: the user's weights (`weights`, else the data dir's) when the file
+    exists, else the packaged default model."""
+    user = weights or weights_path()
+    return user if user.exists() else packaged_weights()
 
 
 def socket_path() -> Path:
@@ -111,7 +143,7 @@ def private_data_dir(directory: Path) -> list[str]:
     private_dir(directory)
     tightened: list[str] = []
     candidates = [directory / name for name in DATA_FILES]
-    work = directory / TRAINING_SUBDIR
+    work = training_dir(directory)
     if work.is_dir() and not work.is_symlink():
         candidates.append(work)
         candidates += [p for p in work.iterdir() if p.suffix in (".ctds", ".tmp", ".tokens")]

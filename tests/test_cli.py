@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.daemon.engine import packaged_model
+from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.cwgt import CwgtHeader, Metadata, write_cwgt
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
@@ -164,7 +164,7 @@ def test_inspect_rejects_corrupt_file(tmp_path: Path) -> None:
 def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> None:
     """A fresh user (no weights, no history): `calmd serve` loads the model shipped in the
     package and suggests from the first keystroke; `calmd stop` ends it."""
-    assert packaged_model().exists(), "build it with: python -m calmd.training.recipe"
+    assert paths.packaged_weights().exists(), "build it with: python -m calmd.training.recipe"
     env = daemon_env(tmp_path)
     proc = subprocess.Popen([str(BIN / "calmd"), "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -175,7 +175,7 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
         wait_ready(daemon)
         with CalmClient(daemon.socket, timeout=30) as c:
             status = c.status()["status"]
-            assert status["model"]["path"] == str(packaged_model())
+            assert status["model"]["path"] == str(paths.packaged_weights())
             assert status["serving_fallback"] is True and status["last_reload_error"] is None  # no file yet
             got = [m["candidate"] for m in c.complete("git ", n=3, session="s") if "candidate" in m]
             assert len(got) == 3 and all(g.startswith("git ") and len(g) > 4 for g in got), got

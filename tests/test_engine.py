@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion, packaged_model
+from calmd import paths
+from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion
 from calmd.history.store import HistoryStore
 from calmd.model.generate import Candidate
 from tests.tiny_model import CONTEXT
@@ -18,7 +19,7 @@ from tests.tiny_model import CONTEXT
 
 @pytest.fixture(scope="module")
 def engine() -> ModelEngine:
-    return ModelEngine(packaged_model())
+    return ModelEngine(paths.packaged_weights())
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[HistoryStore]:
 
 def ask(engine: ModelEngine, store: HistoryStore, typed: str, n: int = 5, **ctx: object) -> list[Suggestion]:
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s", limit=5)]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
     return list(engine.complete({"input": typed, "history": history, **ctx}, n, "s", threading.Event()))
 
 
@@ -140,7 +141,7 @@ def test_early_is_the_histories_best_proposal(engine: ModelEngine, store: Histor
     assert engine.early({"input": "git", "history": []}, "s") is None  # nothing recorded yet
     for _ in range(20):
         record(store, ("vim main.c", 0), ("make", 0), ("./main", 0))
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s", limit=5)]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
     early = engine.early({"input": "", "history": history}, "s")
     assert early is not None and early[0] == "vim main.c" and 0.5 < early[1] <= 1.0
 

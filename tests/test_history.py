@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import random
 import sqlite3
 import stat
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from calmd.daemon.ranking import HistoryIndex
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
+from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.shell.client import CalmClient
 from calmd.training.background import DatasetOptions, write_history_dataset
@@ -395,3 +397,21 @@ def test_calm_forget_with_a_running_daemon(tmp_path: Path) -> None:
         assert regex.returncode == 0 and "forgot 1 command " in regex.stdout
         assert calm(tmp_path, "forget", "--regex", "(").returncode == 1
         assert calm(tmp_path, "forget", "").returncode == 1
+
+
+@pytest.mark.parametrize("frames", [1, 3, HISTORY_FRAMES])
+def test_datasets_see_the_context_the_daemon_reads_from_the_store(tmp_path: Path, frames: int) -> None:
+    """Training sees what serving sees: replaying the history in order (the datasets) gives, before
+    each command, the rows the store's query gives the daemon at that moment."""
+    rng = random.Random(frames)
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    tracker = ContextTracker(frames)
+    sessions = ["a", "b", "c", "import"]
+    for i in range(300):
+        session = rng.choice(sessions[: 1 + i // 40])  # sessions appear one after another
+        served = [r.id for r in store.recent(session=session, limit=frames)]
+        trained = [r.id for r in tracker.before(session)]  # type: ignore[attr-defined]
+        assert trained == served, (i, session)
+        store.record(f"cmd {i}", session=session, exit=0)
+        tracker.add(store.recent(limit=1)[0])
+    store.close()

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from calmd.shell import helper as shell
+from calmd import paths
+from calmd.shell import helper as shell_helper
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
@@ -38,11 +39,11 @@ class HelperProcess:
         self.proc.stdin.flush()
 
     def complete(self, seq: int, text: str, n: int = 5) -> None:
-        self.send("c", str(seq), str(n), "/tmp", "main", shell.escape(text))
+        self.send("c", str(seq), str(n), "/tmp", "main", shell_helper.escape(text))
 
     def complete2(self, seq: int, text: str, n: int = 5, min_confidence: str = "") -> None:
         """A request as the hooks send it to a `--format 2` helper (with the threshold)."""
-        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, shell.escape(text))
+        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, shell_helper.escape(text))
 
     def reply2(self, timeout: float = 10.0) -> tuple[str, bool, str, list[str]]:
         """A `--format 2` answer: (seq, final, flags, candidates)."""
@@ -75,7 +76,7 @@ class HelperProcess:
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         seq, final, *cands = line.decode().split("\t")
-        return seq, final == "1", [shell.unescape(c) for c in cands]
+        return seq, final == "1", [shell_helper.unescape(c) for c in cands]
 
     def final(self, seq: int) -> list[str]:
         """The candidates of the last reply to `seq` (earlier requests' replies are skipped)."""
@@ -114,32 +115,38 @@ def helper(home: Path) -> Iterator[HelperProcess]:
 
 @pytest.mark.parametrize("text", ["", "plain", "a\tb", "two\nlines", "back\\slash", "\\n literal", "é ✓"])
 def test_escape_round_trip(text: str) -> None:
-    escaped = shell.escape(text)
+    escaped = shell_helper.escape(text)
     assert "\n" not in escaped and "\t" not in escaped
-    assert shell.unescape(escaped) == text
+    assert shell_helper.unescape(escaped) == text
 
 
 def test_parse_request() -> None:
-    c = shell.parse_request("c\t7\t3\t/src\tmain\tgit s\\tx")
-    assert c == shell.Complete("7", 3, "git s\tx", "/src", "main")
-    r = shell.parse_request("r\t1\t/src\t\t1700000000.5\techo a\\nb")
-    assert r == shell.Record("echo a\nb", 1, "/src", "", 1700000000.5)
-    assert isinstance(r, shell.Record)
+    c = shell_helper.parse_request("c\t7\t3\t/src\tmain\tgit s\\tx")
+    assert c == shell_helper.Complete("7", 3, "git s\tx", "/src", "main")
+    r = shell_helper.parse_request("r\t1\t/src\t\t1700000000.5\techo a\\nb")
+    assert r == shell_helper.Record("echo a\nb", 1, "/src", "", 1700000000.5)
+    assert isinstance(r, shell_helper.Record)
     assert r.fields("s") == {"exit": 1, "cwd": "/src", "ts": 1700000000.5, "session": "s"}
-    assert shell.parse_request("c\t1\t99\t\t\tx") == shell.Complete("1", 32, "x", "", "")
-    assert shell.parse_request("c\t1\t5\t/\tm\t0.25\tx") == shell.Complete("1", 5, "x", "/", "m", 0.25)
+    assert shell_helper.parse_request("c\t1\t99\t\t\tx") == shell_helper.Complete("1", 32, "x", "", "")
+    assert shell_helper.parse_request("c\t1\t5\t/\tm\t0.25\tx") == shell_helper.Complete(
+        "1", 5, "x", "/", "m", 0.25
+    )
     for odd in ("", "-1", "2", "nan", "abc"):  # the default threshold
-        assert shell.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == shell.Complete("1", 5, "x", "/", "m", None)
-    assert shell.parse_request("r\t\t\t\t\tls") == shell.Record("ls", None, "", "", None)
+        assert shell_helper.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == shell_helper.Complete(
+            "1", 5, "x", "/", "m", None
+        )
+    assert shell_helper.parse_request("r\t\t\t\t\tls") == shell_helper.Record("ls", None, "", "", None)
     for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
-        assert shell.parse_request(bad) is None
+        assert shell_helper.parse_request(bad) is None
 
 
 def test_helper_completes_and_records(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
     record(daemon, "git status")
     helper.complete(1, "git st")
     assert helper.final(1) == ["git status", "git stmmit", "git stmmand", "git stnfig", "git stpy"]
-    helper.send("r", "2", shell.escape("/tmp/x"), "main", "1700000000.25", shell.escape("git st\tuff"))
+    helper.send(
+        "r", "2", shell_helper.escape("/tmp/x"), "main", "1700000000.25", shell_helper.escape("git st\tuff")
+    )
     helper.complete(2, "git st", n=1)
     assert helper.final(2) == ["git st\tuff"]  # the record is stored before the next complete runs
     row = wait_recorded(home, "git st\tuff")
@@ -180,7 +187,7 @@ def test_helper_without_daemon_answers_empty_and_keeps_records(home: Path) -> No
             assert helper.final(6) == ["xmmit"]
     finally:
         assert helper.close() == 0
-    assert "connected" in (home / "data" / shell.LOG_NAME).read_text()
+    assert "connected" in (home / "data" / paths.HELPER_LOG).read_text()
 
 
 def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
@@ -188,14 +195,14 @@ def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> Non
     out = subprocess.run([sys.executable, "-m", "calmd.shell.helper", "disable"], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert "disabled" in out.stdout
-    assert (home / "data" / shell.DISABLED_FLAG).exists()
+    assert (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(1, "x")
     assert helper.reply() == ("1", True, [])
     helper.send("r", "0", "", "", "", "echo still-recorded")
     subprocess.run(
         [sys.executable, "-m", "calmd.shell.helper", "enable"], env=env, capture_output=True, check=True
     )
-    assert not (home / "data" / shell.DISABLED_FLAG).exists()
+    assert not (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(2, "x", n=1)
     assert helper.final(2) == ["xmmit"]
     assert "echo still-recorded" in [r.cmd for r in history_rows(home)]
@@ -322,8 +329,8 @@ def test_init_script(home: Path, name: str) -> None:
     )  # fmt: skip
     text = out.stdout
     assert "-m calmd.shell.helper shell-helper" in text
-    assert str(home / "data" / shell.DISABLED_FLAG) in text
-    assert text.endswith(shell.script_path(name).read_text())
+    assert str(home / "data" / paths.DISABLED_FLAG) in text
+    assert text.endswith(shell_helper.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
 
@@ -349,7 +356,7 @@ def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:
-    text = shell.init_script("zsh", "/run/x y/calmd.sock")
+    text = shell_helper.init_script("zsh", "/run/x y/calmd.sock")
     assert "--socket '/run/x y/calmd.sock'" in text
 
 
@@ -358,18 +365,18 @@ def test_parsers_register_subcommands() -> None:
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
-    shell.add_calmd_parsers(sub)
-    shell.add_calm_parsers(sub)
-    assert parser.parse_args(["init", "zsh"]).func is shell.cmd_init
-    assert parser.parse_args(["shell-helper", "--session", "s"]).func is shell.cmd_shell_helper
-    assert parser.parse_args(["enable"]).func is shell.cmd_enable
-    assert parser.parse_args(["disable"]).func is shell.cmd_disable
+    shell_helper.add_calmd_parsers(sub)
+    shell_helper.add_calm_parsers(sub)
+    assert parser.parse_args(["init", "zsh"]).func is shell_helper.cmd_init
+    assert parser.parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
+    assert parser.parse_args(["enable"]).func is shell_helper.cmd_enable
+    assert parser.parse_args(["disable"]).func is shell_helper.cmd_disable
     with pytest.raises(SystemExit):
         parser.parse_args(["init", "fish"])
 
 
 def test_shell_module_stays_light() -> None:
-    heavy = "('torch', 'numpy', 'calmd.shell.client')"
+    heavy = "('torch', 'numpy', 'calmd.shell_helper.client')"
     code = f"import sys, calmd.shell.helper; print(any(m in sys.modules for m in {heavy}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

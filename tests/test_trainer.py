@@ -22,7 +22,7 @@ from calmd.errors import CalmError, FormatError
 from calmd.formats.cwgt import read_cwgt
 from calmd.model.checkpoint import load_model
 from calmd.shell.client import CalmClient
-from calmd.training import background as continual
+from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 
@@ -126,7 +126,7 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
             [sys.executable, "-m", "calmd.training.background", "--data-dir", str(data), "--min-examples=10"],
             capture_output=True, text=True, timeout=120, env=daemon_env(tmp_path),
         )  # fmt: skip
-        assert second.returncode == continual.EXIT_LOCKED, second.stderr
+        assert second.returncode == background.EXIT_LOCKED, second.stderr
         assert f"another training run (pid {pid}) holds" in second.stderr
         assert read_status(data)["pid"] == pid
         # a second daemon on the same CALM_HOME (another socket) sees that run and starts none
@@ -208,7 +208,7 @@ def test_rollback_exchanges_the_two_files(tmp_path: Path, tiny_weights: Path) ->
 def test_rollback_without_an_exchange_keeps_the_weights_whole(
     tmp_path: Path, tiny_weights: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(continual, "exchange", lambda a, b: False)  # a file system without it
+    monkeypatch.setattr(background, "exchange", lambda a, b: False)  # a file system without it
     weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
     write_test_weights(weights, n=64)
     prev.write_bytes(tiny_weights.read_bytes())

@@ -364,11 +364,6 @@ class ModelEngine:
         return HistorySide(proposals, carry, failing)
 
 
-def packaged_model() -> Path:
-    """The default model shipped inside the package (built by `python -m calmd.training.recipe`)."""
-    return paths.packaged_weights()
-
-
 def load_engine(path: Path) -> ModelEngine:
     """The server's engine loader: the weight file, else the default model shipped in the package."""
-    return ModelEngine(path if path.exists() else packaged_model())
+    return ModelEngine(paths.serving_weights(path))

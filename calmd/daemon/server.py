@@ -67,6 +67,7 @@ from calmd.daemon.protocol import (
 from calmd.daemon.scheduler import FairScheduler, Job
 from calmd.daemon.trainer import Trainer
 from calmd.errors import DiskFull
+from calmd.history.context import HISTORY_FRAMES
 from calmd.history.store import HistoryStore
 
 log = logging.getLogger("calmd")
@@ -127,7 +128,9 @@ class ServerConfig:
     data_dir: Path = field(default_factory=paths.data_dir)
     weights_path: Path = field(default_factory=paths.weights_path)
     reload_debounce_ms: int = 300
-    history_context: int = 5  # history frames put in the model's context when the client sends none
+    history_context: int = (
+        HISTORY_FRAMES  # history frames put in the model's context when the client sends none
+    )
     import_shell_history: bool = True  # import ~/.bash_history and ~/.zsh_history on first start
     train_threshold: int = 200  # new commands before a background run; 0: only on request
     train_max_load: float = 1.0  # start automatically only when the 1-minute load is below this
@@ -458,7 +461,7 @@ class Server:
             st = self.config.socket_path.lstat()
             self._bound_socket = (st.st_dev, st.st_ino)
         self.socket_path = str(sock.getsockname())
-        self.history = HistoryStore(self.config.data_dir / "history.sqlite3")
+        self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.trainer.clean_leftovers()
         if self.config.import_shell_history:
             await asyncio.to_thread(self.history.import_shell_histories, Path.home())

@@ -28,11 +28,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from calmd.training import background as continual
+from calmd import paths
+from calmd.training import background
 
 log = logging.getLogger("calmd")
 
-LOG_NAME = "training.log"
 LOG_ROTATE_BYTES = 1 << 20  # training.log is moved to training.log.old past this, at a run's start
 _PR_SET_PDEATHSIG = 1
 
@@ -51,16 +51,16 @@ def child_setup(parent_pid: int) -> Callable[[], None]:
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent_pid:
-            os._exit(continual.EXIT_STOPPED)
+            os._exit(background.EXIT_STOPPED)
 
     return setup
 
 
 def _open_log(data_dir: Path) -> int:
-    path = data_dir / LOG_NAME
+    path = data_dir / paths.TRAINING_LOG
     with contextlib.suppress(OSError):
         if path.stat().st_size > LOG_ROTATE_BYTES:
-            path.replace(path.with_name(LOG_NAME + ".old"))
+            path.replace(path.with_name(paths.TRAINING_LOG + ".old"))
     # O_NONBLOCK: a FIFO planted at the path fails here (ENXIO) instead of blocking the event loop
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -74,14 +74,17 @@ def _open_log(data_dir: Path) -> int:
 
 def _exit_reason(pid: int, code: int) -> tuple[str, str] | None:
     """(state, reason) from the run's exit code, for when training.json does not tell."""
-    if code == continual.EXIT_DISK_FULL:
+    if code == background.EXIT_DISK_FULL:
         return "failed", "disk full: the run could not write its files (training.log says which)"
-    if code == continual.EXIT_STOPPED:
+    if code == background.EXIT_STOPPED:
         return "interrupted", "stopped (the daemon shut down)"
     if code < 0:
         return "interrupted", f"the run (pid {pid}) was killed by {signal.Signals(-code).name}"
-    if code not in (continual.EXIT_DONE, continual.EXIT_LOCKED):
-        return "failed", f"the training process (pid {pid}) exited with code {code} (see {LOG_NAME})"
+    if code not in (background.EXIT_DONE, background.EXIT_LOCKED):
+        return (
+            "failed",
+            f"the training process (pid {pid}) exited with code {code} (see {paths.TRAINING_LOG})",
+        )
     return None
 
 
@@ -108,9 +111,9 @@ class Trainer:
 
     def clean_leftovers(self) -> list[str]:
         """At the daemon's start: what killed runs left, unless a run (someone else's) is live."""
-        if continual.lock_holder(self.data_dir) is not None:
+        if background.lock_holder(self.data_dir) is not None:
             return []
-        removed = continual.clean_leftovers(self.data_dir)
+        removed = background.clean_leftovers(self.data_dir)
         if removed:
             log.info("removed what killed training runs left: %s", ", ".join(removed))
         return removed
@@ -118,7 +121,7 @@ class Trainer:
     async def start(self, why: str) -> dict[str, Any]:
         if self.running:
             return {"ok": True, "started": False, "reason": "a training run is in progress"}
-        holder = continual.lock_holder(self.data_dir)
+        holder = background.lock_holder(self.data_dir)
         if holder is not None:
             return {"ok": True, "started": False,
                     "reason": f"a training run (pid {holder}) already works on {self.data_dir}"}  # fmt: skip
@@ -144,7 +147,7 @@ class Trainer:
         info = self._state()
         reason = (info.get("last_result") or {}).get("reason", "?")
         log.info("training finished (exit %d): %s", code, reason)
-        if code == continual.EXIT_DISK_FULL or str(reason).startswith("disk full"):
+        if code == background.EXIT_DISK_FULL or str(reason).startswith("disk full"):
             self.last_disk_full = time.time()
         last = info.get("last_result") or {}
         if last.get("swapped") and self.on_swapped is not None:
@@ -171,16 +174,16 @@ class Trainer:
         return {**self._state(), "threshold": threshold}
 
     def _state(self) -> dict[str, Any]:
-        info = continual.read_status(self.data_dir)
+        info = background.read_status(self.data_dir)
         running_pid: int | None = None
         if self.running:
             assert self._proc is not None
             running_pid = self._proc.pid
         else:
-            running_pid = continual.lock_holder(self.data_dir)
+            running_pid = background.lock_holder(self.data_dir)
         progress = {k: info[k] for k in ("step", "loss", "sequences", "held_out") if k in info}
         if running_pid is not None:
-            state = str(info.get("state")) if info.get("state") in continual.RUNNING_STATES else "starting"
+            state = str(info.get("state")) if info.get("state") in background.RUNNING_STATES else "starting"
             if info.get("pid") not in (running_pid, None) and running_pid != 0:
                 state, progress = "starting", {}  # training.json is still the previous run's
             return {"state": state, "pid": running_pid or None, "progress": progress, "last_result": None}
@@ -188,12 +191,12 @@ class Trainer:
         state = str(info.get("state") or "idle")
         if self._last is not None:
             pid, code = self._last
-            if info.get("pid") != pid or state in continual.RUNNING_STATES:
+            if info.get("pid") != pid or state in background.RUNNING_STATES:
                 derived = _exit_reason(pid, code)  # training.json does not say how our run ended
                 if derived is not None:
                     state, reason = derived
                     last = {"state": state, "swapped": False, "reason": reason, "finished": None}
-        if state in continual.RUNNING_STATES:  # nobody holds the lock: that run is dead
+        if state in background.RUNNING_STATES:  # nobody holds the lock: that run is dead
             state = "interrupted"
             reason = f"the run (pid {info.get('pid', '?')}) ended without a result (killed)"
             last = {"state": state, "swapped": False, "finished": info.get("updated"), "reason": reason}

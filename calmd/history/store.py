@@ -34,7 +34,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calmd import paths
 from calmd.errors import DiskFull
+from calmd.history.context import HISTORY_FRAMES, context_rows
 from calmd.history.secrets import DETECTOR_VERSION, find_secret
 
 log = logging.getLogger("calmd.history.store")
@@ -42,7 +44,6 @@ log = logging.getLogger("calmd.history.store")
 MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a command worth keeping
 # Files built from the store's rows, under its folder (calmd/training/background.py writes them): removed
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
-DERIVED_DATASETS = ("training/train.ctds", "training/heldout.ctds")
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
 SCHEMA_VERSION = 1
@@ -267,8 +268,7 @@ class HistoryStore:
     def remove_derived_datasets(self) -> list[Path]:
         """Delete the datasets built from this store's rows; returns the files removed."""
         removed = []
-        for name in DERIVED_DATASETS:
-            path = self.path.parent / name
+        for path in paths.training_sets(self.path.parent):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -387,10 +387,10 @@ class HistoryStore:
 
     _COLUMNS = "id, ts, session, cwd, git, cmd, exit, prev_cmd, source"
 
-    def recent(self, *, session: str | None = None, limit: int = 15) -> list[HistoryRow]:
-        """The latest `limit` commands, oldest first. With a session: that session's latest
-        commands, preceded (when it has fewer than `limit`) by the user's latest other commands,
-        so that what this shell ran last stays last, next to the prediction (calmd.md)."""
+    def recent(self, *, session: str | None = None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
+        """The latest `limit` commands, oldest first. With a session: the context a prediction in
+        that session sees (calmd/history/context.py): its latest commands, preceded (when it has
+        fewer than `limit`) by the user's latest other commands."""
         if not session:
             return self._rows(f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit,))[
                 ::-1
@@ -405,7 +405,7 @@ class HistoryStore:
                 f"SELECT {self._COLUMNS} FROM commands WHERE session != ? ORDER BY id DESC LIMIT ?",
                 (session, limit - len(own)),
             )
-        return others[::-1] + own[::-1]
+        return context_rows(own[::-1], others[::-1], limit)
 
     def all_rows(self, *, after: int = 0, batch: int = 10_000) -> Iterator[HistoryRow]:
         """Every stored command (with a row id above `after`), oldest first, read in batches."""

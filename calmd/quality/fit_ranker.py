@@ -25,6 +25,7 @@ import numpy as np
 
 from calmd.atomic import atomic_write
 from calmd.daemon.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
+from calmd.history.context import HISTORY_FRAMES
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
 
 # --------------------------------------------------------------------------- fitting
@@ -50,7 +51,7 @@ def replay_queries(commands: Sequence[str], positions: int, seed: str, warmup: i
     index = HistoryIndex(prior)
     for i, cmd in enumerate(commands):
         if i in sampled:
-            context = commands[max(0, i - 5) : i]
+            context = commands[max(0, i - HISTORY_FRAMES) : i]
             for k in ks:
                 if k > 0 and len(cmd) <= k:
                     continue

@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calmd import paths
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+from calmd.history.context import HISTORY_FRAMES
 from calmd.history.store import HistoryStore
 from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
-HISTORY_CONTEXT = 5  # as the server: ServerConfig.history_context
 SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
 
 
@@ -222,8 +223,8 @@ def replay_user(
     sampled = sorted(rng.sample(candidates_pos, min(cfg.positions, len(candidates_pos))))
     typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
     with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
-        store = HistoryStore(Path(tmp) / "history.sqlite3")
-        weights = Path(tmp) / "shell.cwgt"
+        store = HistoryStore(paths.history_path(Path(tmp)))
+        weights = paths.weights_path(Path(tmp))
         shutil.copyfile(cfg.model, weights)
         engine = engine_factory(weights)
         engine.attach_history(store)
@@ -234,7 +235,7 @@ def replay_user(
         sampled_set = set(sampled)
 
         def calmd_top(prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
-            recent = store.recent(session=session, limit=HISTORY_CONTEXT)
+            recent = store.recent(session=session, limit=HISTORY_FRAMES)
             ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
             if rows is None or target is None:
                 return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]

@@ -53,13 +53,10 @@ if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
 
 SHELLS = ("zsh", "bash")
-DISABLED_FLAG = "shell-disabled"  # in the data dir: `calm disable` creates it, `calm enable` removes it
-LOG_NAME = "shell-helper.log"
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
 MAX_CANDIDATES = 32  # the protocol's limit for `n`
 PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
-HOOK_FILE = "calm.{shell}"  # in the data dir: `calmd init`'s output, sourced by the setup line
 HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
 
@@ -94,11 +91,11 @@ def unescape(text: str) -> str:
 
 
 def disabled_flag() -> Path:
-    return paths.data_dir() / DISABLED_FLAG
+    return paths.data_dir() / paths.DISABLED_FLAG
 
 
 def log_path() -> Path:
-    return paths.data_dir() / LOG_NAME
+    return paths.data_dir() / paths.HELPER_LOG
 
 
 def script_path(shell: str) -> Path:
@@ -129,7 +126,7 @@ def init_script(shell: str, socket: str | None = None) -> str:
 def hook_file(shell: str) -> Path:
     """Where `calmd init` keeps its output, for the setup line that sources it without starting
     Python: calm.zsh or calm.bash in the data dir."""
-    return paths.data_dir() / HOOK_FILE.format(shell=shell)
+    return paths.data_dir() / paths.HOOK_FILE.format(shell=shell)
 
 
 def write_hook_file(shell: str, text: str) -> bool:

@@ -39,17 +39,17 @@ import os
 import shutil
 import signal
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from calmd import paths
 from calmd.atomic import atomic_write, exchange, fsync_dir, read_regular_file, remove_stale_temp_files
 from calmd.errors import CalmError, DiskFull, SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
+from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryRow, HistoryStore
 
 TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
@@ -65,7 +65,7 @@ class DatasetOptions:
     """`calm dataset` options for the shell-history path (calm-dataset.txt)."""
 
     max_entries: int = 0  # latest N history entries; 0: all
-    hist_frames: int = 5
+    hist_frames: int = HISTORY_FRAMES
     comp_frames: int = 3  # the store records no completion lists, so COMP frames stay empty
     max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
     min_cmd_len: int = 2
@@ -78,15 +78,10 @@ def history_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[di
     rows: list[HistoryRow] = list(store.all_rows())
     if opts.max_entries:
         rows = rows[-opts.max_entries :]
-    recent: dict[str, deque[HistoryRow]] = {}
-    everyone: deque[HistoryRow] = deque(maxlen=opts.hist_frames)
+    contexts = ContextTracker(opts.hist_frames)  # what the daemon would have put in the context
     pairs: list[tuple[dict[str, Any], str]] = []
     for row in rows:
-        own = recent.setdefault(row.session, deque(maxlen=opts.hist_frames))
-        context_rows = list(own)
-        if len(context_rows) < opts.hist_frames:  # topped up with other shells', as the server does
-            others = [r for r in everyone if r.session != row.session]
-            context_rows = others[len(others) - (opts.hist_frames - len(context_rows)) :] + context_rows
+        context_rows = cast(list[HistoryRow], contexts.before(row.session))
         eligible = (
             len(row.cmd.strip()) >= opts.min_cmd_len
             and (opts.include_failed or not row.exit)
@@ -99,8 +94,7 @@ def history_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[di
             if row.git:
                 ctx["git"] = row.git
             pairs.append((ctx, row.cmd))
-        own.append(row)
-        everyone.append(row)
+        contexts.add(row)
     # --max-dup keeps each command's latest uses (newest contexts matter most)
     seen: dict[str, int] = {}
     kept: list[tuple[dict[str, Any], str]] = []
@@ -171,11 +165,11 @@ class RunStopped(BaseException):
 
 
 def status_path(data_dir: Path) -> Path:
-    return data_dir / "training.json"
+    return data_dir / paths.TRAINING_STATUS
 
 
 def lock_path(data_dir: Path) -> Path:
-    return data_dir / "training.lock"
+    return data_dir / paths.TRAINING_LOCK
 
 
 def write_status(data_dir: Path, **fields: Any) -> None:
@@ -277,7 +271,8 @@ def clean_leftovers(data_dir: Path) -> list[str]:
             path.unlink(missing_ok=True)
             removed.append(path.name)
     removed += remove_stale_temp_files(data_dir)
-    removed += [f"training/{name}" for name in remove_stale_temp_files(data_dir / "training")]
+    work = paths.training_dir(data_dir)
+    removed += [f"{work.name}/{name}" for name in remove_stale_temp_files(work)]
     return removed
 
 
@@ -317,17 +312,17 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     from calmd.training.evaluate import compare, load_sequences
     from calmd.training.train import TrainConfig, train
 
-    work = opts.data_dir / "training"
-    work.mkdir(parents=True, exist_ok=True)
-    base = opts.weights if opts.weights.exists() else paths.packaged_weights()
+    train_set, heldout_set = paths.training_sets(opts.data_dir)
+    train_set.parent.mkdir(parents=True, exist_ok=True)
+    base = paths.serving_weights(opts.weights)
     write_status(opts.data_dir, state="dataset", started=started, base=str(base))
     current = load_model(base)
-    store = HistoryStore(opts.data_dir / "history.sqlite3")
+    store = HistoryStore(paths.history_path(opts.data_dir))
     try:
         recorded = store.count()
         counts = write_history_dataset(
-            store, work / "train.ctds", DatasetOptions(), template=current.metadata.parsed_template(),
-            l_max=current.model.cfg.l_max, holdout=opts.holdout, holdout_path=work / "heldout.ctds",
+            store, train_set, DatasetOptions(), template=current.metadata.parsed_template(),
+            l_max=current.model.cfg.l_max, holdout=opts.holdout, holdout_path=heldout_set,
         )  # fmt: skip
     finally:
         store.close()
@@ -345,14 +340,14 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
                          base=str(base), **counts)  # fmt: skip
 
     cfg = TrainConfig(
-        model=str(base), dataset=str(work / "train.ctds"), output=str(candidate), epochs=opts.epochs,
+        model=str(base), dataset=str(train_set), output=str(candidate), epochs=opts.epochs,
         lr=opts.lr, ewc_lambda=opts.ewc_lambda, threads=opts.threads, max_minutes=opts.max_minutes,
         val_fraction=0.0, quiet=True, force=True,
     )  # fmt: skip
     trained = train(cfg, on_step=on_step)
     write_status(opts.data_dir, state="evaluating", started=started, **counts)
     new = load_model(candidate)
-    seqs = load_sequences(CtdsReader(work / "heldout.ctds"))
+    seqs = load_sequences(CtdsReader(heldout_set))
     cmp = compare(current.model, new.model, seqs, stops=current.metadata.stop_conditions(), ks=(0, 2))
     swapped = cmp.new.loss <= cmp.old.loss
     _check_parent(opts.parent_pid)  # an orphaned run does not swap anything in
@@ -372,7 +367,7 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
 def swap_in(candidate: Path, weights: Path) -> None:
     """Rename `candidate` over `weights`, keeping the replaced file as `shell.prev.cwgt` for `calm
     rollback`. Renames only: `weights` holds a complete file at every instant."""
-    prev = weights.with_name("shell.prev.cwgt")
+    prev = paths.prev_weights_path(weights)
     if weights.exists():
         keep = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
         keep.unlink(missing_ok=True)
@@ -395,7 +390,7 @@ def rollback(weights: Path) -> Path:
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
 
-    prev = weights.with_name("shell.prev.cwgt")
+    prev = paths.prev_weights_path(weights)
     if not prev.exists():
         raise CalmError(f"{prev} does not exist: nothing to roll back to")
     with TrainingLock(weights.parent) as lock:
@@ -446,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as exc:
         _say(str(exc))
         return EXIT_STOPPED
-    weights = args.weights or args.data_dir / "shell.cwgt"
+    weights = args.weights or paths.weights_path(args.data_dir)
     opts = RunOptions(args.data_dir, weights, min_examples=args.min_examples, holdout=args.holdout,
                       epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes,
                       parent_pid=args.parent_pid)  # fmt: skip

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from calmd import paths
 from calmd.formats.tokenizer import Example, HistoryEntry
+from calmd.history.context import HISTORY_FRAMES
 from calmd.history.store import detect_format, parse_history
 
 DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
@@ -229,7 +230,7 @@ def _public(host: str) -> bool:
 
 
 def history_examples(
-    commands: list[str], *, context: int = 5, names: Iterable[str] = (), max_dup: int = 3
+    commands: list[str], *, context: int = HISTORY_FRAMES, names: Iterable[str] = (), max_dup: int = 3
 ) -> Iterator[Example]:
     """One Example per command, with up to `context` preceding commands as HIST frames. A command
     is used at most `max_dup` times as a target, with different contexts (calm dataset --max-dup)."""

@@ -30,6 +30,7 @@ from calmd.atomic import atomic_write
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
+from calmd.history.context import HISTORY_FRAMES
 from calmd.training.corpus import (
     DEFAULT_DATA,
     held_out,
@@ -45,7 +46,7 @@ def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Ite
     examples: list[Example] = list(tldr_examples(data / "tldr", seed=seed, variants=tldr_variants))
     for path in history_users(data):
         if not held_out(path.stem):
-            examples.extend(history_examples(read_history(path), context=5, names=[path.stem]))
+            examples.extend(history_examples(read_history(path), context=HISTORY_FRAMES, names=[path.stem]))
     random.Random(seed).shuffle(examples)
     yield from examples
 

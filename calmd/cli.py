@@ -87,7 +87,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 def dataset_from_history(args: argparse.Namespace) -> int:
     """The shell-history path of calm-dataset.txt: the history store -> CTDS."""
     from calmd.history.store import HistoryStore
-    from calmd.training.background import DatasetOptions, write_history_dataset
+    from calmd.training.datasets import DatasetOptions, write_history_dataset
 
     db = Path(args.db) if args.db else paths.history_path()
     if not db.exists():

@@ -14,14 +14,8 @@ from calmd.cli import calm_main
 from calmd.formats.ctds import CtdsReader
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
-from calmd.training.background import (
-    DatasetOptions,
-    RunOptions,
-    history_examples,
-    is_trivial,
-    read_status,
-    run,
-)
+from calmd.training.background import RunOptions, read_status, run
+from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.daemon import BIN, running_daemon
 
 WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
@@ -48,7 +42,7 @@ def test_trivial_commands() -> None:
 def test_history_examples_filter_and_keep_context(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.sqlite3")
     fill(store, 6)
-    pairs = history_examples(store, DatasetOptions())
+    pairs = store_examples(store, DatasetOptions())
     cmds = [c for _, c in pairs]
     assert "ls" not in cmds and "cd .." not in cmds  # trivial
     assert "false cmd" not in cmds  # failed
@@ -57,9 +51,9 @@ def test_history_examples_filter_and_keep_context(tmp_path: Path) -> None:
     ctx, _ = pairs[-1]
     assert [h["cmd"] for h in ctx["history"]][-1] in WORK  # the preceding commands, trivial ones too
     assert len(ctx["history"]) == 5 and ctx["cwd"] == "/p" and ctx["git"] == "main"
-    wide = history_examples(store, DatasetOptions(include_failed=True, include_trivial=True, max_dup=100))
+    wide = store_examples(store, DatasetOptions(include_failed=True, include_trivial=True, max_dup=100))
     assert len(wide) == 6 * len(WORK)
-    assert len(history_examples(store, DatasetOptions(max_entries=7, max_dup=100))) == 4
+    assert len(store_examples(store, DatasetOptions(max_entries=7, max_dup=100))) == 4
 
 
 def test_calm_dataset_without_from_reads_the_history_store(tmp_path: Path) -> None:

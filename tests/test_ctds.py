@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from calmd.errors import FormatError
-from calmd.formats.ctds import CtdsReader, CtdsWriter, write_ctds
+from calmd.formats.ctds import CtdsReader, CtdsWriter, pad_sequences, write_ctds
 from calmd.formats.tokenizer import Special
 
 # BOS ATN CMD "ls" EOS  and  BOS CWD "/" END ATN CMD "pwd" EOS
@@ -74,9 +74,14 @@ def test_padded_batch_and_loss_mask(tmp_path: Path) -> None:
     # supervised: every token after ATN (CMD, command bytes, EOS), never context or padding
     assert mask[0].tolist() == [False, False, True, True, True, True, False, False, False, False]
     assert mask[1].tolist() == [False] * 5 + [True] * 5
-    t, m = ds.batch_tensors(0, 2, pad_to=12)
-    assert tuple(t.shape) == (2, 12) and int(m.sum()) == 9
-    assert t[0, -1].item() == Special.PAD
+    t, m, _ = ds.padded_batch(0, 2, pad_to=12)
+    assert t.shape == (2, 12) and int(m.sum()) == 9
+    assert t[0, -1] == Special.PAD
+    # the in-memory rule and the reader's agree, row order included
+    rows = np.array([1, 0])
+    t2, m2, _ = ds.padded_rows(rows)
+    p2, pm2 = pad_sequences([np.array(SEQ_B), np.array(SEQ_A)], [4, 1])
+    assert (t2 == p2).all() and (m2 == pm2).all()
     with pytest.raises(ValueError, match="pad_to"):
         ds.padded_batch(0, 2, pad_to=5)
 

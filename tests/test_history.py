@@ -17,7 +17,7 @@ from calmd.formats.tokenizer import decode
 from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.shell.client import CalmClient
-from calmd.training.background import DatasetOptions, write_history_dataset
+from calmd.training.datasets import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from calmd.cli import calm_main
-from calmd.formats.ctds import CtdsReader, write_ctds
+from calmd.formats.ctds import CtdsReader, pad_sequences, write_ctds
 from calmd.formats.cwgt import Metadata, read_cwgt
 from calmd.formats.tokenizer import (
     DEFAULT_SHELL_STOPS,
@@ -32,10 +32,11 @@ from calmd.formats.tokenizer import (
     build_sequence,
 )
 from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
-from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten
+from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten, supervised_nll
 from calmd.training.commands import TRAIN_FLAGS
 from calmd.training.evaluate import sequence_loss
-from calmd.training.train import TrainConfig, pad_batch, supervised_nll, train, write_loss_png
+from calmd.training.plot import write_loss_png
+from calmd.training.train import TrainConfig, train
 
 TINY = ModelConfig(d_model=32, n_layers=1, expand=2, d_state=4, d_conv=4, l_max=256)
 BIN = Path(sys.executable).parent
@@ -97,10 +98,11 @@ def test_loss_covers_only_tokens_after_atn_and_ignores_padding() -> None:
     model.init_weights(3)
     seqs = sequences(TASK_A + TASK_B, 5, seed=1)
     atns = [int(np.flatnonzero(s == 259)[0]) for s in seqs]
-    tokens, mask = pad_batch(seqs, atns)
+    tokens, mask = map(torch.from_numpy, pad_sequences(seqs, atns))
+    wide = map(torch.from_numpy, pad_sequences(seqs, atns, pad_to=tokens.shape[1] + 37))
     with torch.no_grad():
         batched = float(supervised_nll(model, tokens, mask))
-        padded = float(supervised_nll(model, *pad_batch(seqs, atns, pad_to=tokens.shape[1] + 37)))
+        padded = float(supervised_nll(model, *wide))
         # by hand: one sequence at a time, no padding, cross entropy of the command part only
         manual = 0.0
         for seq, atn in zip(seqs, atns, strict=True):

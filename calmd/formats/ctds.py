@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
@@ -34,7 +34,7 @@ from calmd.errors import FormatError
 from calmd.formats.tokenizer import NUM_SPECIALS, SPECIAL_BASE, Special, TokenArray
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 MAGIC = b"CTDS"
 HEADER = struct.Struct("<4sIIH")
@@ -197,13 +197,20 @@ class CtdsReader:
     def padded_batch(
         self, index: int, size: int, *, pad_to: int | None = None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-        """Batch `index` as arrays: tokens (B, L) padded with PAD, loss mask (B, L), lengths (B,).
+        """Batch `index` (of `size` sequences, in `order`) as `padded_rows` gives it."""
+        return self.padded_rows(self._batch_rows(index, size), pad_to=pad_to)
+
+    def padded_rows(
+        self, rows: npt.NDArray[np.int64], *, pad_to: int | None = None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """Sequences `rows` as arrays: tokens (B, L) padded with PAD, loss mask (B, L), lengths (B,).
 
         The mask is True on every token after ATN (CMD marker, command bytes, EOS) and False on
         the context and the padding: it marks the *targets* the loss supervises, position t being
         predicted from positions < t. L is the longest sequence of the batch, or `pad_to`.
+        `pad_sequences` applies the same rule to sequences held in memory.
         """
-        rows = self._batch_rows(index, size)
+        rows = np.asarray(rows, dtype=np.int64)
         offsets = self.offsets()
         lengths = self.lengths[rows].astype(np.int64)
         width = int(lengths.max()) if pad_to is None else pad_to
@@ -224,14 +231,22 @@ class CtdsReader:
         mask = inside & (cols[None, :] > cmd[:, None])
         return tokens, mask, lengths
 
-    def batch_tensors(
-        self, index: int, size: int, *, pad_to: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`padded_batch` as torch tensors: tokens (B, L) int64 and loss mask (B, L) bool."""
-        import torch
 
-        tokens, mask, _ = self.padded_batch(index, size, pad_to=pad_to)
-        return torch.from_numpy(tokens), torch.from_numpy(mask)
+def pad_sequences(
+    seqs: Sequence[npt.NDArray[np.integer]], cmd_positions: Sequence[int], *, pad_to: int | None = None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """In-memory sequences -> tokens (B, L) int64 padded with PAD, and the loss mask (B, L): the
+    rule of `CtdsReader.padded_rows` (True on every real token after its ATN)."""
+    lengths = [len(s) for s in seqs]
+    width = max(lengths, default=1) if pad_to is None else pad_to
+    if width < max(lengths, default=0):
+        raise ValueError(f"pad_to {pad_to} is shorter than the longest sequence {max(lengths)}")
+    tokens = np.full((len(seqs), width), int(Special.PAD), dtype=np.int64)  # (B, L)
+    mask = np.zeros((len(seqs), width), dtype=np.bool_)  # (B, L)
+    for b, (seq, cmd) in enumerate(zip(seqs, cmd_positions, strict=True)):
+        tokens[b, : len(seq)] = seq
+        mask[b, cmd + 1 : len(seq)] = True
+    return tokens, mask
 
 
 class CtdsWriter:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -475,16 +476,8 @@ class CalmModel(nn.Module):
         return self._head(x), InferenceState(new_layers, seen)
 
     def loss(self, tokens: Tensor, loss_mask: Tensor) -> Tensor:
-        """Mean next-token cross entropy over the supervised targets.
-
-        tokens (B, L); loss_mask (B, L) bool, True where token t is a supervised target (the
-        CTDS mask: every token after ATN). Position t-1 predicts token t.
-        """
-        logits = self.forward(tokens[:, :-1])  # (B, L-1, V)
-        targets = tokens[:, 1:]
-        mask = loss_mask[:, 1:]
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        return (losses * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+        """Mean next-token cross entropy over the supervised targets (see `supervised_nll`)."""
+        return supervised_nll(self, tokens, loss_mask) / loss_mask[:, 1:].sum().clamp(min=1)
 
     # -- recurrent path --------------------------------------------------------------------------
 
@@ -579,6 +572,20 @@ class CalmModel(nn.Module):
         model = cls(cfg)
         model.load_named_arrays(arrays)
         return model
+
+
+def supervised_nll(module: Callable[[Tensor], Tensor], tokens: Tensor, mask: Tensor) -> Tensor:
+    """Summed next-token NLL (nats) over the supervised targets: the training loss, and evaluation's.
+
+    tokens (B, L); mask (B, L) bool, True where token t is a target (the CTDS loss mask: every
+    token after ATN). Position t-1 predicts token t. `module` maps tokens (B, L-1) to logits
+    (B, L-1, V): the model, or its DistributedDataParallel wrapper.
+    """
+    logits = module(tokens[:, :-1])  # (B, L-1, V)
+    losses = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
+    )
+    return (losses * mask[:, 1:].reshape(-1)).sum()
 
 
 def flatten(model: CalmModel) -> npt.NDArray[np.float32]:

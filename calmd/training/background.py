@@ -1,4 +1,4 @@
-"""Continual training: datasets from the history store, and the background fine-tuning run.
+"""Background training: the fine-tuning run the daemon starts when enough new history arrived.
 
 A run (`python -m calmd.training.background`, started by the daemon in a niced single-thread process):
 1. builds a CTDS from the history store with the `calm dataset` options (`DatasetOptions`), the
@@ -21,11 +21,6 @@ killed runs left (`.shell.candidate.<pid>.cwgt`, stale temp files). Started by t
 still the daemon. SIGTERM (the daemon's graceful stop) ends it cleanly, state `interrupted`.
 Exit codes: 0 done (swapped or not), 1 failed (reason in training.json), 3 disk full, 4 another
 run holds the lock, 5 stopped (SIGTERM, or the daemon went away).
-
-"Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
-`clear`, `reset`, `exit`, `history`, `jobs`, `fg`, `bg`, `cd` alone or with `..`, `-`, `~`, and
-anything shorter than --min-cmd-len. They are cheap to type and frequent enough to swamp the
-loss; they still appear as context (HIST frames) of the commands that follow them.
 """
 
 from __future__ import annotations
@@ -39,99 +34,15 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from calmd import paths
 from calmd.atomic import atomic_write, exchange, fsync_dir, read_regular_file, remove_stale_temp_files
-from calmd.errors import CalmError, DiskFull, SequenceTooLong
-from calmd.formats.ctds import CtdsWriter
-from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
-from calmd.history.context import HISTORY_FRAMES, ContextTracker
-from calmd.history.store import HistoryRow, HistoryStore
-
-TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
-                     "cd", "cd ..", "cd -", "cd ~"})  # fmt: skip
-
-
-def is_trivial(cmd: str) -> bool:
-    return " ".join(cmd.split()) in TRIVIAL
-
-
-@dataclass(frozen=True)
-class DatasetOptions:
-    """`calm dataset` options for the shell-history path (calm-dataset.txt)."""
-
-    max_entries: int = 0  # latest N history entries; 0: all
-    hist_frames: int = HISTORY_FRAMES
-    comp_frames: int = 3  # the store records no completion lists, so COMP frames stay empty
-    max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
-    min_cmd_len: int = 2
-    include_failed: bool = False
-    include_trivial: bool = False
-
-
-def history_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[dict[str, Any], str]]:
-    """(context, command) pairs from the store, oldest first, filtered as `opts` says."""
-    rows: list[HistoryRow] = list(store.all_rows())
-    if opts.max_entries:
-        rows = rows[-opts.max_entries :]
-    contexts = ContextTracker(opts.hist_frames)  # what the daemon would have put in the context
-    pairs: list[tuple[dict[str, Any], str]] = []
-    for row in rows:
-        context_rows = cast(list[HistoryRow], contexts.before(row.session))
-        eligible = (
-            len(row.cmd.strip()) >= opts.min_cmd_len
-            and (opts.include_failed or not row.exit)
-            and (opts.include_trivial or not is_trivial(row.cmd))
-        )
-        if eligible:
-            ctx: dict[str, Any] = {"history": [{"cmd": r.cmd, "exit": r.exit} for r in context_rows]}
-            if row.cwd:
-                ctx["cwd"] = row.cwd
-            if row.git:
-                ctx["git"] = row.git
-            pairs.append((ctx, row.cmd))
-        contexts.add(row)
-    # --max-dup keeps each command's latest uses (newest contexts matter most)
-    seen: dict[str, int] = {}
-    kept: list[tuple[dict[str, Any], str]] = []
-    for ctx, cmd in reversed(pairs):
-        seen[cmd] = seen.get(cmd, 0) + 1
-        if seen[cmd] <= opts.max_dup:
-            kept.append((ctx, cmd))
-    return kept[::-1]
-
-
-def write_history_dataset(
-    store: HistoryStore, out: Path, opts: DatasetOptions, *, template: Template = DEFAULT_SHELL_TEMPLATE,
-    l_max: int = 768, holdout: int = 0, holdout_path: Path | None = None,
-) -> dict[str, int]:  # fmt: skip
-    """Write the history dataset (and its newest `holdout` examples to `holdout_path`)."""
-    pairs = history_examples(store, opts)
-    split = max(0, len(pairs) - holdout) if holdout_path is not None else len(pairs)
-    counts = {"sequences": 0, "held_out": 0, "skipped_too_long": 0}
-
-    def sequences(chunk: list[tuple[dict[str, Any], str]]) -> Iterator[Any]:
-        for ctx, cmd in chunk:
-            try:
-                yield build_sequence(template, {**ctx, "input": cmd}, l_max=l_max, training=True)
-            except SequenceTooLong:
-                counts["skipped_too_long"] += 1
-
-    with CtdsWriter(out) as writer:
-        for seq in sequences(pairs[:split]):
-            writer.add(seq)
-            counts["sequences"] += 1
-    if holdout_path is not None:
-        with CtdsWriter(holdout_path) as writer:
-            for seq in sequences(pairs[split:]):
-                writer.add(seq)
-                counts["held_out"] += 1
-    return counts
-
+from calmd.errors import CalmError, DiskFull
+from calmd.history.store import HistoryStore
+from calmd.training.datasets import DatasetOptions, write_history_dataset
 
 # --------------------------------------------------------------------------- the background run
 

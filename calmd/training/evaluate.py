@@ -30,7 +30,7 @@ import numpy.typing as npt
 import torch
 
 from calmd.errors import CalmError
-from calmd.formats.ctds import CtdsReader
+from calmd.formats.ctds import CtdsReader, pad_sequences
 from calmd.formats.tokenizer import (
     BYTE_TOKENS,
     Special,
@@ -40,8 +40,7 @@ from calmd.formats.tokenizer import (
     atn_position,
 )
 from calmd.model.checkpoint import load_model
-from calmd.model.mamba import CalmModel, InferenceState, LayerState
-from calmd.training.train import pad_batch, supervised_nll
+from calmd.model.mamba import CalmModel, InferenceState, LayerState, supervised_nll
 
 KS = (0, 1, 2, 4, 8)
 
@@ -130,7 +129,7 @@ def sequence_loss(
     for start in range(0, len(order), batch_size):
         batch = [seqs[i] for i in order[start : start + batch_size]]
         atns = [atn_position(s) for s in batch]
-        toks, mask = pad_batch(batch, atns)
+        toks, mask = map(torch.from_numpy, pad_sequences(batch, atns))
         total += float(supervised_nll(model, toks.to(device), mask.to(device)).double())
         tokens += int(mask[:, 1:].sum())
         cmd_bytes += sum(

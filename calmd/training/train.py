@@ -42,14 +42,11 @@ the user's recent history again and again. The default gamma is 0.5.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
-import struct
 import time
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,17 +54,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from calmd import paths
 from calmd.atomic import atomic_write
 from calmd.errors import CalmError
-from calmd.formats.ctds import CtdsReader
+from calmd.formats.ctds import CtdsReader, pad_sequences
 from calmd.formats.cwgt import Metadata
 from calmd.formats.tokenizer import Special
 from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
-from calmd.model.mamba import SIZES, CalmModel, flatten
+from calmd.model.mamba import SIZES, CalmModel, flatten, supervised_nll
+from calmd.training.plot import write_loss_png
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DEFAULT_LR_NEW = 1e-3  # from random weights
@@ -176,40 +173,15 @@ class TrainResult:
 # --------------------------------------------------------------------------- batches and loss
 
 
-def pad_batch(
-    seqs: Sequence[npt.NDArray[np.integer]], cmd_positions: Sequence[int], *, pad_to: int | None = None
-) -> tuple[Tensor, Tensor]:
-    """Token arrays -> tokens (B, L) int64 padded with PAD, and the loss mask (B, L) bool: True on
-    every real token after its ATN (the targets). L is the longest sequence, or `pad_to`."""
-    lengths = [len(s) for s in seqs]
-    width = max(lengths, default=1) if pad_to is None else pad_to
-    assert width >= max(lengths, default=0), "pad_to shorter than a sequence"
-    tokens = np.full((len(seqs), width), int(Special.PAD), dtype=np.int64)  # (B, L)
-    mask = np.zeros((len(seqs), width), dtype=np.bool_)  # (B, L)
-    for b, (seq, cmd) in enumerate(zip(seqs, cmd_positions, strict=True)):
-        tokens[b, : len(seq)] = seq
-        mask[b, cmd + 1 : len(seq)] = True
-    return torch.from_numpy(tokens), torch.from_numpy(mask)
-
-
-def supervised_nll(module: Callable[[Tensor], Tensor], tokens: Tensor, mask: Tensor) -> Tensor:
-    """Summed next-token NLL (nats) over the masked targets; position t-1 predicts token t.
-    `module` maps tokens (B, L-1) to logits (B, L-1, V): the model or its DDP wrapper."""
-    logits = module(tokens[:, :-1])  # (B, L-1, V)
-    losses = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
-    )
-    return (losses * mask[:, 1:].reshape(-1)).sum()
-
-
 def supervised_counts(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> int:
     """Supervised targets of `rows`: every token after ATN."""
     return int((reader.lengths[rows].astype(np.int64) - reader.cmd_positions[rows] - 1).sum())
 
 
 def read_rows(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> tuple[Tensor, Tensor]:
-    seqs = [reader.sequence(int(r)) for r in rows]  # validated: ids and the ATN position
-    return pad_batch(seqs, [int(reader.cmd_positions[r]) for r in rows])
+    """Tokens (B, L) and loss mask (B, L) of `rows`, validated (ids and the ATN position)."""
+    tokens, mask, _ = reader.padded_rows(rows)
+    return torch.from_numpy(tokens), torch.from_numpy(mask)
 
 
 # --------------------------------------------------------------------------- distributed
@@ -651,7 +623,9 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
             if mine.size:
                 tokens, mask = read_rows(reader, mine)
             else:  # a short last batch: this rank still joins the all-reduce, with nothing to learn
-                tokens, mask = pad_batch([np.array([Special.PAD, Special.PAD])], [1])
+                tokens, mask = map(
+                    torch.from_numpy, pad_sequences([np.array([Special.PAD, Special.PAD])], [1])
+                )
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(cfg, lr, step, total_steps)
             nll = supervised_nll(wrapped, tokens.to(device), mask.to(device))
@@ -736,95 +710,3 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         if dist.owned:
             torch.distributed.destroy_process_group()
     return result
-
-
-# --------------------------------------------------------------------------- the loss-curve PNG
-
-# 3x5 glyphs for tick labels, one string of 15 pixels (rows top to bottom) per character.
-_GLYPHS = {
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-    "e": "000111111100111", " ": "000000000000000",
-}  # fmt: skip
-
-
-def _png(width: int, height: int, rgb: npt.NDArray[np.uint8]) -> bytes:
-    """Encode an (H, W, 3) uint8 image as a PNG (zlib + struct, no imaging library)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(height))  # filter 0 per scanline
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(raw, 9))
-        + chunk(b"IEND", b"")
-    )
-
-
-def _text(img: npt.NDArray[np.uint8], x: int, y: int, text: str, scale: int = 2) -> None:
-    for i, ch in enumerate(text):
-        bits = _GLYPHS.get(ch, _GLYPHS[" "])
-        for r in range(5):
-            for c in range(3):
-                if bits[r * 3 + c] == "1":
-                    x0, y0 = x + (i * 4 + c) * scale, y + r * scale
-                    img[y0 : y0 + scale, x0 : x0 + scale] = 0
-
-
-def _line(
-    img: npt.NDArray[np.uint8], x0: float, y0: float, x1: float, y1: float, color: tuple[int, ...]
-) -> None:
-    n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    xs = np.rint(np.linspace(x0, x1, n + 1)).astype(int)
-    ys = np.rint(np.linspace(y0, y1, n + 1)).astype(int)
-    ok = (xs >= 0) & (xs < img.shape[1]) & (ys >= 0) & (ys < img.shape[0])
-    img[ys[ok], xs[ok]] = color
-    img[np.minimum(ys[ok] + 1, img.shape[0] - 1), xs[ok]] = color  # 2 px thick
-
-
-def write_loss_png(
-    path: Path,
-    losses: Sequence[float],
-    val: Sequence[tuple[int, float]],
-    *,
-    width: int = 640,
-    height: int = 360,
-) -> None:
-    """Train loss per step (blue) and validation loss per epoch (orange dots), with the y range
-    and the step count written on the axes. Written atomically."""
-    from calmd.atomic import atomic_write
-
-    img = np.full((height, width, 3), 255, dtype=np.uint8)  # (H, W, 3)
-    left, right, top, bottom = 70, width - 20, 20, height - 40
-    values = [*losses, *(v for _, v in val)]
-    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
-    steps = max(len(losses), 1)
-    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # grid and y labels
-        y = bottom - frac * (bottom - top)
-        img[int(y), left:right] = 225
-        _text(img, 4, int(y) - 5, f"{lo + frac * (hi - lo):.3g}")
-    img[top:bottom, left] = 0
-    img[bottom, left:right] = 0
-    _text(img, left, bottom + 10, "0")
-    label = str(steps)
-    _text(img, right - len(label) * 8, bottom + 10, label)
-
-    def xy(step: float, value: float) -> tuple[float, float]:
-        return (left + (step / steps) * (right - left), bottom - (value - lo) / (hi - lo) * (bottom - top))
-
-    points = [xy(i + 1, v) for i, v in enumerate(losses)]
-    if len(points) == 1:
-        points.append(points[0])
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        _line(img, x0, y0, x1, y1, (31, 119, 180))
-    for s, v in val:
-        x, y = xy(s, v)
-        img[max(int(y) - 3, 0) : int(y) + 4, max(int(x) - 3, 0) : int(x) + 4] = (255, 127, 14)
-    with atomic_write(path) as f:
-        f.write(_png(width, height, img))

@@ -67,7 +67,10 @@ class ScriptedEngine:
         if typed and typed == os.environ.get("CALMD_TEST_HANG_INPUT"):
             print("scripted engine: hanging for good", file=sys.stderr, flush=True)
             threading.Event().wait()  # never set: the thread stays here
-        seen = [c for c, _, _ in self.history.prefix_matches(typed)] if self.history and typed else []
+        seen: list[str] = []  # the history's commands that extend the input, newest first
+        if self.history and typed:
+            rows = reversed(list(self.history.all_rows()))
+            seen = list(dict.fromkeys(r.cmd for r in rows if r.cmd.startswith(typed)))
         history_cmds = [h["cmd"] for h in ctx.get("history", [])]
         results = seen + [typed + s for s in SUFFIXES]
         if not typed and history_cmds:

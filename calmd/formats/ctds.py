@@ -134,6 +134,8 @@ class CtdsReader:
         """Permute the iteration order (an index array; the data is not touched)."""
         self.order = np.random.default_rng(seed).permutation(self._count)
 
+    # num_batches and batch: the specification's dataset API (`ds:batch(0, 32)`), mirrored for
+    # its users; calmd's own training reads `padded_rows`.
     def num_batches(self, size: int) -> int:
         return -(-self._count // size)
 

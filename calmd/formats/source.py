@@ -117,14 +117,15 @@ class SourceParser:
 def parse_text(
     text: str, template: Template = DEFAULT_SHELL_TEMPLATE, *, name: str = "<text>"
 ) -> list[Example]:
-    """Parse a whole training source held in a string."""
+    """Parse a whole training source held in a string: the spec's `parse_text_dataset`. Spec-only:
+    `calm dataset` streams files through SourceParser instead."""
     return list(
         SourceParser(template, name=name).parse_stream(io.BytesIO(text.encode("utf-8", "surrogateescape")))
     )
 
 
 def iter_file(path: str | os.PathLike[str], template: Template = DEFAULT_SHELL_TEMPLATE) -> Iterator[Example]:
-    """Parse a training source file block by block."""
+    """Parse a training source file block by block (a library entry point; the CLI uses SourceParser)."""
     with open(path, "rb") as stream:
         yield from SourceParser(template, name=str(path)).parse_stream(stream)
 
@@ -163,7 +164,7 @@ def format_example(example: Example, template: Template = DEFAULT_SHELL_TEMPLATE
 
 
 def format_text(examples: Iterable[Example], template: Template = DEFAULT_SHELL_TEMPLATE) -> str:
-    """Blocks separated by one blank line, with a final newline."""
+    """Blocks separated by one blank line, with a final newline (`write_text` streams the same)."""
     return "".join(format_example(e, template) + "\n\n" for e in examples).removesuffix("\n")
 
 

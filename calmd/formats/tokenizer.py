@@ -73,12 +73,15 @@ FRAME_TOKENS = frozenset(
     {Special.CWD, Special.GIT, Special.HIST, Special.CMD, Special.ENV, Special.COMP, Special.QUERY}
     | {Special.WORD, Special.DEF, Special.QUOTE, Special.REF}
 )
+# The specification's two other classes, kept as its token table states them (spec-only: no
+# calmd code branches on them).
 SUBTOKENS = frozenset({Special.EXIT, Special.NEXT, Special.POS, Special.NOTE, Special.IPA, Special.BY})
 CONTROL_TOKENS = frozenset({Special.PAD, Special.BOS, Special.EOS, Special.ATN})
 
 
 def special_name(token_id: int) -> str:
-    """`260 -> "CWD"`; raises TokenError for ids that are not special tokens."""
+    """`260 -> "CWD"`; raises TokenError for ids that are not special tokens. Spec-only (the C API's
+    special_names table): views and tests use it, the daemon does not."""
     try:
         return SPECIAL_NAMES[token_id]
     except KeyError:
@@ -139,7 +142,8 @@ def decode(ids: npt.ArrayLike) -> bytes:
 
 
 def decode_text(ids: npt.ArrayLike) -> str:
-    """`decode` as str; invalid UTF-8 survives as surrogate escapes (see `to_bytes`)."""
+    """`decode` as str; invalid UTF-8 survives as surrogate escapes (see `to_bytes`). Spec-only
+    (the tokenizer spec's decode-to-string): calmd itself decodes to bytes."""
     return decode(ids).decode("utf-8", "surrogateescape")
 
 
@@ -427,7 +431,8 @@ class Example:
 
 
 def parse_sequence(seq: npt.ArrayLike, template: Template = DEFAULT_SHELL_TEMPLATE) -> Example:
-    """Token ids -> Example: the inverse of `build_sequence(template, ctx, training=True)`."""
+    """Token ids -> Example: the inverse of `build_sequence(template, ctx, training=True)`. Spec-only
+    (the round trip the dataset spec promises); tests check every CTDS we write with it."""
     ids = validate_ids(seq).tolist()
     example = Example()
     i = 0

@@ -480,10 +480,6 @@ def _dash_p(args: Sequence[str]) -> bool:
     return _any_literal(_option_value(args, ("-p",)))
 
 
-def _dash_p_separate(args: Sequence[str]) -> bool:
-    return _any_literal(_option_value(args, ("-p",), attached=False))
-
-
 def _upper_p(args: Sequence[str]) -> bool:
     """`zip -P`, `sqlcmd -P`, `ipmitool -P`, `mosquitto_pub -P`: an upper-case P is the password."""
     return _any_literal(_option_value(args, ("-P",)))

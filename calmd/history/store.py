@@ -46,7 +46,7 @@ MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: no prev_cmd column (nothing read it)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -58,7 +58,6 @@ CREATE TABLE IF NOT EXISTS commands (
     git      TEXT NOT NULL DEFAULT '',
     cmd      TEXT NOT NULL,
     exit     INTEGER,
-    prev_cmd TEXT NOT NULL DEFAULT '',
     source   TEXT NOT NULL DEFAULT 'shell'
 );
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
@@ -77,7 +76,6 @@ class HistoryRow:
     git: str
     cmd: str
     exit: int | None
-    prev_cmd: str
     source: str
 
 
@@ -127,11 +125,6 @@ def _only_escapes(text: str) -> bool:
 
 
 _FORGET_COMMAND = re.compile(r"\s*(?:\S*/)?calm\s+forget(?:\s|$)")
-# A row's prev_cmd, recomputed from the rows that remain: what its session ran last before it.
-_RELINK = (
-    "UPDATE commands SET prev_cmd = COALESCE((SELECT p.cmd FROM commands p WHERE p.session = commands.session"
-    " AND p.id < commands.id ORDER BY p.id DESC LIMIT 1), '') WHERE id = ?"
-)
 
 
 def _like_prefix(prefix: str) -> str:
@@ -163,9 +156,19 @@ class HistoryStore:
                 raise RuntimeError(
                     f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
                 )
+        if version is not None and int(version) < SCHEMA_VERSION:
+            self._migrate(int(version))
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
         self.last_disk_full: float | None = None  # when a write last failed for lack of space
         self.rescanned = self._rescan_if_outdated()
+
+    def _migrate(self, version: int) -> None:
+        """Bring a history written by an older calmd to SCHEMA_VERSION, in one transaction."""
+        with self._write_transaction(immediate=True):
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(commands)")}
+            if version < 2 and "prev_cmd" in columns:
+                self._db.execute("ALTER TABLE commands DROP COLUMN prev_cmd")
+            self._meta_set("schema_version", str(SCHEMA_VERSION))
 
     def close(self) -> None:
         with self._lock:
@@ -226,27 +229,16 @@ class HistoryStore:
         return self._delete_matching(match)
 
     def _delete_matching(self, match: Callable[[str], bool], *, counter: str = "") -> int:
-        """Delete the matching rows and every trace of them: `prev_cmd` of the rows that followed
-        them is re-linked to what ran before; deleted cells are zeroed (secure_delete); the WAL,
-        which still holds the pages as they were, is checkpointed and truncated; the datasets
-        built from the old rows are removed; the generation is bumped."""
-        doomed: list[int] = []
-        texts: set[str] = set()
-        relink: set[int] = set()
-        for row in self.all_rows():
-            if match(row.cmd):
-                doomed.append(row.id)
-                texts.add(row.cmd)
-            elif row.prev_cmd and (row.prev_cmd in texts or match(row.prev_cmd)):
-                relink.add(row.id)
-        if not doomed and not relink:
+        """Delete the matching rows and every trace of them: deleted cells are zeroed
+        (secure_delete); the WAL, which still holds the pages as they were, is checkpointed and
+        truncated; the datasets built from the old rows are removed; the generation is bumped."""
+        doomed = [row.id for row in self.all_rows() if match(row.cmd)]
+        if not doomed:
             return 0
         with self._write_transaction(immediate=True):
             for start in range(0, len(doomed), 500):
                 chunk = doomed[start : start + 500]
                 self._db.execute(f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-            for row_id in sorted(relink):
-                self._db.execute(_RELINK, (row_id,))
             if counter:
                 self._meta_add(counter, len(doomed))
             self._meta_add("generation", 1)
@@ -365,13 +357,9 @@ class HistoryStore:
             if verdict.reason.startswith("secret:"):
                 self._meta_add("dropped_secrets", 1)
             return
-        prev = self._db.execute(
-            "SELECT cmd FROM commands WHERE session = ? ORDER BY id DESC LIMIT 1", (session,)
-        ).fetchone()
         self._db.execute(
-            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, prev_cmd, source) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (ts, session, cwd, git, cmd, exit, prev[0] if prev else "", source),
+            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (ts, session, cwd, git, cmd, exit, source),
         )
         self._meta_add("recorded_since_train", 1)
 
@@ -385,7 +373,7 @@ class HistoryStore:
         with self._lock:
             return [HistoryRow(*row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, prev_cmd, source"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source"
 
     def recent(self, *, session: str | None = None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first. With a session: the context a prediction in
@@ -425,28 +413,6 @@ class HistoryStore:
             sql = "SELECT id FROM commands ORDER BY id DESC LIMIT 1 OFFSET ?"
             row = self._db.execute(sql, (n,)).fetchone()
         return int(row[0]) if row else 0
-
-    def prefix_matches(self, prefix: str, *, limit: int = 50) -> list[tuple[str, int, float]]:
-        """Distinct commands starting with `prefix`: (cmd, times run, last run), most recent first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT cmd, COUNT(*), MAX(ts) FROM commands WHERE cmd LIKE ? ESCAPE '\\' "
-                "GROUP BY cmd ORDER BY MAX(id) DESC LIMIT ?",
-                (_like_prefix(prefix), limit),
-            ).fetchall()
-        # LIKE is case-insensitive for ASCII; the prefix must match exactly.
-        return [(c, int(n), float(t)) for c, n, t in rows if c.startswith(prefix)]
-
-    def followers(self, prev_cmd: str, *, prefix: str = "", limit: int = 10) -> list[tuple[str, int]]:
-        """Commands that ran right after `prev_cmd` (in the same session), starting with `prefix`:
-        (cmd, times), most frequent first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT cmd, COUNT(*) FROM commands WHERE prev_cmd = ? AND cmd LIKE ? ESCAPE '\\' "
-                "GROUP BY cmd ORDER BY COUNT(*) DESC, MAX(id) DESC LIMIT ?",
-                (prev_cmd, _like_prefix(prefix), limit),
-            ).fetchall()
-        return [(c, int(n)) for c, n in rows if c.startswith(prefix)]
 
     def in_cwd(self, cwd: str, *, prefix: str = "", limit: int = 20) -> list[str]:
         """Distinct commands run in `cwd` that start with `prefix`, most recent first."""

@@ -306,10 +306,6 @@ class InferenceState:
         index = torch.as_tensor(rows, dtype=torch.long)
         return InferenceState([LayerState(s.conv[index], s.ssm[index]) for s in self.layers], self.seen)
 
-    @property
-    def batch(self) -> int:
-        return self.layers[0].ssm.shape[0] if self.layers else 0
-
 
 class Mamba(nn.Module):
     """The selective SSM mixer; names and shapes as mamba_ssm.modules.mamba_simple.Mamba."""
@@ -564,14 +560,6 @@ class CalmModel(nn.Module):
                     f"parameter {name}: shape {tuple(array.shape)}, the model needs {tuple(p.shape)}"
                 )
             p.copy_(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
-
-    @classmethod
-    def from_named_arrays(
-        cls, cfg: ModelConfig, arrays: list[tuple[str, npt.NDArray[np.float32]]]
-    ) -> CalmModel:
-        model = cls(cfg)
-        model.load_named_arrays(arrays)
-        return model
 
 
 def supervised_nll(module: Callable[[Tensor], Tensor], tokens: Tensor, mask: Tensor) -> Tensor:

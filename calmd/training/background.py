@@ -34,6 +34,7 @@ import os
 import shutil
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -374,7 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             if is_disk_full(exc):
                 _say(f"disk full: {exc}")
                 return EXIT_DISK_FULL
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            traceback.print_exc()  # to training.log; the reason is in training.json too
+            return EXIT_FAILED
     print(json.dumps({k: v for k, v in result.items() if k != "state"} | {"state": result["state"]}))
     return EXIT_DONE
 

@@ -13,6 +13,13 @@ Two sources (calmd/data/DEFAULT_MODEL.md):
 - public shell histories (one command per line, oldest first): each command becomes an example
   whose context is the user's preceding commands (HIST frames; these files have no exit codes,
   cwd or git, so those frames are absent).
+Both carry COMP and ENV frames built as the daemon builds them (calmd/history/frames.py, at the cut
+`comp_cut` picks): the files and directories come from what the user's earlier commands created or
+named (calmd/history/reconstruct.py) plus what the command itself names as existing (the real disk
+has those too); for a tldr example, what it names plus a few unrelated names of `FILES` and `DIRS`.
+Commands ("PATH") are the tldr page names and the vocabulary's commands; subcommands and options
+come from the packaged vocabulary (calmd/data/vocabulary.json). ENV follows `source .../activate`
+and `conda activate` in the histories.
 Personal names, hosts, e-mail and IP addresses are scrubbed from history commands before they
 are used (`scrub`), so the shipped model cannot reproduce them verbatim.
 """
@@ -29,6 +36,8 @@ from pathlib import Path
 from calmd import paths
 from calmd.formats.tokenizer import Example, HistoryEntry
 from calmd.history.context import HISTORY_FRAMES
+from calmd.history.frames import VocabularyFollowers, comp_cut, completions, context_frames
+from calmd.history.reconstruct import Reconstruction, named_paths
 from calmd.history.store import detect_format, parse_history
 
 DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
@@ -173,15 +182,52 @@ def fill_placeholders(command: str, rng: random.Random) -> str:
     return _PLACEHOLDER_RE.sub(lambda m: _value_for(m.group(1), rng), command)
 
 
-def tldr_examples(root: Path, *, seed: int = 0, variants: int = 1) -> Iterator[Example]:
-    """One Example per tldr command (and per variant), no context beyond a plausible cwd."""
+@dataclass(frozen=True)
+class CompSources:
+    """Where corpus examples take COMP's commands and followers from (module docstring)."""
+
+    commands: tuple[str, ...]  # sorted
+    followers: VocabularyFollowers
+
+
+def comp_sources(root: Path | None = None) -> CompSources:
+    """The tldr page names under `root` (if given) and the packaged vocabulary's commands."""
+    from calmd.daemon.filters import packaged_vocabulary
+
+    vocab = packaged_vocabulary()
+    names = {k for k in vocab.known if " " not in k}
+    if root is not None:
+        names |= {page.stem for platform in ("common", "linux") for page in (root / platform).glob("*.md")}
+    return CompSources(tuple(sorted(names)), VocabularyFollowers(vocab.known, static=1))
+
+
+def example_completions(cmd: str, disk: Reconstruction, sources: CompSources) -> list[str]:
+    """COMP for a corpus example: at `comp_cut(cmd)`, from `disk`."""
+    return completions(comp_cut(cmd), lister=disk.listing, commands=sources.commands,
+                       followers=sources.followers)  # fmt: skip
+
+
+def tldr_examples(
+    root: Path, *, seed: int = 0, variants: int = 1, sources: CompSources | None = None
+) -> Iterator[Example]:
+    """One Example per tldr command (and per variant): a plausible cwd, and COMP from a disk that
+    holds what the command names (not what it creates) and a few unrelated names."""
     rng = random.Random(seed)
+    disk_rng = random.Random(seed + 1)  # its own stream: the placeholders stay as they were
+    sources = sources or comp_sources(root)
     for ex in iter_tldr_pages(root):
         for _ in range(variants):
             cmd = fill_placeholders(ex.command, rng)
             if "\n" in cmd or not cmd.strip():
                 continue
-            fields = {"cwd": rng.choice(["/home/user", "/home/user/project", "/tmp", "/var/log", "/etc"])}
+            cwd = rng.choice(["/home/user", "/home/user/project", "/tmp", "/var/log", "/etc"])
+            disk = Reconstruction()
+            for name in disk_rng.sample(FILES, 3) + disk_rng.sample(DIRS, 2):
+                disk.add_path(name.split("/")[0], name in DIRS)
+            for path, is_dir, what in named_paths(cmd):
+                if what != "create":
+                    disk.add_path(path, is_dir)
+            fields = context_frames(cwd=cwd, completions=example_completions(cmd, disk, sources))
             yield Example(fields, cmd)
 
 
@@ -230,18 +276,32 @@ def _public(host: str) -> bool:
 
 
 def history_examples(
-    commands: list[str], *, context: int = HISTORY_FRAMES, names: Iterable[str] = (), max_dup: int = 3
-) -> Iterator[Example]:
-    """One Example per command, with up to `context` preceding commands as HIST frames. A command
-    is used at most `max_dup` times as a target, with different contexts (calm dataset --max-dup)."""
+    commands: list[str], *, context: int = HISTORY_FRAMES, names: Iterable[str] = (), max_dup: int = 3,
+    sources: CompSources | None = None,
+) -> Iterator[Example]:  # fmt: skip
+    """One Example per command, with up to `context` preceding commands as HIST frames, and with
+    COMP and ENV when `sources` is given (module docstring). A command is used at most `max_dup`
+    times as a target, with different contexts (calm dataset --max-dup)."""
     names = list(names)
     clean = [scrub(c, names) for c in commands]
     seen: dict[str, int] = {}
+    disk = Reconstruction()
     for i, cmd in enumerate(clean):
-        if len(cmd.strip()) < 2 or "\\n" in cmd:  # joined multi-line entries are not commands to suggest
-            continue
-        seen[cmd] = seen.get(cmd, 0) + 1
-        if seen[cmd] > max_dup:
-            continue
-        hist = [HistoryEntry(c) for c in clean[max(0, i - context) : i]]
-        yield Example({"history": hist} if hist else {}, cmd)
+        env = disk.env
+        usable = len(cmd.strip()) >= 2 and "\\n" not in cmd  # joined multi-line entries are no commands
+        if usable:
+            seen[cmd] = seen.get(cmd, 0) + 1
+        if usable and seen[cmd] <= max_dup:
+            comp: list[str] = []
+            if sources is not None:
+                for path, is_dir, what in named_paths(cmd):
+                    if what == "name":  # it exists when the command is typed: the real disk has it
+                        disk.add_path(path, is_dir)
+                comp = example_completions(cmd, disk, sources)
+            hist = [HistoryEntry(c) for c in clean[max(0, i - context) : i]]
+            fields = context_frames(completions=comp, env=env if sources is not None else "")
+            if hist:
+                fields["history"] = hist
+            yield Example(fields, cmd)
+        if sources is not None:
+            disk.add(cmd)

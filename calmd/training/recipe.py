@@ -5,7 +5,9 @@
 1. Corpus (docs/default-model.md): every tldr example (CC-BY 4.0, the tldr-pages project;
    placeholders filled, alternatives resolved, two variants each) and the public histories of
    the *training* users (each command with its preceding five as context, scrubbed of names,
-   hosts and addresses, at most three times per distinct command per user). One user in five
+   hosts and addresses, at most three times per distinct command per user). Every example
+   carries a COMP frame (and ENV where a history activated one) built by calmd/history/frames.py
+   from what the earlier commands created or named (calmd/training/corpus.py). One user in five
    (by a hash of the id, `held_out()`) is kept out of the corpus: `calm replay` reports its
    quality on them, users the model has never seen.
 2. Training: a new nano model with `calm train`'s loop (calmd/training/train.py), cosine schedule.
@@ -33,6 +35,7 @@ from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_seque
 from calmd.history.context import HISTORY_FRAMES
 from calmd.training.corpus import (
     DEFAULT_DATA,
+    comp_sources,
     held_out,
     history_examples,
     history_users,
@@ -42,11 +45,16 @@ from calmd.training.corpus import (
 
 
 def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Iterator[Example]:
-    """tldr examples, then the training users' history examples, in a seeded shuffled order."""
-    examples: list[Example] = list(tldr_examples(data / "tldr", seed=seed, variants=tldr_variants))
+    """tldr examples, then the training users' history examples, in a seeded shuffled order; all
+    with COMP (and ENV where a history activates one) built as the daemon builds them."""
+    sources = comp_sources(data / "tldr")
+    examples: list[Example] = list(
+        tldr_examples(data / "tldr", seed=seed, variants=tldr_variants, sources=sources)
+    )
     for path in history_users(data):
         if not held_out(path.stem):
-            examples.extend(history_examples(read_history(path), context=HISTORY_FRAMES, names=[path.stem]))
+            examples.extend(history_examples(read_history(path), context=HISTORY_FRAMES, names=[path.stem],
+                                             sources=sources))  # fmt: skip
     random.Random(seed).shuffle(examples)
     yield from examples
 
@@ -134,6 +142,9 @@ in {elapsed / 60:.1f} minutes on a 2-core CPU.
 - Public shell histories of {len(trained_on)} of the {len(users)} users of shared/data/histories
   (their repositories are listed in that folder's manifest.tsv), scrubbed of personal names,
   hosts and addresses. The other {len(users) - len(trained_on)} users are held out for `calm replay`.
+- Every example carries a COMP frame (completion candidates, calmd/history/frames.py) built from
+  the files and directories earlier commands created or named (calmd/history/reconstruct.py),
+  and ENV where a history activated a virtualenv or conda env.
 
 Training: {summary}
 """

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from calmd import __version__, paths
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.history.context import HISTORY_FRAMES
+from calmd.history.frames import COMP_ITEMS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -455,7 +456,12 @@ def calm_parser() -> argparse.ArgumentParser:
         default=HISTORY_FRAMES,
         help=f"history frames per sequence ({HISTORY_FRAMES})",
     )
-    g.add_argument("--comp-frames", type=int, default=3, help="completion items per sequence (3)")
+    g.add_argument(
+        "--comp-frames",
+        type=int,
+        default=COMP_ITEMS,
+        help=f"completion items per sequence, of those each record kept ({COMP_ITEMS}, as served)",
+    )
     g.add_argument("--max-dup", type=int, default=3, help="max uses of one command as a target (3)")
     g.add_argument("--min-cmd-len", type=int, default=2, help="min command length in chars (2)")
     g.add_argument("--include-failed", action="store_true", help="include non-zero exit commands")

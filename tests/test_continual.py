@@ -12,6 +12,7 @@ import pytest
 
 from calmd.cli import calm_main
 from calmd.formats.ctds import CtdsReader
+from calmd.formats.tokenizer import parse_sequence
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.training.background import RunOptions, read_status, run
@@ -54,6 +55,24 @@ def test_history_examples_filter_and_keep_context(tmp_path: Path) -> None:
     wide = store_examples(store, DatasetOptions(include_failed=True, include_trivial=True, max_dup=100))
     assert len(wide) == 6 * len(WORK)
     assert len(store_examples(store, DatasetOptions(max_entries=7, max_dup=100))) == 4
+
+
+def test_history_datasets_carry_the_comp_and_env_each_record_kept(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite3"
+    store = HistoryStore(db)
+    store.record("mkdir build", exit=0, cwd="/p", session="s", comp=["bin/"], env="venv:p")
+    store.record("vim notes.md", exit=0, cwd="/p", session="s", comp=["notes.md", "node_modules/"])
+    store.close()
+    out = tmp_path / "hist.ctds"
+    assert calm_main(["dataset", "--db", str(db), "-o", str(out), "--quiet"]) == 0
+    reader = CtdsReader(out)
+    examples = [parse_sequence(reader.sequence(i)) for i in range(reader.count())]
+    assert [(e.cmd, e.fields.get("completions"), e.fields.get("env")) for e in examples] == [
+        ("mkdir build", ["bin/"], "venv:p"),
+        ("vim notes.md", ["notes.md", "node_modules/"], None),
+    ]
+    assert calm_main(["dataset", "--db", str(db), "-o", str(out), "--comp-frames", "1", "--quiet"]) == 0
+    assert parse_sequence(CtdsReader(out).sequence(1)).fields["completions"] == ["notes.md"]
 
 
 def test_calm_dataset_without_from_reads_the_history_store(tmp_path: Path) -> None:

@@ -70,8 +70,36 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
     store.close()
     con = sqlite3.connect(path)
     assert "prev_cmd" not in {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
     con.close()
+
+
+def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    con = sqlite3.connect(path)  # as calmd with schema 2 left it: no comp, no env
+    con.executescript(
+        "CREATE TABLE commands (id INTEGER PRIMARY KEY, ts REAL NOT NULL, session TEXT NOT NULL DEFAULT '',"
+        " cwd TEXT NOT NULL DEFAULT '', git TEXT NOT NULL DEFAULT '', cmd TEXT NOT NULL, exit INTEGER,"
+        " source TEXT NOT NULL DEFAULT 'shell');"
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '2');"
+        "INSERT INTO commands (ts, session, cwd, cmd, exit) VALUES (1, 'a', '/src', 'make', 0);"
+    )
+    con.close()
+    store = HistoryStore(path)
+    store.record("vim notes.md", session="a", comp=["notes.md", "ghp_abcdefghijklmnopqrstuvwxyz0123456789AB",
+                                                    "a\nb"], env="venv:proj")  # fmt: skip
+    rows = list(store.all_rows())
+    assert [(r.cmd, r.comp, r.env) for r in rows] == [
+        ("make", (), ""),
+        ("vim notes.md", ("notes.md",), "venv:proj"),
+    ]
+    store.close()
+    con = sqlite3.connect(path)
+    assert {"comp", "env"} <= {row[1] for row in con.execute("PRAGMA table_info(commands)")}
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    con.close()
+    assert [r.comp for r in HistoryStore(path).all_rows()] == [(), ("notes.md",)]  # opened again: as it was
 
 
 def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:

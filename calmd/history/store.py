@@ -30,13 +30,15 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from calmd import paths
 from calmd.errors import DiskFull
 from calmd.history.context import HISTORY_FRAMES, context_rows
+from calmd.history.frames import COMP_ITEMS, clean_env
 from calmd.history.secrets import DETECTOR_VERSION, find_secret
 
 log = logging.getLogger("calmd.history.store")
@@ -46,7 +48,7 @@ MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
-SCHEMA_VERSION = 2  # 2: no prev_cmd column (nothing read it)
+SCHEMA_VERSION = 3  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -58,7 +60,9 @@ CREATE TABLE IF NOT EXISTS commands (
     git      TEXT NOT NULL DEFAULT '',
     cmd      TEXT NOT NULL,
     exit     INTEGER,
-    source   TEXT NOT NULL DEFAULT 'shell'
+    source   TEXT NOT NULL DEFAULT 'shell',
+    comp     TEXT NOT NULL DEFAULT '',
+    env      TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
 CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
@@ -77,6 +81,27 @@ class HistoryRow:
     cmd: str
     exit: int | None
     source: str
+    # The COMP items and the ENV text the context held when the command was typed (schema 3,
+    # calmd/history/frames.py): what the datasets put in the example's frames.
+    comp: tuple[str, ...] = ()
+    env: str = ""
+
+    @classmethod
+    def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
+        rid, ts, session, cwd, git, cmd, code, source, comp, env = row
+        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env)
+
+
+def _comp_items(text: str) -> tuple[str, ...]:
+    """The stored COMP column: items separated by newlines (a name with a newline is never stored)."""
+    return tuple(text.split("\n")) if text else ()
+
+
+def _comp_text(items: Sequence[str]) -> str:
+    """What is stored of a COMP frame: at most COMP_ITEMS items, none with a newline, none flagged as
+    a credential. Only these few matching names are kept, never the directory listing."""
+    kept = [i for i in items if i and "\n" not in i and find_secret(i) is None][:COMP_ITEMS]
+    return "\n".join(clean_text(i)[0] for i in kept)
 
 
 @dataclass(frozen=True)
@@ -168,6 +193,10 @@ class HistoryStore:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(commands)")}
             if version < 2 and "prev_cmd" in columns:
                 self._db.execute("ALTER TABLE commands DROP COLUMN prev_cmd")
+            if version < 3:  # older records: no COMP or ENV known (empty frames, as they were served)
+                for column in ("comp", "env"):
+                    if column not in columns:
+                        self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
             self._meta_set("schema_version", str(SCHEMA_VERSION))
 
     def close(self) -> None:
@@ -296,12 +325,18 @@ class HistoryStore:
         session: str = "",
         ts: float | None = None,
         source: str = "shell",
+        comp: Sequence[str] = (),
+        env: str = "",
     ) -> RecordResult:
+        """Store one command (unless `check` refuses it) with its context: `comp` and `env` are the
+        COMP items and ENV text of the context it was typed in; they pass the secret checks too."""
         cmd, replaced = clean_text(cmd)
         cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
+        extra = (_comp_text(comp), clean_env(clean_text(env)[0]))
         with self._write_transaction():
-            self._store(verdict, cmd, exit, cwd, git, session, time.time() if ts is None else ts, source)
+            stamp = time.time() if ts is None else ts
+            self._store(verdict, cmd, exit, cwd, git, session, stamp, source, extra)
             if replaced and verdict.stored:
                 self._meta_add("undecodable", 1)
         return verdict
@@ -350,16 +385,17 @@ class HistoryStore:
 
     def _store(
         self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
-        source: str,
+        source: str, extra: tuple[str, str] = ("", ""),
     ) -> None:  # fmt: skip
-        """Insert under the lock, inside the caller's transaction."""
+        """Insert under the lock, inside the caller's transaction (`extra`: comp, env as stored)."""
         if not verdict.stored:
             if verdict.reason.startswith("secret:"):
                 self._meta_add("dropped_secrets", 1)
             return
         self._db.execute(
-            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (ts, session, cwd, git, cmd, exit, source),
+            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ts, session, cwd, git, cmd, exit, source, *extra),
         )
         self._meta_add("recorded_since_train", 1)
 
@@ -371,9 +407,9 @@ class HistoryStore:
 
     def _rows(self, sql: str, args: tuple[object, ...]) -> list[HistoryRow]:
         with self._lock:
-            return [HistoryRow(*row) for row in self._db.execute(sql, args).fetchall()]
+            return [HistoryRow.from_db(row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env"
 
     def recent(self, *, session: str | None = None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first. With a session: the context a prediction in

@@ -1,8 +1,11 @@
 """Training datasets from the history store: which commands become examples, with which context.
 
 `calm dataset --history` and the background run (calmd/training/background.py) both call
-`write_history_dataset`; each example's context is built by `calmd.history.context.ContextTracker`,
-the same rule the daemon applies when it serves, so training and serving read the same frames.
+`write_history_dataset`; each example's HIST frames come from `calmd.history.context.ContextTracker`,
+the same rule the daemon applies when it serves, and its COMP and ENV frames are those the record
+kept (calmd/history/store.py, schema 3: what the daemon computed for it), all put together by
+`calmd.history.frames.context_frames`, so training and serving read the same frames. Records from
+before schema 3 have none (their examples carry empty COMP and ENV, as they were served).
 
 "Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
 `clear`, `reset`, `exit`, `history`, `jobs`, `fg`, `bg`, `cd` alone or with `..`, `-`, `~`, and
@@ -21,6 +24,7 @@ from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
 from calmd.history.context import HISTORY_FRAMES, ContextTracker
+from calmd.history.frames import COMP_ITEMS, context_frames
 from calmd.history.store import HistoryRow, HistoryStore
 
 TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
@@ -37,7 +41,7 @@ class DatasetOptions:
 
     max_entries: int = 0  # latest N history entries; 0: all
     hist_frames: int = HISTORY_FRAMES
-    comp_frames: int = 3  # the store records no completion lists, so COMP frames stay empty
+    comp_frames: int = COMP_ITEMS  # COMP items per example (what the daemon serves; 0: none)
     max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
     min_cmd_len: int = 2
     include_failed: bool = False
@@ -59,11 +63,10 @@ def store_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[dict
             and (opts.include_trivial or not is_trivial(row.cmd))
         )
         if eligible:
-            ctx: dict[str, Any] = {"history": [{"cmd": r.cmd, "exit": r.exit} for r in context_rows]}
-            if row.cwd:
-                ctx["cwd"] = row.cwd
-            if row.git:
-                ctx["git"] = row.git
+            ctx = context_frames(
+                cwd=row.cwd, git=row.git, history=[(r.cmd, r.exit) for r in context_rows],
+                completions=row.comp, env=row.env, comp_items=opts.comp_frames,
+            )  # fmt: skip
             pairs.append((ctx, row.cmd))
         contexts.add(row)
     # --max-dup keeps each command's latest uses (newest contexts matter most)

@@ -78,6 +78,22 @@ def test_prefix_cache_gives_the_same_answers_as_a_fresh_generator(trained: Loade
     assert cached.cache.hits >= 6  # one byte typed: the previous state was extended
 
 
+def test_a_new_comp_frame_restarts_from_the_state_before_it(trained: LoadedModel) -> None:
+    cached = Generator(trained)
+    steps = [("g", ["git"]), ("gi", ["git", "gitk"]), ("git", ["git"]), ("git s", ["status", "stash"]),
+             ("git s", ["status"]), ("gi", ["git", "gitk"])]  # fmt: skip
+    for typed, comp in steps:
+        ctx = {**CTX, "input": typed, "completions": comp}
+        fresh = Generator(trained, trace=False)
+        a = [(c.text, round(c.logprob, 4)) for c in cached.candidates(ctx, 2, session="s")]
+        b = [(c.text, round(c.logprob, 4)) for c in fresh.candidates(ctx, 2, session="s")]
+        assert a == b, typed
+    # every keystroke after the first reused a cached state: the one before COMP when COMP changed
+    assert cached.cache.misses == 1 and cached.cache.hits == len(steps) - 1
+    stems = [e for e in cached.cache._entries["s"] if Special.COMP not in e.tokens.tolist()]
+    assert stems and stems[0].tokens[-1] != Special.CMD
+
+
 def test_a_beam_search_driven_step_by_step_bounds_and_prunes(trained: LoadedModel) -> None:
     gen = Generator(trained)
     search = gen.beam_search({**CTX, "input": "git st"}, width=4)

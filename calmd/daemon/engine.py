@@ -22,6 +22,11 @@ For one keystroke (`ctx` with the typed `input`):
    close calls and proposes what the history has never seen;
 5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final, with
    its calibrated confidence (calmd/daemon/calibration.py).
+The disk (issue 15, calmd/daemon/disk.py): the COMP frame's items that complete the word being
+typed (files and directories of the shell's cwd) are proposed as whole lines too, scored by the
+model like the history's; and a line whose `cd` target or file argument does not exist relative
+to the shell's cwd is demoted below every line whose paths exist (confidence 0: never shown
+unasked), or dropped when only the model proposes a `cd` into nothing.
 """
 
 from __future__ import annotations
@@ -39,14 +44,18 @@ import numpy as np
 
 from calmd import paths
 from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
+from calmd.daemon.disk import DIR_ARGUMENT, Disk, missing_argument
 from calmd.daemon.filters import Vocabulary, balanced, cwd_argument, invented, packaged_vocabulary
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
+from calmd.history.frames import VocabularyFollowers, current_word
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import BeamSearch, Candidate
 
 FAILING_PENALTY = 50.0  # nats off a never-successful command's score: below every other candidate
+MISSING_PENALTY = 25.0  # nats off a line naming a path that is not there: below the lines that exist
+DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
 # Junk lines (calmd/daemon/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
@@ -140,11 +149,19 @@ class ModelEngine:
         self.max_scored = 8  # history proposals scored by the model per request (latency bound)
         self.drop_budget = DROP_BUDGET
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
+        self.disk: Disk | None = None
+        # COMP's subcommands and options: the user's own first, then the corpus's
+        self.followers = VocabularyFollowers(self.vocabulary.known, static=1)
 
     def attach_history(self, store: HistoryStore) -> None:
         self.history = store
         self.index = history_index(store)
         self.index.prior = self.ranker.prior  # other users' carry-over habits, fitted with the ranker
+        self.followers = VocabularyFollowers(self.index.vocabulary.known, self.vocabulary.known, static=1)
+
+    def attach_disk(self, disk: Disk) -> None:
+        """Where the disk check and the COMP proposals look (the server's, shared across reloads)."""
+        self.disk = disk
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -193,19 +210,23 @@ class ModelEngine:
         proposals = side.proposals
         lam = self.weights.history_mix if proposals else 0.0
         temperature = self.weights.model_temperature
-        # Score the likeliest history proposals with the model: one batched pass.
+        # Score the likeliest history proposals, and the lines COMP completes, with the model:
+        # one batched pass.
         best_few = ordered[: self.max_scored]
+        on_disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
+        missing = self._missing(ctx)
         extra: list[tuple[str, float]] = []
         start, _ = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
-        if best_few:
-            scores = self.generator.score_many(ctx, best_few, session=session, start=start)
-            for cmd, lp in zip(best_few, scores, strict=True):
-                p = lam * proposals[cmd] + (1 - lam) * math.exp(lp / temperature)
-                score = math.log(p) - (FAILING_PENALTY if cmd in side.failing else 0.0)
+        if best_few or on_disk:
+            scores = self.generator.score_many(ctx, best_few + on_disk, session=session, start=start)
+            for cmd, lp in zip(best_few + on_disk, scores, strict=True):
+                p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / temperature)
+                score = math.log(p) if p > 0 else -math.inf
+                score -= FAILING_PENALTY if cmd in side.failing else MISSING_PENALTY if missing(cmd) else 0.0
                 extra.append((cmd, score))
         p_end = self.generator.end_probability(ctx, session=session, start=start)
         complete = self._is_complete(typed, input_run_before, p_end)
-        judge = self._judge(typed, ctx, side, complete)
+        judge = self._judge(typed, ctx, side, complete, missing)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
         if complete:  # only lines the user ran may continue it: no beams, no carry-overs
             own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
@@ -225,6 +246,7 @@ class ModelEngine:
                 history=history_size,
             )  # fmt: skip
             failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
+            failing = failing or missing(text)  # never shown unasked either
             confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
             yield Suggestion(text, score, confidence, row if explain else None)
 
@@ -284,11 +306,13 @@ class ModelEngine:
         return by_history or by_model
 
     def _judge(
-        self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool
-    ) -> Callable[[str], float | None]:
+        self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool,
+        missing: Callable[[str], bool] | None = None,
+    ) -> Callable[[str], float | None]:  # fmt: skip
         """What happens to a line a beam finished: kept (0), demoted (a negative number added to
-        its score) or dropped (None)."""
+        its score) or dropped (None). `missing`: the disk check (`_missing`)."""
         index = self.index
+        missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
 
         def judge(text: str) -> float | None:
@@ -297,16 +321,46 @@ class ModelEngine:
             if not balanced(text):
                 return None  # half a command, whoever wrote it (a past line out of the pool too)
             if index is not None and index.count.get(text, 0) > 0:  # the user's own line
-                return -FAILING_PENALTY if index.failing(text) else 0.0
+                return -FAILING_PENALTY if index.failing(text) else -MISSING_PENALTY if missing(text) else 0.0
             if index is not None and index.missing(text):
                 return -FAILING_PENALTY  # `gti log` when `gti` was not found
             if complete or find_secret(text) is not None:
                 return None
             if self.weights.vocabulary and self._made_up(text, typed, cwd):
                 return None
+            if missing(text):  # a made-up `cd` into nothing goes; a new file may be meant
+                return None if text.split(maxsplit=1)[0] in DIR_ARGUMENT else -MISSING_PENALTY
             return 0.0
 
         return judge
+
+    def _missing(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
+        """Whether a line's `cd` target or file argument is missing from the shell's cwd (memoised
+        for the request; always False without a disk or a cwd)."""
+        disk, cwd = self.disk, str(ctx.get("cwd") or "")
+        seen: dict[str, bool] = {}
+
+        def missing(text: str) -> bool:
+            if disk is None or not cwd:
+                return False
+            found = seen.get(text)
+            if found is None:
+                found = seen[text] = missing_argument(text, cwd, disk) is not None
+            return found
+
+        return missing
+
+    @staticmethod
+    def _disk_proposals(typed: str, ctx: dict[str, Any]) -> list[str]:
+        """The input with the word being typed completed by each COMP item that is a path (the
+        daemon's COMP: files and directories of the cwd), for a word after the command's first."""
+        words, word = current_word(typed)
+        if not words or not word or word.startswith("-"):
+            return []
+        stem = typed[: len(typed) - len(word)]
+        items = [i for i in ctx.get("completions") or () if isinstance(i, str) and i.startswith(word)]
+        paths = [i for i in items if i != word and (i.endswith("/") or "." in i or "/" in i)]
+        return [stem + i for i in paths][:DISK_PROPOSALS]
 
     def _made_up(self, text: str, typed: str, cwd: str) -> bool:
         user = self.index.vocabulary if self.index is not None else None

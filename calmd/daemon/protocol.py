@@ -31,6 +31,7 @@ ERROR_CODES = frozenset(
 MAX_CANDIDATES = 32
 MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
+MAX_PATH_BYTES = 8192  # a shell's PATH
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md). The shells show ghost text only for a top candidate at or above
 # this (CALM_MIN_CONFIDENCE overrides it); cycling still reaches every candidate.
@@ -266,6 +267,7 @@ class CompleteRequest:
     session: str = ""
     history_given: bool = False  # False: the daemon fills history from its store
     early: bool = False  # send the history's best proposal before the model runs (an `early` reply)
+    path: str | None = None  # the shell's PATH (its helper sends it once): COMP's commands
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,7 @@ class RecordRequest:
     cwd: str = ""
     git: str = ""
     ts: float | None = None
+    env: str = ""  # the active environment, short form (calmd/history/frames.py: short_env)
 
 
 @dataclass(frozen=True)
@@ -377,7 +380,8 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
         early = False
     if not isinstance(early, bool):
         raise ProtocolError("bad_field", "'early' must be true or false", rid)
-    return CompleteRequest(rid, ctx, n, session, history_given, early)
+    path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
+    return CompleteRequest(rid, ctx, n, session, history_given, early, path)
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
@@ -397,6 +401,7 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         cwd=_str(msg, "cwd", rid),
         git=_str(msg, "git", rid, limit=256),
         ts=None if ts is None else float(ts),
+        env=_str(msg, "env", rid, limit=256),
     )
 
 

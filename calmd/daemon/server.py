@@ -51,6 +51,8 @@ import msgpack
 from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
 from calmd import __version__, paths
+from calmd.daemon.disk import Disk
+from calmd.daemon.frames import SessionFrames
 from calmd.daemon.protocol import (
     PROTOCOL_VERSION,
     CompleteRequest,
@@ -448,6 +450,8 @@ class Server:
         self.trainer = Trainer(config.data_dir, config.weights_path, config.train_args, self.reload)
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
         self._recent_generation = 0  # the history's generation the cache was filled at
+        self.disk = Disk()  # COMP's listings and the disk check (calmd/daemon/disk.py)
+        self.frames = SessionFrames(self.disk)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -508,6 +512,7 @@ class Server:
             conn.close()
         scheduler.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
         if self.history is not None:
             # under its lock, which a hung worker may hold: do not wait past the deadline
@@ -568,6 +573,9 @@ class Server:
     def _install(self, engine: Engine, identity: FileId | None, *, fallback: bool) -> None:
         if self.history is not None:
             engine.attach_history(self.history)
+        attach_disk = getattr(engine, "attach_disk", None)  # a test's scripted engine has none
+        if attach_disk is not None:
+            attach_disk(self.disk)
         self.engine = engine
         self.loaded_at = time.time()
         self.loaded_id = identity  # a bad file's too: the watcher retries when it changes
@@ -702,6 +710,7 @@ class Server:
 
     async def _record(self, request: RecordRequest) -> dict[str, Any]:
         assert self.history is not None
+        self.disk.invalidate()  # the command may have made or removed what the next keystroke lists
         result = await asyncio.to_thread(
             self.history.record,
             request.cmd,
@@ -710,6 +719,8 @@ class Server:
             git=request.git,
             session=request.session,
             ts=request.ts,
+            comp=self.frames.for_record(request.session, request.cmd, request.cwd),
+            env=request.env,
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too
@@ -772,6 +783,8 @@ class Server:
         ctx = dict(request.ctx)
         if not request.history_given and self.history is not None:
             ctx["history"] = self._recent_history(request.session)
+        if request.path is not None:
+            self.frames.set_path(request.session, request.path)
         loop = asyncio.get_running_loop()
         first: list[float] = []
         early_sent: list[bool] = []
@@ -796,6 +809,8 @@ class Server:
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
+            # COMP and ENV (calmd/daemon/frames.py): here, off the event loop, bounded in time
+            self.frames.fill(ctx, request.session, getattr(engine, "followers", None))
 
             def on_early(candidate: str, confidence: float) -> None:
                 if not cancelled.is_set():

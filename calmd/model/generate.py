@@ -79,7 +79,9 @@ class PrefixCache:
     """Per-session model states: the context before the typed input, and the last full input.
 
     Typing one more byte extends the last state by one step; a backspace or an edit restarts from
-    the context state; a new context (another cwd, a new history entry) is a full prefill. Only
+    the context state; a new context (another cwd, a new history entry) is a full prefill. The
+    COMP frame changes while a word is typed: the state before it (the "stem": BOS, CWD, GIT, the
+    HIST frames) is kept too, so a new COMP costs only its own bytes, ENV, ATN and the input. Only
     states whose tokens are a prefix of the new sequence are reused (an SSM cannot rewind).
     """
 
@@ -102,8 +104,9 @@ class PrefixCache:
             self._entries.move_to_end(session)
         return best
 
-    def store(self, session: str, context: _Prefix, full: _Prefix) -> None:
-        self._entries[session] = [context, full] if full is not context else [context]
+    def store(self, session: str, context: _Prefix, full: _Prefix, stem: _Prefix | None = None) -> None:
+        kept = [context] if stem is None or stem is context else [stem, context]
+        self._entries[session] = kept + ([full] if full is not context else [])
         self._entries.move_to_end(session)
         while len(self._entries) > self.sessions:
             self._entries.popitem(last=False)
@@ -156,14 +159,25 @@ class Generator:
         tokens = self.sequence(ctx)
         cmd_at = int(np.flatnonzero(tokens == Special.CMD)[-1])
         context_tokens = tokens[: cmd_at + 1]
+        comp_at = np.flatnonzero(context_tokens == Special.COMP)
+        stem_tokens = context_tokens[: int(comp_at[0])] if comp_at.size else None
         cached = self.cache.lookup(session, tokens)
+        stem: _Prefix | None = None
         if cached is not None and cached.tokens.size >= context_tokens.size:
             context = self._context_of(session, context_tokens) or cached
             full = self._run(tokens, cached)
+            if stem_tokens is not None:
+                stem = self._context_of(session, stem_tokens)
         else:
-            context = self._run(context_tokens, cached)
+            base = cached
+            if stem_tokens is not None:
+                if cached is None or cached.tokens.size <= stem_tokens.size:
+                    base = stem = self._run(stem_tokens, cached)
+                else:
+                    stem = self._context_of(session, stem_tokens)
+            context = self._run(context_tokens, base)
             full = self._run(tokens, context)
-        self.cache.store(session, context, full)
+        self.cache.store(session, context, full, stem)
         typed = bytes(tokens[cmd_at + 1 :].astype(np.uint8)).decode("utf-8", "surrogateescape")
         return full, typed
 

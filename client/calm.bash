@@ -24,7 +24,7 @@ _CALM_LOADED=1
 _CALM_SESSION="bash-${HOSTNAME%%.*}-$$-$EPOCHSECONDS"
 _CALM_WFD= _CALM_RFD= _CALM_STARTED_AT=0 _CALM_SEQ=0 _CALM_PRED_SEQ=-1 _CALM_OFF=0
 _CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH= _CALM_BRANCH_DIR=
-_CALM_CMD_CWD= _CALM_CMD_GIT=
+_CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_ENV=
 _CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0 _CALM_CYCLING=0
 _CALM_CANDS=() _CALM_FLAGS= _CALM_PRED=() _CALM_PRED_FLAGS= _CALM_PRED_READY=0
 
@@ -37,6 +37,7 @@ _calm_start() {
   _calm_pipe || return 1
   # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go). The
   # terminal's hangup does not stop it: it goes when the shell does.
+  _CALM_ENV=$'\1'  # a new helper knows no environment yet: the next prompt sends it
   local argv=("${_CALM_HELPER[@]}" --format 2 --session "$_CALM_SESSION")
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null "${argv[@]}" <&"$_CALM_WFD" {_CALM_WFD}>&-)
@@ -262,6 +263,12 @@ _calm_precmd() {
       out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
     fi
     _CALM_CMD=
+  fi
+  # The environment (ENV frame), when it changed: after the record, which was typed before it did.
+  if [[ ${VIRTUAL_ENV-}$'\t'${CONDA_DEFAULT_ENV-} != "$_CALM_ENV" && -n $_CALM_WFD ]]; then
+    _CALM_ENV=${VIRTUAL_ENV-}$'\t'${CONDA_DEFAULT_ENV-}
+    _calm_esc "${VIRTUAL_ENV-}"; local venv=$REPLY; _calm_esc "${CONDA_DEFAULT_ENV-}"
+    out+="e"$'\t'"$venv"$'\t'"$REPLY"$'\n'
   fi
   _calm_git_branch
   if (( CALM_PREDICT && ! _CALM_OFF )); then

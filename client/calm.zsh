@@ -32,7 +32,7 @@ zmodload -F zsh/files b:zf_rm 2>/dev/null || zf_rm() { command rm "$@" }
   vi-forward-blank-word-end)
 
 typeset -g _CALM_SESSION="zsh-${HOST%%.*}-$$-$EPOCHSECONDS"
-typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_HL_AT=-1
+typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_HL_AT=-1 _CALM_ENV=
 typeset -g _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS= _CALM_CMD_CWD= _CALM_CMD_GIT=
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0
 typeset -g _CALM_STARTED_AT=0
@@ -57,6 +57,7 @@ _calm_start() {
   # draws the prompt: drawn while the process was still being set up, the first prompt now and
   # then came out blank (about one start in a hundred in the tests). zsh-autosuggestions waits
   # for its child likewise.
+  _CALM_ENV=$'\1'  # a new helper knows no environment yet: the next prompt sends it
   local -a argv=($_CALM_HELPER --format 2 --session $_CALM_SESSION)
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(trap '' HUP; print; exec 2>/dev/null $argv <&$_CALM_WFD {_CALM_WFD}>&-)
@@ -547,6 +548,12 @@ _calm_precmd() {
       _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
       _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd"
     fi
+  fi
+  # The environment (ENV frame), when it changed: after the record, which was typed before it did.
+  if [[ ${VIRTUAL_ENV-}$'\t'${CONDA_DEFAULT_ENV-} != "$_CALM_ENV" && -n $_CALM_WFD ]]; then
+    _CALM_ENV=${VIRTUAL_ENV-}$'\t'${CONDA_DEFAULT_ENV-}
+    local venv; _calm_esc ${VIRTUAL_ENV-}; venv=$REPLY; _calm_esc ${CONDA_DEFAULT_ENV-}
+    _calm_send e "$venv" "$REPLY"
   fi
   _calm_git_branch
   _calm_cwd

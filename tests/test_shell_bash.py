@@ -85,6 +85,20 @@ def test_prediction_on_empty_line(home: Path, daemon: Daemon) -> None:
         term.wait_line(r"^PROMPT> after true\s*$")
 
 
+def test_the_environment_is_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
+    """$VIRTUAL_ENV / $CONDA_DEFAULT_ENV reach the store in short form, from the prompt hook."""
+    with bash_terminal(home, before="export CONDA_DEFAULT_ENV=ml") as term:
+        term.wait_for("^PROMPT>")
+        for cmd in ("echo before", "export VIRTUAL_ENV=/srv/proj/.venv", "echo after", "unset VIRTUAL_ENV",
+                    "echo again"):  # fmt: skip
+            term.type(cmd)
+            term.send("Enter")
+            wait_recorded(home, cmd)
+        envs = {r.cmd: r.env for r in history_rows(home)}
+        assert envs["echo before"] == "conda:ml" and envs["export VIRTUAL_ENV=/srv/proj/.venv"] == "conda:ml"
+        assert envs["echo after"] == "venv:proj conda:ml" and envs["echo again"] == "conda:ml"
+
+
 def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
     """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
     need("git")

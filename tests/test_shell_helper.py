@@ -136,6 +136,7 @@ def test_parse_request() -> None:
             "1", 5, "x", "/", "m", None
         )
     assert shell_helper.parse_request("r\t\t\t\t\tls") == shell_helper.Record("ls", None, "", "", None)
+    assert shell_helper.parse_request("e\t/p/.venv\t") == shell_helper.Env("/p/.venv", "")
     for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
         assert shell_helper.parse_request(bad) is None
 
@@ -151,6 +152,43 @@ def test_helper_completes_and_records(home: Path, daemon: Daemon, helper: Helper
     assert helper.final(2) == ["git st\tuff"]  # the record is stored before the next complete runs
     row = wait_recorded(home, "git st\tuff")
     assert (row.exit, row.cwd, row.git, row.ts, row.session) == (2, "/tmp/x", "main", 1700000000.25, "s-test")
+
+
+def test_helper_sends_the_environment_and_its_path_once(home: Path, daemon: Daemon) -> None:
+    helper = HelperProcess(home, "--format", "2")
+    try:
+        helper.send("r", "0", "/tmp", "", "", "python -m venv .venv")  # typed before the env changed
+        helper.send("e", shell_helper.escape("/home/u/proj/.venv"), "")
+        helper.send("r", "0", "/tmp", "", "", "pip install -e .")
+        helper.complete2(1, "pip")
+        helper.final(1)
+        assert wait_recorded(home, "python -m venv .venv").env == ""
+        assert wait_recorded(home, "pip install -e .").env == "venv:proj"
+        helper.send("e", "", "ml")  # deactivated, then a conda env
+        helper.send("r", "0", "/tmp", "", "", "conda list")
+        helper.complete2(2, "con")
+        helper.final(2)
+        assert wait_recorded(home, "conda list").env == "conda:ml"
+    finally:
+        assert helper.close() == 0
+
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        yield from candidates((request["ctx"]["input"] + "x", SURE))
+
+    (home / "fake").mkdir()
+    with FakeDaemon.at_home(home / "fake", script) as fake:
+        helper = HelperProcess(home / "fake", "--format", "2")
+        try:
+            helper.send("e", shell_helper.escape("/w/tools"), "")
+            for seq in (1, 2):
+                helper.complete2(seq, "ls")
+                helper.final(seq)
+            first, second = fake.wait_requests(2)[:2]
+            assert first["ctx"]["env"] == second["ctx"]["env"] == "venv:tools"
+            assert first["path"] == shell_env(home / "fake")["PATH"]
+            assert "path" not in second  # once per connection
+        finally:
+            assert helper.close() == 0
 
 
 def test_helper_streams_and_skips_superseded_requests(home: Path) -> None:

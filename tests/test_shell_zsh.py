@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from calmd import paths
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
@@ -666,3 +667,30 @@ def wait_rewritten(hook: Path, text: str, timeout: float = 10.0) -> None:
         assert time.monotonic() < deadline, hook.read_text()[:200]
         time.sleep(0.05)
     assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+
+
+def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:
+    """Issue 15 as a user meets it, with the packaged model: a folder made at the prompt is
+    suggested at the next `cd`, a file of the cwd completes `vim`, and the virtualenv activated
+    at the prompt is stored with the commands typed in it."""
+    (home / "data").mkdir()
+    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (home / "notes.md").write_text("x")
+    engine = "calmd.daemon.engine:load_engine"
+    with running_daemon(home, engine=engine, args=("--no-import",)), zsh_terminal(home) as term:
+        term.wait_for("^PROMPT>")
+        term.type("mkdir build")
+        term.send("Enter")
+        wait_recorded(home, "mkdir build")
+        term.type("cd b")
+        term.wait_line(rf"^PROMPT> cd b{GHOST}uild/?{LINE_END}", escapes=True, timeout=15)
+        term.send("C-u")
+        term.type("vim no")
+        term.wait_line(rf"^PROMPT> vim no{GHOST}tes\.md{LINE_END}", escapes=True, timeout=15)
+        term.send("C-u")
+        term.type("export VIRTUAL_ENV=/srv/proj/.venv")
+        term.send("Enter")
+        term.type("echo in-venv")
+        term.send("Enter")
+        assert wait_recorded(home, "echo in-venv").env == "venv:proj"
+        assert wait_recorded(home, "mkdir build").env == ""

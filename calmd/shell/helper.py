@@ -10,7 +10,14 @@ separated by tabs). The hooks start the helper with `--format 2`:
 
     shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
                       r <exit> <cwd> <git> <ts> <cmd>            record an executed command
+                      e <virtualenv> <conda env>                 the environment changed
     helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
+
+`e` comes from the prompt hook when $VIRTUAL_ENV or $CONDA_DEFAULT_ENV changed (and once after the
+helper starts), never per keystroke; the helper sends its short form (`venv:proj`,
+calmd.history.frames.short_env) as `env` with every `complete` and with the records read after
+it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
+daemon connection with the first `complete` (`path`), for COMP's commands.
 
 `min` is the shell's CALM_MIN_CONFIDENCE (empty: calmd.daemon.protocol.DEFAULT_MIN_CONFIDENCE). `flags`
 holds one character per candidate: 1 when its confidence reaches `min` (or the daemon sends none,
@@ -174,16 +181,31 @@ class Record:
     cwd: str
     git: str
     ts: float | None
+    env: str = ""  # the short form of the environment the command was typed in
 
     def fields(self, session: str) -> dict[str, Any]:
         """The `record` request's fields besides `cmd`, unset ones left out."""
-        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session}
+        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
+                  "env": self.env}  # fmt: skip
         return {k: v for k, v in fields.items() if v is not None and v != ""}
 
 
-def parse_request(line: str) -> Complete | Record | None:
+@dataclass
+class Env:
+    virtual_env: str
+    conda_env: str
+
+    def short(self) -> str:
+        from calmd.history.frames import short_env  # not at start-up: the first prompt waits for it
+
+        return short_env(self.virtual_env, self.conda_env)
+
+
+def parse_request(line: str) -> Complete | Record | Env | None:
     parts = line.split("\t")
     try:
+        if parts[0] == "e" and len(parts) == 3:
+            return Env(unescape(parts[1]), unescape(parts[2]))
         if parts[0] == "c" and len(parts) in (6, 7):  # 6: a hook from before --format 2
             n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
             threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
@@ -255,6 +277,9 @@ class Helper:
         self.active: Active | None = None
         self.flag = disabled_flag()
         self.out: list[tuple[str, bool, str]] = []  # (seq, final, line) waiting for flush()
+        self.env = ""  # the environment's short form, from the last `e` line
+        self.path = os.environ.get("PATH", "")  # the shell's, as it started this helper
+        self.path_sent = False  # on this connection
 
     # -- shell side ------------------------------------------------------------------------------
 
@@ -289,7 +314,10 @@ class Helper:
             request = parse_request(raw.decode("utf-8", "replace"))
             log.debug("shell: %r", request)
             if isinstance(request, Record):
+                request.env = self.env
                 self.backlog.append(request)
+            elif isinstance(request, Env):
+                self.env = request.short()
             elif isinstance(request, Complete):
                 self.queued = request  # one still queued is superseded: the shell waits for the newest
         return True
@@ -312,6 +340,7 @@ class Helper:
             return False
         log.info("connected to %s", self.socket_path)
         self.connected_once = True
+        self.path_sent = False
         return True
 
     def maybe_autostart(self) -> None:
@@ -366,9 +395,13 @@ class Helper:
                     "input": q.input,
                     **({"cwd": q.cwd} if q.cwd else {}),
                     **({"git": q.git} if q.git else {}),
+                    **({"env": self.env} if self.env else {}),
                 }
-                early = {"early": True} if self.line_format >= 2 else {}
-                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx, **early)
+                extra: dict[str, Any] = {"early": True} if self.line_format >= 2 else {}
+                if not self.path_sent and self.path:
+                    extra["path"] = self.path[:8192]
+                    self.path_sent = True
+                rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx, **extra)
                 log.debug("sent complete %s as %d", q.seq, rid)
                 threshold = self.default_threshold if q.min_confidence is None else q.min_confidence
                 self.active = Active(q.seq, rid, q.input, threshold)

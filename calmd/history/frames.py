@@ -35,6 +35,7 @@ from calmd.history.secrets import find_secret
 
 COMP_ITEMS = 6  # items per COMP frame: each costs ~8 tokens of prefill per keystroke (the spec caps 15)
 ENV_MAX_BYTES = 64
+MAX_SCAN = 2048  # entries of a listing looked at per keystroke, at most
 SEPARATORS = frozenset({"|", "||", "&&", ";", "&", "|&"})
 PREFIX_COMMANDS = frozenset({"sudo", "doas", "time", "nohup", "command", "exec", "nice", "builtin"})
 DIR_COMMANDS = frozenset({"cd", "pushd", "rmdir"})
@@ -90,7 +91,8 @@ def _extending(entries: Sequence[str], prefix: str, *, dirs_only: bool, limit: i
     found: list[str] = []
     i = bisect.bisect_left(entries, prefix)
     hidden = prefix.startswith(".")
-    while i < len(entries) and len(found) < limit:
+    end = min(len(entries), i + MAX_SCAN)  # skipping files for `cd ` in a folder of files is bounded too
+    while i < end and len(found) < limit:
         name = entries[i]
         if not name.startswith(prefix):
             break

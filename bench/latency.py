@@ -5,7 +5,8 @@
 Starts `calmd serve` in a scratch HOME with the given weights (default: the packaged model),
 records five commands, then types commands one character at a time (one `complete` per
 keystroke, one session, as the shell client does) and measures, client side:
-- request -> first candidate and request -> done, p50 and p99, with 5 history frames, and
+- request -> first candidate and request -> done, p50 and p99, with 5 history frames (in a cwd
+  that does not exist: no COMP), the same in a real folder (the daemon fills COMP), and
   again with a context near l_max: the same 5 frames and a ~660-byte cwd (the cost of a long
   context alone), and 15 long history frames (which also change what the model predicts);
 - the daemon's overhead (socket + msgpack + sequence building + history queries): the same
@@ -59,6 +60,18 @@ def long_history() -> list[dict[str, Any]]:
 
 
 LONG_CWD = "/home/user/" + "/".join(f"a-rather-deep-project-folder-{i:02d}" for i in range(21))  # ~660 bytes
+
+
+def real_cwd(home: Path) -> Path:
+    """A folder that exists (the other cases' cwd does not: no COMP there), holding what the
+    commands name and 200 other entries: the daemon lists it and fills COMP at each keystroke."""
+    folder = home / "project"
+    folder.mkdir(exist_ok=True)
+    for name in ("src", "build", "docs", "tests"):
+        (folder / name).mkdir(exist_ok=True)
+    for name in ["README.md", "Makefile", "setup.py", *(f"module_{i:03d}.py" for i in range(200))]:
+        (folder / name).touch()
+    return folder
 
 
 def type_commands(
@@ -175,6 +188,7 @@ def main() -> None:
             short_first, short_done = type_commands(c, commands, None, "bench")
             long_first, long_done = type_commands(c, commands, long_history(), "bench-long")
             cwd_first, cwd_done = type_commands(c, commands, None, "bench", cwd=LONG_CWD)
+            comp_first, comp_done = type_commands(c, commands, None, "bench-comp", cwd=str(real_cwd(home)))
             early: list[float] = []
             early_first, early_done = type_commands(c, commands, None, "bench", early=early)
             rss = rss_mb(proc.pid)
@@ -194,6 +208,7 @@ def main() -> None:
     print(f"{'context':<22}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
     for name, first, done in (("5 history frames", short_first, short_done),
                               ("near l_max: long cwd", cwd_first, cwd_done),
+                              ("5 frames, COMP (real)", comp_first, comp_done),
                               ("near l_max: 15 long", long_first, long_done),
                               ("5 frames, early: true", early_first, early_done)):  # fmt: skip
         print(f"{name:<22}{pct(first, .5) * ms:>10.1f}{pct(first, .99) * ms:>10.1f}"

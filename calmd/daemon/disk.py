@@ -153,6 +153,7 @@ class Disk:
         self.max_entries = max_entries
         self._lock = threading.Lock()
         self._listings: OrderedDict[str, Listing] = OrderedDict()
+        self._unlistable: OrderedDict[str, float] = OrderedDict()  # directory -> when it failed
         self._pending: dict[str, Future[Listing | None]] = {}
         self._pool = _Worker()
         self._mounts: list[tuple[str, str]] = []
@@ -181,6 +182,7 @@ class Disk:
         """Forget every listing (a command ran: it may have made or removed files)."""
         with self._lock:
             self._listings.clear()
+            self._unlistable.clear()
 
     def listing(self, directory: str) -> tuple[str, ...] | None:
         """The sorted entries of the absolute `directory`, or None when it is remote, cannot be
@@ -196,8 +198,12 @@ class Disk:
                 if now - known.checked > self.ttl and directory not in self._pending:
                     self._submit(directory, known)
                 return known.entries
+            failed = self._unlistable.get(directory)
+            if failed is not None and now - failed < self.ttl:
+                return None  # (a cwd that does not exist must not cost a thread hop per keystroke)
             future = self._pending.get(directory)
         if self.remote(directory):
+            self._failed(directory, now)
             return None
         if future is None:
             with self._lock:
@@ -208,6 +214,14 @@ class Disk:
             self.timeouts += 1
             return None
         return found.entries if found is not None else None
+
+    def _failed(self, directory: str, when: float) -> None:
+        """Remember for the ttl that `directory` cannot be listed (missing, unreadable, remote)."""
+        with self._lock:
+            self._unlistable[directory] = when
+            self._unlistable.move_to_end(directory)
+            while len(self._unlistable) > self.max_dirs:
+                self._unlistable.popitem(last=False)
 
     def _submit(self, directory: str, old: Listing | None) -> Future[Listing | None]:
         """Under the lock: list (or check) `directory` on the background thread."""
@@ -221,6 +235,8 @@ class Disk:
             if old is None
             else _revalidate(directory, old, self.max_entries)
         )
+        if found is None:
+            self._failed(directory, time.monotonic())
         with self._lock:
             self._pending.pop(directory, None)
             if found is None:

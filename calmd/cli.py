@@ -403,7 +403,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise CalmError(f"--weight {item}: {value!r} is not a number") from None
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
                               typing_positions=args.typing, weights=weights,
-                              train_every=args.train_every if args.with_training else 0)  # fmt: skip
+                              train_every=args.train_every if args.with_training else 0,
+                              comp=args.comp)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -550,6 +551,11 @@ def calm_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=VALUE",
         help="override a ranking weight (calmd.daemon.engine.RankWeights), to measure an idea",
+    )
+    p.add_argument(
+        "--comp",
+        action="store_true",
+        help="also replay calmd+comp: COMP/ENV from the files the earlier commands created or named",
     )
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")

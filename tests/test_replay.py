@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.quality.replay import PastOnly, _keystrokes_saved
@@ -134,3 +135,27 @@ def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> Non
     assert calm_main(argv) == 0
     calmd = json.loads(out.read_text())["totals"]["calmd"]
     assert calmd["training_runs"] >= 1  # after commands 60 and 120 (positions run up to 129)
+
+
+def test_replay_with_comp_scores_calmd_with_the_reconstructed_disk_too(tmp_path: Path) -> None:
+    model = paths.packaged_weights()  # the tiny test model cannot read a file name: it knows 4 commands
+    # files made early, each opened once much later: no history lookup (nor the carry-over of the
+    # previous command's argument) can know the `vim` line, the reconstruction of the disk can
+    words = "alpha bravo delta echo golf hotel india juliet kilo lima mike oscar papa quebec romeo sierra"
+    names = [f"{w}.md" for w in words.split()]
+    lines = [f"touch {name}" for name in names]
+    lines += [line for name in names[::-1] for line in (f"vim {name}", "ls")]
+    history = tmp_path / "user1.txt"
+    history.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "16", "--typing", "6",
+                      "--warmup", "20", "--comp", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    totals = json.loads(out.read_text())["totals"]
+    assert "calmd+comp" in totals and totals["calmd+comp"]["queries"] == totals["calmd"]["queries"]
+    ours = totals["calmd+comp"]
+    # COMP was there for most queries (not at k=0: no word begun) and held the word typed for the
+    # `vim alph` ones (k=8: the one file), not for `v`/`vi` (six commands of the vocabulary) nor for
+    # `vim ` (the first six files): the reconstruction knew what `touch` made, and no more
+    assert 0.5 < ours["comp_filled"] < 1 and 0.2 < ours["comp_held_the_word"] < 0.5
+    assert "comp_filled" not in totals["calmd"]

@@ -21,6 +21,14 @@ Their top-5 continue in the same order. With training (`--with-training`), every
 user's weights on the store so far and swaps them in when not worse, as the daemon does (this
 costs about half a minute per run on one core). Histories carry no timestamps: command i is replayed at
 `ts = start + 60 i` (one command a minute), which is what the recency signal sees.
+
+With `--comp`, a second calmd system, `calmd+comp`, answers the same queries with the COMP and ENV
+frames filled as the daemon fills them (calmd/history/frames.py), from a reconstruction of the
+user's disk (calmd/history/reconstruct.py: the files and folders the earlier commands created or
+named, never those of the command being predicted) and, for the first word, the packaged
+vocabulary's commands in place of the shell's PATH. What the reconstruction cannot know is in its
+docstring and in docs/quality.md; the disk check (demoting missing paths) is not replayed, as the
+reconstruction cannot tell a missing file from one no command named.
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ from typing import Any
 from calmd import paths
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.history.context import HISTORY_FRAMES
+from calmd.history.frames import completions
+from calmd.history.reconstruct import Reconstruction
 from calmd.history.store import HistoryStore
 from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
 SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+COMP_SYSTEM = "calmd+comp"  # calmd with COMP/ENV from the reconstructed disk (`--comp`)
 
 
 @dataclass
@@ -63,6 +74,10 @@ class Tally:
     threshold: float = DEFAULT_MIN_CONFIDENCE
     runs: int = 0  # background training runs (with training)
     swaps: int = 0  # of which swapped a new model in
+    # calmd+comp only: queries whose COMP frame had items, and of those, whose items held the word
+    # the user went on to type (what the reconstruction knew; the model still has to pick it)
+    comp_filled: int = 0
+    comp_right: int = 0
 
     def add(self, other: Tally) -> None:
         for k in KS:
@@ -76,6 +91,8 @@ class Tally:
         self.typed += other.typed
         self.runs += other.runs
         self.swaps += other.swaps
+        self.comp_filled += other.comp_filled
+        self.comp_right += other.comp_right
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,7 +105,15 @@ class Tally:
             "typed_commands": self.typed,
             "training_runs": self.runs,
             "models_swapped_in": self.swaps,
+            **self._comp_json(),
         }
+
+    def _comp_json(self) -> dict[str, Any]:
+        if not self.comp_filled:
+            return {}
+        queries = sum(self.queries.values())
+        return {"comp_filled": self.comp_filled / queries if queries else None,
+                "comp_held_the_word": self.comp_right / self.comp_filled}  # fmt: skip
 
     def coverage_precision(self, threshold: float) -> dict[int, tuple[float | None, float | None]]:
         """Per k: the share of queries whose top candidate is shown (confidence >= threshold) and
@@ -151,6 +176,27 @@ class PastOnly:
         return ordered[:n]
 
 
+def _tops(tally: Tally, k: int, ours: list[tuple[str, float]], cmd: str) -> None:
+    """calmd's top candidate of a query and whether it was right (coverage and precision)."""
+    tally.tops[k].append((ours[0][1], ours[0][0] == cmd) if ours else (0.0, False))
+
+
+def _completes(prefix: str, target: str, items: Sequence[str]) -> bool:
+    """Whether one of the COMP items is the word of `target` that the input `prefix` is in."""
+    start = max(prefix.rfind(" "), prefix.rfind("\t")) + 1
+    rest = target[start:]
+    word = rest.split(maxsplit=1)[0] if rest.strip() else ""
+    return bool(word) and any(item == word or item.rstrip("/") == word.rstrip("/") for item in items)
+
+
+def _stand_in_path() -> tuple[str, ...]:
+    """What `calmd+comp` offers for a first word in place of the shell's PATH: the commands the
+    packaged vocabulary knows (a replayed history comes without its machine)."""
+    from calmd.training.corpus import comp_sources
+
+    return comp_sources().commands
+
+
 def _first(items: list[str]) -> str | None:
     return items[0] if items else None
 
@@ -207,6 +253,19 @@ class ReplayConfig:
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
     train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
     min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
+    comp: bool = False  # also replay `calmd+comp` (COMP and ENV from the reconstructed disk)
+
+
+def systems(cfg: ReplayConfig) -> tuple[str, ...]:
+    return (*SYSTEMS, COMP_SYSTEM) if cfg.comp else SYSTEMS
+
+
+def comp_frames(prefix: str, disk: Reconstruction, commands: Sequence[str], engine: Any) -> dict[str, Any]:
+    """The COMP and ENV frames `calmd+comp` adds to a replayed query, as the daemon builds them."""
+    items = completions(
+        prefix, lister=disk.listing, commands=commands, followers=getattr(engine, "followers", None)
+    )
+    return {**({"completions": items} if items else {}), **({"env": disk.env} if disk.env else {})}
 
 
 def replay_user(
@@ -215,7 +274,7 @@ def replay_user(
     """Replay one user's history; with `rows`, also collect the engine's suggestions and early
     proposals with their calibration features."""
     commands = read_history(path)
-    tallies = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    tallies = {s: Tally(threshold=cfg.min_confidence) for s in systems(cfg)}
     if len(commands) <= cfg.warmup:
         return tallies
     rng = random.Random(f"{cfg.seed}:{path.stem}")
@@ -233,10 +292,25 @@ def replay_user(
         never = threading.Event()
         session = "replay"
         sampled_set = set(sampled)
+        disk = Reconstruction() if cfg.comp else None
+        path_commands = _stand_in_path() if cfg.comp else ()
 
-        def calmd_top(prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+        def calmd_top(
+            prefix: str, n: int, target: str | None = None, comp: bool = False
+        ) -> list[tuple[str, float]]:
             recent = store.recent(session=session, limit=HISTORY_FRAMES)
-            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+            history = [{"cmd": r.cmd, "exit": r.exit} for r in recent]
+            ctx: dict[str, Any] = {"input": prefix, "history": history}
+            if comp:
+                assert disk is not None
+                frames = comp_frames(prefix, disk, path_commands, engine)
+                ctx.update(frames)
+                if target is not None and frames.get("completions"):
+                    t = tallies[COMP_SYSTEM]
+                    t.comp_filled += 1
+                    t.comp_right += _completes(prefix, target, frames["completions"])
+                # (its own session: the two systems' contexts would evict each other's cached state)
+                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session + "+comp", never)]
             if rows is None or target is None:
                 return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]
             engine.explained_early = None
@@ -250,20 +324,21 @@ def replay_user(
                 rows.early_right.append(text == target)
             return [(s.text, s.confidence) for s in got]
 
-        top1_cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+        # (comp, prefix) -> top-1, for the command typed out
+        top1_cache: dict[tuple[bool, str], tuple[str, float] | None] = {}
 
-        def top1(prefix: str) -> tuple[str, float] | None:
-            if prefix not in top1_cache:
-                got = calmd_top(prefix, 1)
-                top1_cache[prefix] = got[0] if got else None
-            return top1_cache[prefix]
+        def top1(prefix: str, comp: bool = False) -> tuple[str, float] | None:
+            if (comp, prefix) not in top1_cache:
+                got = calmd_top(prefix, 1, comp=comp)
+                top1_cache[comp, prefix] = got[0] if got else None
+            return top1_cache[comp, prefix]
 
-        def accepted(prefix: str) -> str | None:
-            got = top1(prefix)
+        def accepted(prefix: str, comp: bool = False) -> str | None:
+            got = top1(prefix, comp)
             return got[0] if got else None
 
-        def accepted_shown(prefix: str) -> str | None:
-            got = top1(prefix)
+        def accepted_shown(prefix: str, comp: bool = False) -> str | None:
+            got = top1(prefix, comp)
             return got[0] if got and got[1] >= cfg.min_confidence else None
 
         for i, cmd in enumerate(commands):
@@ -275,10 +350,11 @@ def replay_user(
                     prefix = cmd[:k]
                     ours = calmd_top(prefix, 5, cmd)
                     answers = {"calmd": [text for text, _ in ours]}
-                    if ours:
-                        tallies["calmd"].tops[k].append((ours[0][1], ours[0][0] == cmd))
-                    else:
-                        tallies["calmd"].tops[k].append((0.0, False))
+                    if cfg.comp:
+                        with_comp = calmd_top(prefix, 5, cmd, comp=True)
+                        answers[COMP_SYSTEM] = [text for text, _ in with_comp]
+                        _tops(tallies[COMP_SYSTEM], k, with_comp, cmd)
+                    _tops(tallies["calmd"], k, ours, cmd)
                     for system in SYSTEMS[1:]:
                         answers[system] = past.suggest(system, prefix)
                     for system, got in answers.items():
@@ -292,6 +368,11 @@ def replay_user(
                     tallies["calmd"].saved += _keystrokes_saved(cmd, accepted)
                     tallies["calmd"].saved_shown += _keystrokes_saved(cmd, accepted_shown)
                     tallies["calmd"].typed += 1
+                    if cfg.comp:
+                        t = tallies[COMP_SYSTEM]
+                        t.saved += _keystrokes_saved(cmd, lambda p: accepted(p, True))
+                        t.saved_shown += _keystrokes_saved(cmd, lambda p: accepted_shown(p, True))
+                        t.typed += 1
                     for system in SYSTEMS[1:]:
                         tallies[system].saved += _keystrokes_saved(
                             cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
@@ -299,6 +380,8 @@ def replay_user(
                         tallies[system].typed += 1
             store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
+            if disk is not None:
+                disk.add(cmd)
             if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
                 # what the daemon does in real use: fine-tune on the history so far, swap if not worse
                 from calmd.training.background import RunOptions, run
@@ -332,7 +415,7 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
     from calmd.daemon.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.daemon.engine import ModelEngine, RankWeights
 
-    totals = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    totals = {s: Tally(threshold=cfg.min_confidence) for s in systems(cfg)}
     per_user: dict[str, Any] = {}
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()

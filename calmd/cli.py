@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
+    from calmd.daemon.server import Engine
     from calmd.shell.client import CalmClient
 
 
@@ -593,10 +594,11 @@ def calm_main(argv: Sequence[str] | None = None) -> int:
     return _run(calm_parser(), argv)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import importlib
+def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] | None = None) -> int:
+    """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
     import logging
 
+    from calmd.daemon.engine import load_engine
     from calmd.daemon.server import ServerConfig, run_server
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -613,12 +615,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         reply_timeout_s=args.reply_timeout,
         graceful_timeout=args.graceful_timeout,
     )
-    module_name, _, func = args.engine.partition(":")
-    try:
-        loader = getattr(importlib.import_module(module_name), func)
-    except (ImportError, AttributeError) as exc:
-        raise CalmError(f"--engine {args.engine}: {exc}") from None
-    return run_server(config, loader)
+    return run_server(config, engine_loader or load_engine)
 
 
 def _client(args: argparse.Namespace) -> CalmClient:
@@ -811,12 +808,6 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
     p.add_argument(
         "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
-    )
-    p.add_argument(
-        "--engine",
-        default="calmd.daemon.engine:load_engine",
-        metavar="MODULE:FUNC",
-        help="engine loader called with the weight path (tests plug in a scripted engine)",
     )
     p.add_argument(
         "--train-threshold",

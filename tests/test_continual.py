@@ -113,7 +113,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
     (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     with (
-        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(30):
@@ -141,7 +141,7 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
     args = ("--no-import", "--train-threshold", "40", "--train-max-load", "1000", *TRAIN_ARGS,
             "--train-arg=--epochs=50")  # fmt: skip
     with (
-        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(6):

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 
 from calmd.shell.client import CalmClient, DaemonNotRunning
-from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
+from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
 
 
 def test_record_then_status_and_complete_sees_it(tmp_path: Path) -> None:
@@ -218,7 +218,7 @@ def test_socket_mode_and_folder(tmp_path: Path) -> None:
 def test_second_daemon_refuses_to_start(tmp_path: Path) -> None:
     with running_daemon(tmp_path) as d:
         proc = subprocess.run(
-            [str(BIN / "calmd"), "serve", "--engine", "tests.scripted_engine:load"],
+            SCRIPTED_SERVE,
             capture_output=True, text=True, timeout=30,
             env={**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
         )  # fmt: skip
@@ -376,8 +376,7 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
     env = {**daemon_env(tmp_path, CALMD_SOCKET=str(tmp_path / "unused")),
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     forward = [f"-E{name}" for name in ("HOME", "CALM_HOME", "CALMD_SOCKET", "XDG_RUNTIME_DIR", "PYTHONPATH")]
-    argv = ["systemd-socket-activate", "-l", str(sock), *forward, str(BIN / "calmd"), "serve", "--engine",
-            "tests.scripted_engine:load"]  # fmt: skip
+    argv = ["systemd-socket-activate", "-l", str(sock), *forward, *SCRIPTED_SERVE]
     with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         try:
             deadline = time.monotonic() + 10

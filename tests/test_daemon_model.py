@@ -13,7 +13,7 @@ from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 
-ENGINE = "calmd.daemon.engine:load_engine"
+ENGINE = "model"
 
 
 @pytest.fixture(scope="module")

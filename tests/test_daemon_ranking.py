@@ -11,7 +11,7 @@ from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.test_engine import month_old_history
 
-ENGINE = "calmd.daemon.engine:load_engine"
+ENGINE = "model"
 ARGS = ("--train-threshold", "0")  # no background training while the tests run
 
 

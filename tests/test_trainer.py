@@ -26,7 +26,7 @@ from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 
-ENGINE = "calmd.daemon.engine:load_engine"
+ENGINE = "model"
 COMMANDS = ["git status", "make build", "make test", "git commit -am wip", "docker ps -a"]
 
 

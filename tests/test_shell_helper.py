@@ -18,7 +18,7 @@ import pytest
 
 from calmd import paths
 from calmd.shell import helper as shell_helper
-from tests.daemon import Daemon, running_daemon
+from tests.daemon import BIN, Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
 
@@ -192,16 +192,14 @@ def test_helper_without_daemon_answers_empty_and_keeps_records(home: Path) -> No
 
 def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
     env = shell_env(home)
-    out = subprocess.run([sys.executable, "-m", "calmd.shell.helper", "disable"], env=env,
+    out = subprocess.run([str(BIN / "calm"), "disable"], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert "disabled" in out.stdout
     assert (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(1, "x")
     assert helper.reply() == ("1", True, [])
     helper.send("r", "0", "", "", "", "echo still-recorded")
-    subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "enable"], env=env, capture_output=True, check=True
-    )
+    subprocess.run([str(BIN / "calm"), "enable"], env=env, capture_output=True, check=True)
     assert not (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(2, "x", n=1)
     assert helper.final(2) == ["xmmit"]
@@ -360,23 +358,24 @@ def test_init_script_bakes_in_a_socket(home: Path) -> None:
     assert "--socket '/run/x y/calmd.sock'" in text
 
 
-def test_parsers_register_subcommands() -> None:
-    import argparse
+def test_the_cli_registers_the_shell_commands() -> None:
+    from calmd.cli import calm_parser, calmd_parser
 
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command", required=True)
-    shell_helper.add_calmd_parsers(sub)
-    shell_helper.add_calm_parsers(sub)
-    assert parser.parse_args(["init", "zsh"]).func is shell_helper.cmd_init
-    assert parser.parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
-    assert parser.parse_args(["enable"]).func is shell_helper.cmd_enable
-    assert parser.parse_args(["disable"]).func is shell_helper.cmd_disable
+    assert calmd_parser().parse_args(["init", "zsh"]).func is shell_helper.cmd_init
+    assert calmd_parser().parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
+    assert calm_parser().parse_args(["enable"]).func is shell_helper.cmd_enable
+    assert calm_parser().parse_args(["disable"]).func is shell_helper.cmd_disable
     with pytest.raises(SystemExit):
-        parser.parse_args(["init", "fish"])
+        calmd_parser().parse_args(["init", "fish"])
 
 
-def test_shell_module_stays_light() -> None:
-    heavy = "('torch', 'numpy', 'calmd.shell_helper.client')"
-    code = f"import sys, calmd.shell.helper; print(any(m in sys.modules for m in {heavy}))"
+@pytest.mark.parametrize(
+    ("module", "heavy"),
+    [("calmd.shell.helper", ("torch", "numpy", "calmd.shell.client")), ("calmd.cli", ("torch", "numpy"))],
+)
+def test_what_every_shell_and_every_calm_command_imports_stays_light(
+    module: str, heavy: tuple[str, ...]
+) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"

@@ -21,7 +21,7 @@ import pytest
 
 from calmd.history.store import HistoryRow, HistoryStore
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon, daemon_env
+from tests.daemon import BIN, Daemon, daemon_env
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOSUGGEST_PATHS = (
@@ -267,9 +267,9 @@ def record(daemon: Daemon, *cmds: str) -> None:
 
 
 def calm_cli(home: Path, *args: str) -> str:
-    """`calm ARGS` (enable/disable) as the user would run it, through calmd.shell.helper's own entry."""
+    """`calm ARGS` (enable/disable) as the user runs it."""
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", *args],
+        [str(BIN / "calm"), *args],
         env=shell_env(home), check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return out.stdout

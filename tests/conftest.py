@@ -1,11 +1,43 @@
-"""Every test runs with its own data dir and socket path, so that no test (or a calm/calmd it
-starts) can read or write the real user's history, weights or daemon."""
+"""What every test shares.
+
+- Its own data dir and socket path, so that no test (or a calm/calmd it starts) can read or write
+  the real user's history, weights or daemon.
+- One torch thread count for the whole suite (TEST_THREADS), restored after any test that changes
+  it (`calm train --threads`, the background run): a test's speed does not depend on the one before.
+- `@pytest.mark.needs(...)`: programs a test drives (tests/tools.py).
+- The session's tiny trained model (tests/tiny_model.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+from tests.tools import need
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.needs("zsh", "tmux")`: the programs a test drives (tests/tools.py)."""
+    for mark in item.iter_markers("needs"):
+        need(*mark.args)
+
+
+TEST_THREADS = 1  # tiny models: one thread is the fastest, and the same on every machine
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _threads_for_the_session() -> None:
+    torch.set_num_threads(TEST_THREADS)  # before any module's fixture trains a model
+
+
+@pytest.fixture(autouse=True)
+def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
+    torch.set_num_threads(TEST_THREADS)
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(autouse=True)

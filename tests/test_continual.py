@@ -16,9 +16,10 @@ from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
+from tests.builders import TRAIN_ARGS, WORK
 from tests.daemon import BIN, running_daemon
 
-WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +94,6 @@ def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path)
     result = run(RunOptions(tmp_path, weights))
     assert result["swapped"] is False and "training examples" in result["reason"]
     assert weights.read_bytes() == tiny.read_bytes()
-
-
-TRAIN_ARGS = ("--train-arg=--min-examples=10", "--train-arg=--holdout=10", "--train-arg=--epochs=3")
 
 
 def wait_status(c: CalmClient, check: object, timeout: float = 120) -> dict[str, object]:

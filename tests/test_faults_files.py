@@ -23,8 +23,10 @@ import pytest
 
 from calmd import paths
 from calmd.shell.client import CalmClient
+from tests.builders import TRAIN_ARGS, WORK
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
-from tests.test_continual import TRAIN_ARGS, WORK
+
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
 PYTHONPATH = str(Path(__file__).resolve().parent.parent)  # tests.scripted_engine
 PERMISSIVE = ("sh", "-c", 'umask 000 && exec "$@"', "sh")  # run a command under umask 000

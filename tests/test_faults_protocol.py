@@ -31,6 +31,8 @@ from calmd.daemon.protocol import FrameReader
 from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
 # calmd.md, "Limits and errors": no reply may carry another code.
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 MIB = 1 << 20

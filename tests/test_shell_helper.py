@@ -21,6 +21,7 @@ from calmd.shell import helper as shell_helper
 from tests.daemon import BIN, Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
+from tests.tools import need
 
 
 class HelperProcess:
@@ -321,6 +322,7 @@ def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
 
 @pytest.mark.parametrize("name", ["zsh", "bash"])
 def test_init_script(home: Path, name: str) -> None:
+    need(name)  # its syntax is checked by the shell itself
     out = subprocess.run(
         [sys.executable, "-m", "calmd.shell.helper", "init", name],
         env=shell_env(home), capture_output=True, text=True, check=True,

@@ -10,18 +10,17 @@ import itertools
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
+from calmd import paths
 from calmd.history.store import HistoryRow, HistoryStore
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, Daemon, daemon_env
+from tests.tools import need
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOSUGGEST_PATHS = (
@@ -30,13 +29,6 @@ AUTOSUGGEST_PATHS = (
     Path("/usr/local/share/zsh-autosuggestions/zsh-autosuggestions.zsh"),
 )
 _names = itertools.count()
-
-
-def need(*programs: str) -> None:
-    """Skip the test when a program it drives is missing."""
-    for program in programs:
-        if shutil.which(program) is None:
-            pytest.skip(f"{program} is not installed")
 
 
 def autosuggestions() -> Path | None:
@@ -257,6 +249,23 @@ def wait_recorded(home: Path, cmd: str, *, timeout: float = 5.0) -> HistoryRow:
         if time.monotonic() > deadline:
             raise AssertionError(f"{cmd!r} was not recorded: {[r.cmd for r in history_rows(home)]}")
         time.sleep(0.02)
+
+
+def wait_helper_read(home: Path, typed: str, *, timeout: float = 5.0) -> None:
+    """Wait until the shell's helper has read a completion request for `typed` (its debug log,
+    with CALM_DEBUG=1 in the shell's environment): the positive event after which an absence
+    (no ghost text) means something, since nothing else could still be on its way."""
+    needle = f"input={typed!r}"
+    deadline = time.monotonic() + timeout
+    while needle not in helper_log(home):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the helper never read a request for {typed!r}")
+        time.sleep(0.02)
+
+
+def helper_log(home: Path) -> str:
+    log = home / "data" / paths.HELPER_LOG
+    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def record(daemon: Daemon, *cmds: str) -> None:

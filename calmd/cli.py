@@ -88,7 +88,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 
 def dataset_from_history(args: argparse.Namespace) -> int:
-    """The shell-history path of calm-dataset.txt: the history store -> CTDS."""
+    """The shell-history path of `calm dataset` (docs/training.md): the history store -> CTDS."""
     from calmd.history.store import HistoryStore
     from calmd.training.datasets import DatasetOptions, write_history_dataset
 

@@ -94,7 +94,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
         for argv in (
             [str(BIN / "calm"), "import", str(history)],
             [str(BIN / "calm"), "dataset", "--quiet"],  # into CALM_HOME/train.ctds
-            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s"],  # its log
+            [sys.executable, "-m", "calmd", "shell-helper", "--session", "s"],  # its log
         ):
             done = subprocess.run([*PERMISSIVE, *argv], env=env, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=120)  # fmt: skip

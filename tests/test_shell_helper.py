@@ -29,7 +29,7 @@ class HelperProcess:
 
     def __init__(self, home: Path, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-test", *args],
+            [sys.executable, "-m", "calmd", "shell-helper", "--session", "s-test", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell_env(home),
         )  # fmt: skip
         self.buf = b""
@@ -306,7 +306,7 @@ def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemo
     shell_side = os.open(fifo, os.O_RDWR)
     fifo.unlink()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-fifo", "--format", "2"],
+        [sys.executable, "-m", "calmd", "shell-helper", "--session", "s-fifo", "--format", "2"],
         stdin=shell_side, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shell_env(home),
     )  # fmt: skip
     os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
@@ -324,11 +324,11 @@ def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
 def test_init_script(home: Path, name: str) -> None:
     need(name)  # its syntax is checked by the shell itself
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "init", name],
+        [sys.executable, "-m", "calmd", "init", name],
         env=shell_env(home), capture_output=True, text=True, check=True,
     )  # fmt: skip
     text = out.stdout
-    assert "-m calmd.shell.helper shell-helper" in text
+    assert "-m calmd shell-helper" in text
     assert str(home / "data" / paths.DISABLED_FLAG) in text
     assert text.endswith(shell_helper.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
@@ -339,7 +339,7 @@ def test_init_script(home: Path, name: str) -> None:
 def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     """For the setup line that sources it: the same text, owner-only, written once; a hook for
     another socket is printed, not kept (the file is what the setup line's `calmd init` gives)."""
-    run = [sys.executable, "-m", "calmd.shell.helper", "init", name]
+    run = [sys.executable, "-m", "calmd", "init", name]
     out = subprocess.run(run, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     hook = home / "data" / f"calm.{name}"
     assert hook.read_text() == out
@@ -349,10 +349,19 @@ def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     subprocess.run(run, env=shell_env(home), capture_output=True, check=True)
     assert (hook.stat().st_ino, hook.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # untouched
     hook.unlink()
-    other = [sys.executable, "-m", "calmd.shell.helper", "--socket", str(home / "other.sock"), "init", name]
+    other = [sys.executable, "-m", "calmd", "--socket", str(home / "other.sock"), "init", name]
     out = subprocess.run(other, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     assert "other.sock" in out
     assert not hook.exists()
+
+
+def test_hooks_of_earlier_versions_still_start_their_helper(home: Path) -> None:
+    """Hook files cached by an earlier calmd run `python -m calmd.shell.helper ...`: the same CLI."""
+    out = subprocess.run(
+        [sys.executable, "-m", "calmd.shell.helper", "init", "bash"],
+        env=shell_env(home), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "-m calmd shell-helper" in out.stdout  # and the hook it prints is the new one
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:

@@ -39,7 +39,7 @@ def init_script(shell: str, home: Path) -> Path:
     """`calmd init SHELL` output written to a file in `home` (what an rc file would eval)."""
     env = shell_env(home)
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "init", shell],
+        [sys.executable, "-m", "calmd", "init", shell],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     path = home / f"calm-init.{shell}"

@@ -112,7 +112,7 @@ def init_script(shell: str, socket: str | None = None) -> str:
     """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
     from calmd import __version__
 
-    helper = [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--shell", shell]
+    helper = [sys.executable, "-m", "calmd", "shell-helper", "--shell", shell]
     if socket:
         helper += ["--socket", socket]
     head = [
@@ -555,12 +555,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m calmd.shell.helper shell-helper ...`: what the hooks run (the `calmd` CLI's parser)."""
-    from calmd.cli import calmd_main
+if __name__ == "__main__":  # `python -m calmd.shell.helper ...`: hooks written by earlier calmd
+    import runpy
 
-    return calmd_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("calmd", run_name="__main__", alter_sys=True)  # the `calmd` command line

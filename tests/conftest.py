@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
+from calmd.history.store import HistoryStore
 from tests.tools import need
+
+if TYPE_CHECKING:
+    from tests.daemon import Daemon
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -46,6 +51,29 @@ def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     monkeypatch.setenv("CALM_HOME", str(home / "data"))
     monkeypatch.setenv("CALMD_SOCKET", str(home / "no-daemon.sock"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "xdg-data"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A test's HOME for the daemon, the shells and their data dir (tests/daemon.py)."""
+    return tmp_path
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    """`calmd serve` with the scripted engine in `home`, stopped after the test."""
+    from tests.daemon import running_daemon
+
+    with running_daemon(home) as d:
+        yield d
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[HistoryStore]:
+    """An empty history store where a daemon in tmp_path would keep it."""
+    s = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,13 +21,6 @@ from tests.tiny_model import CONTEXT
 @pytest.fixture(scope="module")
 def engine() -> ModelEngine:
     return ModelEngine(paths.packaged_weights())
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[HistoryStore]:
-    s = HistoryStore(tmp_path / "h.sqlite3")
-    yield s
-    s.close()
 
 
 def ask(engine: ModelEngine, store: HistoryStore, typed: str, n: int = 5, **ctx: object) -> list[Suggestion]:

@@ -34,17 +34,6 @@ from tests.tools import need
 pytestmark = [pytest.mark.needs("bash", "tmux"), pytest.mark.slow]  # real shells in tmux
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def daemon(home: Path) -> Iterator[Daemon]:
-    with running_daemon(home) as d:
-        yield d
-
-
 def test_key_accepts_top_candidate_then_run_and_record(home: Path, daemon: Daemon) -> None:
     need("git")
     subprocess.run(["git", "-c", "init.defaultBranch=trunk", "init", "-q", str(home)], check=True)

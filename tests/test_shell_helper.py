@@ -97,17 +97,6 @@ class HelperProcess:
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def daemon(home: Path) -> Iterator[Daemon]:
-    with running_daemon(home) as d:
-        yield d
-
-
-@pytest.fixture
 def helper(home: Path) -> Iterator[HelperProcess]:
     h = HelperProcess(home)
     yield h

@@ -42,17 +42,6 @@ SETTLE = 0.4  # how long to wait before saying that no suggestion came
 pytestmark = [pytest.mark.needs("zsh", "tmux"), pytest.mark.slow]  # real shells in tmux
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def daemon(home: Path) -> Iterator[Daemon]:
-    with running_daemon(home) as d:
-        yield d
-
-
 def test_ghost_text_accept_run_and_record(home: Path, daemon: Daemon) -> None:
     need("git")
     subprocess.run(["git", "-c", "init.defaultBranch=trunk", "init", "-q", str(home)], check=True)

@@ -11,7 +11,6 @@ from calmd import paths
 from calmd.cli import calm_main
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.quality.replay import PastOnly, _keystrokes_saved
-from tests.tiny_model import save_tiny
 
 
 def past_of(*commands: str) -> PastOnly:
@@ -48,8 +47,10 @@ def test_keystrokes_saved_counts_the_accept_key() -> None:
     assert _keystrokes_saved("git status", lambda p: None) == 0.0
 
 
-def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # a strictly periodic history: after warm-up, "what followed the previous command" is always right
     cycle = ["cd proj", "git status", "make test", "ls -la"]
     history = tmp_path / "user1.txt"
@@ -76,8 +77,10 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Pat
     assert totals["calmd"]["seen_before"]["0"] == 1.0  # after warm-up every line is a repeat
 
 
-def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # a loop (predictable: shown and right) broken by new lines (unpredictable: not shown)
     lines: list[str] = []
     for i in range(60):
@@ -100,8 +103,10 @@ def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(tmp_p
     assert 0.0 <= calmd["keystrokes_saved_shown"] <= calmd["keystrokes_saved"]
 
 
-def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # every third command is new (an ever-growing counter), the others repeat the two before
     lines: list[str] = []
     for i in range(40):
@@ -125,8 +130,8 @@ def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path:
     assert 0.0 < seen["8"] < 1.0
 
 
-def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_with_training_runs_the_background_trainer(tmp_path: Path, tiny_weights: Path) -> None:
+    model = tiny_weights
     history = tmp_path / "user2.txt"
     history.write_text("\n".join(f"echo {i % 40}" for i in range(130)) + "\n")
     out = tmp_path / "replay.json"

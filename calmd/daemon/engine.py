@@ -36,7 +36,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,6 +47,7 @@ from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packa
 from calmd.daemon.disk import DIR_ARGUMENT, Disk, missing_argument
 from calmd.daemon.filters import Vocabulary, balanced, cwd_argument, invented, packaged_vocabulary
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
+from calmd.errors import CalmError
 from calmd.history.frames import VocabularyFollowers, current_word
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
@@ -79,6 +80,24 @@ class RankWeights:
     complete_rule: float = 3.0  # when the input counts as complete: 0 never, 1 the user ran exactly
     # it, 2 the model's likeliest next token ends the line, 3 either
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
+
+    @classmethod
+    def overrides(cls, items: list[str]) -> dict[str, float]:
+        """`NAME=VALUE` strings (`calm replay --weight`) -> {field: value}; CalmError names a bad one."""
+        known = {f.name for f in fields(cls)}
+        weights: dict[str, float] = {}
+        for item in items:
+            name, _, value = item.partition("=")
+            name = name.replace("-", "_")
+            if name not in known:
+                raise CalmError(
+                    f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}"
+                )
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise CalmError(f"--weight {item}: {value!r} is not a number") from None
+        return weights
 
 
 class Suggestion(NamedTuple):

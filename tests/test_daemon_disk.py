@@ -15,7 +15,7 @@ from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 
-ENGINE = "calmd.daemon.engine:load_engine"
+ENGINE = "model"
 
 
 def candidates(c: CalmClient, text: str, **kw: object) -> list[str]:

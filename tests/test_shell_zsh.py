@@ -676,7 +676,7 @@ def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:
     (home / "data").mkdir()
     (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
     (home / "notes.md").write_text("x")
-    engine = "calmd.daemon.engine:load_engine"
+    engine = "model"
     with running_daemon(home, engine=engine, args=("--no-import",)), zsh_terminal(home) as term:
         term.wait_for("^PROMPT>")
         term.type("mkdir build")

@@ -11,6 +11,8 @@ at every moment, so a busy machine moves both alike; the ratios of their medians
 what this prints. bench/latency.py gives the absolute figures of one tree. With --store-history
 the five history commands are recorded in each daemon's store instead of sent with every request,
 as the shells do: the history side then has something to propose (without it, it has nothing).
+With --real-cwd the keystrokes are typed in a folder that exists (bench/latency.py `real_cwd`), so
+a daemon that fills COMP (issue 15) lists it; without, in one that does not exist.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latency import COMMANDS, HISTORY, pct
+from latency import COMMANDS, HISTORY, pct, real_cwd
 
 from calmd import paths
 from calmd.shell.client import CalmClient
@@ -78,6 +80,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--baseline", type=Path, required=True, help="the other checkout")
+    parser.add_argument("--real-cwd", action="store_true",
+                        help="type in a folder that exists: the daemon fills COMP from it")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="times the commands are typed (default 2)")
     parser.add_argument(
         "--store-history", action="store_true", help="record the history instead of sending it"
@@ -85,11 +89,12 @@ def main() -> None:
     args = parser.parse_args()
     daemons = {"this tree": Daemon(HERE), "baseline": Daemon(args.baseline.resolve())}
     done: dict[str, list[float]] = {name: [] for name in daemons}
-    ctx: dict[str, Any] = {"cwd": "/home/user/project", "git": "main"}
+    cwd = str(real_cwd(daemons["this tree"].home)) if args.real_cwd else "/home/user/project"
+    ctx: dict[str, Any] = {"cwd": cwd, "git": "main"}
     if args.store_history:
         for daemon in daemons.values():
             for h in HISTORY:
-                daemon.client.record(h, exit=0, cwd="/home/user/project", session="ab")
+                daemon.client.record(h, exit=0, cwd=cwd, session="ab")
     else:
         ctx["history"] = [{"cmd": h, "exit": 0} for h in HISTORY]
     try:

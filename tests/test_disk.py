@@ -94,3 +94,27 @@ def test_path_commands_are_read_once_in_the_background(tmp_path: Path) -> None:
             break
         time.sleep(0.005)
     assert first == () and disk.commands(path) == ("calmtool",)
+
+
+def test_the_listing_queue_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    calls: list[str] = []
+
+    def stuck(directory: str, max_entries: int) -> disk_module.Listing | None:
+        calls.append(directory)
+        release.wait(10)
+        return None
+
+    monkeypatch.setattr(disk_module, "_list", stuck)
+    disk = Disk(budget=0.001)
+    try:
+        for i in range(100):  # a client naming a hundred folders while the disk hangs
+            assert disk.listing(str(tmp_path / f"d{i}")) is None
+        assert len(disk._pending) == disk_module.MAX_PENDING
+    finally:
+        release.set()
+    for _ in range(1000):
+        if not disk._pending:
+            break
+        time.sleep(0.005)
+    assert not disk._pending and len(calls) == disk_module.MAX_PENDING

@@ -218,6 +218,12 @@ BAD_FRAMES: dict[str, tuple[bytes, str, int | None]] = {
     "a bin where cmd's string goes": (pack({"op": "record", "id": 10, "cmd": b"ls"}), "bad_field", 10),
     "an op that is not a string": (pack({"op": 3, "id": 11}), "bad_message", 11),
     "an unknown op": (pack({"op": "rm -rf", "id": 12}), "unknown_op", 12),
+    "a PATH that is a list": (pack({"op": "complete", "id": 13, "ctx": {"input": "l"}, "path": ["/bin"]}),
+                              "bad_field", 13),
+    "a PATH over 8 KiB": (pack({"op": "complete", "id": 14, "ctx": {"input": "l"}, "path": "/b:" * 3000}),
+                          "bad_field", 14),
+    "an env that is a map": (pack({"op": "record", "id": 15, "cmd": "ls", "env": {"venv": "x"}}),
+                             "bad_field", 15),
 }  # fmt: skip
 
 

@@ -45,6 +45,7 @@ MAX_ENTRIES = 50_000  # names kept of one directory: a bigger one is listed in p
 MAX_PATH_DIRS = 64  # PATH entries read
 MOUNTS_TTL = 30.0
 YIELD_EVERY = 256  # entries listed between two releases of the GIL
+MAX_PENDING = 16  # listings queued at once (clients can name any number of folders)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,11 @@ class Disk:
             known = self._listings.get(directory)
             if known is not None:
                 self._listings.move_to_end(directory)
-                if now - known.checked > self.ttl and directory not in self._pending:
+                if (
+                    now - known.checked > self.ttl
+                    and directory not in self._pending
+                    and len(self._pending) < MAX_PENDING
+                ):
                     self._submit(directory, known)
                 return known.entries
             failed = self._unlistable.get(directory)
@@ -207,7 +212,12 @@ class Disk:
             return None
         if future is None:
             with self._lock:
-                future = self._pending.get(directory) or self._submit(directory, None)
+                future = self._pending.get(directory)
+                if future is None:
+                    if len(self._pending) >= MAX_PENDING:
+                        self.timeouts += 1  # a slow disk holds the queue: no new listing waits in it
+                        return None
+                    future = self._submit(directory, None)
         try:
             found = future.result(timeout=self.budget)
         except FutureTimeout:

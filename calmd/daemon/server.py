@@ -809,8 +809,12 @@ class Server:
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
-            # COMP and ENV (calmd/daemon/frames.py): here, off the event loop, bounded in time
-            self.frames.fill(ctx, request.session, getattr(engine, "followers", None))
+            # COMP and ENV (calmd/daemon/frames.py): here, off the event loop, bounded in time. A
+            # failure there costs the keystroke its COMP, never its answer.
+            try:
+                self.frames.fill(ctx, request.session, getattr(engine, "followers", None))
+            except Exception:
+                log.exception("the COMP frame could not be built; answering without it")
 
             def on_early(candidate: str, confidence: float) -> None:
                 if not cancelled.is_set():

@@ -59,6 +59,8 @@ def test_paths_that_exist_are_suggested_and_missing_ones_never_first(home: Path)
         texts = [m["candidate"] for m in replies]
         assert "cd dist" in texts and texts[0] != "cd dist", texts
         assert replies[texts.index("cd dist")]["confidence"] == 0  # never shown unasked
+        context = c.status()["status"]["context"]
+        assert context["folders_listed"] >= 1 and context["listings_queued"] == 0
 
 
 def test_records_keep_the_comp_and_env_of_their_last_keystroke(home: Path) -> None:

@@ -165,6 +165,13 @@ class Disk:
     def close(self) -> None:
         self._pool.stop()
 
+    def describe(self) -> dict[str, int]:
+        """For `status`: folders listed and remembered, and keystrokes that went without COMP
+        because a listing was not ready within the budget (or the queue was full)."""
+        with self._lock:
+            return {"folders_listed": len(self._listings), "folders_unlistable": len(self._unlistable),
+                    "listings_queued": len(self._pending), "comp_timeouts": self.timeouts}  # fmt: skip
+
     # -- network mounts ------------------------------------------------------------------------------
 
     def remote(self, path: str) -> bool:

@@ -888,6 +888,7 @@ class Server:
             },
             "training": self.trainer.status(self.config.train_threshold),
             "disk": self._disk_status(),
+            "context": self.disk.describe(),
         }
 
 

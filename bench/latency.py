@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
+from calmd.daemon.disk import Disk
 from calmd.daemon.engine import ModelEngine
+from calmd.daemon.frames import SessionFrames
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 
@@ -107,6 +109,9 @@ def interleaved(c: CalmClient, model: Path, db: Path, commands: list[str]) -> tu
     alternating request by request so that both see the same machine state."""
     engine = ModelEngine(model)
     engine.attach_history(HistoryStore(db))
+    disk = Disk()  # the daemon's COMP and disk check (issue 15): the same work on both sides
+    engine.attach_disk(disk)
+    frames = SessionFrames(disk)
     never = threading.Event()
     history = [{"cmd": h, "exit": 0} for h in HISTORY]
     remote, local = [], []
@@ -119,7 +124,9 @@ def interleaved(c: CalmClient, model: Path, db: Path, commands: list[str]) -> tu
                 pass
             remote.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            list(engine.complete({**ctx, "history": history}, 5, "pair", never))
+            ctx["history"] = history
+            frames.fill(ctx, "pair", engine.followers)
+            list(engine.complete(ctx, 5, "pair", never))
             local.append(time.perf_counter() - t0)
     return remote, local
 

@@ -9,7 +9,7 @@ import pytest
 
 from calmd.cli import calm_main
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
-from calmd.quality.replay import PastOnly, _keystrokes_saved
+from calmd.quality.replay import PastOnly, _keystrokes_saved, keys_whole_line, keys_word_by_word, next_word
 from tests.tiny_model import save_tiny
 
 
@@ -45,6 +45,66 @@ def test_keystrokes_saved_counts_the_accept_key() -> None:
         0.7
     )
     assert _keystrokes_saved("git status", lambda p: None) == 0.0
+
+
+def test_next_word_is_what_forward_word_accepts() -> None:
+    assert next_word("it -m wip") == "it "  # the rest of the word under the cursor and its space
+    assert next_word(" commit -m x") == " commit "  # a leading space comes along
+    assert next_word("wip") == "wip"  # the last word: no space follows
+    assert next_word("  x") == "  x"
+
+
+def test_word_acceptance_takes_the_matching_words_then_types() -> None:
+    # the ghost is always an older commit: its first three words are right, its message is not
+    def suggest(prefix: str) -> str | None:
+        return "git commit -m fix"
+
+    cmd = "git commit -m wip"  # 17 characters
+    # "git ", "commit ", "-m " accepted (3 keys); "fix" is not what follows: w, i, p typed (3 keys)
+    assert keys_word_by_word(cmd, suggest) == 6
+    assert keys_whole_line(cmd, suggest) == 17  # never the whole line: every character typed
+
+
+def test_word_acceptance_takes_the_whole_line_when_it_is_shown() -> None:
+    def suggest(prefix: str) -> str | None:
+        return "git status" if len(prefix) >= 2 else "gx"
+
+    # "gx": its word is not what follows, g and i typed; then the whole line: 3 keys either way
+    assert keys_word_by_word("git status", suggest) == 3
+    assert keys_whole_line("git status", suggest) == 3
+
+
+def test_word_acceptance_follows_the_policy_even_when_a_word_costs_the_line() -> None:
+    # the whole line shows only after "l" is typed; the word-accepting user takes "ls " at once
+    # and never sees it again (the policy, not the best of both users)
+    def suggest(prefix: str) -> str | None:
+        return {"": "ls -la /var", "l": "ls -la /tmp"}.get(prefix)
+
+    cmd = "ls -la /tmp"  # 11 characters
+    assert keys_whole_line(cmd, suggest) == 2  # "l", then accept
+    assert keys_word_by_word(cmd, suggest) == 1 + 8  # "ls ", then "-la /tmp" typed
+
+
+def test_replay_reports_word_acceptance_for_every_system_with_one_policy(tmp_path: Path) -> None:
+    model = save_tiny(tmp_path / "tiny.cwgt")
+    # every command is a new commit message: a lookup never has the line, but its words help
+    history = tmp_path / "user5.txt"
+    history.write_text("".join(f"git commit -m v{i:03d}\n" for i in range(80)))
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "10", "--typing", "5",
+                      "--warmup", "20", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    totals = json.loads(out.read_text())["totals"]
+    for system in ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish"):
+        t = totals[system]
+        assert t["typed_commands"] == 5 and t["typed_characters"] == 5 * 18
+        # the previous commit is suggested from the empty prompt on: "git ", "commit ", "-m "
+        # accepted, then "v", "0", "0" or so and the last digit typed: 7 keys of 18
+        assert t["keystrokes_saved_lines"] == pytest.approx(0.0)
+        assert t["keystrokes_saved_words"] == pytest.approx(1 - 7 / 18)
+    calmd = totals["calmd"]
+    assert 0.0 <= calmd["keystrokes_saved_words"] <= 1.0
+    assert calmd["keystrokes_saved_words_shown"] <= calmd["keystrokes_saved_words"]
 
 
 def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Path) -> None:

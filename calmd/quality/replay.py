@@ -6,8 +6,18 @@ warm-up) the next command is asked for given its first k characters (k = 0, 1, 2
 means "predict the next command" on an empty prompt, k only when the command is longer than k):
 top-1 and top-5 exact matches of the whole command line, and the share of queries whose command
 line had been run before (`seen_before`, the most a pure history lookup can score). Keystrokes
-saved: the user types the command one character at a time and accepts the top suggestion (one
-key) as soon as it is the whole command; saved = (length - typed - 1) / length, 0 when it never is.
+saved, two simulated users typing the same commands with the same policy for every system:
+- whole-line acceptance: the user types the command one character at a time and accepts the top
+  suggestion (one key) as soon as it is the whole command; `keystrokes_saved` is the mean over
+  commands of (length - typed - 1) / length (0 when it never is), `keystrokes_saved_lines` the
+  same keys micro-averaged (1 - all keys / all characters);
+- word acceptance (`keystrokes_saved_words`, micro-averaged), as zsh-autosuggestions' and fish's
+  forward-word: at each state, one key accepts the top suggestion when it is the whole command;
+  else one key accepts the suggestion's next word (up to and including the following space) when
+  the command continues with it; else the user types one character. Enter is not counted.
+Every state either user visits is a prefix of the command, and the replay asks the engine once
+per prefix (cached per command typed out), so the word-accepting user costs only the few
+prefixes past the point where the whole-line user accepted.
 
 The candidates come from the same code the daemon runs: the context is built as the server
 builds it (the store's latest commands of the session), ranked by `ModelEngine.complete` with
@@ -32,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +68,10 @@ class Tally:
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
     saved_shown: float = 0.0  # the same when only ghosts at or above the threshold are shown
     typed: int = 0
+    chars: int = 0  # characters of the commands typed out
+    keys_lines: int = 0  # keys pressed by the whole-line-accepting user (Enter not counted)
+    keys_words: int = 0  # keys pressed by the word-accepting user
+    keys_words_shown: int = 0  # the same accepting only the ghosts shown
     # calmd's top candidate per query: (confidence, right), for coverage and precision
     tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
     threshold: float = DEFAULT_MIN_CONFIDENCE
@@ -74,6 +88,10 @@ class Tally:
         self.saved += other.saved
         self.saved_shown += other.saved_shown
         self.typed += other.typed
+        self.chars += other.chars
+        self.keys_lines += other.keys_lines
+        self.keys_words += other.keys_words
+        self.keys_words_shown += other.keys_words_shown
         self.runs += other.runs
         self.swaps += other.swaps
 
@@ -84,6 +102,9 @@ class Tally:
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
+            "keystrokes_saved_lines": 1 - self.keys_lines / self.chars if self.chars else None,
+            "keystrokes_saved_words": 1 - self.keys_words / self.chars if self.chars else None,
+            "typed_characters": self.chars,
             **self._shown_json(),
             "typed_commands": self.typed,
             "training_runs": self.runs,
@@ -109,6 +130,7 @@ class Tally:
             "coverage": {k: at[k][0] for k in KS},
             "precision": {k: at[k][1] for k in KS},
             "keystrokes_saved_shown": self.saved_shown / self.typed if self.typed else None,
+            "keystrokes_saved_words_shown": 1 - self.keys_words_shown / self.chars if self.chars else None,
             "sweep": {
                 str(t): {k: list(v) for k, v in self.coverage_precision(t).items()} for t in THRESHOLDS
             },
@@ -150,17 +172,58 @@ class PastOnly:
         ordered = first + [c for c in recent if c not in first]
         return ordered[:n]
 
+    def top1(self, system: str) -> Suggest:
+        """The system's top suggestion for a typed prefix, as the simulated users see it."""
 
-def _first(items: list[str]) -> str | None:
-    return items[0] if items else None
+        def suggest(prefix: str) -> str | None:
+            got = self.suggest(system, prefix, 1)
+            return got[0] if got else None
+
+        return suggest
 
 
 def _keystrokes_saved(cmd: str, suggest: Any) -> float:
     """Fraction of keystrokes saved typing `cmd` and accepting the first correct top-1."""
+    return 1 - keys_whole_line(cmd, suggest) / len(cmd) if cmd else 0.0
+
+
+Suggest = Callable[[str], "str | None"]  # typed prefix -> the top suggestion (a whole line) or None
+
+
+def keys_whole_line(cmd: str, suggest: Suggest) -> int:
+    """Keys to enter `cmd` typing it character by character and accepting (one key) the top
+    suggestion as soon as it is the whole command. Enter is not counted."""
     for typed in range(len(cmd)):
         if suggest(cmd[:typed]) == cmd:
-            return max(0, len(cmd) - typed - 1) / len(cmd)
-    return 0.0
+            return typed + 1
+    return len(cmd)
+
+
+def next_word(rest: str) -> str:
+    """What forward-word accepts of the ghost text `rest` (the suggestion past the cursor): any
+    spaces, the word, and the space that follows it; all of `rest` when no space follows."""
+    start = len(rest) - len(rest.lstrip(" "))
+    end = rest.find(" ", start)
+    return rest if end < 0 else rest[: end + 1]
+
+
+def keys_word_by_word(cmd: str, suggest: Suggest) -> int:
+    """Keys to enter `cmd` (Enter not counted) for a user who, at each state, accepts the top
+    suggestion when it is the whole command (one key), else accepts its next word when the
+    command continues with that word (one key), else types the next character (one key)."""
+    typed, keys = "", 0
+    while len(typed) < len(cmd):
+        keys += 1
+        got = suggest(typed)
+        if got == cmd:
+            return keys
+        if got is not None and len(got) > len(typed) and got.startswith(typed):
+            word = next_word(got[len(typed) :])
+            if cmd.startswith(word, len(typed)):
+                typed += word
+                continue
+        typed = cmd[: len(typed) + 1]
+    return keys
 
 
 @dataclass
@@ -288,15 +351,10 @@ def replay_user(
                         t.top1[k] += bool(got) and got[0] == cmd
                         t.top5[k] += cmd in got[:5]
                 if i in typed_out:
-                    top1_cache.clear()
-                    tallies["calmd"].saved += _keystrokes_saved(cmd, accepted)
-                    tallies["calmd"].saved_shown += _keystrokes_saved(cmd, accepted_shown)
-                    tallies["calmd"].typed += 1
+                    top1_cache.clear()  # the store is the same while one command is typed out
+                    type_out(tallies["calmd"], cmd, accepted, accepted_shown)
                     for system in SYSTEMS[1:]:
-                        tallies[system].saved += _keystrokes_saved(
-                            cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
-                        )
-                        tallies[system].typed += 1
+                        type_out(tallies[system], cmd, past.top1(system))
             store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
             if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
@@ -311,6 +369,21 @@ def replay_user(
                 tallies["calmd"].runs += 1
         store.close()
     return tallies
+
+
+def type_out(tally: Tally, cmd: str, suggest: Suggest, suggest_shown: Suggest | None = None) -> None:
+    """The simulated users type `cmd` out with `suggest`'s top suggestions (calmd/quality/replay.py)."""
+    if not cmd:
+        return
+    tally.typed += 1
+    tally.chars += len(cmd)
+    keys = keys_whole_line(cmd, suggest)
+    tally.keys_lines += keys
+    tally.saved += 1 - keys / len(cmd)
+    tally.keys_words += keys_word_by_word(cmd, suggest)
+    if suggest_shown is not None:
+        tally.saved_shown += _keystrokes_saved(cmd, suggest_shown)
+        tally.keys_words_shown += keys_word_by_word(cmd, suggest_shown)
 
 
 def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
@@ -361,27 +434,39 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS) + f"{'top5 k=0':>10}{'saved':>8}"]
+    """Top-1 per k, top-5 at k = 0 and the keystrokes saved (whole line: mean per command as
+    before, and micro-averaged; word by word: micro-averaged) per system; then the ceiling and
+    each calmd system's top-1 as a share of it."""
+    head = f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS)
+    lines = [head + f"{'top5 k=0':>10}{'saved':>8}{'line':>8}{'word':>8}"]
+
+    def pct(v: float | None) -> str:
+        return f"{(v or 0) * 100:>7.1f}%"
+
     for system, t in result["totals"].items():
-        top1 = "".join(f"{(t['top1'][k] or 0) * 100:>7.1f}%" for k in KS)
-        saved = t["keystrokes_saved"]
-        lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
-                     f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
+        top1 = "".join(pct(t["top1"][k]) for k in KS)
+        saved = pct(t["keystrokes_saved"]) + pct(t.get("keystrokes_saved_lines"))
+        lines.append(
+            f"{system:<36}{top1}{pct(t['top5'][0]):>10}{saved}{pct(t.get('keystrokes_saved_words'))}"
+        )
     # the same for every system: the share of queries whose command had been run before
-    ours = result["totals"]["calmd"]
-    seen = ours["seen_before"]
-    lines.append(f"{'(ceiling) run before':<36}" + "".join(f"{(seen[k] or 0) * 100:>7.1f}%" for k in KS))
-    if "coverage" in ours:
-
-        def pct(v: float | None) -> str:
-            return f"{(v or 0) * 100:>7.1f}%"
-
+    first = next(iter(result["totals"].values()))
+    seen = first["seen_before"]
+    lines.append(f"{'(ceiling) run before':<36}" + "".join(pct(seen[k]) for k in KS))
+    for system, t in result["totals"].items():
+        if system.startswith("calmd"):
+            share = "".join(pct(t["top1"][k] / seen[k] if seen[k] else None) for k in KS)
+            lines.append(f"{(system + ' top-1 / ceiling'):<36}{share}")
+    ours = result["totals"].get("calmd")
+    if ours is not None and "coverage" in ours:
         at = f"confidence >= {ours['threshold']:g}"
         lines.append(f"{'calmd coverage (' + at + ')':<36}" + "".join(pct(ours["coverage"][k]) for k in KS))
         lines.append(f"{'calmd precision (' + at + ')':<36}" + "".join(pct(ours["precision"][k]) for k in KS))
         saved = ours["keystrokes_saved_shown"]
         if saved is not None:
-            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}%")
+            words = ours.get("keystrokes_saved_words_shown") or 0.0
+            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}% "
+                         f"(whole lines), {words * 100:.1f}% (word by word)")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -95,3 +95,44 @@ def test_a_new_line_carried_over_from_the_previous_command(tmp_path: Path, weigh
         c.record("mkdir newproj", exit=0, cwd="/p", session="s")
         # never run before, proposed from the user's own mkdir -> cd habit
         assert candidates(c, "cd ", n=3, session="s", cwd="/p")[0] == "cd newproj"
+
+
+def answers(c: CalmClient) -> dict[str, int]:
+    return c.status()["status"]["model"]["answers"]  # type: ignore[no-any-return]
+
+
+def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    history = CONTEXT["history"]
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        for cmd in ["git status", "make test", "git stash pop"]:
+            c.record(cmd, exit=0, cwd="/p", session="other")
+        target = "git status"
+        ghost = [m for m in c.complete("", n=5, session="s", cwd="/p", history=history) if "candidate" in m]
+        assert ghost[0]["candidate"] == target
+        before = answers(c)
+        for i in range(1, len(target)):
+            through = [m for m in c.complete(target[:i], n=5, session="s", cwd="/p", history=history)
+                       if "candidate" in m]  # fmt: skip
+            # the same context in a session with no previous answer: a whole search
+            fresh = [m for m in c.complete(target[:i], n=5, session=f"fresh{i}", cwd="/p", history=history)
+                     if "candidate" in m]  # fmt: skip
+            # the ghost never changes while the user types along it, and it is the search's too,
+            # with the same score and confidence
+            assert through[0]["candidate"] == fresh[0]["candidate"] == target
+            assert through[0]["score"] == pytest.approx(fresh[0]["score"], abs=2e-3)
+            assert through[0]["confidence"] == pytest.approx(fresh[0]["confidence"], abs=2e-3)
+            # the documented difference: only the previous answer's lines that extend the input,
+            # in the search's order (a line the previous answer did not hold is not added)
+            texts = [m["candidate"] for m in fresh]
+            kept = [m["candidate"] for m in through]
+            assert set(kept) <= set(texts) and all(t.startswith(target[:i]) for t in kept)
+            assert kept == sorted(kept, key=texts.index)
+        after = answers(c)
+        # every keystroke of session s after the first was answered from the previous answer;
+        # each fresh session searched
+        assert after["typed_through"] - before["typed_through"] == len(target) - 1
+        assert after["searched"] - before["searched"] == len(target) - 1
+        # a character the top line does not continue with: a new search
+        candidates(c, "git sx", n=5, session="s", cwd="/p", history=history)
+        assert answers(c)["searched"] == after["searched"] + 1

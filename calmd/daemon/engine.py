@@ -26,10 +26,12 @@ For one keystroke (`ctx` with the typed `input`):
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,8 @@ class RankWeights:
     complete_rule: float = 3.0  # when the input counts as complete: 0 never, 1 the user ran exactly
     # it, 2 the model's likeliest next token ends the line, 3 either
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
+    typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
+    # never (a search at every key); 2: typing along any of its lines does
 
 
 class Suggestion(NamedTuple):
@@ -95,6 +99,27 @@ class HistorySide:
     def ordered(self) -> list[str]:
         """Best first; a failing command after every other."""
         return sorted(self.proposals, key=lambda c: (c not in self.failing, self.proposals[c]), reverse=True)
+
+
+MAX_ANSWERS = 64  # sessions whose last answer is kept for typing through (as the prefix cache's)
+
+
+@dataclass
+class _Answer:
+    """A session's last whole answer: what typing through it continues."""
+
+    key: str  # context_key of its context: typing through needs the very same one
+    typed: str  # the input it answered
+    n: int  # how many lines were asked for
+    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix)
+    lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
+
+
+def context_key(ctx: dict[str, Any]) -> str:
+    """Everything of a request's context but the typed input, as one string: two requests with
+    the same key differ only by what was typed (the context is opaque here: frames, cwd, git and
+    whatever else it carries)."""
+    return json.dumps({k: v for k, v in ctx.items() if k != "input"}, sort_keys=True, default=str)
 
 
 _INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
@@ -140,6 +165,9 @@ class ModelEngine:
         self.max_scored = 8  # history proposals scored by the model per request (latency bound)
         self.drop_budget = DROP_BUDGET
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
+        self.answers: OrderedDict[str, _Answer] = OrderedDict()  # per session: its last whole answer
+        self.reused = 0  # requests answered from the previous answer (typing through, a repeat)
+        self.searches = 0  # requests that ran the model's search (or scored a complete input)
 
     def attach_history(self, store: HistoryStore) -> None:
         self.history = store
@@ -157,6 +185,7 @@ class ModelEngine:
             "ranker": f"learned, {len(self.ranker.mean)} features, fitted on "
             f"{self.ranker.info.get('training_users', '?')} users' histories",
             "indexed_commands": len(self.index) if self.index is not None else 0,
+            "answers": {"searched": self.searches, "typed_through": self.reused},
         }
 
     def complete(
@@ -193,26 +222,39 @@ class ModelEngine:
         proposals = side.proposals
         lam = self.weights.history_mix if proposals else 0.0
         temperature = self.weights.model_temperature
-        # Score the likeliest history proposals with the model: one batched pass.
-        best_few = ordered[: self.max_scored]
-        extra: list[tuple[str, float]] = []
-        start, _ = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
-        if best_few:
-            scores = self.generator.score_many(ctx, best_few, session=session, start=start)
-            for cmd, lp in zip(best_few, scores, strict=True):
-                p = lam * proposals[cmd] + (1 - lam) * math.exp(lp / temperature)
-                score = math.log(p) - (FAILING_PENALTY if cmd in side.failing else 0.0)
-                extra.append((cmd, score))
+        start, model_typed = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
         p_end = self.generator.end_probability(ctx, session=session, start=start)
         complete = self._is_complete(typed, input_run_before, p_end)
         judge = self._judge(typed, ctx, side, complete)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
-        if complete:  # only lines the user ran may continue it: no beams, no carry-overs
-            own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
-            ranked: Iterator[Candidate] = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+        key = context_key(ctx)
+        scored = ordered[: self.max_scored]  # history proposals the model scores (latency bound)
+        model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
+        through = None
+        if not complete and model_typed == typed:
+            through = self._typed_through(session, key, typed, n, start, side, scored, judge, lam)
+        if through is not None:
+            self.reused += 1
+            ranked: Iterator[Candidate] = iter([c for c, _ in through])
+            model_lp = {c.text: lp for c, lp in through}
         else:
-            search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
-            ranked = self.ranked(search, extra, judge, n, lam, cancelled)
+            self.searches += 1
+            # Score the likeliest history proposals with the model: one batched pass.
+            extra: list[tuple[str, float]] = []
+            if scored:
+                scores = self.generator.score_many(ctx, scored, session=session, start=start)
+                for cmd, lp in zip(scored, scores, strict=True):
+                    p = lam * proposals[cmd] + (1 - lam) * math.exp(lp / temperature)
+                    score = math.log(p) - (FAILING_PENALTY if cmd in side.failing else 0.0)
+                    extra.append((cmd, score))
+                    model_lp[cmd] = lp
+            if complete:  # only lines the user ran may continue it: no beams, no carry-overs
+                own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
+                ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+            else:
+                search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp)
+        answered: list[tuple[str, float]] = []
         for rank, cand in enumerate(ranked):
             if cancelled.is_set():
                 return
@@ -226,18 +268,74 @@ class ModelEngine:
             )  # fmt: skip
             failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
             confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
+            if text in model_lp:
+                answered.append((text, model_lp[text]))
             yield Suggestion(text, score, confidence, row if explain else None)
+        self._remember(session, _Answer(key, typed, n, start, answered) if not complete else None)
+
+    # -- typing through a suggestion --------------------------------------------------------------
+
+    def _remember(self, session: str, answer: _Answer | None) -> None:
+        """Keep the session's whole answer (only a whole one: a cancelled request's is not)."""
+        self.answers.pop(session, None)
+        if answer is not None and answer.lines:
+            self.answers[session] = answer
+            while len(self.answers) > MAX_ANSWERS:
+                self.answers.popitem(last=False)
+
+    def _typed_through(
+        self, session: str, key: str, typed: str, n: int, start: Any, side: HistorySide,
+        scored: list[str], judge: Callable[[str], float | None], lam: float,
+    ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
+        """The answer to `typed` from the session's previous answer, when the user typed on along
+        its top line (or asks again for the same input): its lines that still extend the input,
+        rescored exactly as a search scores them (the model's log-probability given the longer
+        input is the old one minus that of the typed bytes; P_hist and the judge are the new
+        keystroke's). None when there is nothing to continue, the context changed, or the top line
+        no longer leads (then a search runs). What it cannot do: propose a line the previous
+        answer did not hold (docs/performance.md, "Typing through a suggestion")."""
+        last = self.answers.get(session)
+        if not self.weights.typing_through or last is None or last.key != key:
+            return None
+        if not typed.startswith(last.typed) or (typed == last.typed and n > last.n):
+            return None
+        top = last.lines[0][0]
+        any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
+        if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
+            return None
+        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+        offset, temperature = math.log(1 - lam), self.weights.model_temperature
+        found: list[tuple[Candidate, float]] = []
+        for text, old_lp in last.lines:
+            if not text.startswith(typed) or text.rstrip() == typed.rstrip():
+                continue
+            lp = old_lp - drop
+            if text in side.proposals and text in scored:  # as `extra` is scored by a search
+                p = lam * side.proposals[text] + (1 - lam) * math.exp(lp / temperature)
+                score = math.log(p) - (FAILING_PENALTY if text in side.failing else 0.0)
+            else:
+                adjust = judge(text)
+                if adjust is None:
+                    continue
+                score = offset + lp / temperature + adjust
+            found.append((Candidate(text, score, 0), lp))
+        found.sort(key=lambda c: c[0].logprob, reverse=True)
+        found = found[:n]
+        if not found or (not any_line and found[0][0].text != top):
+            return None
+        return found
 
     def ranked(
         self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
-        n: int, lam: float, cancelled: threading.Event,
+        n: int, lam: float, cancelled: threading.Event, model_lp: dict[str, float] | None = None,
     ) -> Iterator[Candidate]:  # fmt: skip
         """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
         log-probability scale) and the lines the beams finish, best first, each yielded as soon as
         no live beam can beat it. A beam's score lp becomes log(1 - lam) + lp / T on the mixture's
         scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
         drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
-        and what it has is final (a model that keeps finishing junk would search to max_tokens)."""
+        and what it has is final (a model that keeps finishing junk would search to max_tokens).
+        `model_lp` receives each kept line's log-probability under the model alone."""
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
 
         def mixture(lp: float) -> float:
@@ -260,6 +358,8 @@ class ModelEngine:
                     dropped += 1
                 else:
                     pending.append(Candidate(cand.text, mixture(cand.logprob) + adjust, cand.tokens))
+                    if model_lp is not None:
+                        model_lp[cand.text] = cand.logprob
             pending.sort(key=lambda c: c.logprob, reverse=True)
             bound = mixture(search.bound)
             while pending and pending[0].logprob >= bound and yielded < n:

@@ -612,6 +612,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         reply_timeout_s=args.reply_timeout,
         graceful_timeout=args.graceful_timeout,
+        prefetch=not args.no_prefetch,
     )
     module_name, _, func = args.engine.partition(":")
     try:
@@ -811,6 +812,11 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
     p.add_argument(
         "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
+    )
+    p.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="do not prepare a session's next line after each record (to measure what it saves)",
     )
     p.add_argument(
         "--engine",

@@ -136,3 +136,51 @@ def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Pat
         # a character the top line does not continue with: a new search
         candidates(c, "git sx", n=5, session="s", cwd="/p", history=history)
         assert answers(c)["searched"] == after["searched"] + 1
+
+
+def wait_status(c: CalmClient, ready: object, timeout: float = 20.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status: dict[str, object] = c.status()["status"]
+        if ready(status):  # type: ignore[operator]
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+
+
+def test_a_record_prepares_the_next_empty_prompt(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        candidates(c, "", n=3, session="s", cwd="/p")  # the shell's context: cwd /p, 3 lines
+        c.record("cd proj", exit=0, cwd="/p", session="s")
+        wait_status(c, lambda s: s["prefetch"]["finished"] == 1)
+        before = answers(c)
+        got = list(c.complete("", n=3, session="s", cwd="/p"))
+        after = answers(c)
+        # answered from the prepared answer: no search
+        assert (
+            after["typed_through"] == before["typed_through"] + 1 and after["searched"] == before["searched"]
+        )
+        # what a search in a session with the same context answers
+        history = [{"cmd": "cd proj", "exit": 0}]
+        fresh = list(c.complete("", n=3, session="other", cwd="/p", history=history))
+        assert [m.get("candidate") for m in got] == [m.get("candidate") for m in fresh]
+        assert answers(c)["searched"] == after["searched"] + 1
+        # the next command changed folder: the prepared context is not the one asked for
+        c.record("cd sub", exit=0, cwd="/p", session="s")
+        wait_status(c, lambda s: s["prefetch"]["finished"] == 2)
+        candidates(c, "", n=3, session="s", cwd="/p/proj/sub")
+        # a search of its own (besides the fresh session's and the prefetch's), nothing continued
+        assert answers(c) == {"searched": after["searched"] + 3, "typed_through": after["typed_through"]}
+        assert c.status()["status"]["prefetch"]["started"] == 2
+    without = tmp_path / "without"
+    install(without, weights)
+    with (
+        running_daemon(without, engine=ENGINE, args=("--no-import", "--no-prefetch")) as d,
+        CalmClient(d.socket) as c,
+    ):
+        candidates(c, "", n=3, session="s", cwd="/p")
+        c.record("cd proj", exit=0, cwd="/p", session="s")
+        candidates(c, "", n=3, session="s", cwd="/p")
+        assert c.status()["status"]["prefetch"]["started"] == 0
+        assert answers(c)["searched"] == 2

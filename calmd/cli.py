@@ -384,7 +384,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         files = [f for f in files if held_out(f.stem)]
     if not files:
         raise CalmError("no history files to replay")
-    model = Path(args.model) if args.model else paths.serving_weights()
+    models = [Path(m) for m in args.model or []]
+    for m in models:
+        if not m.is_file():
+            raise CalmError(f"-m {m}: no such weight file")
+    if len(models) > 1 and args.with_training:
+        raise CalmError("--with-training replays one model at a time")
+    model = models[0] if models else paths.serving_weights()
     from dataclasses import fields
 
     from calmd.daemon.engine import RankWeights
@@ -402,7 +408,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise CalmError(f"--weight {item}: {value!r} is not a number") from None
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
                               typing_positions=args.typing, weights=weights,
-                              train_every=args.train_every if args.with_training else 0)  # fmt: skip
+                              train_every=args.train_every if args.with_training else 0,
+                              models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -520,7 +527,9 @@ def calm_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay shell histories and score suggestions against baselines")
     p.add_argument("files", nargs="+", metavar="HISTORY", help="bash/zsh history files, or folders of *.txt")
-    p.add_argument("-m", "--model", metavar="FILE.cwgt", help="weights (default: yours, else the packaged)")
+    p.add_argument("-m", "--model", metavar="FILE.cwgt", action="append",
+                   help="weights (default: yours, else the packaged); several -m compare the models in one "
+                   "run, each answering every query, with its latency")  # fmt: skip
     p.add_argument("--positions", type=int, default=40, help="sampled positions per user (default 40)")
     p.add_argument("--typing", type=int, default=15, help="positions typed out for keystrokes saved")
     p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")

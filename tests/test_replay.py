@@ -194,3 +194,34 @@ def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> Non
     assert calm_main(argv) == 0
     calmd = json.loads(out.read_text())["totals"]["calmd"]
     assert calmd["training_runs"] >= 1  # after commands 60 and 120 (positions run up to 129)
+
+
+def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path) -> None:
+    from tests.tiny_model import train_tiny
+
+    good = save_tiny(tmp_path / "good" / "weights.cwgt")
+    # another model, which learned other lines
+    other = save_tiny(tmp_path / "other.cwgt", train_tiny(("make install", "git status"), favourite=0))
+    cycle = ["cd proj", "git status", "make test", "ls -la"]
+    history = tmp_path / "user6.txt"
+    history.write_text("\n".join(cycle * 30) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(good), "-m", str(other), "--positions", "8",
+                      "--typing", "2", "--warmup", "20", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    totals = result["totals"]
+    assert list(totals)[:2] == ["calmd:good", "calmd:other"]
+    assert result["models"] == {"calmd:good": str(good), "calmd:other": str(other)}
+    for system in ("calmd:good", "calmd:other"):
+        t = totals[system]
+        assert t["queries"] == totals["fish"]["queries"]  # every model answered every query
+        assert t["latency_ms"]["queries"] == sum(t["queries"].values())
+        assert 0 < t["latency_ms"]["done_p50"] <= t["latency_ms"]["done_p99"]
+    # one model alone gives the same figures in a run of its own: the models do not interfere
+    alone = tmp_path / "alone.json"
+    assert calm_main(["replay", str(history), "-m", str(other), "--positions", "8", "--typing", "2",
+                      "--warmup", "20", "--json", str(alone), "--quiet"]) == 0  # fmt: skip
+    single = json.loads(alone.read_text())["totals"]["calmd"]
+    for key in ("top1", "top5", "keystrokes_saved", "keystrokes_saved_words"):
+        assert single[key] == totals["calmd:other"][key]

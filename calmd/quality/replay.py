@@ -55,7 +55,8 @@ from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
-SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+BASELINES = ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+SYSTEMS = ("calmd", *BASELINES)  # with one model; with several, "calmd:<name>" for each
 
 
 @dataclass
@@ -75,6 +76,8 @@ class Tally:
     # calmd's top candidate per query: (confidence, right), for coverage and precision
     tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
     threshold: float = DEFAULT_MIN_CONFIDENCE
+    ms_first: list[float] = field(default_factory=list)  # per query (calmd): to the first candidate
+    ms_done: list[float] = field(default_factory=list)  # ... and to the last
     runs: int = 0  # background training runs (with training)
     swaps: int = 0  # of which swapped a new model in
 
@@ -92,6 +95,8 @@ class Tally:
         self.keys_lines += other.keys_lines
         self.keys_words += other.keys_words
         self.keys_words_shown += other.keys_words_shown
+        self.ms_first += other.ms_first
+        self.ms_done += other.ms_done
         self.runs += other.runs
         self.swaps += other.swaps
 
@@ -107,6 +112,7 @@ class Tally:
             "typed_characters": self.chars,
             **self._shown_json(),
             "typed_commands": self.typed,
+            **self._latency_json(),
             "training_runs": self.runs,
             "models_swapped_in": self.swaps,
         }
@@ -120,6 +126,18 @@ class Tally:
             shown = [right for conf, right in tops if conf >= threshold]
             out[k] = (len(shown) / len(tops) if tops else None, sum(shown) / len(shown) if shown else None)
         return out
+
+    def _latency_json(self) -> dict[str, Any]:
+        if not self.ms_done:
+            return {}
+
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+        first, done = self.ms_first, self.ms_done
+        return {"latency_ms": {"first_p50": pct(first, 0.5), "done_p50": pct(done, 0.5),
+                               "done_p99": pct(done, 0.99), "queries": len(done)}}  # fmt: skip
 
     def _shown_json(self) -> dict[str, Any]:
         if not any(self.tops.values()):
@@ -270,15 +288,86 @@ class ReplayConfig:
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
     train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
     min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
+    models: dict[str, Path] = field(default_factory=dict)  # several models: system name -> weights
+
+    def systems(self) -> dict[str, Path]:
+        """The calmd systems replayed: "calmd" for the one model, else one per model."""
+        return dict(self.models) if self.models else {"calmd": self.model}
+
+
+class _Ours:
+    """One calmd system of the replay: an engine on the shared store, timed per query."""
+
+    def __init__(
+        self, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None, min_conf: float
+    ) -> None:
+        self.engine, self.store, self.tally, self.rows, self.min_conf = engine, store, tally, rows, min_conf
+        self.cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+        self.never = threading.Event()
+
+    def ask(self, prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+        recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
+        ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        engine, rows = self.engine, self.rows
+        if rows is None or target is None:
+            return [(s.text, s.confidence) for s in engine.complete(ctx, n, SESSION, self.never)]
+        engine.explained_early = None
+        got = list(engine.complete(ctx, n, SESSION, self.never, lambda text, conf: None, explain=True))
+        for s in got:
+            rows.candidate.append(s.features)
+            rows.candidate_right.append(s.text == target)
+        if engine.explained_early is not None:
+            text, row = engine.explained_early
+            rows.early.append(row)
+            rows.early_right.append(text == target)
+        return [(s.text, s.confidence) for s in got]
+
+    def timed(self, prefix: str, n: int, target: str) -> list[tuple[str, float]]:
+        """`ask`, with the time to the first candidate and to the last in the tally."""
+        if self.rows is not None:  # explained requests cost more: not the daemon's latency
+            return self.ask(prefix, n, target)
+        recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
+        ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        got: list[tuple[str, float]] = []
+        t0 = time.perf_counter()
+        first = None
+        for s in self.engine.complete(ctx, n, SESSION, self.never):
+            if first is None:
+                first = time.perf_counter() - t0
+            got.append((s.text, s.confidence))
+        done = time.perf_counter() - t0
+        self.tally.ms_first.append((first if first is not None else done) * 1e3)
+        self.tally.ms_done.append(done * 1e3)
+        return got
+
+    def top1(self, prefix: str) -> tuple[str, float] | None:
+        if prefix not in self.cache:
+            got = self.ask(prefix, 1)
+            self.cache[prefix] = got[0] if got else None
+        return self.cache[prefix]
+
+    def accepted(self, prefix: str) -> str | None:
+        got = self.top1(prefix)
+        return got[0] if got else None
+
+    def accepted_shown(self, prefix: str) -> str | None:
+        got = self.top1(prefix)
+        return got[0] if got and got[1] >= self.min_conf else None
+
+
+SESSION = "replay"
 
 
 def replay_user(
     path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None
 ) -> dict[str, Tally]:
     """Replay one user's history; with `rows`, also collect the engine's suggestions and early
-    proposals with their calibration features."""
+    proposals with their calibration features. With several models (`cfg.models`), each answers
+    every query in turn, on the same store (its own engine and caches)."""
     commands = read_history(path)
-    tallies = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    models = cfg.systems()
+    systems = [*models, *BASELINES]
+    tallies = {s: Tally(threshold=cfg.min_confidence) for s in systems}
     if len(commands) <= cfg.warmup:
         return tallies
     rng = random.Random(f"{cfg.seed}:{path.stem}")
@@ -287,48 +376,17 @@ def replay_user(
     typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
     with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
         store = HistoryStore(paths.history_path(Path(tmp)))
+        ours: dict[str, _Ours] = {}
         weights = paths.weights_path(Path(tmp))
-        shutil.copyfile(cfg.model, weights)
-        engine = engine_factory(weights)
-        engine.attach_history(store)
+        for n, (system, model) in enumerate(models.items()):
+            copy = weights if n == 0 else Path(tmp) / f"model{n}.cwgt"
+            shutil.copyfile(model, copy)
+            engine = engine_factory(copy)
+            engine.attach_history(store)
+            ours[system] = _Ours(engine, store, tallies[system], rows if n == 0 else None, cfg.min_confidence)
         past = PastOnly()
         start_ts = time.time() - 60 * len(commands)
-        never = threading.Event()
-        session = "replay"
         sampled_set = set(sampled)
-
-        def calmd_top(prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
-            recent = store.recent(session=session, limit=HISTORY_FRAMES)
-            ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
-            if rows is None or target is None:
-                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]
-            engine.explained_early = None
-            got = list(engine.complete(ctx, n, session, never, lambda text, conf: None, explain=True))
-            for s in got:
-                rows.candidate.append(s.features)
-                rows.candidate_right.append(s.text == target)
-            if engine.explained_early is not None:
-                text, row = engine.explained_early
-                rows.early.append(row)
-                rows.early_right.append(text == target)
-            return [(s.text, s.confidence) for s in got]
-
-        top1_cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
-
-        def top1(prefix: str) -> tuple[str, float] | None:
-            if prefix not in top1_cache:
-                got = calmd_top(prefix, 1)
-                top1_cache[prefix] = got[0] if got else None
-            return top1_cache[prefix]
-
-        def accepted(prefix: str) -> str | None:
-            got = top1(prefix)
-            return got[0] if got else None
-
-        def accepted_shown(prefix: str) -> str | None:
-            got = top1(prefix)
-            return got[0] if got and got[1] >= cfg.min_confidence else None
-
         for i, cmd in enumerate(commands):
             if i in sampled_set:
                 seen_before = cmd in past.counts
@@ -336,37 +394,39 @@ def replay_user(
                     if k > 0 and len(cmd) <= k:
                         continue
                     prefix = cmd[:k]
-                    ours = calmd_top(prefix, 5, cmd)
-                    answers = {"calmd": [text for text, _ in ours]}
-                    if ours:
-                        tallies["calmd"].tops[k].append((ours[0][1], ours[0][0] == cmd))
-                    else:
-                        tallies["calmd"].tops[k].append((0.0, False))
-                    for system in SYSTEMS[1:]:
+                    answers: dict[str, list[str]] = {}
+                    for system, one in ours.items():
+                        got = one.timed(prefix, 5, cmd)
+                        answers[system] = [text for text, _ in got]
+                        tallies[system].tops[k].append((got[0][1], got[0][0] == cmd) if got else (0.0, False))
+                    for system in BASELINES:
                         answers[system] = past.suggest(system, prefix)
-                    for system, got in answers.items():
+                    for system, texts in answers.items():
                         t = tallies[system]
                         t.queries[k] += 1
                         t.seen[k] += seen_before
-                        t.top1[k] += bool(got) and got[0] == cmd
-                        t.top5[k] += cmd in got[:5]
+                        t.top1[k] += bool(texts) and texts[0] == cmd
+                        t.top5[k] += cmd in texts[:5]
                 if i in typed_out:
-                    top1_cache.clear()  # the store is the same while one command is typed out
-                    type_out(tallies["calmd"], cmd, accepted, accepted_shown)
-                    for system in SYSTEMS[1:]:
+                    for system, one in ours.items():
+                        one.cache.clear()  # the store is the same while one command is typed out
+                        type_out(tallies[system], cmd, one.accepted, one.accepted_shown)
+                    for system in BASELINES:
                         type_out(tallies[system], cmd, past.top1(system))
-            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
+            store.record(cmd, exit=0, session=SESSION, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
             if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
                 # what the daemon does in real use: fine-tune on the history so far, swap if not worse
                 from calmd.training.background import RunOptions, run
 
+                (system,) = ours  # one model only (the CLI refuses more)
                 result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
                 if result.get("swapped"):
                     engine = engine_factory(weights)
                     engine.attach_history(store)
-                    tallies["calmd"].swaps += 1
-                tallies["calmd"].runs += 1
+                    ours[system].engine = engine
+                    tallies[system].swaps += 1
+                tallies[system].runs += 1
         store.close()
     return tallies
 
@@ -405,7 +465,8 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
     from calmd.daemon.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.daemon.engine import ModelEngine, RankWeights
 
-    totals = {s: Tally(threshold=cfg.min_confidence) for s in SYSTEMS}
+    systems = [*cfg.systems(), *BASELINES]
+    totals = {s: Tally(threshold=cfg.min_confidence) for s in systems}
     per_user: dict[str, Any] = {}
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
@@ -418,12 +479,13 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
         for s, t in tallies.items():
             totals[s].add(t)
         if progress:
-            top1 = totals["calmd"].to_json()["top1"]
+            top1 = totals[systems[0]].to_json()["top1"]
             so_far = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
-            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, calmd top-1 {so_far}",
-                  flush=True)  # fmt: skip
+            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, {systems[0]} top-1 "
+                  f"{so_far}", flush=True)  # fmt: skip
     return {
         "model": str(cfg.model),
+        "models": {s: str(m) for s, m in cfg.systems().items()},
         "users": len(files),
         "positions_per_user": cfg.positions,
         "seed": cfg.seed,
@@ -438,7 +500,7 @@ def format_table(result: dict[str, Any]) -> str:
     before, and micro-averaged; word by word: micro-averaged) per system; then the ceiling and
     each calmd system's top-1 as a share of it."""
     head = f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS)
-    lines = [head + f"{'top5 k=0':>10}{'saved':>8}{'line':>8}{'word':>8}"]
+    lines = [head + f"{'top5 k=0':>10}{'saved':>8}{'line':>8}{'word':>8}{'ms p50/p99':>14}"]
 
     def pct(v: float | None) -> str:
         return f"{(v or 0) * 100:>7.1f}%"
@@ -446,9 +508,10 @@ def format_table(result: dict[str, Any]) -> str:
     for system, t in result["totals"].items():
         top1 = "".join(pct(t["top1"][k]) for k in KS)
         saved = pct(t["keystrokes_saved"]) + pct(t.get("keystrokes_saved_lines"))
-        lines.append(
-            f"{system:<36}{top1}{pct(t['top5'][0]):>10}{saved}{pct(t.get('keystrokes_saved_words'))}"
-        )
+        ms = t.get("latency_ms")
+        timing = f"{ms['done_p50']:>7.1f}/{ms['done_p99']:<6.1f}" if ms else ""
+        lines.append(f"{system:<36}{top1}{pct(t['top5'][0]):>10}{saved}{pct(t.get('keystrokes_saved_words'))}"
+                     f"{timing}")  # fmt: skip
     # the same for every system: the share of queries whose command had been run before
     first = next(iter(result["totals"].values()))
     seen = first["seen_before"]
@@ -467,6 +530,8 @@ def format_table(result: dict[str, Any]) -> str:
             words = ours.get("keystrokes_saved_words_shown") or 0.0
             lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}% "
                          f"(whole lines), {words * 100:.1f}% (word by word)")  # fmt: skip
+    if any("latency_ms" in t for t in result["totals"].values()):
+        lines.append("ms p50/p99: in-process request -> last of 5 candidates at the sampled queries")
     return "\n".join(lines)
 
 
@@ -475,6 +540,19 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 
     with atomic_write(path) as f:
         f.write(json.dumps(result, indent=1).encode())
+
+
+def model_names(models: Sequence[Path]) -> dict[str, Path]:
+    """System names for several models: "calmd:<name>", the name being the folder of a
+    `weights.cwgt` (/work/models/<name>/weights.cwgt) or else the file's stem, made unique."""
+    out: dict[str, Path] = {}
+    for model in models:
+        name = model.parent.name if model.stem == "weights" and model.parent.name else model.stem
+        system, n = f"calmd:{name}", 2
+        while system in out:
+            system, n = f"calmd:{name}-{n}", n + 1
+        out[system] = model
+    return out
 
 
 def expand(files: Iterable[str]) -> list[Path]:

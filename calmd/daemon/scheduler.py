@@ -28,8 +28,8 @@ executor (a weight reload) waits for one job at most. Everything here runs on th
 only `Job.run` runs on the worker thread.
 
 A background job (`prepares`: the daemon preparing a session's next line after a `record`) is
-preempted by any other session's request; the request of the session it prepares waits for it
-(the server cancels it first when the request's context is not the one it prepares).
+preempted by any other session's request, and waits behind every request (the request of the
+session it prepares cancels it: calmd/daemon/server.py).
 """
 
 from __future__ import annotations

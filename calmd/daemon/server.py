@@ -452,7 +452,7 @@ class Server:
         # Prefetch: each session's last request (its context without input and history, its n),
         # and the background job preparing its next line after a record.
         self._last_request: dict[str, tuple[dict[str, Any], int]] = {}
-        self._prefetch: dict[str, tuple[Job, dict[str, Any]]] = {}
+        self._prefetch: dict[str, Job] = {}
         self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
         self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
 
@@ -733,7 +733,7 @@ class Server:
         recorded: the new context's prefill and the empty-prompt answer, which the engine keeps
         (calmd/daemon/engine.py: the next request with that context continues it). The context is
         guessed from the session's last request (its cwd and git, the store's history frames): a
-        command that changed folder makes the guess wrong, and the request then cancels it."""
+        command that changed folder makes the guess wrong. The session's next request stops it."""
         last = self._last_request.get(session)
         engine = self.engine
         if last is None or engine is None:
@@ -742,7 +742,7 @@ class Server:
         ctx = {**fields, "history": self._recent_history(session), "input": ""}
         older = self._prefetch.pop(session, None)
         if older is not None:
-            self.scheduler.cancel(older[0])
+            self.scheduler.cancel(older)
 
         def work(cancelled: threading.Event, attempt: int) -> bool:
             for _ in engine.complete(ctx, n, session, cancelled):
@@ -751,13 +751,13 @@ class Server:
             return not cancelled.is_set()
 
         job = Job(owner=self._prefetch_owner, session="", run=work, prepares=session)
-        self._prefetch[session] = (job, ctx)
+        self._prefetch[session] = job
         self.prefetch_stats["started"] += 1
 
         def finished(future: asyncio.Future[bool]) -> None:
             ok = not future.cancelled() and future.exception() is None and future.result()
             self.prefetch_stats["finished" if ok else "stopped"] += 1
-            if self._prefetch.get(session, (None,))[0] is job:
+            if self._prefetch.get(session) is job:
                 del self._prefetch[session]
 
         self.scheduler.submit(job).add_done_callback(finished)
@@ -808,9 +808,11 @@ class Server:
         raise AssertionError(f"parse_request let through op {request.op!r}")  # SIMPLE_OPS are all here
 
     def _note_request(self, request: CompleteRequest, ctx: dict[str, Any]) -> None:
-        """Remember what the session's next line will be asked with (for the prefetch). A prefetch
-        of this session that is running for this very context is waited for (the request then
-        continues its answer); one for another context, or not started yet, is cancelled."""
+        """Remember what the session's next line will be asked with (for the prefetch), and stop
+        the session's prefetch: the request does not wait for it. What it finished stays in the
+        engine's caches: the new context's prefill (when the request has that context), and the
+        whole empty-prompt answer when it had time to finish it (measured: waiting for a running
+        prefetch delays the first candidate until its last, bench/prefetch.py --think 0)."""
         if request.history_given:  # the client's own history: the daemon cannot guess the next
             self._last_request.pop(request.session, None)
         else:
@@ -818,16 +820,9 @@ class Server:
             self._last_request[request.session] = (fields, request.n)
             if len(self._last_request) > 256:
                 self._last_request.pop(next(iter(self._last_request)))
-        pending = self._prefetch.get(request.session)
-        if pending is None:
-            return
-        job, prepared = pending
-        same = {k: v for k, v in prepared.items() if k != "input"} == {
-            k: v for k, v in ctx.items() if k != "input"
-        }
-        if not same or self.scheduler.running is not job:  # waiting for it only pays once it runs
-            self.scheduler.cancel(job)
-            del self._prefetch[request.session]
+        pending = self._prefetch.pop(request.session, None)
+        if pending is not None:  # what it prepared so far stays in the engine's caches
+            self.scheduler.cancel(pending)
 
     async def _complete(self, request: CompleteRequest, conn: Connection) -> None:
         start = time.perf_counter()

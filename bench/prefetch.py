@@ -6,8 +6,10 @@ Two `calmd serve` daemons with the same weights in scratch HOMEs, one as shipped
 with `--no-prefetch`; both get the same real-sized history (the first 300 lines of a public
 history, default one the packaged model never saw), then the next `--lines` lines of it are
 replayed: `record`, a pause of `--think` seconds (the prompt coming back, the user reading it),
-then the empty-prompt request and the request for the line's first character, as a shell sends
-them. Requests alternate between the daemons line by line, so both see the same machine state.
+then, on even lines, the empty-prompt request and the request for the line's first character,
+as zsh sends them; on odd lines the first character's request alone (zsh with CALM_PREDICT=0, or
+bash, which asks only when its key is pressed). Requests alternate between the daemons line by
+line, so both see the same machine state.
 Measured client side: request -> first candidate and -> done, p50 / p99, per case; and with
 `--think 0`, the empty-prompt request sent right after the record's reply (zsh's order: the
 prefetch is still running and the request waits for it, when its context is the one prepared).
@@ -64,7 +66,7 @@ def main() -> None:
     user = args.user or default_user()
     lines = read_history(user)
     past, replayed = lines[:300], lines[300 : 300 + args.lines]
-    cases = ("empty prompt", "first character")
+    cases = ("empty prompt", "first character", "first character alone")
     got: dict[str, dict[str, tuple[list[float], list[float]]]] = {
         name: {case: ([], []) for case in cases} for name in ("prefetch", "none")
     }
@@ -76,11 +78,13 @@ def main() -> None:
             for cmd in past:
                 c.record(cmd, exit=0, cwd=CWD, git="main", session="bench")
             first_and_done(c, "")  # the session's context (cwd, git) is known from here on
-        for cmd in replayed:
+        for i, cmd in enumerate(replayed):
+            # zsh asks for the empty prompt at once; with CALM_PREDICT=0, or bash, the first key asks
+            asked = list(zip(cases[:2], ("", cmd[:1]), strict=True)) if i % 2 == 0 else [(cases[2], cmd[:1])]
             for name, c in (("prefetch", on), ("none", off)):
                 c.record(cmd, exit=0, cwd=CWD, git="main", session="bench")
                 time.sleep(args.think)
-                for case, text in zip(cases, ("", cmd[:1]), strict=True):
+                for case, text in asked:
                     first, done = first_and_done(c, text)
                     got[name][case][0].append(first)
                     got[name][case][1].append(done)

@@ -295,24 +295,36 @@ class ReplayConfig:
         return dict(self.models) if self.models else {"calmd": self.model}
 
 
+Frames = Callable[[str], dict[str, Any]]  # typed prefix -> more context fields for the query
+
+
 class _Ours:
-    """One calmd system of the replay: an engine on the shared store, timed per query."""
+    """One calmd system of the replay: an engine on the shared store, timed per query. Its engine
+    session is the system's name, so that systems sharing an engine keep their own caches (the
+    prefix cache, the answer typing through continues); `frames` adds context fields per query."""
 
     def __init__(
-        self, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None, min_conf: float
-    ) -> None:
-        self.engine, self.store, self.tally, self.rows, self.min_conf = engine, store, tally, rows, min_conf
+        self, system: str, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None,
+        min_conf: float, frames: Frames | None = None,
+    ) -> None:  # fmt: skip
+        self.session, self.engine, self.store, self.tally = system, engine, store, tally
+        self.rows, self.min_conf, self.frames = rows, min_conf, frames
         self.cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
         self.never = threading.Event()
 
-    def ask(self, prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+    def context(self, prefix: str) -> dict[str, Any]:
+        """What the server builds: the store's latest commands of the session (and `frames`)."""
         recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
-        ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        ctx: dict[str, Any] = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        return {**ctx, **self.frames(prefix)} if self.frames is not None else ctx
+
+    def ask(self, prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+        ctx = self.context(prefix)
         engine, rows = self.engine, self.rows
         if rows is None or target is None:
-            return [(s.text, s.confidence) for s in engine.complete(ctx, n, SESSION, self.never)]
+            return [(s.text, s.confidence) for s in engine.complete(ctx, n, self.session, self.never)]
         engine.explained_early = None
-        got = list(engine.complete(ctx, n, SESSION, self.never, lambda text, conf: None, explain=True))
+        got = list(engine.complete(ctx, n, self.session, self.never, lambda text, conf: None, explain=True))
         for s in got:
             rows.candidate.append(s.features)
             rows.candidate_right.append(s.text == target)
@@ -326,12 +338,11 @@ class _Ours:
         """`ask`, with the time to the first candidate and to the last in the tally."""
         if self.rows is not None:  # explained requests cost more: not the daemon's latency
             return self.ask(prefix, n, target)
-        recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
-        ctx = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        ctx = self.context(prefix)
         got: list[tuple[str, float]] = []
         t0 = time.perf_counter()
         first = None
-        for s in self.engine.complete(ctx, n, SESSION, self.never):
+        for s in self.engine.complete(ctx, n, self.session, self.never):
             if first is None:
                 first = time.perf_counter() - t0
             got.append((s.text, s.confidence))
@@ -383,7 +394,9 @@ def replay_user(
             shutil.copyfile(model, copy)
             engine = engine_factory(copy)
             engine.attach_history(store)
-            ours[system] = _Ours(engine, store, tallies[system], rows if n == 0 else None, cfg.min_confidence)
+            ours[system] = _Ours(
+                system, engine, store, tallies[system], rows if n == 0 else None, cfg.min_confidence
+            )
         past = PastOnly()
         start_ts = time.time() - 60 * len(commands)
         sampled_set = set(sampled)

@@ -26,6 +26,7 @@ For one keystroke (`ctx` with the typed `input`):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -108,7 +109,7 @@ MAX_ANSWERS = 64  # sessions whose last answer is kept for typing through (as th
 class _Answer:
     """A session's last whole answer: what typing through it continues."""
 
-    key: str  # context_key of its context: typing through needs the very same one
+    key: str  # its context_key and history_version: typing through needs the very same ones
     typed: str  # the input it answered
     n: int  # how many lines were asked for
     start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix)
@@ -123,6 +124,8 @@ def context_key(ctx: dict[str, Any]) -> str:
 
 
 _INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
+_INDEX_IDS: weakref.WeakKeyDictionary[HistoryIndex, int] = weakref.WeakKeyDictionary()
+_NEXT_INDEX_ID = itertools.count(1)
 
 
 def history_index(store: HistoryStore) -> HistoryIndex:
@@ -131,7 +134,16 @@ def history_index(store: HistoryStore) -> HistoryIndex:
     index = _INDEXES.get(store)
     if index is None:
         index = _INDEXES[store] = HistoryIndex()
+        _INDEX_IDS[index] = next(_NEXT_INDEX_ID)
     return index
+
+
+def history_version(index: HistoryIndex | None) -> str:
+    """Which store and which of its states the index holds: any command recorded (by any session)
+    or deleted since makes another version, and an answer of another version is not continued."""
+    if index is None:
+        return "-"
+    return f"{_INDEX_IDS.get(index, 0)}:{index.last_id}:{getattr(index, '_generation', None)}"
 
 
 class ModelEngine:
@@ -227,7 +239,7 @@ class ModelEngine:
         complete = self._is_complete(typed, input_run_before, p_end)
         judge = self._judge(typed, ctx, side, complete)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
-        key = context_key(ctx)
+        key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
         scored = ordered[: self.max_scored]  # history proposals the model scores (latency bound)
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
         through = None

@@ -10,7 +10,8 @@ search); every request goes to one and then the other, so both see the same mach
   suggestion after its first character is typed out along the ghost, one `complete` per key;
   the daemon-side time (the `done` reply's `ms`) per keystroke, p50 / p99.
 - A new user: empty histories, `git commit -m wip` typed `--rounds` times, one character at a
-  time; request -> done, client side, p50 / p99 (the first round includes the first prefill).
+  time, each round in a session of its own; request -> done, client side, p50 / p99 (the first
+  round includes the first prefill).
 """
 
 from __future__ import annotations
@@ -124,10 +125,11 @@ def main() -> None:
     ):  # fmt: skip
         fresh: dict[str, list[float]] = {"new": [], "old": []}
         fresh_daemon: dict[str, list[float]] = {"new": [], "old": []}
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for i in range(len(NEW_USER_LINE) + 1):
                 for name, c in (("new", new), ("old", old)):
-                    _, wall, ms = ask(c, NEW_USER_LINE[:i], "new-user")
+                    # a session per round: no round answers from the one before (a backspace would)
+                    _, wall, ms = ask(c, NEW_USER_LINE[:i], f"new-user-{r}")
                     fresh[name].append(wall)
                     fresh_daemon[name].append(ms)
         stats_new_user = new.status()["status"]["model"]["answers"]
@@ -147,6 +149,11 @@ def main() -> None:
     for label, name in (("continuing the previous answer", "new"), ("a search at every key (before)", "old")):
         print(f"{label:<40}{pct(fresh[name], .5):>10.2f}{pct(fresh[name], .99):>10.2f}"
               f"{pct(fresh_daemon[name], .5):>12.2f}{pct(fresh_daemon[name], .99):>12.2f}")  # fmt: skip
+    for label, name in (("continuing", "new"), ("searching", "old")):
+        slowest = sorted(range(len(fresh[name])), key=fresh[name].__getitem__, reverse=True)[:5]
+        where = ", ".join(f"{fresh[name][i]:.1f} ms at {NEW_USER_LINE[: i % (len(NEW_USER_LINE) + 1)]!r} "
+                          f"(round {i // (len(NEW_USER_LINE) + 1) + 1})" for i in slowest)  # fmt: skip
+        print(f"slowest 5, {label}: {where}")
     print("(goal: done p99 <= 30 ms)")
 
 

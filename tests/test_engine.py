@@ -245,3 +245,24 @@ def test_typing_through_a_word_at_once_continues_the_answer_as_a_search_would(
     store.record("ls", exit=0, session="other")
     complete(engine, typed + line[word_end : word_end + 1])
     assert engine.searches == before["searched"] + 2 and engine.reused == before["through"] + 1
+
+
+def test_a_backspace_back_to_an_input_answered_before_searches_nothing(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    record(store, ("git commit -m 'first draft'", 0), ("git status", 0))
+    engine.attach_history(store)
+    history = [{"cmd": "git status", "exit": 0}]
+
+    def complete(typed: str) -> list[tuple[str, float, float]]:
+        got = engine.complete({"input": typed, "history": history}, 5, "s", threading.Event())
+        return [(s.text, round(s.score, 4), s.confidence) for s in got]
+
+    first = complete("git c")
+    complete("git cx")  # a typo: nothing continues it, a search
+    searches, reused = engine.searches, engine.reused
+    assert complete("git c") == first  # the backspace: the earlier answer, as it was
+    assert (engine.searches, engine.reused) == (searches, reused + 1)
+    # more than `n` asked for than that answer held: a search
+    list(engine.complete({"input": "git c", "history": history}, 8, "s", threading.Event()))
+    assert engine.searches == searches + 1

@@ -102,7 +102,8 @@ class HistorySide:
         return sorted(self.proposals, key=lambda c: (c not in self.failing, self.proposals[c]), reverse=True)
 
 
-MAX_ANSWERS = 64  # sessions whose last answer is kept for typing through (as the prefix cache's)
+MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
+ANSWERS_PER_SESSION = 8  # a session's answers kept: the newest, and earlier inputs a backspace returns to
 
 
 @dataclass
@@ -112,7 +113,8 @@ class _Answer:
     key: str  # its context_key and history_version: typing through needs the very same ones
     typed: str  # the input it answered
     n: int  # how many lines were asked for
-    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix)
+    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
+    # None for the earlier answers, which only a repeat of their input continues
     lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
 
 
@@ -177,7 +179,8 @@ class ModelEngine:
         self.max_scored = 8  # history proposals scored by the model per request (latency bound)
         self.drop_budget = DROP_BUDGET
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
-        self.answers: OrderedDict[str, _Answer] = OrderedDict()  # per session: its last whole answer
+        self.answers: OrderedDict[str, list[_Answer]] = OrderedDict()  # per session: its last whole
+        # answers in one context, the newest first
         self.reused = 0  # requests answered from the previous answer (typing through, a repeat)
         self.searches = 0  # requests that ran the model's search (or scored a complete input)
 
@@ -288,28 +291,40 @@ class ModelEngine:
     # -- typing through a suggestion --------------------------------------------------------------
 
     def _remember(self, session: str, answer: _Answer | None) -> None:
-        """Keep the session's whole answer (only a whole one: a cancelled request's is not)."""
-        self.answers.pop(session, None)
-        if answer is not None and answer.lines:
-            self.answers[session] = answer
-            while len(self.answers) > MAX_ANSWERS:
-                self.answers.popitem(last=False)
+        """Keep the session's whole answer (only a whole one: a cancelled request's is not), and
+        its earlier answers in the same context for the inputs a backspace goes back to (those
+        without their model state: a repeat needs none)."""
+        if answer is None or not answer.lines:  # nothing to continue: the earlier ones stay
+            return
+        earlier = self.answers.pop(session, [])
+        kept = [e for e in earlier if e.key == answer.key and e.typed != answer.typed][
+            : ANSWERS_PER_SESSION - 1
+        ]
+        for e in kept:
+            e.start = None
+        self.answers[session] = [answer, *kept]
+        while len(self.answers) > MAX_ANSWERS:
+            self.answers.popitem(last=False)
 
     def _typed_through(
         self, session: str, key: str, typed: str, n: int, start: Any, side: HistorySide,
         scored: list[str], judge: Callable[[str], float | None], lam: float,
     ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
         """The answer to `typed` from the session's previous answer, when the user typed on along
-        its top line (or asks again for the same input): its lines that still extend the input,
-        rescored exactly as a search scores them (the model's log-probability given the longer
-        input is the old one minus that of the typed bytes; P_hist and the judge are the new
-        keystroke's). None when there is nothing to continue, the context changed, or the top line
-        no longer leads (then a search runs). What it cannot do: propose a line the previous
-        answer did not hold (docs/performance.md, "Typing through a suggestion")."""
-        last = self.answers.get(session)
-        if not self.weights.typing_through or last is None or last.key != key:
+        its top line, or from an earlier one for the same input (a repeat, a backspace back to
+        it): its lines that still extend the input, rescored exactly as a search scores them (the
+        model's log-probability given the longer input is the old one minus that of the typed
+        bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
+        continue, the context or the history changed, or the top line no longer leads (then a
+        search runs). What it cannot do: propose a line the previous answer did not hold
+        (docs/performance.md, "Typing through a suggestion")."""
+        answers = [a for a in self.answers.get(session, []) if a.key == key]
+        if not self.weights.typing_through or not answers:
             return None
+        last = next((a for a in answers if a.typed == typed and n <= a.n), answers[0])
         if not typed.startswith(last.typed) or (typed == last.typed and n > last.n):
+            return None
+        if last.start is None and typed != last.typed:
             return None
         top = last.lines[0][0]
         any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top

@@ -103,6 +103,7 @@ class HistorySide:
 
 
 MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
+MAX_SPARE = 10  # lines a search found beyond the n best that an answer keeps for typing through
 ANSWERS_PER_SESSION = 8  # a session's answers kept: the newest, and earlier inputs a backspace returns to
 
 
@@ -245,12 +246,14 @@ class ModelEngine:
         key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
         scored = ordered[: self.max_scored]  # history proposals the model scores (latency bound)
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
+        spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
         through = None
         if not complete and model_typed == typed:
             through = self._typed_through(session, key, typed, n, start, side, scored, judge, lam)
         if through is not None:
             self.reused += 1
-            ranked: Iterator[Candidate] = iter([c for c, _ in through])
+            ranked: Iterator[Candidate] = iter([c for c, _ in through[:n]])
+            spare = [c for c, _ in through[n:]]
             model_lp = {c.text: lp for c, lp in through}
         else:
             self.searches += 1
@@ -268,7 +271,7 @@ class ModelEngine:
                 ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
             else:
                 search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
-                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp)
+                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
         answered: list[tuple[str, float]] = []
         for rank, cand in enumerate(ranked):
             if cancelled.is_set():
@@ -286,7 +289,12 @@ class ModelEngine:
             if text in model_lp:
                 answered.append((text, model_lp[text]))
             yield Suggestion(text, score, confidence, row if explain else None)
-        self._remember(session, _Answer(key, typed, n, start, answered) if not complete else None)
+        if not complete:
+            sent = {text for text, _ in answered}
+            more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
+            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE]))
+        else:
+            self._remember(session, None)
 
     # -- typing through a suggestion --------------------------------------------------------------
 
@@ -347,7 +355,6 @@ class ModelEngine:
                 score = offset + lp / temperature + adjust
             found.append((Candidate(text, score, 0), lp))
         found.sort(key=lambda c: c[0].logprob, reverse=True)
-        found = found[:n]
         if not found or (not any_line and found[0][0].text != top):
             return None
         return found
@@ -355,6 +362,7 @@ class ModelEngine:
     def ranked(
         self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
         n: int, lam: float, cancelled: threading.Event, model_lp: dict[str, float] | None = None,
+        spare: list[Candidate] | None = None,
     ) -> Iterator[Candidate]:  # fmt: skip
         """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
         log-probability scale) and the lines the beams finish, best first, each yielded as soon as
@@ -362,7 +370,8 @@ class ModelEngine:
         scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
         drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
         and what it has is final (a model that keeps finishing junk would search to max_tokens).
-        `model_lp` receives each kept line's log-probability under the model alone."""
+        `model_lp` receives each kept line's log-probability under the model alone, `spare` the
+        lines found but not yielded, best first (what typing through may continue besides)."""
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
 
         def mixture(lp: float) -> float:
@@ -393,12 +402,16 @@ class ModelEngine:
                 yield pending.pop(0)
                 yielded += 1
             if yielded >= n:
+                if spare is not None:
+                    spare.extend(pending)
                 return
             if len(pending) + yielded >= n:  # beams that cannot reach the top n any more
                 search.prune((pending[n - yielded - 1].logprob - offset) * temperature)
             if dropped >= budget:
                 break
         yield from pending[: n - yielded]  # beams ran out (or max_tokens, or junk): the rest is final
+        if spare is not None:
+            spare.extend(pending[n - yielded :])
 
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may

@@ -1,4 +1,9 @@
-"""Run every benchmark of bench/ in turn: `python bench/run_all.py`."""
+"""Run every benchmark of bench/ in turn, with its defaults: `python bench/run_all.py [NAME ...]`.
+
+Each benchmark prints its figures and the ratios measured in the same run; docs/performance.md
+and docs/quality.md say which figure comes from which. Names select some (`latency stress`);
+`--list` prints them. The whole set takes about 20 minutes on a 2-core machine.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,22 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["tokenizer_encode.py", "ctds_open.py", "ranker_cost.py"]
+# ab_latency compares two checkouts (--baseline PATH): run it by hand.
+BENCHMARKS = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("run_all", "ab_latency"))
 
 if __name__ == "__main__":
-    failed = 0
-    for name in BENCHMARKS:
+    args = sys.argv[1:]
+    if args == ["--list"]:
+        print("\n".join(BENCHMARKS))
+        sys.exit(0)
+    unknown = [a for a in args if a not in BENCHMARKS]
+    if unknown:
+        sys.exit(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    failed = []
+    for name in args or BENCHMARKS:
         print(f"\n=== {name}", flush=True)
-        failed += subprocess.call([sys.executable, str(HERE / name)]) != 0
+        if subprocess.call([sys.executable, str(HERE / f"{name}.py")]) != 0:
+            failed.append(name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
     sys.exit(1 if failed else 0)

@@ -257,8 +257,7 @@ def main() -> int:
         (home / "zsh_history").write_text("".join(c + "\n" for c in COMMANDS))
         results: list[Result] = []
         model = args.engine == "model"  # the packaged model, or the scripted engine of the tests
-        engine = "calmd.daemon.engine:load_engine" if model else "tests.scripted_engine:load"
-        with running_daemon(home, engine=engine, weights=not model) as daemon:
+        with running_daemon(home, engine="model" if model else "scripted", weights=not model) as daemon:
             with CalmClient(daemon.socket) as client:
                 for cmd in COMMANDS:
                     client.record(cmd, exit=0, session="bench")

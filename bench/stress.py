@@ -7,7 +7,7 @@ Starts `calmd serve` in a scratch HOME (the packaged nano model by default) and 
 1. fuzz: `--frames` fuzzed frames (request-like maps with wrong types, out-of-range numbers,
    invalid UTF-8, odd keys, deep nesting; batches of 100 on one connection, the last frame of a
    batch sometimes damaged: bytes flipped, cut short, garbage, a header announcing gigabytes),
-   four connections at a time; every reply is checked (a map, protocol 1, a calmd.md code,
+   four connections at a time; every reply is checked (a map, protocol 1, a docs/protocol.md code,
    never `internal`);
 2. huge: requests that declare 1.2 GB (str32) and 4 G items (array32), followed by 64 MiB;
 3. no-reader: one client pipelines status requests (the issue's 300k) without reading a reply,

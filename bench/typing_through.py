@@ -46,9 +46,19 @@ def search_engine(path: Path) -> Any:
     return ModelEngine(paths.serving_weights(path), RankWeights(typing_through=0))
 
 
+def serve_searching() -> int:
+    """`calmd serve` (the same parser and server) with `search_engine`: `python
+    bench/typing_through.py serve [calmd serve's options]`."""
+    from calmd import cli
+
+    paths.set_private_umask()
+    args = cli.calmd_parser().parse_args(sys.argv[1:])
+    return cli.cmd_serve(args, engine_loader=search_engine)
+
+
 @contextlib.contextmanager
-def daemon(model: Path, engine: str | None = None, extra: tuple[str, ...] = ()) -> Iterator[Path]:
-    """`calmd serve` in a scratch HOME; yields its socket."""
+def daemon(model: Path, searching: bool = False, extra: tuple[str, ...] = ()) -> Iterator[Path]:
+    """`calmd serve` in a scratch HOME (`searching`: with `search_engine`); yields its socket."""
     home = Path(tempfile.mkdtemp(prefix="calmd-bench-"))
     run = home / "run"
     run.mkdir(mode=0o700)
@@ -57,9 +67,8 @@ def daemon(model: Path, engine: str | None = None, extra: tuple[str, ...] = ()) 
     sock = run / "calm" / "calmd.sock"
     env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
            "CALMD_SOCKET": str(sock), "PYTHONPATH": str(HERE)}  # fmt: skip
-    argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--no-import", *extra]
-    if engine:
-        argv += ["--engine", engine]
+    calmd = [sys.executable, __file__] if searching else [str(Path(sys.executable).parent / "calmd")]
+    argv = [*calmd, "serve", "--no-import", *extra]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
@@ -99,7 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     with (
-        daemon(args.model) as sock_new, daemon(args.model, "typing_through:search_engine") as sock_old,
+        daemon(args.model) as sock_new, daemon(args.model, searching=True) as sock_old,
         CalmClient(sock_new, timeout=30) as new, CalmClient(sock_old, timeout=30) as old,
     ):  # fmt: skip
         for c in (new, old):
@@ -120,7 +129,7 @@ def main() -> None:
                 typed += 1
         stats_through = new.status()["status"]["model"]["answers"]
     with (
-        daemon(args.model) as sock_new, daemon(args.model, "typing_through:search_engine") as sock_old,
+        daemon(args.model) as sock_new, daemon(args.model, searching=True) as sock_old,
         CalmClient(sock_new, timeout=30) as new, CalmClient(sock_old, timeout=30) as old,
     ):  # fmt: skip
         fresh: dict[str, list[float]] = {"new": [], "old": []}
@@ -158,4 +167,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(serve_searching())
     main()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import stat
 import tempfile
@@ -17,7 +18,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from calmd.errors import FormatError
 
 PRIVATE_FILE_MODE = 0o600
 # Temp names: atomic_write's `.<name>.*.tmp` and CtdsWriter's spill `.<name>.*.tokens`.
@@ -132,3 +135,12 @@ def remove_stale_temp_files(folder: Path, *, older_than_s: float = 60.0) -> list
         except FileNotFoundError:
             continue
     return removed
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file calmd wrote (the ranker, the calibration, the vocabulary); FormatError naming
+    `what` and the file when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: cannot read the {what}: {exc}") from exc

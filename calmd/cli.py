@@ -11,18 +11,21 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from calmd import __version__, paths
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.history.context import HISTORY_FRAMES
+from calmd.shell import helper as shell_helper  # imports nothing heavy: the CLI's parsers name its commands
+from calmd.training import commands as training_commands  # idem (torch is imported by the handlers)
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
+    from calmd.daemon.server import Engine
     from calmd.shell.client import CalmClient
 
 
@@ -85,7 +88,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 
 def dataset_from_history(args: argparse.Namespace) -> int:
-    """The shell-history path of calm-dataset.txt: the history store -> CTDS."""
+    """The shell-history path of `calm dataset` (docs/training.md): the history store -> CTDS."""
     from calmd.history.store import HistoryStore
     from calmd.training.datasets import DatasetOptions, write_history_dataset
 
@@ -391,21 +394,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
     model = models[0] if models else paths.serving_weights()
-    from dataclasses import fields
-
     from calmd.daemon.engine import RankWeights
 
-    known = {f.name for f in fields(RankWeights)}
-    weights = {}
-    for item in args.weights or []:
-        name, _, value = item.partition("=")
-        name = name.replace("-", "_")
-        if name not in known:
-            raise CalmError(f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}")
-        try:
-            weights[name] = float(value)
-        except ValueError:
-            raise CalmError(f"--weight {item}: {value!r} is not a number") from None
+    weights = RankWeights.overrides(args.weights or [])
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
                               typing_positions=args.typing, weights=weights,
                               train_every=args.train_every if args.with_training else 0,
@@ -558,12 +549,34 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)
 
-    # Subcommands that live beside their logic (these modules import nothing heavy at load time).
-    from calmd.shell import helper as shell
-    from calmd.training import commands as train_cli
+    p = sub.add_parser(
+        "train",
+        help="train or fine-tune a model on a CTDS dataset (also under torchrun)",
+        description="Train on the command part of each sequence (tokens after ATN). Runs unchanged "
+        "under `torchrun --nproc_per_node N`; --batch-size is then the global batch.",
+    )
+    for flags, kwargs in training_commands.TRAIN_FLAGS.values():  # one per TrainConfig field
+        p.add_argument(*flags, **{"default": None, **kwargs})
+    p.set_defaults(func=training_commands.cmd_train)
 
-    train_cli.add_parsers(sub)  # train, evaluate
-    shell.add_calm_parsers(sub)  # enable, disable
+    p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
+    p.add_argument("-m", "--model", type=Path, metavar="MODEL", help=f"weights ({paths.weights_path()})")
+    p.add_argument(
+        "-d", "--dataset", type=Path, metavar="DATASET", help=f"CTDS file ({paths.dataset_path()})"
+    )
+    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="a random sample of N sequences")
+    p.add_argument("--seed", type=int, default=0, help="for the --limit sample (default 0)")
+    p.add_argument("--raw", action="store_true", help="match whole commands, ignoring the stop conditions")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass (default 32)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=training_commands.cmd_evaluate)
+
+    # suggestions on or off in every shell, no rc edit
+    p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
+    p.set_defaults(func=shell_helper.cmd_enable)
+    p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
+    p.set_defaults(func=shell_helper.cmd_disable)
     return parser
 
 
@@ -602,10 +615,11 @@ def calm_main(argv: Sequence[str] | None = None) -> int:
     return _run(calm_parser(), argv)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import importlib
+def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] | None = None) -> int:
+    """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
     import logging
 
+    from calmd.daemon.engine import load_engine
     from calmd.daemon.server import ServerConfig, run_server
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -623,12 +637,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         graceful_timeout=args.graceful_timeout,
         prefetch=not args.no_prefetch,
     )
-    module_name, _, func = args.engine.partition(":")
-    try:
-        loader = getattr(importlib.import_module(module_name), func)
-    except (ImportError, AttributeError) as exc:
-        raise CalmError(f"--engine {args.engine}: {exc}") from None
-    return run_server(config, loader)
+    return run_server(config, engine_loader or load_engine)
 
 
 def _client(args: argparse.Namespace) -> CalmClient:
@@ -652,88 +661,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"running": True, **status}, indent=2))
         return 0
-    from rich.table import Table
+    from calmd.daemon.status_view import status_table
 
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f} ms"
-
-    model = status.get("model") or {}
-    lat = status["latency_ms"]
-    hist = status["history"]
-    model_path = str(model.get("path", "-"))
-    if status.get("serving_fallback"):
-        yours = status.get("weights_path", "your weights")
-        why = "did not load" if status.get("last_reload_error") else "does not exist yet"
-        model_path += f" (the packaged model: {yours} {why})"
-    table = Table(title="calmd status", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    rows = [
-        ("model", model_path),
-        ("size", f"{model.get('size', '-')} ({model.get('parameters', 0):,} parameters)"),
-        ("domain", str(model.get("domain", "-"))),
-        ("ranking", f"{model.get('ranker', '-')}; {model.get('indexed_commands', 0)} commands indexed"),
-        ("loaded at", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["loaded_at"]))
-         if status.get("loaded_at") else "-"),
-        ("last reload error", status.get("last_reload_error") or "none"),
-        ("requests served", f"{status['requests']} ({status['errors']} errors)"),
-        ("first candidate", f"p50 {ms(lat['first_p50'])}, p99 {ms(lat['first_p99'])}"),
-        ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
-        ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
-                    f"{hist['since_last_training']} since last training"),
-        ("training", _training_line(status.get("training") or {})),
-        ("disk", _disk_line(status.get("disk") or {})),
-        ("uptime", f"{status['uptime_s']:.0f} s"),
-        ("version / protocol", f"{status['version']} / {status['protocol']}"),
-        ("socket", status.get("socket", "-")),
-    ]  # fmt: skip
-    for name, value in rows:
-        table.add_row(name, value)
-    _console(args.no_color).print(table)
+    _console(args.no_color).print(status_table(status))
     return 0
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def _disk_line(disk: dict[str, object]) -> str:
-    """Free space of the data dir's file system, and when a write last found it full."""
-    free, total, last = disk.get("free_bytes"), disk.get("total_bytes"), disk.get("last_full")
-    parts = ["free space unknown"]
-    if isinstance(free, int | float) and isinstance(total, int | float):
-        parts = [f"{_bytes(free)} free of {_bytes(total)}"]
-    if isinstance(last, int | float):
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
-        parts.append(f"last full at {stamp} (what could not be written was refused, nothing half-written)")
-    else:
-        parts.append("not full since the daemon started")
-    return f"{disk.get('path', '-')}: " + "; ".join(parts)
-
-
-def _training_line(training: dict[str, object]) -> str:
-    """State, progress while running, and why the last run did or did not swap its model in."""
-    parts = [str(training.get("state", "-"))]
-    if training.get("pid"):
-        parts[0] += f" (pid {training['pid']})"
-    progress = training.get("progress")
-    if training.get("pid") and isinstance(progress, dict) and "step" in progress:
-        parts.append(f"step {progress['step']}, loss {float(progress.get('loss') or 0):.3f}")
-    last = training.get("last_result")
-    if isinstance(last, dict) and last.get("reason"):
-        when = last.get("finished")
-        stamp = ""
-        if isinstance(when, int | float):
-            stamp = " " + time.strftime("%Y-%m-%d %H:%M", time.localtime(float(when)))
-        parts.append(f"last run{stamp}: {last['reason']}")
-    threshold = training.get("threshold")
-    if threshold:
-        parts.append(f"next after {threshold} new commands")
-    return "; ".join(parts)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -788,20 +719,12 @@ def cmd_complete(args: argparse.Namespace) -> int:
 def cmd_install_systemd(args: argparse.Namespace) -> int:
     import shutil
 
-    source = paths.PACKAGE_DATA.parent.parent / "systemd"
-    if not source.is_dir():
-        from importlib import resources
+    from calmd.daemon.systemd import install_units
 
-        source = Path(str(resources.files("calmd") / "data" / "systemd"))
     target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
-    target.mkdir(parents=True, exist_ok=True)
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
-    for name in ("calmd.socket", "calmd.service"):
-        text = (source / name).read_text()
-        if name == "calmd.service":
-            text = text.replace("ExecStart=%h/.local/bin/calmd serve", f"ExecStart={calmd_bin} serve")
-        (target / name).write_text(text)
-        print(f"wrote {target / name}")
+    for path in install_units(target, calmd_bin):
+        print(f"wrote {path}")
     print("enable with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now calmd.socket")
     print("or, without socket activation:\n  systemctl --user enable --now calmd.service")
     return 0
@@ -826,12 +749,6 @@ def calmd_parser() -> argparse.ArgumentParser:
         "--no-prefetch",
         action="store_true",
         help="do not prepare a session's next line after each record (to measure what it saves)",
-    )
-    p.add_argument(
-        "--engine",
-        default="calmd.daemon.engine:load_engine",
-        metavar="MODULE:FUNC",
-        help="engine loader called with the weight path (tests plug in a scripted engine)",
     )
     p.add_argument(
         "--train-threshold",
@@ -894,9 +811,16 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.set_defaults(func=cmd_install_systemd)
 
-    from calmd.shell import helper as shell
-
-    shell.add_calmd_parsers(sub)  # init zsh|bash, shell-helper
+    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
+    p.add_argument("shell", choices=shell_helper.SHELLS)
+    p.set_defaults(func=shell_helper.cmd_init)
+    p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
+    p.add_argument("--session", default="", help="session id (default: from the parent pid)")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
+    p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
+    p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
+    p.add_argument("--shell", choices=shell_helper.SHELLS, help="the hook file to rewrite when calmd changes")
+    p.set_defaults(func=shell_helper.cmd_shell_helper)
     return parser
 
 

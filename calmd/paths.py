@@ -1,4 +1,5 @@
-"""Default locations (calmd.md, "Paths"): platformdirs, overridable by environment variables.
+"""Default locations (README.md; docs/protocol.md for the socket): platformdirs, overridable by
+environment variables.
 
 And how calmd keeps them private: CALM_HOME is 0700 and every file in it 0600, because it holds
 the user's whole shell history. `set_private_umask()` runs first in the daemon, the trainer and

@@ -1,11 +1,48 @@
-"""Every test runs with its own data dir and socket path, so that no test (or a calm/calmd it
-starts) can read or write the real user's history, weights or daemon."""
+"""What every test shares.
+
+- Its own data dir and socket path, so that no test (or a calm/calmd it starts) can read or write
+  the real user's history, weights or daemon.
+- One torch thread count for the whole suite (TEST_THREADS), restored after any test that changes
+  it (`calm train --threads`, the background run): a test's speed does not depend on the one before.
+- `@pytest.mark.needs(...)`: programs a test drives (tests/tools.py).
+- The session's tiny trained model (tests/tiny_model.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import torch
+
+from calmd.history.store import HistoryStore
+from tests.tools import need
+
+if TYPE_CHECKING:
+    from tests.daemon import Daemon
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.needs("zsh", "tmux")`: the programs a test drives (tests/tools.py)."""
+    for mark in item.iter_markers("needs"):
+        need(*mark.args)
+
+
+TEST_THREADS = 1  # tiny models: one thread is the fastest, and the same on every machine
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _threads_for_the_session() -> None:
+    torch.set_num_threads(TEST_THREADS)  # before any module's fixture trains a model
+
+
+@pytest.fixture(autouse=True)
+def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
+    torch.set_num_threads(TEST_THREADS)
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +51,29 @@ def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     monkeypatch.setenv("CALM_HOME", str(home / "data"))
     monkeypatch.setenv("CALMD_SOCKET", str(home / "no-daemon.sock"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "xdg-data"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A test's HOME for the daemon, the shells and their data dir (tests/daemon.py)."""
+    return tmp_path
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    """`calmd serve` with the scripted engine in `home`, stopped after the test."""
+    from tests.daemon import running_daemon
+
+    with running_daemon(home) as d:
+        yield d
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[HistoryStore]:
+    """An empty history store where a daemon in tmp_path would keep it."""
+    s = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="session")

@@ -73,23 +73,31 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+CALMD_SERVE = [str(BIN / "calmd"), "serve"]
+# The same daemon with the scripted engine in place of the model: needs PYTHONPATH at the repo.
+SCRIPTED_SERVE = [sys.executable, "-m", "tests.serve_scripted", "serve"]
+
+
 @contextlib.contextmanager
 def running_daemon(
     home: Path,
     *,
-    engine: str = "tests.scripted_engine:load",
+    engine: str = "scripted",
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     weights: bool = True,
     prefix: tuple[str, ...] = (),
 ) -> Iterator[Daemon]:
-    """`calmd serve` in a subprocess with its own HOME, data dir and socket; stopped afterwards."""
+    """`calmd serve` in a subprocess with its own HOME, data dir and socket; stopped afterwards.
+    engine "model": the daemon as users run it; "scripted": the same daemon with the scripted
+    engine of tests/scripted_engine.py in place of the model (tests/serve_scripted.py)."""
+    assert engine in ("model", "scripted"), engine
     full_env = daemon_env(home, **(env or {}))
     sock = Path(full_env["CALMD_SOCKET"])
     if weights and not (home / "data" / "shell.cwgt").exists():
         write_test_weights(home / "data" / "shell.cwgt")
-    argv = [*prefix, str(BIN / "calmd"), "serve", "--engine", engine, *args]
-    full_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # tests.scripted_engine
+    argv = [*prefix, *(CALMD_SERVE if engine == "model" else SCRIPTED_SERVE), *args]
+    full_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # tests.serve_scripted
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     daemon = Daemon(proc, sock, home)
     pump = threading.Thread(target=daemon._pump, daemon=True)

@@ -16,9 +16,10 @@ from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
+from tests.builders import TRAIN_ARGS, WORK
 from tests.daemon import BIN, running_daemon
 
-WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +96,6 @@ def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path)
     assert weights.read_bytes() == tiny.read_bytes()
 
 
-TRAIN_ARGS = ("--train-arg=--min-examples=10", "--train-arg=--holdout=10", "--train-arg=--epochs=3")
-
-
 def wait_status(c: CalmClient, check: object, timeout: float = 120) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while True:
@@ -113,7 +111,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
     (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     with (
-        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(30):
@@ -141,7 +139,7 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
     args = ("--no-import", "--train-threshold", "40", "--train-max-load", "1000", *TRAIN_ARGS,
             "--train-arg=--epochs=50")  # fmt: skip
     with (
-        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args) as d,
+        running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(6):

@@ -19,7 +19,7 @@ from calmd.formats.tokenizer import Special
 SEQ_A = [257, 259, 264, 108, 115, 258]
 SEQ_B = [257, 260, 47, 269, 259, 264, 112, 119, 100, 258]
 
-# Written by hand from calm-dataset.txt, little-endian throughout.
+# Written by hand from the CTDS byte table (docs/formats.md), little-endian throughout.
 GOLDEN = bytes.fromhex(
     "43544453"  # "CTDS"
     "00000000"  # vocab_version 0

@@ -21,7 +21,9 @@ import msgpack
 import pytest
 
 from calmd.shell.client import CalmClient, DaemonNotRunning
-from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
+from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
 
 def test_record_then_status_and_complete_sees_it(tmp_path: Path) -> None:
@@ -218,7 +220,7 @@ def test_socket_mode_and_folder(tmp_path: Path) -> None:
 def test_second_daemon_refuses_to_start(tmp_path: Path) -> None:
     with running_daemon(tmp_path) as d:
         proc = subprocess.run(
-            [str(BIN / "calmd"), "serve", "--engine", "tests.scripted_engine:load"],
+            SCRIPTED_SERVE,
             capture_output=True, text=True, timeout=30,
             env={**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
         )  # fmt: skip
@@ -249,7 +251,8 @@ def test_killed_daemon_leaves_a_socket_the_next_one_replaces(tmp_path: Path) -> 
         assert c.status()["status"]["pid"] == d2.proc.pid
 
 
-@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+@pytest.mark.needs("setpriv")
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as another uid")
 def test_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
     # The socket lives where uid 65534 can reach it (after the daemon made it 0700/0600, the test
     # opens it up), so that the SO_PEERCRED check has to hold on its own.
@@ -367,7 +370,7 @@ def test_first_start_imports_shell_history(tmp_path: Path) -> None:
         assert c.status()["status"]["history"]["commands"] == 3
 
 
-@pytest.mark.skipif(not shutil.which("systemd-socket-activate"), reason="needs systemd-socket-activate")
+@pytest.mark.needs("systemd-socket-activate")
 def test_systemd_socket_activation(tmp_path: Path) -> None:
     """systemd-socket-activate listens, starts calmd on the first connection and passes the
     socket in LISTEN_FDS; calmd must serve it and bind nothing of its own."""
@@ -376,8 +379,7 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
     env = {**daemon_env(tmp_path, CALMD_SOCKET=str(tmp_path / "unused")),
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     forward = [f"-E{name}" for name in ("HOME", "CALM_HOME", "CALMD_SOCKET", "XDG_RUNTIME_DIR", "PYTHONPATH")]
-    argv = ["systemd-socket-activate", "-l", str(sock), *forward, str(BIN / "calmd"), "serve", "--engine",
-            "tests.scripted_engine:load"]  # fmt: skip
+    argv = ["systemd-socket-activate", "-l", str(sock), *forward, *SCRIPTED_SERVE]
     with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         try:
             deadline = time.monotonic() + 10

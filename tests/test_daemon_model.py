@@ -13,12 +13,14 @@ from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 
-ENGINE = "calmd.daemon.engine:load_engine"
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
+ENGINE = "model"
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("w") / "tiny.cwgt")
+def weights(tiny_weights: Path) -> Path:
+    return tiny_weights  # the session's tiny model (conftest.py)
 
 
 def install(home: Path, weights: Path) -> None:

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from calmd.shell.client import CalmClient
-from tests.daemon import running_daemon
-from tests.test_engine import month_old_history
+import pytest
 
-ENGINE = "calmd.daemon.engine:load_engine"
+from calmd.shell.client import CalmClient
+from tests.builders import month_old_history
+from tests.daemon import running_daemon
+
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
+ENGINE = "model"
 ARGS = ("--train-threshold", "0")  # no background training while the tests run
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,19 +14,13 @@ from calmd import paths
 from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion
 from calmd.history.store import HistoryStore
 from calmd.model.generate import Candidate
+from tests.builders import month_old_history
 from tests.tiny_model import CONTEXT
 
 
 @pytest.fixture(scope="module")
 def engine() -> ModelEngine:
     return ModelEngine(paths.packaged_weights())
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[HistoryStore]:
-    s = HistoryStore(tmp_path / "h.sqlite3")
-    yield s
-    s.close()
 
 
 def ask(engine: ModelEngine, store: HistoryStore, typed: str, n: int = 5, **ctx: object) -> list[Suggestion]:
@@ -117,23 +111,6 @@ def test_todays_arguments_outrank_a_month_old_imports(
         assert ask(engine, store, "ssh ")[0].text == "ssh oldhost"
     finally:
         engine.weights = RankWeights()
-
-
-def month_old_history() -> str:
-    """A zsh history file with timestamps a month old: 300 commands, `ssh oldhost` 20 times."""
-    month_ago = int(time.time()) - 30 * 86400
-    lines = []
-    for i in range(300):
-        if i % 15 == 0:
-            cmd = "ssh oldhost"
-        elif i % 40 == 7:
-            cmd = "ssh build01"
-        else:
-            cmd = ["ls", "git status", "cd ~/src", "vim notes.md", "make", "git pull", "htop", "docker ps"][
-                i % 8
-            ]
-        lines.append(f": {month_ago + 60 * i}:0;{cmd}")
-    return "\n".join(lines) + "\n"
 
 
 def test_early_is_the_histories_best_proposal(engine: ModelEngine, store: HistoryStore) -> None:

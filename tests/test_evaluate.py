@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +12,8 @@ import pytest
 import torch
 
 from calmd.cli import calm_main
-from calmd.formats.ctds import CtdsReader
-from calmd.formats.tokenizer import BYTE_TOKENS, Special, StopMatcher, parse_stop_conditions
+from calmd.formats.ctds import CtdsReader, pad_sequences
+from calmd.formats.tokenizer import BYTE_TOKENS, Special, StopMatcher, atn_position, parse_stop_conditions
 from calmd.model.checkpoint import load_model
 from calmd.model.mamba import CalmModel, ModelConfig
 from calmd.training.evaluate import (
@@ -26,20 +25,11 @@ from calmd.training.evaluate import (
     sequence_loss,
 )
 from calmd.training.train import TrainConfig, train
-from tests.test_train import TASK_A, TASK_B, dataset, sequences, tiny_model_file
+from tests.builders import TASK_A, TASK_B, dataset, sequences, tiny_model_file
 
 STOPS = parse_stop_conditions("| ; && ||")
 # A task whose commands hold stop conditions, so that "up to a stop condition" matters.
 TASK_C = [("/w", "make && make install"), ("/w", "cat log | grep err"), ("/w", "cd ..; ls")]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: one thread is fastest, and immune to a busy machine's oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +39,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
     data = dataset(tmp / "d.ctds", TASK_A + TASK_B + TASK_C, n=80, seed=4)
     start = tiny_model_file(tmp / "start.cwgt")
     out = tmp / "trained.cwgt"
-    threads = torch.get_num_threads()
     cfg = TrainConfig(model=str(start), dataset=str(data), output=str(out), epochs=5, lr=1e-2, batch_size=8,
                       threads=1, fisher_samples=0, quiet=True)  # fmt: skip
     train(cfg)
-    torch.set_num_threads(threads)
     return start, out, data
 
 
@@ -152,6 +140,11 @@ def test_cli_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_sequences_built_in_memory_work_too() -> None:
     model = CalmModel(ModelConfig(d_model=16, n_layers=1))
-    result = evaluate(model, sequences(TASK_B, 3), ks=(0, 2))
+    seqs = sequences(TASK_B, 3)
+    result = evaluate(model, seqs, ks=(0, 2))
     assert result.sequences == 3 and [e.k for e in result.exact] == [0, 2]
-    assert result.loss > 0
+    # nats per supervised token over the three: the model's own batch loss of the same sequences
+    tokens, mask = pad_sequences(seqs, [atn_position(s) for s in seqs])
+    with torch.no_grad():
+        expected = float(model.loss(torch.from_numpy(tokens), torch.from_numpy(mask)))
+    assert result.loss == pytest.approx(expected, rel=1e-5)

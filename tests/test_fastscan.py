@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -14,11 +15,11 @@ import torch
 
 from calmd.model import fastscan
 from calmd.model.mamba import SelectiveScanFn, selective_scan
-from tests.test_model import scan_inputs
+from tests.builders import scan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 CXX = shutil.which("g++")
-needs_cxx = pytest.mark.skipif(CXX is None, reason="needs g++")
+needs_cxx = pytest.mark.needs("g++")
 
 
 @needs_cxx
@@ -79,7 +80,7 @@ def test_without_the_kernel_training_falls_back_to_pytorch(
     out = _in_fresh_python(TRAIN_ONE_STEP, CALM_CACHE=str(tmp_path), **env)
     missing, why, loss = (part.strip() for part in out.split("|"))
     assert missing == "True" and reason in why
-    assert float(loss) > 0
+    assert math.isfinite(float(loss))  # and a training step ran on the PyTorch scan
     assert not any(tmp_path.glob("*.so"))
 
 

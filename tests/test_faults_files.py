@@ -23,8 +23,10 @@ import pytest
 
 from calmd import paths
 from calmd.shell.client import CalmClient
-from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
-from tests.test_continual import TRAIN_ARGS, WORK
+from tests.builders import TRAIN_ARGS, WORK
+from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
 PYTHONPATH = str(Path(__file__).resolve().parent.parent)  # tests.scripted_engine
 PERMISSIVE = ("sh", "-c", 'umask 000 && exec "$@"', "sh")  # run a command under umask 000
@@ -53,7 +55,7 @@ def serve_once(
 ) -> subprocess.CompletedProcess[str]:
     """`calmd serve` that is expected to refuse to start."""
     full = {**daemon_env(home, **(env or {})), "PYTHONPATH": PYTHONPATH}
-    argv = [str(BIN / "calmd"), "serve", "--no-import", "--engine", "tests.scripted_engine:load"]
+    argv = [*SCRIPTED_SERVE, "--no-import"]
     return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=60)
 
 
@@ -77,7 +79,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     # Everything runs under umask 000: what comes out private, calmd made private.
     with (
-        running_daemon(tmp_path, engine="calmd.daemon.engine:load_engine", args=args, prefix=PERMISSIVE) as d,
+        running_daemon(tmp_path, engine="model", args=args, prefix=PERMISSIVE) as d,
         CalmClient(d.socket) as c,
     ):
         for i in range(30):
@@ -92,7 +94,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
         for argv in (
             [str(BIN / "calm"), "import", str(history)],
             [str(BIN / "calm"), "dataset", "--quiet"],  # into CALM_HOME/train.ctds
-            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s"],  # its log
+            [sys.executable, "-m", "calmd", "shell-helper", "--session", "s"],  # its log
         ):
             done = subprocess.run([*PERMISSIVE, *argv], env=env, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -31,7 +31,9 @@ from calmd.daemon.protocol import FrameReader
 from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 
-# calmd.md, "Limits and errors": no reply may carry another code.
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
+# docs/protocol.md, "Limits": no reply may carry another code.
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 MIB = 1 << 20
 NO_TRAINING = ("--train-threshold", "0")
@@ -340,7 +342,7 @@ def frames(draw: st.DrawFn) -> bytes:
 def test_fuzzed_frames_get_typed_replies_and_never_hurt_the_daemon(tmp_path: Path) -> None:
     """Every fuzzed frame, followed by a cheap sentinel request (a complete of n=0): the sentinel
     is answered, or the damaged frame (which may have swallowed it) got an error reply; no reply
-    carries a code outside calmd.md or `internal`; no traceback; the daemon survives it all."""
+    carries a code outside docs/protocol.md or `internal`; no traceback; the daemon survives it all."""
     sentinel_id = 2**62 + 7
     sentinel = pack({"op": "complete", "id": sentinel_id, "n": 0, "ctx": {"input": ""}})
     with running_daemon(tmp_path, args=NO_TRAINING) as d:

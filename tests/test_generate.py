@@ -11,10 +11,10 @@ import torch
 
 from calmd.formats.cwgt import Metadata
 from calmd.formats.tokenizer import Special
-from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for
+from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for, load_model
 from calmd.model.generate import Generator, SamplingOptions, filter_logits
 from calmd.model.mamba import CalmModel
-from tests.tiny_model import CONTEXT, train_tiny
+from tests.tiny_model import CONTEXT
 
 
 def as_loaded(model: CalmModel) -> LoadedModel:
@@ -22,9 +22,9 @@ def as_loaded(model: CalmModel) -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def trained() -> LoadedModel:
-    """A tiny model that has learned four commands (after `cd proj`), in a few seconds."""
-    return as_loaded(train_tiny())
+def trained(tiny_weights: Path) -> LoadedModel:
+    """The session's tiny model (conftest.py): it has learned four commands after `cd proj`."""
+    return load_model(tiny_weights)
 
 
 CTX = CONTEXT
@@ -67,11 +67,22 @@ def test_score_many_ranks_learned_commands_and_rejects_other_prefixes(trained: L
     assert wrong == -math.inf
 
 
+def test_the_traced_step_gives_the_answers_of_the_eager_one(trained: LoadedModel, tiny_weights: Path) -> None:
+    """The daemon runs eager steps (engine.py says why); `trace=True` is an option of the API."""
+    traced, eager = Generator(load_model(tiny_weights), trace=True), Generator(trained)  # own copies
+    assert traced.model._traced_step is not None
+    for typed in ["", "git ", "mak"]:
+        ctx = {**CTX, "input": typed}
+        a = [(c.text, round(c.logprob, 4)) for c in traced.candidates(ctx, 3, session="s")]
+        b = [(c.text, round(c.logprob, 4)) for c in eager.candidates(ctx, 3, session="s")]
+        assert a == b, typed
+
+
 def test_prefix_cache_gives_the_same_answers_as_a_fresh_generator(trained: LoadedModel) -> None:
     cached = Generator(trained)
     for typed in ["", "g", "gi", "git", "git ", "git s", "gi", "git sta"]:  # includes a backspace
         ctx = {**CTX, "input": typed}
-        fresh = Generator(trained, trace=False)
+        fresh = Generator(trained)
         a = [(c.text, round(c.logprob, 4)) for c in cached.candidates(ctx, 2, session="s")]
         b = [(c.text, round(c.logprob, 4)) for c in fresh.candidates(ctx, 2, session="s")]
         assert a == b, typed
@@ -134,6 +145,6 @@ def test_the_input_is_built_from_the_weight_files_template(trained: LoadedModel)
     meta = Metadata(template="BOS;CWD:cwd;ATN;CMD:input")
     custom = LoadedModel(Path("t"), trained.model, trained.header, meta, trained.defaults)
     ctx = {**CTX, "cwd": "/p", "input": "ls"}
-    seq = Generator(custom, trace=False).sequence(ctx)
+    seq = Generator(custom).sequence(ctx)
     assert Special.HIST not in seq and Special.CWD in seq
-    assert Special.HIST in Generator(trained, trace=False).sequence(ctx)
+    assert Special.HIST in Generator(trained).sequence(ctx)

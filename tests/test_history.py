@@ -21,11 +21,6 @@ from calmd.training.datasets import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> HistoryStore:
-    return HistoryStore(tmp_path / "data" / "history.sqlite3")
-
-
 def test_record_and_filters(store: HistoryStore) -> None:
     assert store.record("git status", exit=0, cwd="/p", git="main", session="s1").stored
     assert store.record(" secret-ish thing", session="s1").reason == "leading-space"

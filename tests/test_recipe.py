@@ -10,6 +10,8 @@ import pytest
 
 from calmd.training import recipe, train
 
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
 PAGE = """# {name}
 
 > A tool.

@@ -10,7 +10,6 @@ import pytest
 from calmd.cli import calm_main
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.quality.replay import PastOnly, _keystrokes_saved, keys_whole_line, keys_word_by_word, next_word
-from tests.tiny_model import save_tiny
 
 
 def past_of(*commands: str) -> PastOnly:
@@ -85,8 +84,10 @@ def test_word_acceptance_follows_the_policy_even_when_a_word_costs_the_line() ->
     assert keys_word_by_word(cmd, suggest) == 1 + 8  # "ls ", then "-la /tmp" typed
 
 
-def test_replay_reports_word_acceptance_for_every_system_with_one_policy(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_reports_word_acceptance_for_every_system_with_one_policy(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # every command is a new commit message: a lookup never has the line, but its words help
     history = tmp_path / "user5.txt"
     history.write_text("".join(f"git commit -m v{i:03d}\n" for i in range(80)))
@@ -107,8 +108,10 @@ def test_replay_reports_word_acceptance_for_every_system_with_one_policy(tmp_pat
     assert calmd["keystrokes_saved_words_shown"] <= calmd["keystrokes_saved_words"]
 
 
-def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # a strictly periodic history: after warm-up, "what followed the previous command" is always right
     cycle = ["cd proj", "git status", "make test", "ls -la"]
     history = tmp_path / "user1.txt"
@@ -135,8 +138,10 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(tmp_path: Pat
     assert totals["calmd"]["seen_before"]["0"] == 1.0  # after warm-up every line is a repeat
 
 
-def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # a loop (predictable: shown and right) broken by new lines (unpredictable: not shown)
     lines: list[str] = []
     for i in range(60):
@@ -159,8 +164,10 @@ def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(tmp_p
     assert 0.0 <= calmd["keystrokes_saved_shown"] <= calmd["keystrokes_saved"]
 
 
-def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
     # every third command is new (an ever-growing counter), the others repeat the two before
     lines: list[str] = []
     for i in range(40):
@@ -184,8 +191,8 @@ def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(tmp_path:
     assert 0.0 < seen["8"] < 1.0
 
 
-def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> None:
-    model = save_tiny(tmp_path / "tiny.cwgt")
+def test_replay_with_training_runs_the_background_trainer(tmp_path: Path, tiny_weights: Path) -> None:
+    model = tiny_weights
     history = tmp_path / "user2.txt"
     history.write_text("\n".join(f"echo {i % 40}" for i in range(130)) + "\n")
     out = tmp_path / "replay.json"
@@ -196,10 +203,12 @@ def test_replay_with_training_runs_the_background_trainer(tmp_path: Path) -> Non
     assert calmd["training_runs"] >= 1  # after commands 60 and 120 (positions run up to 129)
 
 
-def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path) -> None:
-    from tests.tiny_model import train_tiny
+def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path, tiny_weights: Path) -> None:
+    from tests.tiny_model import save_tiny, train_tiny
 
-    good = save_tiny(tmp_path / "good" / "weights.cwgt")
+    (tmp_path / "good").mkdir()
+    good = tmp_path / "good" / "weights.cwgt"  # named after its folder, as in /work/models/<name>/
+    good.write_bytes(tiny_weights.read_bytes())
     # another model, which learned other lines
     other = save_tiny(tmp_path / "other.cwgt", train_tiny(("make install", "git status"), favourite=0))
     cycle = ["cd proj", "git status", "make test", "ls -la"]

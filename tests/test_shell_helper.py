@@ -18,9 +18,10 @@ import pytest
 
 from calmd import paths
 from calmd.shell import helper as shell_helper
-from tests.daemon import Daemon, running_daemon
+from tests.daemon import BIN, Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
+from tests.tools import need
 
 
 class HelperProcess:
@@ -28,7 +29,7 @@ class HelperProcess:
 
     def __init__(self, home: Path, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-test", *args],
+            [sys.executable, "-m", "calmd", "shell-helper", "--session", "s-test", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell_env(home),
         )  # fmt: skip
         self.buf = b""
@@ -93,17 +94,6 @@ class HelperProcess:
             assert stream is not None
             stream.close()
         return code
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def daemon(home: Path) -> Iterator[Daemon]:
-    with running_daemon(home) as d:
-        yield d
 
 
 @pytest.fixture
@@ -192,16 +182,14 @@ def test_helper_without_daemon_answers_empty_and_keeps_records(home: Path) -> No
 
 def test_disabled_flag(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
     env = shell_env(home)
-    out = subprocess.run([sys.executable, "-m", "calmd.shell.helper", "disable"], env=env,
+    out = subprocess.run([str(BIN / "calm"), "disable"], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert "disabled" in out.stdout
     assert (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(1, "x")
     assert helper.reply() == ("1", True, [])
     helper.send("r", "0", "", "", "", "echo still-recorded")
-    subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "enable"], env=env, capture_output=True, check=True
-    )
+    subprocess.run([str(BIN / "calm"), "enable"], env=env, capture_output=True, check=True)
     assert not (home / "data" / paths.DISABLED_FLAG).exists()
     helper.complete(2, "x", n=1)
     assert helper.final(2) == ["xmmit"]
@@ -307,7 +295,7 @@ def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemo
     shell_side = os.open(fifo, os.O_RDWR)
     fifo.unlink()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--session", "s-fifo", "--format", "2"],
+        [sys.executable, "-m", "calmd", "shell-helper", "--session", "s-fifo", "--format", "2"],
         stdin=shell_side, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shell_env(home),
     )  # fmt: skip
     os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
@@ -323,12 +311,13 @@ def test_helper_exits_when_the_shell_closes_its_pipe(home: Path) -> None:
 
 @pytest.mark.parametrize("name", ["zsh", "bash"])
 def test_init_script(home: Path, name: str) -> None:
+    need(name)  # its syntax is checked by the shell itself
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "init", name],
+        [sys.executable, "-m", "calmd", "init", name],
         env=shell_env(home), capture_output=True, text=True, check=True,
     )  # fmt: skip
     text = out.stdout
-    assert "-m calmd.shell.helper shell-helper" in text
+    assert "-m calmd shell-helper" in text
     assert str(home / "data" / paths.DISABLED_FLAG) in text
     assert text.endswith(shell_helper.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
@@ -339,7 +328,7 @@ def test_init_script(home: Path, name: str) -> None:
 def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     """For the setup line that sources it: the same text, owner-only, written once; a hook for
     another socket is printed, not kept (the file is what the setup line's `calmd init` gives)."""
-    run = [sys.executable, "-m", "calmd.shell.helper", "init", name]
+    run = [sys.executable, "-m", "calmd", "init", name]
     out = subprocess.run(run, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     hook = home / "data" / f"calm.{name}"
     assert hook.read_text() == out
@@ -349,10 +338,19 @@ def test_init_keeps_the_hook_in_the_data_dir(home: Path, name: str) -> None:
     subprocess.run(run, env=shell_env(home), capture_output=True, check=True)
     assert (hook.stat().st_ino, hook.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # untouched
     hook.unlink()
-    other = [sys.executable, "-m", "calmd.shell.helper", "--socket", str(home / "other.sock"), "init", name]
+    other = [sys.executable, "-m", "calmd", "--socket", str(home / "other.sock"), "init", name]
     out = subprocess.run(other, env=shell_env(home), capture_output=True, text=True, check=True).stdout
     assert "other.sock" in out
     assert not hook.exists()
+
+
+def test_hooks_of_earlier_versions_still_start_their_helper(home: Path) -> None:
+    """Hook files cached by an earlier calmd run `python -m calmd.shell.helper ...`: the same CLI."""
+    out = subprocess.run(
+        [sys.executable, "-m", "calmd.shell.helper", "init", "bash"],
+        env=shell_env(home), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "-m calmd shell-helper" in out.stdout  # and the hook it prints is the new one
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:
@@ -360,23 +358,24 @@ def test_init_script_bakes_in_a_socket(home: Path) -> None:
     assert "--socket '/run/x y/calmd.sock'" in text
 
 
-def test_parsers_register_subcommands() -> None:
-    import argparse
+def test_the_cli_registers_the_shell_commands() -> None:
+    from calmd.cli import calm_parser, calmd_parser
 
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command", required=True)
-    shell_helper.add_calmd_parsers(sub)
-    shell_helper.add_calm_parsers(sub)
-    assert parser.parse_args(["init", "zsh"]).func is shell_helper.cmd_init
-    assert parser.parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
-    assert parser.parse_args(["enable"]).func is shell_helper.cmd_enable
-    assert parser.parse_args(["disable"]).func is shell_helper.cmd_disable
+    assert calmd_parser().parse_args(["init", "zsh"]).func is shell_helper.cmd_init
+    assert calmd_parser().parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
+    assert calm_parser().parse_args(["enable"]).func is shell_helper.cmd_enable
+    assert calm_parser().parse_args(["disable"]).func is shell_helper.cmd_disable
     with pytest.raises(SystemExit):
-        parser.parse_args(["init", "fish"])
+        calmd_parser().parse_args(["init", "fish"])
 
 
-def test_shell_module_stays_light() -> None:
-    heavy = "('torch', 'numpy', 'calmd.shell_helper.client')"
-    code = f"import sys, calmd.shell.helper; print(any(m in sys.modules for m in {heavy}))"
+@pytest.mark.parametrize(
+    ("module", "heavy"),
+    [("calmd.shell.helper", ("torch", "numpy", "calmd.shell.client")), ("calmd.cli", ("torch", "numpy"))],
+)
+def test_what_every_shell_and_every_calm_command_imports_stays_light(
+    module: str, heavy: tuple[str, ...]
+) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"

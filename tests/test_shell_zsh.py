@@ -24,12 +24,14 @@ from tests.tmux import (
     assert_quiet,
     autosuggestions,
     calm_cli,
+    helper_log,
     history_rows,
-    need,
     record,
+    wait_helper_read,
     wait_recorded,
     zsh_terminal,
 )
+from tests.tools import need, need_file
 
 DIM = "\x1b[90m"  # how tmux shows the default highlight, fg=8
 GHOST = re.escape(DIM)
@@ -37,20 +39,7 @@ GHOST = re.escape(DIM)
 LINE_END = r"(?:\x1b\[39m)?\s*$"
 SETTLE = 0.4  # how long to wait before saying that no suggestion came
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("zsh") is None or shutil.which("tmux") is None, reason="needs zsh and tmux"
-)
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def daemon(home: Path) -> Iterator[Daemon]:
-    with running_daemon(home) as d:
-        yield d
+pytestmark = [pytest.mark.needs("zsh", "tmux"), pytest.mark.slow]  # real shells in tmux
 
 
 def test_ghost_text_accept_run_and_record(home: Path, daemon: Daemon) -> None:
@@ -340,13 +329,13 @@ def test_leading_space_command_not_recorded(home: Path, daemon: Daemon) -> None:
 
 
 def test_no_daemon_degrades_silently(home: Path) -> None:
-    with zsh_terminal(home) as term:
+    with zsh_terminal(home, CALM_DEBUG="1") as term:
         term.wait_for("^PROMPT>")
         term.type("echo hello-calm")
         term.send("Enter")
         term.wait_for("^hello-calm$")
         term.type("ech")
-        time.sleep(SETTLE)
+        wait_helper_read(home, "ech")  # asked, and no daemon to answer
         assert DIM not in term.line(escapes=True)
         term.send("C-u")
         term.type("print -r -- ok-$?")
@@ -358,7 +347,7 @@ def test_no_daemon_degrades_silently(home: Path) -> None:
 def test_daemon_restarted_mid_session(home: Path) -> None:
     with running_daemon(home) as daemon:
         record(daemon, "make test")
-        term = zsh_terminal(home)
+        term = zsh_terminal(home, CALM_DEBUG="1")
     try:
         term.wait_for("^PROMPT>")
         # The daemon is gone: the shell works, nothing is shown, the record waits in the helper.
@@ -366,7 +355,7 @@ def test_daemon_restarted_mid_session(home: Path) -> None:
         term.send("Enter")
         term.wait_for("^during-outage$")
         term.type("make t")
-        time.sleep(SETTLE)
+        wait_helper_read(home, "make t")  # asked while the daemon is away
         assert DIM not in term.line(escapes=True)
         with running_daemon(home):
             term.type("e")
@@ -378,13 +367,18 @@ def test_daemon_restarted_mid_session(home: Path) -> None:
 
 
 def test_disable_and_enable_without_editing_rc_files(home: Path, daemon: Daemon) -> None:
-    with zsh_terminal(home) as term:
+    with zsh_terminal(home, CALM_DEBUG="1") as term:
         term.wait_for("^PROMPT>")
         calm_cli(home, "disable")
         term.send("Enter")  # the next prompt sees the flag
         term.type("xyz")
-        time.sleep(SETTLE)
-        assert DIM not in term.line(escapes=True)
+        term.send("C-u")
+        term.type("echo sentinel-calm")
+        term.send("Enter")
+        # Recorded (disable stops suggestions only), and its record follows on the same pipe any
+        # request the typing of xyz would have sent: the helper has read all of them by now.
+        wait_recorded(home, "echo sentinel-calm")
+        assert "input='xyz'" not in helper_log(home)
         calm_cli(home, "enable")
         term.send("C-u", "Enter")
         term.type("xyz")
@@ -412,9 +406,7 @@ def test_vi_mode(home: Path, daemon: Daemon) -> None:
 
 @pytest.mark.parametrize("order", ["autosuggestions-first", "calm-first"])
 def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: str) -> None:
-    plugin = autosuggestions()
-    if plugin is None:
-        pytest.skip("zsh-autosuggestions is not installed")
+    plugin = need_file(autosuggestions(), "zsh-autosuggestions")
     record(daemon, "git status")
     load = f"source {plugin}"
     rc = {"before": load} if order == "autosuggestions-first" else {"after": load}
@@ -445,19 +437,29 @@ def test_ghost_text_survives_a_late_empty_answer_from_zsh_autosuggestions(home: 
     """zsh-autosuggestions' async answer comes through an fd handler, after which zle redraws
     without line-pre-redraw; when it has nothing it clears POSTDISPLAY. A strategy that answers
     after 0.3 s makes that answer arrive after calm's every time."""
-    plugin = autosuggestions()
-    if plugin is None:
-        pytest.skip("zsh-autosuggestions is not installed")
+    plugin = need_file(autosuggestions(), "zsh-autosuggestions")
     record(daemon, "git status")
     slow = "_zsh_autosuggest_strategy_slow() { sleep 0.3; typeset -g suggestion= }"
-    for rc in ({"before": f"source {plugin}; {slow}"}, {"after": f"source {plugin}; {slow}"}):
+    # The sentinel: after zsh-autosuggestions' answer handler ran, redraw what it left and say so.
+    answered = home / "autosuggest-answered"
+    spy = ("functions[_calm_test_answer]=$functions[_zsh_autosuggest_async_response]\n"
+           "_zsh_autosuggest_async_response() { _calm_test_answer \"$@\"; zle -R; "
+           f"print -r -- x >> {answered} }}")  # fmt: skip
+    for rc in ({"before": f"source {plugin}; {slow}", "after": spy},
+               {"after": f"source {plugin}; {slow}\n{spy}"}):  # fmt: skip
+        answered.unlink(missing_ok=True)
         with zsh_terminal(home, ZSH_AUTOSUGGEST_STRATEGY="slow", **rc) as term:
             term.wait_for("^PROMPT>")
             term.type("git st")
             term.wait_line(rf"^PROMPT> git st{GHOST}atus{LINE_END}", escapes=True)
-            time.sleep(0.6)  # the empty answer has come and gone
-            line = term.line(escapes=True)
-            assert re.search(rf"^PROMPT> git st{GHOST}atus{LINE_END}", line), (rc, line)
+            deadline = time.monotonic() + 5
+            while not answered.exists():  # the empty answer has come
+                assert time.monotonic() < deadline, "zsh-autosuggestions never answered"
+                time.sleep(0.02)
+            for _ in range(3):  # and what it left on the screen keeps the ghost text
+                line = term.line(escapes=True)
+                assert re.search(rf"^PROMPT> git st{GHOST}atus{LINE_END}", line), (rc, line)
+                time.sleep(0.02)
 
 
 SYNTAX_HIGHLIGHTING = Path("/usr/share/zsh-syntax-highlighting/zsh-syntax-highlighting.zsh")
@@ -469,10 +471,8 @@ def plugin_rc(order: str) -> dict[str, str]:
     paths = {"autosuggestions": autosuggestions(), "highlighting": SYNTAX_HIGHLIGHTING}
     names = order.split(",")
     for name in names:
-        if name != "calm" and (paths[name] is None or not Path(str(paths[name])).is_file()):
-            if os.environ.get("CI"):
-                raise AssertionError(f"zsh-{name} is not installed")
-            pytest.skip(f"zsh-{name} is not installed")
+        if name != "calm":
+            need_file(paths[name], f"zsh-{name}")
     at = names.index("calm")
     load = [f"source {paths[n]}" for n in names if n != "calm"]
     return {"before": "\n".join(load[:at]), "after": "\n".join(load[at:])}

@@ -20,7 +20,7 @@ from calmd.formats.tokenizer import (
     parse_template,
 )
 
-# The three example blocks of calm-dataset.txt, verbatim.
+# The three example blocks of the CALM dataset specification, verbatim (docs/formats.md).
 SPEC_BLOCKS = """\
 <CWD>/home/user/lilush
 <GIT>main

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ def test_install_systemd_writes_units_with_the_real_binary(tmp_path: Path) -> No
     assert (tmp_path / "calmd.socket").read_text() == (REPO / "systemd" / "calmd.socket").read_text()
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
+@pytest.mark.needs("systemd-analyze")
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     subprocess.run(
         [str(BIN / "calmd"), "install-systemd", "--dir", str(tmp_path)], check=True, capture_output=True

@@ -1,4 +1,4 @@
-"""The tokenizer against the spec's golden cases, the template rules of calmd.md, and properties."""
+"""The tokenizer against the spec's golden cases, the template rules (docs/formats.md), and properties."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ import struct
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,39 +30,15 @@ from calmd.formats.tokenizer import (
     DEFAULT_SHELL_TEMPLATE_SPEC,
     build_sequence,
 )
-from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
+from calmd.model.checkpoint import load_model
 from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten, supervised_nll
 from calmd.training.commands import TRAIN_FLAGS
 from calmd.training.evaluate import sequence_loss
 from calmd.training.plot import write_loss_png
 from calmd.training.train import TrainConfig, train
+from tests.builders import TASK_A, TASK_B, TINY, dataset, sequences, tiny_model_file
 
-TINY = ModelConfig(d_model=32, n_layers=1, expand=2, d_state=4, d_conv=4, l_max=256)
 BIN = Path(sys.executable).parent
-
-# Two disjoint tasks: different directories, different commands.
-TASK_A = [("/srv/alpha", "git status"), ("/srv/alpha", "git log --oneline"), ("/srv/alpha", "ls -la")]
-TASK_B = [("/opt/beta", "docker ps"), ("/opt/beta", "cargo build"), ("/opt/beta", "npm test")]
-
-
-def sequences(task: list[tuple[str, str]], n: int, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in rng.integers(0, len(task), size=n):
-        cwd, cmd = task[int(i)]
-        out.append(build_sequence(DEFAULT_SHELL_TEMPLATE, {"cwd": cwd, "input": cmd}, training=True))
-    return out
-
-
-def dataset(path: Path, task: list[tuple[str, str]], n: int = 48, seed: int = 0) -> Path:
-    return write_ctds(path, sequences(task, n, seed))
-
-
-def tiny_model_file(path: Path, seed: int = 0, cfg: ModelConfig = TINY, meta: Metadata | None = None) -> Path:
-    model = CalmModel(cfg)
-    model.init_weights(seed)
-    save_model(path, model, meta or Metadata(), defaults=GenerationDefaults())
-    return path
 
 
 def dataset_loss(model_path: Path, data: Path) -> float:
@@ -72,15 +47,6 @@ def dataset_loss(model_path: Path, data: Path) -> float:
         seqs = [reader.sequence(i) for i in range(reader.count())]
     nll, tokens, _ = sequence_loss(model, seqs)
     return nll / tokens
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: one thread is fastest, and immune to a busy machine's oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def calm(*argv: str) -> int:
@@ -370,6 +336,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
     """Each rank reads half of every global batch; DDP averages the gradients. If a rank read the
     whole batch, the same half, or normalised by its own token count, the weights would differ."""

@@ -26,7 +26,9 @@ from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
 
-ENGINE = "calmd.daemon.engine:load_engine"
+pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
+
+ENGINE = "model"
 COMMANDS = ["git status", "make build", "make test", "git commit -am wip", "docker ps -a"]
 
 

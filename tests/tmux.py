@@ -10,18 +10,17 @@ import itertools
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
+from calmd import paths
 from calmd.history.store import HistoryRow, HistoryStore
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon, daemon_env
+from tests.daemon import BIN, Daemon, daemon_env
+from tests.tools import need
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOSUGGEST_PATHS = (
@@ -32,13 +31,6 @@ AUTOSUGGEST_PATHS = (
 _names = itertools.count()
 
 
-def need(*programs: str) -> None:
-    """Skip the test when a program it drives is missing."""
-    for program in programs:
-        if shutil.which(program) is None:
-            pytest.skip(f"{program} is not installed")
-
-
 def autosuggestions() -> Path | None:
     return next((p for p in AUTOSUGGEST_PATHS if p.is_file()), None)
 
@@ -47,7 +39,7 @@ def init_script(shell: str, home: Path) -> Path:
     """`calmd init SHELL` output written to a file in `home` (what an rc file would eval)."""
     env = shell_env(home)
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", "init", shell],
+        [sys.executable, "-m", "calmd", "init", shell],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     path = home / f"calm-init.{shell}"
@@ -259,6 +251,23 @@ def wait_recorded(home: Path, cmd: str, *, timeout: float = 5.0) -> HistoryRow:
         time.sleep(0.02)
 
 
+def wait_helper_read(home: Path, typed: str, *, timeout: float = 5.0) -> None:
+    """Wait until the shell's helper has read a completion request for `typed` (its debug log,
+    with CALM_DEBUG=1 in the shell's environment): the positive event after which an absence
+    (no ghost text) means something, since nothing else could still be on its way."""
+    needle = f"input={typed!r}"
+    deadline = time.monotonic() + timeout
+    while needle not in helper_log(home):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the helper never read a request for {typed!r}")
+        time.sleep(0.02)
+
+
+def helper_log(home: Path) -> str:
+    log = home / "data" / paths.HELPER_LOG
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
 def record(daemon: Daemon, *cmds: str) -> None:
     """Store commands as if another shell had run them."""
     with CalmClient(daemon.socket) as client:
@@ -267,9 +276,9 @@ def record(daemon: Daemon, *cmds: str) -> None:
 
 
 def calm_cli(home: Path, *args: str) -> str:
-    """`calm ARGS` (enable/disable) as the user would run it, through calmd.shell.helper's own entry."""
+    """`calm ARGS` (enable/disable) as the user runs it."""
     out = subprocess.run(
-        [sys.executable, "-m", "calmd.shell.helper", *args],
+        [str(BIN / "calm"), *args],
         env=shell_env(home), check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return out.stdout

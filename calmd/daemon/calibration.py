@@ -25,7 +25,7 @@ a ghost.
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
+from calmd.atomic import read_json
 from calmd.errors import FormatError
 
 CALIBRATION_VERSION = 1
@@ -190,25 +191,17 @@ class Calibrator:
 
     @classmethod
     def load(cls, path: Path) -> Calibrator:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{path}: cannot read the calibration: {exc}") from exc
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, "calibration"), str(path))
 
 
 def packaged_calibration_path() -> Path:
     return paths.PACKAGE_DATA / "calibration.json"
 
 
-_PACKAGED: Calibrator | None = None
-
-
+@functools.cache
 def packaged_calibrator() -> Calibrator:
-    global _PACKAGED
-    if _PACKAGED is None:
-        _PACKAGED = Calibrator.load(packaged_calibration_path())
-    return _PACKAGED
+    """The calibration shipped in the package, read once per process."""
+    return Calibrator.load(packaged_calibration_path())
 
 
 def uncalibrated() -> Calibrator:

@@ -34,7 +34,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,6 +44,7 @@ from calmd import paths
 from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.daemon.filters import Vocabulary, balanced, cwd_argument, invented, packaged_vocabulary
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
+from calmd.errors import CalmError
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
@@ -75,6 +76,24 @@ class RankWeights:
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
     typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
     # never (a search at every key); 2: typing along any of its lines does
+
+    @classmethod
+    def overrides(cls, items: list[str]) -> dict[str, float]:
+        """`NAME=VALUE` strings (`calm replay --weight`) -> {field: value}; CalmError names a bad one."""
+        known = {f.name for f in fields(cls)}
+        weights: dict[str, float] = {}
+        for item in items:
+            name, _, value = item.partition("=")
+            name = name.replace("-", "_")
+            if name not in known:
+                raise CalmError(
+                    f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}"
+                )
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise CalmError(f"--weight {item}: {value!r} is not a number") from None
+        return weights
 
 
 class Suggestion(NamedTuple):

@@ -27,7 +27,7 @@ next word is a file or a host, anything goes).
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
+from calmd.atomic import read_json
 from calmd.errors import FormatError
 
 VOCABULARY_VERSION = 1
@@ -194,11 +195,7 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: Path) -> Vocabulary:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{path}: cannot read the vocabulary: {exc}") from exc
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, "vocabulary"), str(path))
 
 
 class UserVocabulary:
@@ -290,15 +287,11 @@ def cwd_argument(cmd: str, typed: str, cwd: str, home: str | None) -> bool:
     return any(words[pos] in forms for pos in range(max(1, _typed_in_full(words, typed)), len(words)))
 
 
-_PACKAGED: Vocabulary | None = None
-
-
 def packaged_vocabulary_path() -> Path:
     return paths.PACKAGE_DATA / "vocabulary.json"
 
 
+@functools.cache
 def packaged_vocabulary() -> Vocabulary:
-    global _PACKAGED
-    if _PACKAGED is None:
-        _PACKAGED = Vocabulary.load(packaged_vocabulary_path())
-    return _PACKAGED
+    """The vocabulary shipped in the package, read once per process."""
+    return Vocabulary.load(packaged_vocabulary_path())

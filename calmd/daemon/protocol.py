@@ -1,4 +1,4 @@
-"""The calmd wire protocol (calmd.md; docs/protocol.md): msgpack maps over a Unix stream socket.
+"""The calmd wire protocol (docs/protocol.md): msgpack maps over a Unix stream socket.
 
 Every request is a map with `op` and an integer `id`; every reply carries the same `id` and
 `protocol`. Messages are concatenated on the stream (msgpack is self-delimiting). This module
@@ -24,7 +24,7 @@ MAX_FRAME_DEPTH = 16
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
-# The error codes of calmd.md; no reply carries any other.
+# The error codes of docs/protocol.md; no reply carries any other.
 ERROR_CODES = frozenset(
     {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 )

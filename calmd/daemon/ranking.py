@@ -30,9 +30,9 @@ any shell or imported by `calm import` are seen on the next keystroke.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
+from calmd.atomic import read_json
 from calmd.daemon.filters import UserVocabulary
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
@@ -571,22 +572,14 @@ class Ranker:
 
     @classmethod
     def load(cls, path: Path) -> Ranker:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{path}: cannot read the ranker: {exc}") from exc
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, "ranker"), str(path))
 
 
 def packaged_ranker_path() -> Path:
     return paths.PACKAGE_DATA / "ranker.json"
 
 
-_PACKAGED: Ranker | None = None
-
-
+@functools.cache
 def packaged_ranker() -> Ranker:
-    global _PACKAGED
-    if _PACKAGED is None:
-        _PACKAGED = Ranker.load(packaged_ranker_path())
-    return _PACKAGED
+    """The ranker shipped in the package, read once per process."""
+    return Ranker.load(packaged_ranker_path())

@@ -8,7 +8,8 @@ delay every other shell by the whole queue, so jobs wait here instead, grouped t
   that floods waits behind its own requests and delays another by at most one job;
 - within an owner, by *lane*: each session is a lane holding only its newest request (a newer
   `complete` of the same session supersedes the pending one, answered as cancelled, or cancels
-  the running one: calmd.md), and requests without a session share one FIFO lane per owner;
+  the running one: docs/protocol.md, "Scheduling"), and requests without a session share one
+  FIFO lane per owner;
   lanes take turns too.
 
 A session is one shell's, whatever connection carries it: a newer request of session "s" on

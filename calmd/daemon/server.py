@@ -1,7 +1,7 @@
 """calmd: the daemon. One `Server` object owns the socket, the history store and the model.
 
 - asyncio on uvloop (asyncio's own loop when uvloop is missing);
-- the socket comes from systemd (LISTEN_FDS) or is bound at the calmd.md path with mode 0600; a
+- the socket comes from systemd (LISTEN_FDS) or is bound at the path of docs/protocol.md, mode 0600; a
   folder calmd creates for it is 0700, an existing one keeps its mode but is refused when another
   user could swap the socket in it (calmd.paths.socket_dir); peers of another uid are refused
   (SO_PEERCRED); a stale socket file left by a killed daemon is replaced, a live one means

@@ -1,6 +1,6 @@
 """CTDS: the CALM training data set, a memory-mapped file of token sequences.
 
-Layout (calm-dataset.txt; all integers little-endian, byte tables in docs/formats.md):
+Layout (all integers little-endian; byte tables in docs/formats.md, "CTDS"):
 
     offset 0       magic          4 bytes  b"CTDS"
     offset 4       vocab_version  uint32   0 (byte-level tokenizer)

@@ -1,4 +1,4 @@
-"""CWGT v5: the CALM weight file (calm-tokenizer-and-weights.txt), byte tables in docs/formats.md.
+"""CWGT v5: the CALM weight file, byte tables in docs/formats.md, "CWGT v5".
 
     [48-byte header][metadata: meta_size bytes, 3 lines][EWC: fisher, anchor][weights]
 

@@ -1,4 +1,4 @@
-"""The training-source text format of calm-dataset.txt: one example per blank-line-separated block.
+"""The training-source text format (docs/formats.md): one example per blank-line-separated block.
 
     <CWD>/home/user/lilush
     <GIT>main

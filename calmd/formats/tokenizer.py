@@ -1,6 +1,6 @@
 """The CALM byte tokenizer: 320 ids, frames, templates and stop conditions.
 
-Vocabulary (calm-tokenizer-and-weights.txt):
+Vocabulary (docs/formats.md, "Tokenizer"):
     0-255    raw bytes, token id == byte value (encoding is uint8 -> uint16 widening)
     256-277  22 named special tokens (PAD, BOS, EOS, ATN, frame tokens, sub-tokens)
     278-319  reserved; never produced, rejected by `decode`
@@ -8,7 +8,7 @@ Vocabulary (calm-tokenizer-and-weights.txt):
 A model's input is built from a *template spec* (CWGT metadata line 2), e.g.
     BOS;CWD:cwd;GIT:git;HIST:history;COMP:completions;ENV:env;ATN;CMD:input
 and a *context* mapping (cwd, git, history, completions, env, input). `build_sequence` turns the two
-into token ids, applying the 15-item caps and the l_max truncation policy of calmd.md.
+into token ids, applying the 15-item caps and the l_max truncation policy (docs/formats.md).
 
 Generation stops on EOS or PAD always, and on the metadata's stop patterns (`| ; && ||` for the
 shell) unless in raw mode; `StopMatcher` checks them one generated token at a time.
@@ -215,7 +215,7 @@ DEFAULT_SHELL_STOPS = "| ; && ||"
 
 
 def parse_template(spec: str) -> Template:
-    """Parse `BOS;CWD:cwd;...;ATN;CMD:input`. Rules (calmd.md): known token names only, ATN exactly
+    """Parse `BOS;CWD:cwd;...;ATN;CMD:input`. Rules (docs/formats.md): known token names only, ATN exactly
     once, a CMD item last when present, frame items need a field, each field used once."""
     spec = spec.strip()
     if not spec:
@@ -311,7 +311,7 @@ def build_sequence(
     l_max: int | None = DEFAULT_L_MAX,
     training: bool = False,
 ) -> TokenArray:
-    """Build a model input from a template and a context (calmd.md, "Template spec").
+    """Build a model input from a template and a context (docs/formats.md, "Tokenizer").
 
     - Frames are emitted only when their field is present and non-empty.
     - HIST: one frame per entry, oldest first, the newest 15 kept. COMP: one list frame, first 15.

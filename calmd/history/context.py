@@ -2,7 +2,7 @@
 
 The model's HIST frames hold the session's own latest commands, last (next to the prediction);
 when the session has run fewer than `HISTORY_FRAMES`, the user's latest commands in other shells
-come before them (calmd.md). The daemon reads them from the store for each keystroke
+come before them (docs/protocol.md, `complete`). The daemon reads them from the store for each keystroke
 (`HistoryStore.recent`), the replay does the same, and the datasets built from the history
 (the background run, `calm dataset`) replay the store in order with `ContextTracker`; all three
 end in `context_rows`, so that training sees what serving sees.

@@ -115,7 +115,7 @@ class PrefixCache:
 class Generator:
     """Generation for one loaded model. Not thread-safe: the daemon confines it to one worker."""
 
-    def __init__(self, loaded: LoadedModel, *, beam_width: int = 6, trace: bool = True) -> None:
+    def __init__(self, loaded: LoadedModel, *, beam_width: int = 6, trace: bool = False) -> None:
         self.model: CalmModel = loaded.model.eval()
         if trace:
             self.model.trace_step()

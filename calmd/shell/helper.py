@@ -112,7 +112,7 @@ def init_script(shell: str, socket: str | None = None) -> str:
     """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
     from calmd import __version__
 
-    helper = [sys.executable, "-m", "calmd.shell.helper", "shell-helper", "--shell", shell]
+    helper = [sys.executable, "-m", "calmd", "shell-helper", "--shell", shell]
     if socket:
         helper += ["--socket", socket]
     head = [
@@ -555,39 +555,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_calmd_parsers(sub: Any) -> None:
-    """`calmd init SHELL` and `calmd shell-helper` (`sub` is an argparse subparsers object)."""
-    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
-    p.add_argument("shell", choices=SHELLS)
-    p.set_defaults(func=cmd_init)
-    p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
-    p.add_argument("--session", default="", help="session id (default: from the parent pid)")
-    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
-    p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
-    p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
-    p.add_argument("--shell", choices=SHELLS, help="the hook file to rewrite when calmd changes")
-    p.set_defaults(func=cmd_shell_helper)
+if __name__ == "__main__":  # `python -m calmd.shell.helper ...`: hooks written by earlier calmd
+    import runpy
 
-
-def add_calm_parsers(sub: Any) -> None:
-    """`calm enable` and `calm disable`: suggestions on or off in every shell, no rc edit."""
-    p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
-    p.set_defaults(func=cmd_enable)
-    p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
-    p.set_defaults(func=cmd_disable)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m calmd.shell.helper ...`: what the hooks run, independent of the rest of the CLI."""
-    paths.set_private_umask()  # the helper's log (and a daemon it starts) write the user's files
-    parser = argparse.ArgumentParser(prog="calmd")
-    parser.add_argument("--socket", metavar="PATH", help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_calmd_parsers(sub)
-    add_calm_parsers(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("calmd", run_name="__main__", alter_sys=True)  # the `calmd` command line

@@ -1,7 +1,7 @@
-"""`calm train` and `calm evaluate`: argument parsing only.
+"""`calm train` and `calm evaluate`: their flags (one per TrainConfig field) and handlers.
 
-The `calm` CLI builds its parser on every run, so this module imports nothing heavy: torch and
-the training code are imported inside the handlers.
+calmd/cli.py registers them; the `calm` CLI builds its parser on every run, so this module
+imports nothing heavy: torch and the training code are imported inside the handlers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from calmd import paths
@@ -54,32 +53,6 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
               "help": "let --model new replace an existing output file"}),
     "quiet": (("-q", "--quiet"), {"action": "store_true", "default": None, "help": "no output"}),
 }  # fmt: skip
-
-
-def add_parsers(sub: Any) -> None:
-    """Add `train` and `evaluate` to the `calm` subparsers."""
-    p = sub.add_parser(
-        "train",
-        help="train or fine-tune a model on a CTDS dataset (also under torchrun)",
-        description="Train on the command part of each sequence (tokens after ATN). Runs unchanged "
-        "under `torchrun --nproc_per_node N`; --batch-size is then the global batch.",
-    )
-    for flags, kwargs in TRAIN_FLAGS.values():
-        p.add_argument(*flags, **{"default": None, **kwargs})
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
-    p.add_argument("-m", "--model", type=Path, metavar="MODEL", help=f"weights ({paths.weights_path()})")
-    p.add_argument(
-        "-d", "--dataset", type=Path, metavar="DATASET", help=f"CTDS file ({paths.dataset_path()})"
-    )
-    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="a random sample of N sequences")
-    p.add_argument("--seed", type=int, default=0, help="for the --limit sample (default 0)")
-    p.add_argument("--raw", action="store_true", help="match whole commands, ignoring the stop conditions")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass (default 32)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

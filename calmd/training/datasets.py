@@ -33,7 +33,7 @@ def is_trivial(cmd: str) -> bool:
 
 @dataclass(frozen=True)
 class DatasetOptions:
-    """`calm dataset` options for the shell-history path (calm-dataset.txt)."""
+    """`calm dataset` options for the shell-history path (docs/training.md)."""
 
     max_entries: int = 0  # latest N history entries; 0: all
     hist_frames: int = HISTORY_FRAMES

@@ -2,7 +2,7 @@
 
     python -m calmd.training.recipe [--data ../shared/data] [--steps 2400] [--output calmd/data/default.cwgt]
 
-1. Corpus (docs/default-model.md): every tldr example (CC-BY 4.0, the tldr-pages project;
+1. Corpus (calmd/data/DEFAULT_MODEL.md records the last): every tldr example (CC-BY 4.0, tldr-pages;
    placeholders filled, alternatives resolved, two variants each) and the public histories of
    the *training* users (each command with its preceding five as context, scrubbed of names,
    hosts and addresses, at most three times per distinct command per user). One user in five

@@ -1,0 +1,92 @@
+"""`calmd status` as a table: the daemon's status reply (server.status()) rendered for a person."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+
+
+def status_table(status: dict[str, Any]) -> Table:
+    """The status reply as rows of a rich Table (`calmd status --json` prints the reply itself)."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    model = status.get("model") or {}
+    lat = status["latency_ms"]
+    hist = status["history"]
+    model_path = str(model.get("path", "-"))
+    if status.get("serving_fallback"):
+        yours = status.get("weights_path", "your weights")
+        why = "did not load" if status.get("last_reload_error") else "does not exist yet"
+        model_path += f" (the packaged model: {yours} {why})"
+    table = Table(title="calmd status", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [
+        ("model", model_path),
+        ("size", f"{model.get('size', '-')} ({model.get('parameters', 0):,} parameters)"),
+        ("domain", str(model.get("domain", "-"))),
+        ("ranking", f"{model.get('ranker', '-')}; {model.get('indexed_commands', 0)} commands indexed"),
+        ("loaded at", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["loaded_at"]))
+         if status.get("loaded_at") else "-"),
+        ("last reload error", status.get("last_reload_error") or "none"),
+        ("requests served", f"{status['requests']} ({status['errors']} errors)"),
+        ("first candidate", f"p50 {ms(lat['first_p50'])}, p99 {ms(lat['first_p99'])}"),
+        ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
+        ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
+                    f"{hist['since_last_training']} since last training"),
+        ("training", _training_line(status.get("training") or {})),
+        ("disk", _disk_line(status.get("disk") or {})),
+        ("uptime", f"{status['uptime_s']:.0f} s"),
+        ("version / protocol", f"{status['version']} / {status['protocol']}"),
+        ("socket", status.get("socket", "-")),
+    ]  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _disk_line(disk: dict[str, object]) -> str:
+    """Free space of the data dir's file system, and when a write last found it full."""
+    free, total, last = disk.get("free_bytes"), disk.get("total_bytes"), disk.get("last_full")
+    parts = ["free space unknown"]
+    if isinstance(free, int | float) and isinstance(total, int | float):
+        parts = [f"{_bytes(free)} free of {_bytes(total)}"]
+    if isinstance(last, int | float):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+        parts.append(f"last full at {stamp} (what could not be written was refused, nothing half-written)")
+    else:
+        parts.append("not full since the daemon started")
+    return f"{disk.get('path', '-')}: " + "; ".join(parts)
+
+
+def _training_line(training: dict[str, object]) -> str:
+    """State, progress while running, and why the last run did or did not swap its model in."""
+    parts = [str(training.get("state", "-"))]
+    if training.get("pid"):
+        parts[0] += f" (pid {training['pid']})"
+    progress = training.get("progress")
+    if training.get("pid") and isinstance(progress, dict) and "step" in progress:
+        parts.append(f"step {progress['step']}, loss {float(progress.get('loss') or 0):.3f}")
+    last = training.get("last_result")
+    if isinstance(last, dict) and last.get("reason"):
+        when = last.get("finished")
+        stamp = ""
+        if isinstance(when, int | float):
+            stamp = " " + time.strftime("%Y-%m-%d %H:%M", time.localtime(float(when)))
+        parts.append(f"last run{stamp}: {last['reason']}")
+    threshold = training.get("threshold")
+    if threshold:
+        parts.append(f"next after {threshold} new commands")
+    return "; ".join(parts)

@@ -1,0 +1,89 @@
+"""Builders shared by the test modules: tiny models and datasets, scan inputs, histories.
+
+Test modules import from here (and from daemon.py, tmux.py, tiny_model.py), never from each other.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from calmd.formats.ctds import write_ctds
+from calmd.formats.cwgt import Metadata
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
+from calmd.model.checkpoint import GenerationDefaults, save_model
+from calmd.model.mamba import CalmModel, ModelConfig
+
+# --------------------------------------------------------------------------- tiny models and datasets
+
+TINY = ModelConfig(d_model=32, n_layers=1, expand=2, d_state=4, d_conv=4, l_max=256)
+
+# Two disjoint tasks: different directories, different commands.
+TASK_A = [("/srv/alpha", "git status"), ("/srv/alpha", "git log --oneline"), ("/srv/alpha", "ls -la")]
+TASK_B = [("/opt/beta", "docker ps"), ("/opt/beta", "cargo build"), ("/opt/beta", "npm test")]
+
+
+def sequences(task: list[tuple[str, str]], n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.integers(0, len(task), size=n):
+        cwd, cmd = task[int(i)]
+        out.append(build_sequence(DEFAULT_SHELL_TEMPLATE, {"cwd": cwd, "input": cmd}, training=True))
+    return out
+
+
+def dataset(path: Path, task: list[tuple[str, str]], n: int = 48, seed: int = 0) -> Path:
+    return write_ctds(path, sequences(task, n, seed))
+
+
+def tiny_model_file(path: Path, seed: int = 0, cfg: ModelConfig = TINY, meta: Metadata | None = None) -> Path:
+    model = CalmModel(cfg)
+    model.init_weights(seed)
+    save_model(path, model, meta or Metadata(), defaults=GenerationDefaults())
+    return path
+
+
+# --------------------------------------------------------------------------- selective scan inputs
+
+
+def scan_inputs(
+    batch: int, channels: int, length: int, n: int, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, channels, length, generator=g, dtype=dtype)
+    delta = torch.nn.functional.softplus(torch.randn(batch, channels, length, generator=g, dtype=dtype))
+    A = -torch.rand(channels, n, generator=g, dtype=dtype) - 0.5
+    B = torch.randn(batch, n, length, generator=g, dtype=dtype)
+    C = torch.randn(batch, n, length, generator=g, dtype=dtype)
+    D = torch.randn(channels, generator=g, dtype=dtype)
+    z = torch.randn(batch, channels, length, generator=g, dtype=dtype)
+    h0 = torch.randn(batch, channels, n, generator=g, dtype=dtype)
+    return [u, delta, A, B, C, D, z, h0]
+
+
+# --------------------------------------------------------------------------- histories
+
+
+def month_old_history() -> str:
+    """A zsh history file with timestamps a month old: 300 commands, `ssh oldhost` 20 times."""
+    month_ago = int(time.time()) - 30 * 86400
+    lines = []
+    for i in range(300):
+        if i % 15 == 0:
+            cmd = "ssh oldhost"
+        elif i % 40 == 7:
+            cmd = "ssh build01"
+        else:
+            cmd = ["ls", "git status", "cd ~/src", "vim notes.md", "make", "git pull", "htop", "docker ps"][
+                i % 8
+            ]
+        lines.append(f": {month_ago + 60 * i}:0;{cmd}")
+    return "\n".join(lines) + "\n"
+
+
+# Commands a shell session records, and `calmd serve` options for a quick background run.
+WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
+TRAIN_ARGS = ("--train-arg=--min-examples=10", "--train-arg=--holdout=10", "--train-arg=--epochs=3")

@@ -1,0 +1,39 @@
+"""The programs tests drive (zsh, bash, tmux, systemd's tools, g++): present, or the test cannot run.
+
+Outside CI a missing program skips the test with its reason (a newcomer without zsh still gets a
+green run of everything else); in CI (CI=true) it fails, because .ci/run installs every one of
+them and a skip there would hide a whole layer of tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def need(*programs: str) -> None:
+    """Skip (fail under CI=true) when a program the test runs is not on PATH."""
+    missing = [program for program in programs if shutil.which(program) is None]
+    if not missing:
+        return
+    reason = f"needs {', '.join(missing)}, not installed"
+    if in_ci():
+        pytest.fail(f"{reason}: .ci/run installs it, so CI must not skip this test", pytrace=False)
+    pytest.skip(reason)
+
+
+def need_file(path: Path | None, what: str) -> Path:
+    """Like `need`, for a file a test loads (a zsh plugin): skip, or fail under CI=true."""
+    if path is not None and path.is_file():
+        return path
+    reason = f"needs {what}, not installed"
+    if in_ci():
+        pytest.fail(f"{reason}: .ci/run installs it, so CI must not skip this test", pytrace=False)
+    pytest.skip(reason)

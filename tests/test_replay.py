@@ -234,3 +234,12 @@ def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path, tiny
     single = json.loads(alone.read_text())["totals"]["calmd"]
     for key in ("top1", "top5", "keystrokes_saved", "keystrokes_saved_words"):
         assert single[key] == totals["calmd:other"][key]
+
+
+def test_compared_models_are_named_after_their_folder_or_file() -> None:
+    from calmd.quality.replay import model_names
+
+    names = model_names([Path("/m/nano-comp/model.cwgt"), Path("calmd/data/default.cwgt"),
+                         Path("/m/micro/weights.cwgt"), Path("/n/micro/weights.cwgt")])  # fmt: skip
+    assert list(names) == ["calmd:nano-comp", "calmd:default", "calmd:micro", "calmd:micro-2"]
+    assert names["calmd:micro-2"] == Path("/n/micro/weights.cwgt")

@@ -556,11 +556,13 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 
 
 def model_names(models: Sequence[Path]) -> dict[str, Path]:
-    """System names for several models: "calmd:<name>", the name being the folder of a
-    `weights.cwgt` (/work/models/<name>/weights.cwgt) or else the file's stem, made unique."""
+    """System names for several models: "calmd:<name>", the name being the folder of a file
+    named generically (`weights.cwgt`, `model.cwgt`, `shell.cwgt`: /work/models/<name>/model.cwgt)
+    or else the file's stem, made unique."""
     out: dict[str, Path] = {}
     for model in models:
-        name = model.parent.name if model.stem == "weights" and model.parent.name else model.stem
+        generic = model.stem in ("weights", "model", "shell") and model.parent.name
+        name = model.parent.name if generic else model.stem
         system, n = f"calmd:{name}", 2
         while system in out:
             system, n = f"calmd:{name}-{n}", n + 1

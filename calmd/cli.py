@@ -388,14 +388,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         files = [f for f in files if held_out(f.stem)]
     if not files:
         raise CalmError("no history files to replay")
-    model = Path(args.model) if args.model else paths.serving_weights()
+    models = [Path(m) for m in args.model or []]
+    for m in models:
+        if not m.is_file():
+            raise CalmError(f"-m {m}: no such weight file")
+    if len(models) > 1 and args.with_training:
+        raise CalmError("--with-training replays one model at a time")
+    model = models[0] if models else paths.serving_weights()
     from calmd.daemon.engine import RankWeights
 
     weights = RankWeights.overrides(args.weights or [])
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
                               typing_positions=args.typing, weights=weights,
                               train_every=args.train_every if args.with_training else 0,
-                              comp=args.comp)  # fmt: skip
+                              comp=args.comp,
+                              models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -518,7 +525,9 @@ def calm_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay shell histories and score suggestions against baselines")
     p.add_argument("files", nargs="+", metavar="HISTORY", help="bash/zsh history files, or folders of *.txt")
-    p.add_argument("-m", "--model", metavar="FILE.cwgt", help="weights (default: yours, else the packaged)")
+    p.add_argument("-m", "--model", metavar="FILE.cwgt", action="append",
+                   help="weights (default: yours, else the packaged); several -m compare the models in one "
+                   "run, each answering every query, with its latency")  # fmt: skip
     p.add_argument("--positions", type=int, default=40, help="sampled positions per user (default 40)")
     p.add_argument("--typing", type=int, default=15, help="positions typed out for keystrokes saved")
     p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
@@ -638,6 +647,7 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
         max_connections=args.max_connections,
         reply_timeout_s=args.reply_timeout,
         graceful_timeout=args.graceful_timeout,
+        prefetch=not args.no_prefetch,
     )
     return run_server(config, engine_loader or load_engine)
 
@@ -746,6 +756,11 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
     p.add_argument(
         "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
+    )
+    p.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="do not prepare a session's next line after each record (to measure what it saves)",
     )
     p.add_argument(
         "--train-threshold",

@@ -97,3 +97,99 @@ def test_a_new_line_carried_over_from_the_previous_command(tmp_path: Path, weigh
         c.record("mkdir newproj", exit=0, cwd="/p", session="s")
         # never run before, proposed from the user's own mkdir -> cd habit
         assert candidates(c, "cd ", n=3, session="s", cwd="/p")[0] == "cd newproj"
+
+
+def answers(c: CalmClient) -> dict[str, int]:
+    return c.status()["status"]["model"]["answers"]  # type: ignore[no-any-return]
+
+
+def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    history = CONTEXT["history"]
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        for cmd in ["git status", "make test", "git stash pop"]:
+            c.record(cmd, exit=0, cwd="/p", session="other")
+        target = "git status"
+        ghost = [m for m in c.complete("", n=5, session="s", cwd="/p", history=history) if "candidate" in m]
+        assert ghost[0]["candidate"] == target
+        before = answers(c)
+        for i in range(1, len(target)):
+            through = [m for m in c.complete(target[:i], n=5, session="s", cwd="/p", history=history)
+                       if "candidate" in m]  # fmt: skip
+            # the same context in a session with no previous answer: a whole search
+            fresh = [m for m in c.complete(target[:i], n=5, session=f"fresh{i}", cwd="/p", history=history)
+                     if "candidate" in m]  # fmt: skip
+            # the ghost never changes while the user types along it, and it is the search's too,
+            # with the same score and confidence
+            assert through[0]["candidate"] == fresh[0]["candidate"] == target
+            assert through[0]["score"] == pytest.approx(fresh[0]["score"], abs=2e-3)
+            assert through[0]["confidence"] == pytest.approx(fresh[0]["confidence"], abs=2e-3)
+            # the documented difference: below the top, the previous answer's lines (and those its
+            # search found beyond n) that extend the input, scored as the search scores them: the
+            # lines both hold come in the same order, but the search may find others
+            texts = [m["candidate"] for m in fresh]
+            kept = [m["candidate"] for m in through]
+            assert len(kept) <= 5 and all(t.startswith(target[:i]) for t in kept)
+            common = [t for t in kept if t in texts]
+            assert common == sorted(common, key=texts.index)
+            scores = [m["score"] for m in through]
+            assert scores == sorted(scores, reverse=True)
+        after = answers(c)
+        # every keystroke of session s was answered from the previous answer but where a word
+        # begins ("g", "git s"): there the daemon fills a new COMP frame, a new context for the
+        # model, and searches again; each fresh session searched
+        words = len(target.split())
+        through = after["typed_through"] - before["typed_through"]
+        assert len(target) - 1 - words <= through < len(target) - 1
+        assert after["searched"] - before["searched"] == (len(target) - 1) + (len(target) - 1 - through)
+        # a character the top line does not continue with: a new search
+        candidates(c, "git sx", n=5, session="s", cwd="/p", history=history)
+        assert answers(c)["searched"] == after["searched"] + 1
+
+
+def wait_status(c: CalmClient, ready: object, timeout: float = 20.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status: dict[str, object] = c.status()["status"]
+        if ready(status):  # type: ignore[operator]
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+
+
+def test_a_record_prepares_the_next_empty_prompt(tmp_path: Path, weights: Path) -> None:
+    install(tmp_path, weights)
+    with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        candidates(c, "", n=3, session="s", cwd="/p")  # the shell's context: cwd /p, 3 lines
+        c.record("cd proj", exit=0, cwd="/p", session="s")
+        wait_status(c, lambda s: s["prefetch"]["finished"] == 1)
+        before = answers(c)
+        got = list(c.complete("", n=3, session="s", cwd="/p"))
+        after = answers(c)
+        # answered from the prepared answer: no search
+        assert (
+            after["typed_through"] == before["typed_through"] + 1 and after["searched"] == before["searched"]
+        )
+        # what a search in a session with the same context answers
+        history = [{"cmd": "cd proj", "exit": 0}]
+        fresh = list(c.complete("", n=3, session="other", cwd="/p", history=history))
+        assert [m.get("candidate") for m in got] == [m.get("candidate") for m in fresh]
+        assert answers(c)["searched"] == after["searched"] + 1
+        # the next command changed folder: the prepared context is not the one asked for
+        c.record("cd sub", exit=0, cwd="/p", session="s")
+        wait_status(c, lambda s: s["prefetch"]["finished"] == 2)
+        candidates(c, "", n=3, session="s", cwd="/p/proj/sub")
+        # a search of its own (besides the fresh session's and the prefetch's), nothing continued
+        assert answers(c) == {"searched": after["searched"] + 3, "typed_through": after["typed_through"]}
+        assert c.status()["status"]["prefetch"]["started"] == 2
+    without = tmp_path / "without"
+    install(without, weights)
+    with (
+        running_daemon(without, engine=ENGINE, args=("--no-import", "--no-prefetch")) as d,
+        CalmClient(d.socket) as c,
+    ):
+        candidates(c, "", n=3, session="s", cwd="/p")
+        c.record("cd proj", exit=0, cwd="/p", session="s")
+        candidates(c, "", n=3, session="s", cwd="/p")
+        assert c.status()["status"]["prefetch"]["started"] == 0
+        assert answers(c)["searched"] == 2

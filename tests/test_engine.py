@@ -191,3 +191,55 @@ def test_the_search_stops_after_the_drop_budget_of_junk_lines(tiny_engine: Model
     assert merged(tiny_engine, ctx, 1, judge=lambda t: bounded.append(t)) == []
     assert 2 <= len(bounded) < len(unbounded)  # it stopped at the end of the step of the second drop
     assert bounded == unbounded[: len(bounded)]
+
+
+def test_typing_through_a_word_at_once_continues_the_answer_as_a_search_would(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    record(store, ("git commit -m 'first draft'", 0), ("make test", 0), ("git status", 0))
+    engine.attach_history(store)
+    fresh = ModelEngine(paths.packaged_weights(), RankWeights(typing_through=0))
+    fresh.attach_history(store)
+    history = [{"cmd": "make test", "exit": 0}, {"cmd": "git status", "exit": 0}]  # the client's, fixed
+
+    def complete(e: ModelEngine, typed: str, session: str = "s") -> list[Suggestion]:
+        return list(e.complete({"input": typed, "history": history}, 5, session, threading.Event()))
+
+    before = dict(searched=engine.searches, through=engine.reused)
+    line = complete(engine, "git c")[0].text
+    assert line.startswith("git c") and " " in line[len("git c") :]
+    # a whole word accepted at once (forward-word): several bytes beyond the last input
+    word_end = line.index(" ", len("git c") + 1) + 1
+    typed = line[:word_end]
+    got = complete(engine, typed)
+    assert engine.reused == before["through"] + 1 and engine.searches == before["searched"] + 1
+    searched = complete(fresh, typed, "t")
+    assert got[0].text == searched[0].text == line
+    assert got[0].score == pytest.approx(searched[0].score, abs=1e-3)
+    assert got[0].confidence == pytest.approx(searched[0].confidence, abs=2e-3)
+    # a command recorded meanwhile by another shell: the same context, but a new history (its
+    # proposals and counts changed): a search again
+    store.record("ls", exit=0, session="other")
+    complete(engine, typed + line[word_end : word_end + 1])
+    assert engine.searches == before["searched"] + 2 and engine.reused == before["through"] + 1
+
+
+def test_a_backspace_back_to_an_input_answered_before_searches_nothing(
+    engine: ModelEngine, store: HistoryStore
+) -> None:
+    record(store, ("git commit -m 'first draft'", 0), ("git status", 0))
+    engine.attach_history(store)
+    history = [{"cmd": "git status", "exit": 0}]
+
+    def complete(typed: str) -> list[tuple[str, float, float]]:
+        got = engine.complete({"input": typed, "history": history}, 5, "s", threading.Event())
+        return [(s.text, round(s.score, 4), s.confidence) for s in got]
+
+    first = complete("git c")
+    complete("git cx")  # a typo: nothing continues it, a search
+    searches, reused = engine.searches, engine.reused
+    assert complete("git c") == first  # the backspace: the earlier answer, as it was
+    assert (engine.searches, engine.reused) == (searches, reused + 1)
+    # more than `n` asked for than that answer held: a search
+    list(engine.complete({"input": "git c", "history": history}, 8, "s", threading.Event()))
+    assert engine.searches == searches + 1

@@ -10,7 +10,7 @@ import pytest
 from calmd import paths
 from calmd.cli import calm_main
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
-from calmd.quality.replay import PastOnly, _keystrokes_saved
+from calmd.quality.replay import PastOnly, _keystrokes_saved, keys_whole_line, keys_word_by_word, next_word
 
 
 def past_of(*commands: str) -> PastOnly:
@@ -45,6 +45,68 @@ def test_keystrokes_saved_counts_the_accept_key() -> None:
         0.7
     )
     assert _keystrokes_saved("git status", lambda p: None) == 0.0
+
+
+def test_next_word_is_what_forward_word_accepts() -> None:
+    assert next_word("it -m wip") == "it "  # the rest of the word under the cursor and its space
+    assert next_word(" commit -m x") == " commit "  # a leading space comes along
+    assert next_word("wip") == "wip"  # the last word: no space follows
+    assert next_word("  x") == "  x"
+
+
+def test_word_acceptance_takes_the_matching_words_then_types() -> None:
+    # the ghost is always an older commit: its first three words are right, its message is not
+    def suggest(prefix: str) -> str | None:
+        return "git commit -m fix"
+
+    cmd = "git commit -m wip"  # 17 characters
+    # "git ", "commit ", "-m " accepted (3 keys); "fix" is not what follows: w, i, p typed (3 keys)
+    assert keys_word_by_word(cmd, suggest) == 6
+    assert keys_whole_line(cmd, suggest) == 17  # never the whole line: every character typed
+
+
+def test_word_acceptance_takes_the_whole_line_when_it_is_shown() -> None:
+    def suggest(prefix: str) -> str | None:
+        return "git status" if len(prefix) >= 2 else "gx"
+
+    # "gx": its word is not what follows, g and i typed; then the whole line: 3 keys either way
+    assert keys_word_by_word("git status", suggest) == 3
+    assert keys_whole_line("git status", suggest) == 3
+
+
+def test_word_acceptance_follows_the_policy_even_when_a_word_costs_the_line() -> None:
+    # the whole line shows only after "l" is typed; the word-accepting user takes "ls " at once
+    # and never sees it again (the policy, not the best of both users)
+    def suggest(prefix: str) -> str | None:
+        return {"": "ls -la /var", "l": "ls -la /tmp"}.get(prefix)
+
+    cmd = "ls -la /tmp"  # 11 characters
+    assert keys_whole_line(cmd, suggest) == 2  # "l", then accept
+    assert keys_word_by_word(cmd, suggest) == 1 + 8  # "ls ", then "-la /tmp" typed
+
+
+def test_replay_reports_word_acceptance_for_every_system_with_one_policy(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    model = tiny_weights
+    # every command is a new commit message: a lookup never has the line, but its words help
+    history = tmp_path / "user5.txt"
+    history.write_text("".join(f"git commit -m v{i:03d}\n" for i in range(80)))
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(model), "--positions", "10", "--typing", "5",
+                      "--warmup", "20", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    totals = json.loads(out.read_text())["totals"]
+    for system in ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish"):
+        t = totals[system]
+        assert t["typed_commands"] == 5 and t["typed_characters"] == 5 * 18
+        # the previous commit is suggested from the empty prompt on: "git ", "commit ", "-m "
+        # accepted, then "v", "0", "0" or so and the last digit typed: 7 keys of 18
+        assert t["keystrokes_saved_lines"] == pytest.approx(0.0)
+        assert t["keystrokes_saved_words"] == pytest.approx(1 - 7 / 18)
+    calmd = totals["calmd"]
+    assert 0.0 <= calmd["keystrokes_saved_words"] <= 1.0
+    assert calmd["keystrokes_saved_words_shown"] <= calmd["keystrokes_saved_words"]
 
 
 def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
@@ -164,3 +226,45 @@ def test_replay_with_comp_scores_calmd_with_the_reconstructed_disk_too(tmp_path:
     # `vim ` (the first six files): the reconstruction knew what `touch` made, and no more
     assert 0.5 < ours["comp_filled"] < 1 and 0.2 < ours["comp_held_the_word"] < 0.5
     assert "comp_filled" not in totals["calmd"]
+
+
+def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path, tiny_weights: Path) -> None:
+    from tests.tiny_model import save_tiny, train_tiny
+
+    (tmp_path / "good").mkdir()
+    good = tmp_path / "good" / "weights.cwgt"  # named after its folder, as in /work/models/<name>/
+    good.write_bytes(tiny_weights.read_bytes())
+    # another model, which learned other lines
+    other = save_tiny(tmp_path / "other.cwgt", train_tiny(("make install", "git status"), favourite=0))
+    cycle = ["cd proj", "git status", "make test", "ls -la"]
+    history = tmp_path / "user6.txt"
+    history.write_text("\n".join(cycle * 30) + "\n")
+    out = tmp_path / "replay.json"
+    code = calm_main(["replay", str(history), "-m", str(good), "-m", str(other), "--positions", "8",
+                      "--typing", "2", "--warmup", "20", "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    totals = result["totals"]
+    assert list(totals)[:2] == ["calmd:good", "calmd:other"]
+    assert result["models"] == {"calmd:good": str(good), "calmd:other": str(other)}
+    for system in ("calmd:good", "calmd:other"):
+        t = totals[system]
+        assert t["queries"] == totals["fish"]["queries"]  # every model answered every query
+        assert t["latency_ms"]["queries"] == sum(t["queries"].values())
+        assert 0 < t["latency_ms"]["done_p50"] <= t["latency_ms"]["done_p99"]
+    # one model alone gives the same figures in a run of its own: the models do not interfere
+    alone = tmp_path / "alone.json"
+    assert calm_main(["replay", str(history), "-m", str(other), "--positions", "8", "--typing", "2",
+                      "--warmup", "20", "--json", str(alone), "--quiet"]) == 0  # fmt: skip
+    single = json.loads(alone.read_text())["totals"]["calmd"]
+    for key in ("top1", "top5", "keystrokes_saved", "keystrokes_saved_words"):
+        assert single[key] == totals["calmd:other"][key]
+
+
+def test_compared_models_are_named_after_their_folder_or_file() -> None:
+    from calmd.quality.replay import model_names
+
+    names = model_names([Path("/m/nano-comp/model.cwgt"), Path("calmd/data/default.cwgt"),
+                         Path("/m/micro/weights.cwgt"), Path("/n/micro/weights.cwgt")])  # fmt: skip
+    assert list(names) == ["calmd:nano-comp", "calmd:default", "calmd:micro", "calmd:micro-2"]
+    assert names["calmd:micro-2"] == Path("/n/micro/weights.cwgt")

@@ -31,10 +31,13 @@ unasked), or dropped when only the model proposes a `cd` into nothing.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -80,6 +83,8 @@ class RankWeights:
     complete_rule: float = 3.0  # when the input counts as complete: 0 never, 1 the user ran exactly
     # it, 2 the model's likeliest next token ends the line, 3 either
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
+    typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
+    # never (a search at every key); 2: typing along any of its lines does
 
     @classmethod
     def overrides(cls, items: list[str]) -> dict[str, float]:
@@ -125,7 +130,33 @@ class HistorySide:
         return sorted(self.proposals, key=lambda c: (c not in self.failing, self.proposals[c]), reverse=True)
 
 
+MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
+MAX_SPARE = 10  # lines a search found beyond the n best that an answer keeps for typing through
+ANSWERS_PER_SESSION = 8  # a session's answers kept: the newest, and earlier inputs a backspace returns to
+
+
+@dataclass
+class _Answer:
+    """A session's last whole answer: what typing through it continues."""
+
+    key: str  # its context_key and history_version: typing through needs the very same ones
+    typed: str  # the input it answered
+    n: int  # how many lines were asked for
+    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
+    # None for the earlier answers, which only a repeat of their input continues
+    lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
+
+
+def context_key(ctx: dict[str, Any]) -> str:
+    """Everything of a request's context but the typed input, as one string: two requests with
+    the same key differ only by what was typed (the context is opaque here: frames, cwd, git and
+    whatever else it carries)."""
+    return json.dumps({k: v for k, v in ctx.items() if k != "input"}, sort_keys=True, default=str)
+
+
 _INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
+_INDEX_IDS: weakref.WeakKeyDictionary[HistoryIndex, int] = weakref.WeakKeyDictionary()
+_NEXT_INDEX_ID = itertools.count(1)
 
 
 def history_index(store: HistoryStore) -> HistoryIndex:
@@ -134,7 +165,16 @@ def history_index(store: HistoryStore) -> HistoryIndex:
     index = _INDEXES.get(store)
     if index is None:
         index = _INDEXES[store] = HistoryIndex()
+        _INDEX_IDS[index] = next(_NEXT_INDEX_ID)
     return index
+
+
+def history_version(index: HistoryIndex | None) -> str:
+    """Which store and which of its states the index holds: any command recorded (by any session)
+    or deleted since makes another version, and an answer of another version is not continued."""
+    if index is None:
+        return "-"
+    return f"{_INDEX_IDS.get(index, 0)}:{index.last_id}:{getattr(index, '_generation', None)}"
 
 
 class ModelEngine:
@@ -171,6 +211,10 @@ class ModelEngine:
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
         self.followers = VocabularyFollowers(self.vocabulary.known, static=1)
+        self.answers: OrderedDict[str, list[_Answer]] = OrderedDict()  # per session: its last whole
+        # answers in one context, the newest first
+        self.reused = 0  # requests answered from the previous answer (typing through, a repeat)
+        self.searches = 0  # requests that ran the model's search (or scored a complete input)
 
     def attach_history(self, store: HistoryStore) -> None:
         self.history = store
@@ -193,6 +237,7 @@ class ModelEngine:
             "ranker": f"learned, {len(self.ranker.mean)} features, fitted on "
             f"{self.ranker.info.get('training_users', '?')} users' histories",
             "indexed_commands": len(self.index) if self.index is not None else 0,
+            "answers": {"searched": self.searches, "typed_through": self.reused},
         }
 
     def complete(
@@ -228,31 +273,43 @@ class ModelEngine:
             return
         proposals = side.proposals
         lam = self.weights.history_mix if proposals else 0.0
-        temperature = self.weights.model_temperature
-        # Score the likeliest history proposals, and the lines COMP completes, with the model:
-        # one batched pass.
-        best_few = ordered[: self.max_scored]
-        on_disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
+        start, model_typed = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
         missing = self._missing(ctx)
-        extra: list[tuple[str, float]] = []
-        start, _ = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
-        if best_few or on_disk:
-            scores = self.generator.score_many(ctx, best_few + on_disk, session=session, start=start)
-            for cmd, lp in zip(best_few + on_disk, scores, strict=True):
-                p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / temperature)
-                score = math.log(p) if p > 0 else -math.inf
-                score -= FAILING_PENALTY if cmd in side.failing else MISSING_PENALTY if missing(cmd) else 0.0
-                extra.append((cmd, score))
         p_end = self.generator.end_probability(ctx, session=session, start=start)
         complete = self._is_complete(typed, input_run_before, p_end)
         judge = self._judge(typed, ctx, side, complete, missing)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
-        if complete:  # only lines the user ran may continue it: no beams, no carry-overs
-            own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
-            ranked: Iterator[Candidate] = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+        key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
+        # The history proposals the model scores (latency bound), and the lines COMP completes.
+        scored = ordered[: self.max_scored] + [
+            c for c in self._disk_proposals(typed, ctx) if c not in proposals
+        ]
+        model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
+        spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
+        through = None
+        if not complete and model_typed == typed:
+            through = self._typed_through(session, key, typed, n, start, side, scored, judge, lam, missing)
+        if through is not None:
+            self.reused += 1
+            ranked: Iterator[Candidate] = iter([c for c, _ in through[:n]])
+            spare = [c for c, _ in through[n:]]
+            model_lp = {c.text: lp for c, lp in through}
         else:
-            search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
-            ranked = self.ranked(search, extra, judge, n, lam, cancelled)
+            self.searches += 1
+            # Score the likeliest history proposals and COMP's lines with the model: one batched pass.
+            extra: list[tuple[str, float]] = []
+            if scored:
+                scores = self.generator.score_many(ctx, scored, session=session, start=start)
+                for cmd, lp in zip(scored, scores, strict=True):
+                    extra.append((cmd, self._mixture_score(cmd, lp, proposals, side, lam, missing)))
+                    model_lp[cmd] = lp
+            if complete:  # only lines the user ran may continue it: no beams, no carry-overs
+                own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
+                ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+            else:
+                search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
+        answered: list[tuple[str, float]] = []
         for rank, cand in enumerate(ranked):
             if cancelled.is_set():
                 return
@@ -267,11 +324,92 @@ class ModelEngine:
             failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
             failing = failing or missing(text)  # never shown unasked either
             confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
+            if text in model_lp:
+                answered.append((text, model_lp[text]))
             yield Suggestion(text, score, confidence, row if explain else None)
+        if not complete:
+            sent = {text for text, _ in answered}
+            more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
+            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE]))
+        else:
+            self._remember(session, None)
+
+    # -- typing through a suggestion --------------------------------------------------------------
+
+    def _remember(self, session: str, answer: _Answer | None) -> None:
+        """Keep the session's whole answer (only a whole one: a cancelled request's is not), and
+        its earlier answers in the same context for the inputs a backspace goes back to (those
+        without their model state: a repeat needs none)."""
+        if answer is None or not answer.lines:  # nothing to continue: the earlier ones stay
+            return
+        earlier = self.answers.pop(session, [])
+        kept = [e for e in earlier if e.key == answer.key and e.typed != answer.typed][
+            : ANSWERS_PER_SESSION - 1
+        ]
+        for e in kept:
+            e.start = None
+        self.answers[session] = [answer, *kept]
+        while len(self.answers) > MAX_ANSWERS:
+            self.answers.popitem(last=False)
+
+    def _typed_through(
+        self, session: str, key: str, typed: str, n: int, start: Any, side: HistorySide,
+        scored: list[str], judge: Callable[[str], float | None], lam: float, missing: Callable[[str], bool],
+    ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
+        """The answer to `typed` from the session's previous answer, when the user typed on along
+        its top line, or from an earlier one for the same input (a repeat, a backspace back to
+        it): its lines that still extend the input, rescored exactly as a search scores them (the
+        model's log-probability given the longer input is the old one minus that of the typed
+        bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
+        continue, the context or the history changed, or the top line no longer leads (then a
+        search runs). What it cannot do: propose a line the previous answer did not hold
+        (docs/performance.md, "Typing through a suggestion")."""
+        answers = [a for a in self.answers.get(session, []) if a.key == key]
+        if not self.weights.typing_through or not answers:
+            return None
+        last = next((a for a in answers if a.typed == typed and n <= a.n), answers[0])
+        if not typed.startswith(last.typed) or (typed == last.typed and n > last.n):
+            return None
+        if last.start is None and typed != last.typed:
+            return None
+        top = last.lines[0][0]
+        any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
+        if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
+            return None
+        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+        offset, temperature = math.log(1 - lam), self.weights.model_temperature
+        found: list[tuple[Candidate, float]] = []
+        for text, old_lp in last.lines:
+            if not text.startswith(typed) or text.rstrip() == typed.rstrip():
+                continue
+            lp = old_lp - drop
+            if text in scored:  # as `extra` is scored by a search
+                score = self._mixture_score(text, lp, side.proposals, side, lam, missing)
+            else:
+                adjust = judge(text)
+                if adjust is None:
+                    continue
+                score = offset + lp / temperature + adjust
+            found.append((Candidate(text, score, 0), lp))
+        found.sort(key=lambda c: c[0].logprob, reverse=True)
+        if not found or (not any_line and found[0][0].text != top):
+            return None
+        return found
+
+    def _mixture_score(
+        self, cmd: str, lp: float, proposals: dict[str, float], side: HistorySide, lam: float,
+        missing: Callable[[str], bool],
+    ) -> float:  # fmt: skip
+        """A scored line on the mixture's scale: log(lam P_hist + (1 - lam) P_model^(1/T)), less
+        the penalty of a failed command or of a path that is not on the disk."""
+        p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / self.weights.model_temperature)
+        score = math.log(p) if p > 0 else -math.inf
+        return score - (FAILING_PENALTY if cmd in side.failing else MISSING_PENALTY if missing(cmd) else 0.0)
 
     def ranked(
         self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
-        n: int, lam: float, cancelled: threading.Event,
+        n: int, lam: float, cancelled: threading.Event, model_lp: dict[str, float] | None = None,
+        spare: list[Candidate] | None = None,
     ) -> Iterator[Candidate]:  # fmt: skip
         """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
         log-probability scale) and the lines the beams finish, best first, each yielded as soon as
@@ -279,7 +417,9 @@ class ModelEngine:
         scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
         drops (None) each line a beam finishes; after max(n, drop_budget) drops (lines demoted for
         a missing path count too) the search stops and what it has is final (a model that keeps
-        finishing junk would search to max_tokens)."""
+        finishing junk would search to max_tokens). `model_lp` receives each kept line's
+        log-probability under the model alone, `spare` the lines found but not yielded, best first
+        (what typing through may continue besides)."""
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
 
         def mixture(lp: float) -> float:
@@ -306,18 +446,24 @@ class ModelEngine:
                     # as a dropped one: beams that keep finishing `tail -f /var/log/sys...` where
                     # there is no such file searched on (done p50 +10% in bench/ab_latency.py).
                     dropped += adjust == -MISSING_PENALTY
+                    if model_lp is not None:
+                        model_lp[cand.text] = cand.logprob
             pending.sort(key=lambda c: c.logprob, reverse=True)
             bound = mixture(search.bound)
             while pending and pending[0].logprob >= bound and yielded < n:
                 yield pending.pop(0)
                 yielded += 1
             if yielded >= n:
+                if spare is not None:
+                    spare.extend(pending)
                 return
             if len(pending) + yielded >= n:  # beams that cannot reach the top n any more
                 search.prune((pending[n - yielded - 1].logprob - offset) * temperature)
             if dropped >= budget:
                 break
         yield from pending[: n - yielded]  # beams ran out (or max_tokens, or junk): the rest is final
+        if spare is not None:
+            spare.extend(pending[n - yielded :])
 
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may

@@ -27,6 +27,10 @@ never do.
 At most one job is handed to the executor at a time, so other work submitted to the same
 executor (a weight reload) waits for one job at most. Everything here runs on the event loop;
 only `Job.run` runs on the worker thread.
+
+A background job (`prepares`: the daemon preparing a session's next line after a `record`) is
+preempted by any other session's request, and waits behind every request (the request of the
+session it prepares cancels it: calmd/daemon/server.py).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Job:
     delivered: bool = False  # a candidate went out: too late to preempt
     preempted: bool = False  # stopped to let another owner's job go first: runs again
     dropped: bool = False  # superseded or its owner gone: never runs again
+    prepares: str | None = None  # a background job preparing this session's next line (prefetch)
 
     def deliver(self, attempt: int) -> bool:
         """On the event loop, before a candidate of `attempt` is sent: False when that attempt
@@ -108,6 +113,17 @@ class FairScheduler:
     def _maybe_preempt(self, newcomer: Job) -> None:
         running = self.running
         if (
+            running is not None
+            and running.prepares is not None
+            and newcomer.prepares is None
+            and newcomer.session != running.prepares
+            and not running.cancelled.is_set()
+        ):  # a prefetch never delays another shell's keystroke: it stops and runs again later
+            running.preempted = True
+            running.attempt += 1
+            running.cancelled.set()
+            return
+        if (
             running is None
             or running.owner == newcomer.owner
             or running.delivered
@@ -121,6 +137,10 @@ class FairScheduler:
         running.cancelled.set()
         self._turns.remove(newcomer.owner)
         self._turns.appendleft(newcomer.owner)  # its job is next
+
+    def cancel(self, job: Job) -> None:
+        """Drop `job` (waiting) or tell it to stop (running)."""
+        self._drop(job)
 
     def cancel_session(self, session: str) -> None:
         """Supersede the session's older job: dropped if it waits, told to stop if it runs."""
@@ -163,12 +183,18 @@ class FairScheduler:
         if job.session and self._by_session.get(job.session) is job:
             del self._by_session[job.session]
 
+    def _background(self, owner: Hashable) -> bool:
+        lanes = self._owners[owner]
+        return next(iter(next(iter(lanes.values())))).prepares is not None
+
     def _next(self) -> Job | None:
         if not self._turns:
             return None
         # An owner with a single request (a shell typing) goes before those with a backlog, as
         # it would preempt them a moment later anyway; among equals, turns.
-        owner = next((o for o in self._turns if self._waiting(o) == 1), self._turns[0])
+        # Background jobs (prefetch) go after every request.
+        owners = [o for o in self._turns if not self._background(o)] or list(self._turns)
+        owner = next((o for o in owners if self._waiting(o) == 1), owners[0])
         self._turns.remove(owner)
         lanes = self._owners[owner]
         name, lane = next(iter(lanes.items()))

@@ -143,6 +143,7 @@ class ServerConfig:
     reply_timeout_s: float = 10.0  # a client that leaves REPLY_BUFFER_HIGH unread this long is closed
     graceful_timeout: float = 5.0  # SIGTERM to exit, at most (in-flight answers, the trainer's stop)
     fallback_weights: Path = field(default_factory=paths.packaged_weights)  # when the user's do not load
+    prefetch: bool = True  # after a record, prepare the session's next empty prompt (its context's state)
 
 
 class LatencyStats:
@@ -452,6 +453,12 @@ class Server:
         self._recent_generation = 0  # the history's generation the cache was filled at
         self.disk = Disk()  # COMP's listings and the disk check (calmd/daemon/disk.py)
         self.frames = SessionFrames(self.disk)
+        # Prefetch: each session's last request (its context without input and history, its n),
+        # and the background job preparing its next line after a record.
+        self._last_request: dict[str, tuple[dict[str, Any], int]] = {}
+        self._prefetch: dict[str, Job] = {}
+        self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
+        self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -724,11 +731,51 @@ class Server:
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too
+            if self.config.prefetch and request.session:
+                self._start_prefetch(request.session)
         if result.stored and self.config.train_threshold and self._trainer_idle():
             pending = self.history.counter("recorded_since_train")
             if pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load:
                 await self.start_training("threshold")
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    def _start_prefetch(self, session: str) -> None:
+        """Prepare the session's next empty prompt in the background, as soon as its command is
+        recorded: the new context's prefill and the empty-prompt answer, which the engine keeps
+        (calmd/daemon/engine.py: the next request with that context continues it). The context is
+        guessed from the session's last request (its cwd and git, the store's history frames): a
+        command that changed folder makes the guess wrong. The session's next request stops it."""
+        last = self._last_request.get(session)
+        engine = self.engine
+        if last is None or engine is None:
+            return
+        fields, n = last
+        ctx = {**fields, "history": self._recent_history(session), "input": ""}
+        older = self._prefetch.pop(session, None)
+        if older is not None:
+            self.scheduler.cancel(older)
+
+        def work(cancelled: threading.Event, attempt: int) -> bool:
+            try:  # ENV (and COMP, empty before a word is begun), as the request path fills them
+                self.frames.fill(ctx, session, getattr(engine, "followers", None))
+            except Exception:
+                log.exception("the COMP frame could not be built; preparing without it")
+            for _ in engine.complete(ctx, n, session, cancelled):
+                if cancelled.is_set():
+                    return False
+            return not cancelled.is_set()
+
+        job = Job(owner=self._prefetch_owner, session="", run=work, prepares=session)
+        self._prefetch[session] = job
+        self.prefetch_stats["started"] += 1
+
+        def finished(future: asyncio.Future[bool]) -> None:
+            ok = not future.cancelled() and future.exception() is None and future.result()
+            self.prefetch_stats["finished" if ok else "stopped"] += 1
+            if self._prefetch.get(session) is job:
+                del self._prefetch[session]
+
+        self.scheduler.submit(job).add_done_callback(finished)
 
     def _recent_history(self, session: str) -> list[dict[str, Any]]:
         """The context's history frames, cached per session until the next stored command (a
@@ -775,6 +822,23 @@ class Server:
             return {"ok": True}
         raise AssertionError(f"parse_request let through op {request.op!r}")  # SIMPLE_OPS are all here
 
+    def _note_request(self, request: CompleteRequest, ctx: dict[str, Any]) -> None:
+        """Remember what the session's next line will be asked with (for the prefetch), and stop
+        the session's prefetch: the request does not wait for it. What it finished stays in the
+        engine's caches: the new context's prefill (when the request has that context), and the
+        whole empty-prompt answer when it had time to finish it (measured: waiting for a running
+        prefetch delays the first candidate until its last, bench/prefetch.py --think 0)."""
+        if request.history_given:  # the client's own history: the daemon cannot guess the next
+            self._last_request.pop(request.session, None)
+        else:
+            fields = {k: v for k, v in request.ctx.items() if k not in ("input", "history")}
+            self._last_request[request.session] = (fields, request.n)
+            if len(self._last_request) > 256:
+                self._last_request.pop(next(iter(self._last_request)))
+        pending = self._prefetch.pop(request.session, None)
+        if pending is not None:  # what it prepared so far stays in the engine's caches
+            self.scheduler.cancel(pending)
+
     async def _complete(self, request: CompleteRequest, conn: Connection) -> None:
         start = time.perf_counter()
         engine = self.engine
@@ -785,6 +849,8 @@ class Server:
             ctx["history"] = self._recent_history(request.session)
         if request.path is not None:
             self.frames.set_path(request.session, request.path)
+        if request.session:
+            self._note_request(request, ctx)
         loop = asyncio.get_running_loop()
         first: list[float] = []
         early_sent: list[bool] = []
@@ -887,6 +953,7 @@ class Server:
                 "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
             },
             "training": self.trainer.status(self.config.train_threshold),
+            "prefetch": dict(self.prefetch_stats),
             "disk": self._disk_status(),
             "context": self.disk.describe(),
         }

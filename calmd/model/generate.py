@@ -187,6 +187,22 @@ class Generator:
                 return entry
         return None
 
+    @torch.inference_mode()
+    def continuation_logprob(self, start: _Prefix, text: str) -> float:
+        """log P(text | the state `start`): what the model gave to the bytes typed after `start`
+        (the same unmasked log-softmax as `score_many` and the beams use). One byte costs no model
+        run (`start` holds its logits); more cost one prefill of all but the last."""
+        tokens = encode(text)
+        if tokens.size == 0:
+            return 0.0
+        ids = torch.from_numpy(tokens.astype(np.int64))
+        total = float(F.log_softmax(start.logits.float(), dim=-1)[ids[0]])
+        if ids.numel() > 1:
+            logits, _ = self.model.prefill(ids[None, :-1], start.state)
+            logp = F.log_softmax(logits[0].float(), dim=-1).gather(-1, ids[1:, None])
+            total += float(logp.sum())
+        return total
+
     # -- candidates (beam search) ---------------------------------------------------------------
 
     def beam_search(

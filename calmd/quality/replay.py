@@ -6,8 +6,18 @@ warm-up) the next command is asked for given its first k characters (k = 0, 1, 2
 means "predict the next command" on an empty prompt, k only when the command is longer than k):
 top-1 and top-5 exact matches of the whole command line, and the share of queries whose command
 line had been run before (`seen_before`, the most a pure history lookup can score). Keystrokes
-saved: the user types the command one character at a time and accepts the top suggestion (one
-key) as soon as it is the whole command; saved = (length - typed - 1) / length, 0 when it never is.
+saved, two simulated users typing the same commands with the same policy for every system:
+- whole-line acceptance: the user types the command one character at a time and accepts the top
+  suggestion (one key) as soon as it is the whole command; `keystrokes_saved` is the mean over
+  commands of (length - typed - 1) / length (0 when it never is), `keystrokes_saved_lines` the
+  same keys micro-averaged (1 - all keys / all characters);
+- word acceptance (`keystrokes_saved_words`, micro-averaged), as zsh-autosuggestions' and fish's
+  forward-word: at each state, one key accepts the top suggestion when it is the whole command;
+  else one key accepts the suggestion's next word (up to and including the following space) when
+  the command continues with it; else the user types one character. Enter is not counted.
+Every state either user visits is a prefix of the command, and the replay asks the engine once
+per prefix (cached per command typed out), so the word-accepting user costs only the few
+prefixes past the point where the whole-line user accepted.
 
 The candidates come from the same code the daemon runs: the context is built as the server
 builds it (the store's latest commands of the session), ranked by `ModelEngine.complete` with
@@ -40,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +65,8 @@ from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JSON reports
-SYSTEMS = ("calmd", "zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+BASELINES = ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
+SYSTEMS = ("calmd", *BASELINES)  # with one model; with several, "calmd:<name>" for each
 COMP_SYSTEM = "calmd+comp"  # calmd with COMP/ENV from the reconstructed disk (`--comp`)
 
 
@@ -69,9 +80,15 @@ class Tally:
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
     saved_shown: float = 0.0  # the same when only ghosts at or above the threshold are shown
     typed: int = 0
+    chars: int = 0  # characters of the commands typed out
+    keys_lines: int = 0  # keys pressed by the whole-line-accepting user (Enter not counted)
+    keys_words: int = 0  # keys pressed by the word-accepting user
+    keys_words_shown: int = 0  # the same accepting only the ghosts shown
     # calmd's top candidate per query: (confidence, right), for coverage and precision
     tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
     threshold: float = DEFAULT_MIN_CONFIDENCE
+    ms_first: list[float] = field(default_factory=list)  # per query (calmd): to the first candidate
+    ms_done: list[float] = field(default_factory=list)  # ... and to the last
     runs: int = 0  # background training runs (with training)
     swaps: int = 0  # of which swapped a new model in
     # calmd+comp only: queries whose COMP frame had items, and of those, whose items held the word
@@ -89,6 +106,12 @@ class Tally:
         self.saved += other.saved
         self.saved_shown += other.saved_shown
         self.typed += other.typed
+        self.chars += other.chars
+        self.keys_lines += other.keys_lines
+        self.keys_words += other.keys_words
+        self.keys_words_shown += other.keys_words_shown
+        self.ms_first += other.ms_first
+        self.ms_done += other.ms_done
         self.runs += other.runs
         self.swaps += other.swaps
         self.comp_filled += other.comp_filled
@@ -101,8 +124,12 @@ class Tally:
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
+            "keystrokes_saved_lines": 1 - self.keys_lines / self.chars if self.chars else None,
+            "keystrokes_saved_words": 1 - self.keys_words / self.chars if self.chars else None,
+            "typed_characters": self.chars,
             **self._shown_json(),
             "typed_commands": self.typed,
+            **self._latency_json(),
             "training_runs": self.runs,
             "models_swapped_in": self.swaps,
             **self._comp_json(),
@@ -125,6 +152,18 @@ class Tally:
             out[k] = (len(shown) / len(tops) if tops else None, sum(shown) / len(shown) if shown else None)
         return out
 
+    def _latency_json(self) -> dict[str, Any]:
+        if not self.ms_done:
+            return {}
+
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+        first, done = self.ms_first, self.ms_done
+        return {"latency_ms": {"first_p50": pct(first, 0.5), "done_p50": pct(done, 0.5),
+                               "done_p99": pct(done, 0.99), "queries": len(done)}}  # fmt: skip
+
     def _shown_json(self) -> dict[str, Any]:
         if not any(self.tops.values()):
             return {}
@@ -134,6 +173,7 @@ class Tally:
             "coverage": {k: at[k][0] for k in KS},
             "precision": {k: at[k][1] for k in KS},
             "keystrokes_saved_shown": self.saved_shown / self.typed if self.typed else None,
+            "keystrokes_saved_words_shown": 1 - self.keys_words_shown / self.chars if self.chars else None,
             "sweep": {
                 str(t): {k: list(v) for k, v in self.coverage_precision(t).items()} for t in THRESHOLDS
             },
@@ -175,38 +215,58 @@ class PastOnly:
         ordered = first + [c for c in recent if c not in first]
         return ordered[:n]
 
+    def top1(self, system: str) -> Suggest:
+        """The system's top suggestion for a typed prefix, as the simulated users see it."""
 
-def _tops(tally: Tally, k: int, ours: list[tuple[str, float]], cmd: str) -> None:
-    """calmd's top candidate of a query and whether it was right (coverage and precision)."""
-    tally.tops[k].append((ours[0][1], ours[0][0] == cmd) if ours else (0.0, False))
+        def suggest(prefix: str) -> str | None:
+            got = self.suggest(system, prefix, 1)
+            return got[0] if got else None
 
-
-def _completes(prefix: str, target: str, items: Sequence[str]) -> bool:
-    """Whether one of the COMP items is the word of `target` that the input `prefix` is in."""
-    start = max(prefix.rfind(" "), prefix.rfind("\t")) + 1
-    rest = target[start:]
-    word = rest.split(maxsplit=1)[0] if rest.strip() else ""
-    return bool(word) and any(item == word or item.rstrip("/") == word.rstrip("/") for item in items)
-
-
-def _stand_in_path() -> tuple[str, ...]:
-    """What `calmd+comp` offers for a first word in place of the shell's PATH: the commands the
-    packaged vocabulary knows (a replayed history comes without its machine)."""
-    from calmd.training.corpus import comp_sources
-
-    return comp_sources().commands
-
-
-def _first(items: list[str]) -> str | None:
-    return items[0] if items else None
+        return suggest
 
 
 def _keystrokes_saved(cmd: str, suggest: Any) -> float:
     """Fraction of keystrokes saved typing `cmd` and accepting the first correct top-1."""
+    return 1 - keys_whole_line(cmd, suggest) / len(cmd) if cmd else 0.0
+
+
+Suggest = Callable[[str], "str | None"]  # typed prefix -> the top suggestion (a whole line) or None
+
+
+def keys_whole_line(cmd: str, suggest: Suggest) -> int:
+    """Keys to enter `cmd` typing it character by character and accepting (one key) the top
+    suggestion as soon as it is the whole command. Enter is not counted."""
     for typed in range(len(cmd)):
         if suggest(cmd[:typed]) == cmd:
-            return max(0, len(cmd) - typed - 1) / len(cmd)
-    return 0.0
+            return typed + 1
+    return len(cmd)
+
+
+def next_word(rest: str) -> str:
+    """What forward-word accepts of the ghost text `rest` (the suggestion past the cursor): any
+    spaces, the word, and the space that follows it; all of `rest` when no space follows."""
+    start = len(rest) - len(rest.lstrip(" "))
+    end = rest.find(" ", start)
+    return rest if end < 0 else rest[: end + 1]
+
+
+def keys_word_by_word(cmd: str, suggest: Suggest) -> int:
+    """Keys to enter `cmd` (Enter not counted) for a user who, at each state, accepts the top
+    suggestion when it is the whole command (one key), else accepts its next word when the
+    command continues with that word (one key), else types the next character (one key)."""
+    typed, keys = "", 0
+    while len(typed) < len(cmd):
+        keys += 1
+        got = suggest(typed)
+        if got == cmd:
+            return keys
+        if got is not None and len(got) > len(typed) and got.startswith(typed):
+            word = next_word(got[len(typed) :])
+            if cmd.startswith(word, len(typed)):
+                typed += word
+                continue
+        typed = cmd[: len(typed) + 1]
+    return keys
 
 
 @dataclass
@@ -253,11 +313,38 @@ class ReplayConfig:
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
     train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
     min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
-    comp: bool = False  # also replay `calmd+comp` (COMP and ENV from the reconstructed disk)
+    models: dict[str, Path] = field(default_factory=dict)  # several models: system name -> weights
+    comp: bool = False  # also replay each model with COMP and ENV from the reconstructed disk
+
+    def systems(self) -> dict[str, Path]:
+        """The calmd systems replayed: "calmd" for the one model, else one per model."""
+        return dict(self.models) if self.models else {"calmd": self.model}
+
+    def comp_systems(self) -> dict[str, str]:
+        """With `comp`: each calmd system's twin that sees COMP (`calmd+comp`, `calmd:<name>+comp`)
+        -> the system whose engine it shares."""
+        if not self.comp:
+            return {}
+        return {(COMP_SYSTEM if s == "calmd" else f"{s}+comp"): s for s in self.systems()}
+
+    def all_systems(self) -> list[str]:
+        return [*self.systems(), *self.comp_systems(), *BASELINES]
 
 
-def systems(cfg: ReplayConfig) -> tuple[str, ...]:
-    return (*SYSTEMS, COMP_SYSTEM) if cfg.comp else SYSTEMS
+def _completes(prefix: str, target: str, items: Sequence[str]) -> bool:
+    """Whether one of the COMP items is the word of `target` that the input `prefix` is in."""
+    start = max(prefix.rfind(" "), prefix.rfind("\t")) + 1
+    rest = target[start:]
+    word = rest.split(maxsplit=1)[0] if rest.strip() else ""
+    return bool(word) and any(item == word or item.rstrip("/") == word.rstrip("/") for item in items)
+
+
+def _stand_in_path() -> tuple[str, ...]:
+    """What `calmd+comp` offers for a first word in place of the shell's PATH: the commands the
+    packaged vocabulary knows (a replayed history comes without its machine)."""
+    from calmd.training.corpus import comp_sources
+
+    return comp_sources().commands
 
 
 def comp_frames(prefix: str, disk: Reconstruction, commands: Sequence[str], engine: Any) -> dict[str, Any]:
@@ -268,13 +355,92 @@ def comp_frames(prefix: str, disk: Reconstruction, commands: Sequence[str], engi
     return {**({"completions": items} if items else {}), **({"env": disk.env} if disk.env else {})}
 
 
+Frames = Callable[[str], dict[str, Any]]  # typed prefix -> more context fields for the query
+
+
+class _Ours:
+    """One calmd system of the replay: an engine on the shared store, timed per query. Its engine
+    session is the system's name, so that systems sharing an engine keep their own caches (the
+    prefix cache, the answer typing through continues); `frames` adds context fields per query."""
+
+    def __init__(
+        self, system: str, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None,
+        min_conf: float, frames: Frames | None = None,
+    ) -> None:  # fmt: skip
+        self.session, self.engine, self.store, self.tally = system, engine, store, tally
+        self.rows, self.min_conf, self.frames = rows, min_conf, frames
+        self.cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+        self.never = threading.Event()
+
+    def context(self, prefix: str) -> dict[str, Any]:
+        """What the server builds: the store's latest commands of the session (and `frames`)."""
+        recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
+        ctx: dict[str, Any] = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
+        return {**ctx, **self.frames(prefix)} if self.frames is not None else ctx
+
+    def ask(self, prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+        ctx = self.context(prefix)
+        engine, rows = self.engine, self.rows
+        if rows is None or target is None:
+            return [(s.text, s.confidence) for s in engine.complete(ctx, n, self.session, self.never)]
+        engine.explained_early = None
+        got = list(engine.complete(ctx, n, self.session, self.never, lambda text, conf: None, explain=True))
+        for s in got:
+            rows.candidate.append(s.features)
+            rows.candidate_right.append(s.text == target)
+        if engine.explained_early is not None:
+            text, row = engine.explained_early
+            rows.early.append(row)
+            rows.early_right.append(text == target)
+        return [(s.text, s.confidence) for s in got]
+
+    def timed(self, prefix: str, n: int, target: str) -> list[tuple[str, float]]:
+        """`ask`, with the time to the first candidate and to the last in the tally."""
+        if self.rows is not None:  # explained requests cost more: not the daemon's latency
+            return self.ask(prefix, n, target)
+        ctx = self.context(prefix)
+        if self.frames is not None and ctx.get("completions"):  # calmd+comp: what COMP knew
+            self.tally.comp_filled += 1
+            self.tally.comp_right += _completes(prefix, target, ctx["completions"])
+        got: list[tuple[str, float]] = []
+        t0 = time.perf_counter()
+        first = None
+        for s in self.engine.complete(ctx, n, self.session, self.never):
+            if first is None:
+                first = time.perf_counter() - t0
+            got.append((s.text, s.confidence))
+        done = time.perf_counter() - t0
+        self.tally.ms_first.append((first if first is not None else done) * 1e3)
+        self.tally.ms_done.append(done * 1e3)
+        return got
+
+    def top1(self, prefix: str) -> tuple[str, float] | None:
+        if prefix not in self.cache:
+            got = self.ask(prefix, 1)
+            self.cache[prefix] = got[0] if got else None
+        return self.cache[prefix]
+
+    def accepted(self, prefix: str) -> str | None:
+        got = self.top1(prefix)
+        return got[0] if got else None
+
+    def accepted_shown(self, prefix: str) -> str | None:
+        got = self.top1(prefix)
+        return got[0] if got and got[1] >= self.min_conf else None
+
+
+SESSION = "replay"
+
+
 def replay_user(
     path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None
 ) -> dict[str, Tally]:
     """Replay one user's history; with `rows`, also collect the engine's suggestions and early
-    proposals with their calibration features."""
+    proposals with their calibration features. With several models (`cfg.models`), each answers
+    every query in turn, on the same store (its own engine and caches)."""
     commands = read_history(path)
-    tallies = {s: Tally(threshold=cfg.min_confidence) for s in systems(cfg)}
+    models = cfg.systems()
+    tallies = {s: Tally(threshold=cfg.min_confidence) for s in cfg.all_systems()}
     if len(commands) <= cfg.warmup:
         return tallies
     rng = random.Random(f"{cfg.seed}:{path.stem}")
@@ -283,64 +449,29 @@ def replay_user(
     typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
     with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
         store = HistoryStore(paths.history_path(Path(tmp)))
+        ours: dict[str, _Ours] = {}
         weights = paths.weights_path(Path(tmp))
-        shutil.copyfile(cfg.model, weights)
-        engine = engine_factory(weights)
-        engine.attach_history(store)
+        for n, (system, model) in enumerate(models.items()):
+            copy = weights if n == 0 else Path(tmp) / f"model{n}.cwgt"
+            shutil.copyfile(model, copy)
+            engine = engine_factory(copy)
+            engine.attach_history(store)
+            ours[system] = _Ours(
+                system, engine, store, tallies[system], rows if n == 0 else None, cfg.min_confidence
+            )
+        disk = Reconstruction() if cfg.comp else None
+        if disk is not None:
+            path_commands = _stand_in_path()
+            for twin, system in cfg.comp_systems().items():
+                engine = ours[system].engine
+
+                def frames(prefix: str, engine: Any = engine, disk: Reconstruction = disk) -> dict[str, Any]:
+                    return comp_frames(prefix, disk, path_commands, engine)
+
+                ours[twin] = _Ours(twin, engine, store, tallies[twin], None, cfg.min_confidence, frames)
         past = PastOnly()
         start_ts = time.time() - 60 * len(commands)
-        never = threading.Event()
-        session = "replay"
         sampled_set = set(sampled)
-        disk = Reconstruction() if cfg.comp else None
-        path_commands = _stand_in_path() if cfg.comp else ()
-
-        def calmd_top(
-            prefix: str, n: int, target: str | None = None, comp: bool = False
-        ) -> list[tuple[str, float]]:
-            recent = store.recent(session=session, limit=HISTORY_FRAMES)
-            history = [{"cmd": r.cmd, "exit": r.exit} for r in recent]
-            ctx: dict[str, Any] = {"input": prefix, "history": history}
-            if comp:
-                assert disk is not None
-                frames = comp_frames(prefix, disk, path_commands, engine)
-                ctx.update(frames)
-                if target is not None and frames.get("completions"):
-                    t = tallies[COMP_SYSTEM]
-                    t.comp_filled += 1
-                    t.comp_right += _completes(prefix, target, frames["completions"])
-                # (its own session: the two systems' contexts would evict each other's cached state)
-                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session + "+comp", never)]
-            if rows is None or target is None:
-                return [(s.text, s.confidence) for s in engine.complete(ctx, n, session, never)]
-            engine.explained_early = None
-            got = list(engine.complete(ctx, n, session, never, lambda text, conf: None, explain=True))
-            for s in got:
-                rows.candidate.append(s.features)
-                rows.candidate_right.append(s.text == target)
-            if engine.explained_early is not None:
-                text, row = engine.explained_early
-                rows.early.append(row)
-                rows.early_right.append(text == target)
-            return [(s.text, s.confidence) for s in got]
-
-        # (comp, prefix) -> top-1, for the command typed out
-        top1_cache: dict[tuple[bool, str], tuple[str, float] | None] = {}
-
-        def top1(prefix: str, comp: bool = False) -> tuple[str, float] | None:
-            if (comp, prefix) not in top1_cache:
-                got = calmd_top(prefix, 1, comp=comp)
-                top1_cache[comp, prefix] = got[0] if got else None
-            return top1_cache[comp, prefix]
-
-        def accepted(prefix: str, comp: bool = False) -> str | None:
-            got = top1(prefix, comp)
-            return got[0] if got else None
-
-        def accepted_shown(prefix: str, comp: bool = False) -> str | None:
-            got = top1(prefix, comp)
-            return got[0] if got and got[1] >= cfg.min_confidence else None
-
         for i, cmd in enumerate(commands):
             if i in sampled_set:
                 seen_before = cmd in past.counts
@@ -348,37 +479,26 @@ def replay_user(
                     if k > 0 and len(cmd) <= k:
                         continue
                     prefix = cmd[:k]
-                    ours = calmd_top(prefix, 5, cmd)
-                    answers = {"calmd": [text for text, _ in ours]}
-                    if cfg.comp:
-                        with_comp = calmd_top(prefix, 5, cmd, comp=True)
-                        answers[COMP_SYSTEM] = [text for text, _ in with_comp]
-                        _tops(tallies[COMP_SYSTEM], k, with_comp, cmd)
-                    _tops(tallies["calmd"], k, ours, cmd)
-                    for system in SYSTEMS[1:]:
+                    answers: dict[str, list[str]] = {}
+                    for system, one in ours.items():
+                        got = one.timed(prefix, 5, cmd)
+                        answers[system] = [text for text, _ in got]
+                        tallies[system].tops[k].append((got[0][1], got[0][0] == cmd) if got else (0.0, False))
+                    for system in BASELINES:
                         answers[system] = past.suggest(system, prefix)
-                    for system, got in answers.items():
+                    for system, texts in answers.items():
                         t = tallies[system]
                         t.queries[k] += 1
                         t.seen[k] += seen_before
-                        t.top1[k] += bool(got) and got[0] == cmd
-                        t.top5[k] += cmd in got[:5]
+                        t.top1[k] += bool(texts) and texts[0] == cmd
+                        t.top5[k] += cmd in texts[:5]
                 if i in typed_out:
-                    top1_cache.clear()
-                    tallies["calmd"].saved += _keystrokes_saved(cmd, accepted)
-                    tallies["calmd"].saved_shown += _keystrokes_saved(cmd, accepted_shown)
-                    tallies["calmd"].typed += 1
-                    if cfg.comp:
-                        t = tallies[COMP_SYSTEM]
-                        t.saved += _keystrokes_saved(cmd, lambda p: accepted(p, True))
-                        t.saved_shown += _keystrokes_saved(cmd, lambda p: accepted_shown(p, True))
-                        t.typed += 1
-                    for system in SYSTEMS[1:]:
-                        tallies[system].saved += _keystrokes_saved(
-                            cmd, lambda p, s=system: _first(past.suggest(s, p, 1))
-                        )
-                        tallies[system].typed += 1
-            store.record(cmd, exit=0, session=session, ts=start_ts + 60 * i)  # no exit codes in the files
+                    for system, one in ours.items():
+                        one.cache.clear()  # the store is the same while one command is typed out
+                        type_out(tallies[system], cmd, one.accepted, one.accepted_shown)
+                    for system in BASELINES:
+                        type_out(tallies[system], cmd, past.top1(system))
+            store.record(cmd, exit=0, session=SESSION, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
             if disk is not None:
                 disk.add(cmd)
@@ -386,14 +506,33 @@ def replay_user(
                 # what the daemon does in real use: fine-tune on the history so far, swap if not worse
                 from calmd.training.background import RunOptions, run
 
+                (system,) = models  # one model only (the CLI refuses more)
                 result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
                 if result.get("swapped"):
-                    engine = engine_factory(weights)
+                    old, engine = ours[system].engine, engine_factory(weights)
                     engine.attach_history(store)
-                    tallies["calmd"].swaps += 1
-                tallies["calmd"].runs += 1
+                    for one in ours.values():  # the model and its COMP twin
+                        if one.engine is old:
+                            one.engine = engine
+                    tallies[system].swaps += 1
+                tallies[system].runs += 1
         store.close()
     return tallies
+
+
+def type_out(tally: Tally, cmd: str, suggest: Suggest, suggest_shown: Suggest | None = None) -> None:
+    """The simulated users type `cmd` out with `suggest`'s top suggestions (calmd/quality/replay.py)."""
+    if not cmd:
+        return
+    tally.typed += 1
+    tally.chars += len(cmd)
+    keys = keys_whole_line(cmd, suggest)
+    tally.keys_lines += keys
+    tally.saved += 1 - keys / len(cmd)
+    tally.keys_words += keys_word_by_word(cmd, suggest)
+    if suggest_shown is not None:
+        tally.saved_shown += _keystrokes_saved(cmd, suggest_shown)
+        tally.keys_words_shown += keys_word_by_word(cmd, suggest_shown)
 
 
 def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
@@ -415,7 +554,8 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
     from calmd.daemon.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.daemon.engine import ModelEngine, RankWeights
 
-    totals = {s: Tally(threshold=cfg.min_confidence) for s in systems(cfg)}
+    systems = cfg.all_systems()
+    totals = {s: Tally(threshold=cfg.min_confidence) for s in systems}
     per_user: dict[str, Any] = {}
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
@@ -428,12 +568,13 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
         for s, t in tallies.items():
             totals[s].add(t)
         if progress:
-            top1 = totals["calmd"].to_json()["top1"]
+            top1 = totals[systems[0]].to_json()["top1"]
             so_far = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
-            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, calmd top-1 {so_far}",
-                  flush=True)  # fmt: skip
+            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, {systems[0]} top-1 "
+                  f"{so_far}", flush=True)  # fmt: skip
     return {
         "model": str(cfg.model),
+        "models": {s: str(m) for s, m in cfg.systems().items()},
         "users": len(files),
         "positions_per_user": cfg.positions,
         "seed": cfg.seed,
@@ -444,27 +585,42 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS) + f"{'top5 k=0':>10}{'saved':>8}"]
+    """Top-1 per k, top-5 at k = 0 and the keystrokes saved (whole line: mean per command as
+    before, and micro-averaged; word by word: micro-averaged) per system; then the ceiling and
+    each calmd system's top-1 as a share of it."""
+    head = f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS)
+    lines = [head + f"{'top5 k=0':>10}{'saved':>8}{'line':>8}{'word':>8}{'ms p50/p99':>14}"]
+
+    def pct(v: float | None) -> str:
+        return f"{(v or 0) * 100:>7.1f}%"
+
     for system, t in result["totals"].items():
-        top1 = "".join(f"{(t['top1'][k] or 0) * 100:>7.1f}%" for k in KS)
-        saved = t["keystrokes_saved"]
-        lines.append(f"{system:<36}{top1}{(t['top5'][0] or 0) * 100:>9.1f}%"
-                     f"{(saved or 0) * 100:>7.1f}%")  # fmt: skip
+        top1 = "".join(pct(t["top1"][k]) for k in KS)
+        saved = pct(t["keystrokes_saved"]) + pct(t.get("keystrokes_saved_lines"))
+        ms = t.get("latency_ms")
+        timing = f"{ms['done_p50']:>7.1f}/{ms['done_p99']:<6.1f}" if ms else ""
+        lines.append(f"{system:<36}{top1}{pct(t['top5'][0]):>10}{saved}{pct(t.get('keystrokes_saved_words'))}"
+                     f"{timing}")  # fmt: skip
     # the same for every system: the share of queries whose command had been run before
-    ours = result["totals"]["calmd"]
-    seen = ours["seen_before"]
-    lines.append(f"{'(ceiling) run before':<36}" + "".join(f"{(seen[k] or 0) * 100:>7.1f}%" for k in KS))
-    if "coverage" in ours:
-
-        def pct(v: float | None) -> str:
-            return f"{(v or 0) * 100:>7.1f}%"
-
+    first = next(iter(result["totals"].values()))
+    seen = first["seen_before"]
+    lines.append(f"{'(ceiling) run before':<36}" + "".join(pct(seen[k]) for k in KS))
+    for system, t in result["totals"].items():
+        if system.startswith("calmd"):
+            share = "".join(pct(t["top1"][k] / seen[k] if seen[k] else None) for k in KS)
+            lines.append(f"{(system + ' top-1 / ceiling'):<36}{share}")
+    ours = result["totals"].get("calmd")
+    if ours is not None and "coverage" in ours:
         at = f"confidence >= {ours['threshold']:g}"
         lines.append(f"{'calmd coverage (' + at + ')':<36}" + "".join(pct(ours["coverage"][k]) for k in KS))
         lines.append(f"{'calmd precision (' + at + ')':<36}" + "".join(pct(ours["precision"][k]) for k in KS))
         saved = ours["keystrokes_saved_shown"]
         if saved is not None:
-            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}%")
+            words = ours.get("keystrokes_saved_words_shown") or 0.0
+            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}% "
+                         f"(whole lines), {words * 100:.1f}% (word by word)")  # fmt: skip
+    if any("latency_ms" in t for t in result["totals"].values()):
+        lines.append("ms p50/p99: in-process request -> last of 5 candidates at the sampled queries")
     return "\n".join(lines)
 
 
@@ -473,6 +629,21 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 
     with atomic_write(path) as f:
         f.write(json.dumps(result, indent=1).encode())
+
+
+def model_names(models: Sequence[Path]) -> dict[str, Path]:
+    """System names for several models: "calmd:<name>", the name being the folder of a file
+    named generically (`weights.cwgt`, `model.cwgt`, `shell.cwgt`: /work/models/<name>/model.cwgt)
+    or else the file's stem, made unique."""
+    out: dict[str, Path] = {}
+    for model in models:
+        generic = model.stem in ("weights", "model", "shell") and model.parent.name
+        name = model.parent.name if generic else model.stem
+        system, n = f"calmd:{name}", 2
+        while system in out:
+            system, n = f"calmd:{name}-{n}", n + 1
+        out[system] = model
+    return out
 
 
 def expand(files: Iterable[str]) -> list[Path]:

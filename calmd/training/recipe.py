@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps-minutes-cap",
         type=float,
-        default=60.0,
-        help="stop earlier if the steps take longer than this many minutes",
+        default=0.0,
+        help="stop earlier if the steps take longer than this many minutes (default 0: never; a cap "
+        "makes the model depend on the machine's speed: its state is saved, and --resume finishes it)",
     )
     parser.add_argument("--size", default="nano")
     parser.add_argument("--seed", type=int, default=0)

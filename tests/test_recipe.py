@@ -72,3 +72,9 @@ def test_an_interrupted_recipe_resumes_to_the_same_model(
     assert calls == [1, 2, 3, 3, 4, 5, 6]  # resumed from the checkpoint at step 2
     assert corpus.stat().st_mtime_ns == built  # the deterministic corpus is not rebuilt
     assert parts.read_bytes() == whole.read_bytes()
+    # The provenance says how to rebuild it, threads included, and does not pass the resumed
+    # invocation's wall time off as the run's.
+    note = (parts.parent / "DEFAULT_MODEL.md").read_text()
+    assert "python -m calmd.training.recipe --steps 6 --seed 0 --size nano --threads 1" in note
+    assert "finished with --resume; the optimizer steps took" in note
+    assert "finished with --resume" not in (whole.parent / "DEFAULT_MODEL.md").read_text()

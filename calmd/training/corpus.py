@@ -14,7 +14,7 @@ Two sources (calmd/data/DEFAULT_MODEL.md):
   whose context is the user's preceding commands (HIST frames; these files have no exit codes,
   cwd or git, so those frames are absent).
 Both carry COMP and ENV frames built as the daemon builds them (calmd/history/frames.py, at the cut
-`comp_cut` picks): the files and directories come from what the user's earlier commands created or
+`comp_cut` picks; one example in `COMP_DROPPED` without COMP, as some keystrokes are served): the files and directories come from what the user's earlier commands created or
 named (calmd/history/reconstruct.py) plus what the command itself names as existing (the real disk
 has those too); for a tldr example, what it names plus a few unrelated names of `FILES` and `DIRS`.
 Commands ("PATH") are the tldr page names and the vocabulary's commands; subcommands and options
@@ -201,8 +201,25 @@ def comp_sources(root: Path | None = None) -> CompSources:
     return CompSources(tuple(sorted(names)), VocabularyFollowers(vocab.known, static=1))
 
 
-def example_completions(cmd: str, disk: Reconstruction, sources: CompSources) -> list[str]:
-    """COMP for a corpus example: at `comp_cut(cmd)`, from `disk`."""
+# One example in COMP_DROPPED goes without its COMP frame, as the daemon serves some keystrokes: a
+# shell that sent no PATH, an alias or function no PATH lists, a directory too slow to list. A
+# model that only ever saw one-word commands with a COMP frame learned that a missing frame means
+# more words follow (its end-of-line probability after a one-word command: 0.10 without the frame,
+# 0.59 with it; `python bench/comp_probe.py`, docs/quality.md).
+COMP_DROPPED = 5
+
+
+def comp_dropped(cmd: str, index: int) -> bool:
+    """Whether the corpus example `index` (its position in its source) goes without COMP: a hash,
+    so the corpus stays deterministic and a command repeated in a history keeps it elsewhere."""
+    digest = hashlib.blake2b(f"{index}\0{cmd}".encode("utf-8", "surrogatepass"), digest_size=2).digest()
+    return int.from_bytes(digest, "little") % COMP_DROPPED == 0
+
+
+def example_completions(cmd: str, disk: Reconstruction, sources: CompSources, index: int) -> list[str]:
+    """COMP for corpus example `index`: at `comp_cut(cmd)`, from `disk` (none if `comp_dropped`)."""
+    if comp_dropped(cmd, index):
+        return []
     return completions(comp_cut(cmd), lister=disk.listing, commands=sources.commands,
                        followers=sources.followers)  # fmt: skip
 
@@ -215,8 +232,8 @@ def tldr_examples(
     rng = random.Random(seed)
     disk_rng = random.Random(seed + 1)  # its own stream: the placeholders stay as they were
     sources = sources or comp_sources(root)
-    for ex in iter_tldr_pages(root):
-        for _ in range(variants):
+    for index, ex in enumerate(iter_tldr_pages(root)):
+        for variant in range(variants):
             cmd = fill_placeholders(ex.command, rng)
             if "\n" in cmd or not cmd.strip():
                 continue
@@ -227,7 +244,8 @@ def tldr_examples(
             for path, is_dir, what in named_paths(cmd):
                 if what != "create":
                     disk.add_path(path, is_dir)
-            fields = context_frames(cwd=cwd, completions=example_completions(cmd, disk, sources))
+            comp = example_completions(cmd, disk, sources, index * variants + variant)
+            fields = context_frames(cwd=cwd, completions=comp)
             yield Example(fields, cmd)
 
 
@@ -297,7 +315,7 @@ def history_examples(
                 for path, is_dir, what in named_paths(cmd):
                     if what == "name":  # it exists when the command is typed: the real disk has it
                         disk.add_path(path, is_dir)
-                comp = example_completions(cmd, disk, sources)
+                comp = example_completions(cmd, disk, sources, i)
             hist = [HistoryEntry(c) for c in clean[max(0, i - context) : i]]
             fields = context_frames(completions=comp, env=env if sources is not None else "")
             if hist:

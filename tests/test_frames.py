@@ -68,19 +68,9 @@ def test_the_stored_cut_is_a_prefix_inside_a_word_and_stable() -> None:
         cut = comp_cut(cmd)
         assert cmd.startswith(cut) and cut and cut == comp_cut(cmd)
         words, word = current_word(cut)
-        assert word  # inside a word, or at its end
+        assert word  # one or two bytes into a word
         assert len(words) >= 1 or cmd == "make"
     assert comp_cut("") == ""
-    # Every length occurs, the whole word too (the daemon serves COMP at a finished word as well):
-    # over many commands, the cut's word is sometimes 1 byte, sometimes more, sometimes all of it.
-    lengths = set()
-    for i in range(300):
-        cmd = f"tool{i} argument{i}"
-        cut = comp_cut(cmd)
-        word = current_word(cut)[1]
-        whole = cmd[len(cut) - len(word) :].split(" ")[0]
-        lengths.add("whole" if word == whole else len(word))
-    assert {1, 2, 3, "whole"} <= lengths
 
 
 def test_env_short_form() -> None:
@@ -124,7 +114,7 @@ def test_history_examples_carry_comp_from_earlier_commands_not_the_created_file(
     sources = CompSources(("ls", "make", "mkdir", "vim"), VocabularyFollowers({}))
     cmds = ["touch notes.md", "vim notes.md", "mkdir build", "mkdir bin"]
     examples = {e.cmd: e for e in history_examples(cmds, sources=sources)}
-    assert comp_cut("vim notes.md") == "vim not"
+    assert comp_cut("vim notes.md") == "vim n"
     assert examples["vim notes.md"].fields["completions"] == ["notes.md"]
     # `mkdir bin` was typed when build/ existed and bin/ did not
     comp = examples["mkdir bin"].fields.get("completions", [])

@@ -150,13 +150,8 @@ def _paths(word: str, lister: Lister, *, dirs_only: bool, limit: int) -> list[st
 
 def comp_cut(cmd: str) -> str:
     """Where a recorded (or corpus) command's stored COMP frame is computed: the input typed up to
-    1 to all bytes of one of its words (the first word only for a one-word command), the word and
-    the length chosen by a hash of the command so that the same command always gets the same cut.
-
-    Every length, the whole word included: the daemon serves COMP at every keystroke, and a model
-    trained only on cuts one or two bytes into a word learned that a COMP frame means the word
-    goes on (its end-of-line probability after a finished `htop` fell from 0.30 to 0.10 on average
-    over the held-out users' one-word commands; docs/quality.md)."""
+    one or two bytes into one of its words (the first word only for a one-word command), chosen by
+    a hash of the command so that the same command always gets the same cut."""
     spans: list[tuple[int, int]] = []
     i, n = 0, len(cmd)
     while i < n:
@@ -172,7 +167,7 @@ def comp_cut(cmd: str) -> str:
     digest = hashlib.blake2b(cmd.encode("utf-8", "surrogatepass"), digest_size=4).digest()
     later = spans[1:] or spans
     start, end = later[digest[0] % len(later)]
-    return cmd[: start + 1 + digest[1] % (end - start)]
+    return cmd[: min(end, start + 1 + digest[1] % 2)]
 
 
 def context_frames(

@@ -5,11 +5,11 @@
    asked for its top line and scored on the meant line, once without the frame and once with it.
    It prints the mean rise of that line's log-probability the frame brings and how often it
    turns the top line into the meant one.
-2. Does it know where a line ends, whatever COMP holds? At 25 commands of each held-out user
+2. Does it know where a line ends, with COMP or without? At 25 commands of each held-out user
    (needs ../shared/data), typed out whole, with 5 history frames: the probability of the end of
-   line, with no COMP frame, with COMP as the training corpus stores it (`comp_cut`), and with COMP
-   as the daemon serves it at that point (the finished word's). A model whose figures differ
-   between the last two was trained on cuts the daemon never serves (calmd/history/frames.py).
+   line with no COMP frame (an alias, a shell that sent no PATH, a slow disk) and with COMP as the
+   daemon serves a word typed on: computed when the word is begun and kept while an item still
+   extends it (calmd/daemon/frames.py). The tldr page names and the vocabulary stand in for PATH.
 docs/quality.md ("COMP") quotes the figures.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from calmd import paths
-from calmd.history.frames import comp_cut, completions, context_frames
+from calmd.history.frames import context_frames, served_completions
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator
 from calmd.training.corpus import DEFAULT_DATA, comp_sources, held_out, history_users
@@ -78,12 +78,13 @@ def end_of_line(weights: Path, data: Path) -> None:
     generator = Generator(load_model(weights))
     sources = comp_sources(data / "tldr")
     samples = held_out_lines(data)
-    for name, cut in (("no COMP", None), ("COMP at the stored cut", comp_cut), ("COMP as served", str)):
+    for name, served in (("no COMP", False), ("COMP as served", True)):
         p_end: list[float] = []
         one_word: list[float] = []
         for history, cmd in samples:
-            comp = [] if cut is None else completions(cut(cmd), commands=sources.commands,
-                                                      followers=sources.followers)  # fmt: skip
+            comp = []
+            if served:
+                comp = served_completions(cmd, commands=sources.commands, followers=sources.followers)
             p = generator.end_probability({**context_frames(history=history, completions=comp), "input": cmd})
             p_end.append(p)
             if " " not in cmd:

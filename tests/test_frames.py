@@ -3,6 +3,10 @@ in the corpus and the replay (calmd/history/reconstruct.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from calmd.daemon.disk import Disk
+from calmd.daemon.frames import SessionFrames
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Special, build_sequence, parse_sequence
 from calmd.history.frames import (
     COMP_ITEMS,
@@ -12,6 +16,7 @@ from calmd.history.frames import (
     completions,
     context_frames,
     current_word,
+    served_completions,
     short_env,
 )
 from calmd.history.reconstruct import Reconstruction, named_paths
@@ -120,3 +125,29 @@ def test_history_examples_carry_comp_from_earlier_commands_not_the_created_file(
     comp = examples["mkdir bin"].fields.get("completions", [])
     assert "bin/" not in comp
     assert all(e.fields.get("env", "") == "" for e in examples.values())
+
+
+def test_served_completions_are_what_the_daemon_serves_a_user_typing_byte_by_byte(tmp_path: Path) -> None:
+    # The replay and the probes compute, without a session, the frame the daemon keeps per session:
+    # computed when a word is begun, kept while an item still extends it, else computed again.
+    for name in ["build/", "bin/", "notes.md", "node_modules/", "Makefile", "main.py", "mod/"]:
+        (tmp_path / name.rstrip("/")).mkdir() if name.endswith("/") else (tmp_path / name).touch()
+
+    def followers(words: object) -> list[str]:
+        return ["status", "stash", "show", "--short", "--stat"]
+
+    disk = Disk(budget=5.0)  # no keystroke may go without its listing here
+    try:
+        frames = SessionFrames(disk)
+        cwd = str(tmp_path)
+        for cmd in ["vim notes.md", "cd build", "cd bi", "git status --short", "ls no", "vim m", "make "]:
+            for end in range(1, len(cmd) + 1):
+                ctx: dict[str, object] = {"input": cmd[:end], "cwd": cwd}
+                frames.fill(ctx, "s", followers)
+                served = served_completions(cmd[:end], lister=disk.lister(cwd), followers=followers)
+                assert ctx.get("completions", []) == served, cmd[:end]
+        # kept, not recomputed: at `vim notes` the frame is the one made at `vim n` (two items)
+        assert served_completions("vim notes", lister=disk.lister(cwd)) == ["node_modules/", "notes.md"]
+        assert completions("vim notes", lister=disk.lister(cwd)) == ["notes.md"]
+    finally:
+        disk.close()

@@ -135,6 +135,30 @@ def completions(
     return [item for item in items[:limit] if find_secret(item) is None]
 
 
+def served_completions(
+    text: str,
+    *,
+    lister: Lister | None = None,
+    commands: Sequence[str] = (),
+    followers: Followers | None = None,
+    limit: int = COMP_ITEMS,
+) -> list[str]:
+    """The COMP items the daemon serves for `text` typed byte by byte: computed when its last word
+    was begun and kept while one of them still extends the word, recomputed when none does
+    (calmd/daemon/frames.py keeps them per session; this is the same rule without the session,
+    for the replay and the probes)."""
+    head = text.rstrip(" \t")
+    if head != text:  # a word just ended: the next one is not begun
+        return completions(text, lister=lister, commands=commands, followers=followers, limit=limit)
+    start = max(head.rfind(" "), head.rfind("\t")) + 1
+    items: list[str] = []
+    for end in range(start + 1, len(text) + 1):
+        if not any(item.startswith(text[start:end]) for item in items):
+            items = completions(text[:end], lister=lister, commands=commands, followers=followers,
+                                limit=limit)  # fmt: skip
+    return items
+
+
 def _paths(word: str, lister: Lister, *, dirs_only: bool, limit: int) -> list[str]:
     if word.startswith(("~", "$")) or "\x00" in word:
         return []  # the daemon does not expand them (they may name another user's files)

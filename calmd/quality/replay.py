@@ -58,7 +58,7 @@ from typing import Any
 from calmd import paths
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import completions
+from calmd.history.frames import served_completions
 from calmd.history.reconstruct import Reconstruction
 from calmd.history.store import HistoryStore
 from calmd.training.corpus import read_history
@@ -348,8 +348,9 @@ def _stand_in_path() -> tuple[str, ...]:
 
 
 def comp_frames(prefix: str, disk: Reconstruction, commands: Sequence[str], engine: Any) -> dict[str, Any]:
-    """The COMP and ENV frames `calmd+comp` adds to a replayed query, as the daemon builds them."""
-    items = completions(
+    """The COMP and ENV frames `calmd+comp` adds to a replayed query, as the daemon serves them to a
+    user who typed the prefix byte by byte (a word's frame kept while an item extends it)."""
+    items = served_completions(
         prefix, lister=disk.listing, commands=commands, followers=getattr(engine, "followers", None)
     )
     return {**({"completions": items} if items else {}), **({"env": disk.env} if disk.env else {})}

@@ -14,7 +14,8 @@ Two sources (calmd/data/DEFAULT_MODEL.md):
   whose context is the user's preceding commands (HIST frames; these files have no exit codes,
   cwd or git, so those frames are absent).
 Both carry COMP and ENV frames built as the daemon builds them (calmd/history/frames.py, at the cut
-`comp_cut` picks; one example in `COMP_DROPPED` without COMP, as some keystrokes are served): the files and directories come from what the user's earlier commands created or
+`comp_cut` picks; one example in `COMP_DROPPED` goes without COMP, as some keystrokes are served):
+the files and directories come from what the user's earlier commands created or
 named (calmd/history/reconstruct.py) plus what the command itself names as existing (the real disk
 has those too); for a tldr example, what it names plus a few unrelated names of `FILES` and `DIRS`.
 Commands ("PATH") are the tldr page names and the vocabulary's commands; subcommands and options

@@ -73,10 +73,16 @@ def test_nothing_is_invented_after_a_complete_command(engine: ModelEngine, store
     assert ask(engine, store, "git status ")
 
 
-def test_the_models_end_of_line_makes_an_input_complete_too(engine: ModelEngine, store: HistoryStore) -> None:
-    # `pwd` was never run here, but the model is sure nothing follows it
-    assert engine.generator.end_probability({"input": "pwd", "history": []}) >= 0.5
-    assert ask(engine, store, "pwd") == []
+def test_the_models_end_of_line_makes_an_input_complete_too(
+    engine: ModelEngine, store: HistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `df -h` was never run here, but the packaged model is sure nothing follows it
+    assert engine.generator.end_probability({"input": "df -h", "history": []}) >= 0.5
+    assert ask(engine, store, "df -h") == []
+    # and it is the model's end of line that decides: unsure, the same engine offers continuations
+    real = engine.generator.end_probability
+    monkeypatch.setattr(engine.generator, "end_probability", lambda *a, **kw: min(real(*a, **kw), 0.1))
+    assert ask(engine, store, "df -h", cwd="/elsewhere")  # another context: not the answer above
 
 
 def test_junk_lines_are_never_candidates(engine: ModelEngine, store: HistoryStore) -> None:

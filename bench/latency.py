@@ -148,6 +148,20 @@ def start_training_load(home: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def wait_ready(proc: subprocess.Popen[bytes], sock: Path, timeout: float = 60.0) -> None:
+    """Until the daemon `proc` answers `status` on `sock`; exits the bench if it dies or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with CalmClient(sock, timeout=1) as c:
+                c.status()
+            return
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("calmd did not start") from None
+            time.sleep(0.01)
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -178,15 +192,7 @@ def main() -> None:
                             stderr=subprocess.STDOUT)  # fmt: skip
     trainer = start_training_load(home) if args.while_training else None
     try:
-        while True:
-            try:
-                with CalmClient(sock, timeout=1) as c:
-                    c.status()
-                break
-            except Exception:
-                if proc.poll() is not None or time.perf_counter() - t0 > 60:
-                    raise SystemExit("calmd did not start") from None
-                time.sleep(0.01)
+        wait_ready(proc, sock)
         cold = time.perf_counter() - t0
         with CalmClient(sock, timeout=30) as c:
             for h in HISTORY:

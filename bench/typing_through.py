@@ -31,7 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from latency import COMMANDS, HISTORY, pct  # noqa: E402
+from latency import COMMANDS, HISTORY, pct, wait_ready  # noqa: E402
 
 from calmd import paths  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
@@ -71,16 +71,7 @@ def daemon(model: Path, searching: bool = False, extra: tuple[str, ...] = ()) ->
     argv = [*calmd, "serve", "--no-import", *extra]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with CalmClient(sock, timeout=1) as c:
-                    c.status()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("calmd did not start") from None
-                time.sleep(0.02)
+        wait_ready(proc, sock)
         yield sock
     finally:
         proc.terminate()

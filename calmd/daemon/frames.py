@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calmd.daemon.disk import Disk
-from calmd.history.frames import Followers, clean_env, completions
+from calmd.history.frames import Followers, clean_env, completions, still_extends, word_start
 
 MAX_SESSIONS = 256
 MAX_PATH_BYTES = 8192
@@ -92,11 +92,10 @@ class SessionFrames:
         last = state.last_input
         if not state.last_comp or cwd != state.last_cwd or not last or not typed.startswith(last):
             return False
-        start = max(last.rfind(" "), last.rfind("\t")) + 1
+        start = word_start(last)
         if start == len(last) or any(c in " \t" for c in typed[len(last) :]):
             return False  # no word was begun then, or a new word is begun now
-        word = typed[start:]
-        return any(item.startswith(word) for item in state.last_comp)
+        return still_extends(state.last_comp, typed[start:])
 
     def for_record(self, session: str, cmd: str, cwd: str) -> tuple[str, ...]:
         """The COMP items the context held when `cmd` was typed (module docstring)."""

@@ -71,9 +71,19 @@ def clean_env(env: str) -> str:
     return "" if not env or find_secret(env) is not None else env
 
 
+def word_start(text: str) -> int:
+    """Where the word being typed begins in `text` (its length when a blank ends it)."""
+    return max(text.rfind(" "), text.rfind("\t")) + 1
+
+
+def still_extends(items: Sequence[str], word: str) -> bool:
+    """Whether a COMP frame made earlier in `word` is still served: one of its items extends it."""
+    return any(item.startswith(word) for item in items)
+
+
 def current_word(text: str) -> tuple[list[str], str]:
     """(the words of the simple command before the word being typed, that word) for an input."""
-    cut = max(text.rfind(" "), text.rfind("\t")) + 1
+    cut = word_start(text)
     before = text[:cut].split()
     start = 0
     for i, word in enumerate(before):
@@ -147,13 +157,12 @@ def served_completions(
     was begun and kept while one of them still extends the word, recomputed when none does
     (calmd/daemon/frames.py keeps them per session; this is the same rule without the session,
     for the replay and the probes)."""
-    head = text.rstrip(" \t")
-    if head != text:  # a word just ended: the next one is not begun
+    start = word_start(text)
+    if start == len(text):  # no word begun (or one just ended): nothing was kept
         return completions(text, lister=lister, commands=commands, followers=followers, limit=limit)
-    start = max(head.rfind(" "), head.rfind("\t")) + 1
     items: list[str] = []
     for end in range(start + 1, len(text) + 1):
-        if not any(item.startswith(text[start:end]) for item in items):
+        if not still_extends(items, text[start:end]):
             items = completions(text[:end], lister=lister, commands=commands, followers=followers,
                                 limit=limit)  # fmt: skip
     return items

@@ -58,7 +58,7 @@ from typing import Any
 from calmd import paths
 from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import served_completions
+from calmd.history.frames import served_completions, word_start
 from calmd.history.reconstruct import Reconstruction
 from calmd.history.store import HistoryStore
 from calmd.training.corpus import read_history
@@ -333,8 +333,7 @@ class ReplayConfig:
 
 def _completes(prefix: str, target: str, items: Sequence[str]) -> bool:
     """Whether one of the COMP items is the word of `target` that the input `prefix` is in."""
-    start = max(prefix.rfind(" "), prefix.rfind("\t")) + 1
-    rest = target[start:]
+    rest = target[word_start(prefix) :]
     word = rest.split(maxsplit=1)[0] if rest.strip() else ""
     return bool(word) and any(item == word or item.rstrip("/") == word.rstrip("/") for item in items)
 

@@ -161,8 +161,8 @@ Built by `{command}`
 
 Training: {summary}
 """
-    note = args.output.parent / "DEFAULT_MODEL.md"
-    note.write_text(text)
+    with atomic_write(args.output.parent / "DEFAULT_MODEL.md") as f:  # beside the weights, like them
+        f.write(text.encode())
 
 
 if __name__ == "__main__":

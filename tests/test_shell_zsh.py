@@ -525,18 +525,19 @@ def test_ghost_keeps_its_colour_beside_syntax_highlighting(home: Path, daemon: D
         term.send("End")
         term.wait_cursor(len("PROMPT> echo abc"))
         if "autosuggestions" in order:
-            # zsh-autosuggestions' own suggestion (a line calm never recorded) keeps its colour too
+            # zsh-autosuggestions' own suggestion (a line calm has nothing for) keeps its colour too
             term.send("C-u")
-            term.type(" echo only-in-zsh-history")
+            term.type(" echo no-calm-only-in-zsh-history")
             term.send("Enter")
-            term.wait_for("^only-in-zsh-history$")
-            term.type(" echo only-in")
-            term.wait_line(rf"echo{COLOUR} {COLOUR}only-in{GHOST}-zsh-history{LINE_END}", escapes=True)
+            term.wait_for("^no-calm-only-in-zsh-history$")
+            term.type(" echo no-calm-only-in")
+            ghost = rf"echo{COLOUR} {COLOUR}no-calm-only-in{GHOST}-zsh-history{LINE_END}"
+            term.wait_line(ghost, escapes=True)
             term.send("Left")
-            term.wait_cursor(len("PROMPT>  echo only-i"))
+            term.wait_cursor(len("PROMPT>  echo no-calm-only-i"))
             term.send("Right")
-            term.wait_cursor(len("PROMPT>  echo only-in"))
-            assert re.search(rf"only-in{GHOST}-zsh-history{LINE_END}", term.line(escapes=True))
+            term.wait_cursor(len("PROMPT>  echo no-calm-only-in"))
+            assert re.search(rf"no-calm-only-in{GHOST}-zsh-history{LINE_END}", term.line(escapes=True))
         assert_quiet(term.screen())
 
 
@@ -566,7 +567,8 @@ def test_early_answer_drawn_at_once_then_refined(home: Path) -> None:
 
 def test_no_flicker_while_the_next_answer_comes(home: Path) -> None:
     """A ghost that still extends the line stays until the next answer replaces it: never a blank
-    line between two answers. (Backspace asks again; typing along the ghost asks nothing.)"""
+    line between two answers. (Backspace asks again; typing along the ghost asks with it as the
+    line drawn, which the daemon keeps unless it has a clearly better one.)"""
     release = threading.Event()
     asked: list[str] = []
 
@@ -574,6 +576,9 @@ def test_no_flicker_while_the_next_answer_comes(home: Path) -> None:
         typed = request["ctx"]["input"]
         asked.append(typed)
         if typed == "g" and asked.count("g") == 1:
+            yield from candidates(("git status", SURE))
+        elif typed == "gi":
+            assert request.get("drawn") == "git status", request  # the incumbent
             yield from candidates(("git status", SURE))
         elif typed == "g":
             yield release  # the second time, the answer is held back
@@ -586,10 +591,11 @@ def test_no_flicker_while_the_next_answer_comes(home: Path) -> None:
         fake.wait_requests(1)  # the prediction: the helper is up
         term.type("g")
         term.wait_line(rf"^PROMPT> g{GHOST}it status{LINE_END}", escapes=True)
-        term.type("i")  # along the ghost: nothing to ask
+        term.type("i")  # along the ghost: asked with it drawn, and kept
         term.wait_line(rf"^PROMPT> gi{GHOST}t status{LINE_END}", escapes=True)
+        assert [r["ctx"]["input"] for r in fake.wait_requests(3)] == ["", "g", "gi"]
         term.send("BSpace")  # asks again for `g`: the old ghost stays meanwhile
-        assert [r["ctx"]["input"] for r in fake.wait_requests(3)] == ["", "g", "g"]
+        assert [r["ctx"]["input"] for r in fake.wait_requests(4)] == ["", "g", "gi", "g"]
         for _ in range(20):
             assert re.search(rf"^PROMPT> g{GHOST}it status{LINE_END}", term.line(escapes=True))
             time.sleep(0.01)

@@ -109,15 +109,21 @@ class Engine(Protocol):
         n: int,
         session: str,
         cancelled: threading.Event,
-        early: Callable[[str, float], None] | None = None,
+        early: Callable[[str, float, bool], None] | None = None,
+        *,
+        min_confidence: float | None = None,
+        drawn: str | None = None,
     ) -> Iterator[Suggestion]:
-        """Yields (candidate, score, confidence) best first; calls `early(candidate, confidence)`
-        at most once, before the first candidate (the history's best proposal)."""
+        """Yields (candidate, score, confidence, ghost) with the drawn one first, then best
+        first; calls `early(candidate, confidence, ghost)` at most once, before the first
+        candidate (the history's best proposal). `min_confidence`: the shell's threshold for the
+        ghost in place of the fitted rule's (calmd/daemon/ghost.py); `drawn`: the line the shell
+        shows already, which stays unless clearly beaten."""
         ...
 
 
 EngineLoader = Callable[[Path], Engine]
-Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ...): calmd.daemon.engine.Suggestion
+Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ghost, ...): calmd.daemon.engine.Suggestion
 
 
 class AlreadyRunning(RuntimeError):
@@ -855,22 +861,23 @@ class Server:
         first: list[float] = []
         early_sent: list[bool] = []
 
-        def emit(attempt: int, candidate: str, score: float, confidence: float) -> None:
+        def emit(attempt: int, candidate: str, score: float, confidence: float, ghost: bool) -> None:
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
                 return
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
             conn.send(reply(request.id, candidate=candidate, score=round(score, 4),
-                            confidence=round(min(1.0, max(0.0, confidence)), 3)))  # fmt: skip
+                            confidence=round(min(1.0, max(0.0, confidence)), 3), ghost=ghost))  # fmt: skip
 
-        def emit_early(attempt: int, candidate: str, confidence: float) -> None:
+        def emit_early(attempt: int, candidate: str, confidence: float, ghost: bool) -> None:
             # At most one per request: a preempted attempt's is dropped unless it went out, and
             # the rerun's is dropped if it did. It does not count as delivered, so the job can
             # still be preempted (the early proposal comes from the history alone).
             if early_sent or attempt != job.attempt or job.cancelled.is_set():
                 return
             early_sent.append(True)
-            conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3)))
+            conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3),
+                            ghost=ghost))  # fmt: skip
 
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
@@ -882,16 +889,17 @@ class Server:
             except Exception:
                 log.exception("the COMP frame could not be built; answering without it")
 
-            def on_early(candidate: str, confidence: float) -> None:
+            def on_early(candidate: str, confidence: float, ghost: bool) -> None:
                 if not cancelled.is_set():
-                    loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence)
+                    loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence, bool(ghost))
 
-            for candidate, score, confidence, *_ in engine.complete(
-                ctx, request.n, request.session, cancelled, on_early if request.early else None
-            ):
+            for candidate, score, confidence, ghost, *_ in engine.complete(
+                ctx, request.n, request.session, cancelled, on_early if request.early else None,
+                min_confidence=request.min_confidence, drawn=request.drawn,
+            ):  # fmt: skip
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost))
             return not cancelled.is_set()
 
         job = Job(owner=conn, session=request.session, run=work)

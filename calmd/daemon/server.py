@@ -546,6 +546,27 @@ class Server:
 
     # -- model hosting ---------------------------------------------------------------------------
 
+    def _attach(self, engine: Engine) -> None:
+        if self.history is not None:
+            engine.attach_history(self.history)
+        attach_disk = getattr(engine, "attach_disk", None)  # a test's scripted engine has none
+        if attach_disk is not None:
+            attach_disk(self.disk)
+
+    def _load_warm(self, path: Path) -> Engine:
+        """Load an engine and warm it up (on the worker thread, before it serves): a fresh
+        daemon's first keystroke, and the first after a swap, cost what any other costs. A warm-up
+        that fails is logged; the engine serves all the same."""
+        engine = self.engine_loader(path)
+        warm_up = getattr(engine, "warm_up", None)  # a test's scripted engine has none
+        if warm_up is not None:
+            self._attach(engine)
+            try:
+                warm_up(str(Path.home()))
+            except Exception:
+                log.exception("the warm-up of %s failed", path)
+        return engine
+
     async def reload(self) -> dict[str, Any]:
         """Load the weight file in a thread; keep the old engine when the new file is bad. With
         no engine yet (the start), a bad file gives way to the packaged model, and the error
@@ -559,7 +580,7 @@ class Server:
                 # watcher would take a later swap back to it for "nothing changed".
                 for _ in range(RELOAD_ATTEMPTS):
                     before = self._weights_id()
-                    engine = await loop.run_in_executor(self._pool, self.engine_loader, path)
+                    engine = await loop.run_in_executor(self._pool, self._load_warm, path)
                     if self._weights_id() == before:
                         break
                 else:
@@ -574,7 +595,7 @@ class Server:
                 log.error("%s did not load, serving the packaged model until it does: %s", path, exc)
                 identity = self._weights_id()
                 fallback = self.config.fallback_weights
-                engine = await loop.run_in_executor(self._pool, self.engine_loader, fallback)
+                engine = await loop.run_in_executor(self._pool, self._load_warm, fallback)
                 self._install(engine, identity, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
             self.last_reload_error = None
@@ -584,11 +605,7 @@ class Server:
             return {"ok": True}
 
     def _install(self, engine: Engine, identity: FileId | None, *, fallback: bool) -> None:
-        if self.history is not None:
-            engine.attach_history(self.history)
-        attach_disk = getattr(engine, "attach_disk", None)  # a test's scripted engine has none
-        if attach_disk is not None:
-            attach_disk(self.disk)
+        self._attach(engine)
         self.engine = engine
         self.loaded_at = time.time()
         self.loaded_id = identity  # a bad file's too: the watcher retries when it changes

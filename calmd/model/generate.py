@@ -111,6 +111,9 @@ class PrefixCache:
         while len(self._entries) > self.sessions:
             self._entries.popitem(last=False)
 
+    def forget(self, session: str) -> None:
+        self._entries.pop(session, None)
+
     def clear(self) -> None:
         self._entries.clear()
 

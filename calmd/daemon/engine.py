@@ -158,13 +158,15 @@ class _Answer:
     start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
     # None for the earlier answers, which only a repeat of their input continues
     lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
+    comp: tuple[str, ...] = ()  # the COMP items the context held (typing through rescores on a change)
 
 
 def context_key(ctx: dict[str, Any]) -> str:
-    """Everything of a request's context but the typed input, as one string: two requests with
-    the same key differ only by what was typed (the context is opaque here: frames, cwd, git and
-    whatever else it carries)."""
-    return json.dumps({k: v for k, v in ctx.items() if k != "input"}, sort_keys=True, default=str)
+    """Everything of a request's context but the typed input and the COMP items, as one string:
+    two requests with the same key differ only by what was typed and what COMP offered for it
+    (the context is opaque here: frames, cwd, git and whatever else it carries)."""
+    return json.dumps({k: v for k, v in ctx.items() if k not in ("input", "completions")}, sort_keys=True,
+                      default=str)  # fmt: skip
 
 
 _INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
@@ -252,12 +254,14 @@ class ModelEngine:
         if self.history is not None:
             history = [{"cmd": r.cmd, "exit": r.exit} for r in self.history.recent(limit=HISTORY_FRAMES)]
         session = "calmd-warm-up"
+        counts = self.searches, self.reused  # the status counts the users' requests only
         for typed in ("", "g", "gi"):
             ctx = {"input": typed, "history": history, **({"cwd": cwd} if cwd else {})}
             for _ in self.complete(ctx, 5, session, threading.Event(), lambda *_: None):
                 pass
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
+        self.searches, self.reused = counts
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -342,7 +346,7 @@ class ModelEngine:
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
         through = None
         if not complete and model_typed == typed:
-            through = self._typed_through(session, key, typed, n, start, side, scored, judge, lam, elsewhere)
+            through = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam, elsewhere)
         if through is not None:
             self.reused += 1
             ranked: Iterator[Candidate] = iter([c for c, _ in through[:n]])
@@ -410,7 +414,8 @@ class ModelEngine:
             yield found
         if not complete:
             more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
-            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE]))
+            comp = tuple(ctx.get("completions") or ())
+            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
         else:
             self._remember(session, None)
 
@@ -433,7 +438,7 @@ class ModelEngine:
             self.answers.popitem(last=False)
 
     def _typed_through(
-        self, session: str, key: str, typed: str, n: int, start: Any, side: HistorySide,
+        self, session: str, key: str, ctx: dict[str, Any], n: int, start: Any, side: HistorySide,
         scored: list[str], judge: Callable[[str], float | None], lam: float, elsewhere: Callable[[str], bool],
     ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
         """The answer to `typed` from the session's previous answer, when the user typed on along
@@ -442,8 +447,11 @@ class ModelEngine:
         model's log-probability given the longer input is the old one minus that of the typed
         bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
         continue, the context or the history changed, or the top line no longer leads (then a
-        search runs). What it cannot do: propose a line the previous answer did not hold
-        (docs/performance.md, "Typing through a suggestion")."""
+        search runs). When the COMP items changed since (a new word begun), the lines are scored
+        afresh from the new context's state, in one batched pass instead of a search. What it
+        cannot do: propose a line the previous answer did not hold (docs/performance.md, "Typing
+        through a suggestion")."""
+        typed = str(ctx.get("input", ""))
         answers = [a for a in self.answers.get(session, []) if a.key == key]
         if not self.weights.typing_through or not answers:
             return None
@@ -456,13 +464,24 @@ class ModelEngine:
         any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
         if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
             return None
-        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+        kept = [(t, lp) for t, lp in last.lines if t.startswith(typed) and t.rstrip() != typed.rstrip()]
+        if tuple(ctx.get("completions") or ()) != last.comp:  # another COMP frame: score them anew
+            rescored: list[tuple[str, float]] = []
+            fresh = [t for t, _ in kept]
+        else:
+            drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+            rescored = [(t, old_lp - drop) for t, old_lp in kept]
+            fresh = []
+        # the history's and COMP's lines for this input that the answer did not hold, scored as a
+        # search scores them (a new word's files, a line the pool has only now)
+        have = {t for t, _ in kept}
+        fresh += [t for t in scored if t not in have]
+        if fresh:
+            scores = self.generator.score_many(ctx, fresh, session=session, start=start)
+            rescored += list(zip(fresh, scores, strict=True))
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
         found: list[tuple[Candidate, float]] = []
-        for text, old_lp in last.lines:
-            if not text.startswith(typed) or text.rstrip() == typed.rstrip():
-                continue
-            lp = old_lp - drop
+        for text, lp in rescored:
             if text in scored:  # as `extra` is scored by a search
                 score = self._mixture_score(text, lp, side.proposals, lam, elsewhere)
             else:

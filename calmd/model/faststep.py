@@ -5,11 +5,14 @@ Why: `CalmModel.step_eager` is about 15 small torch ops per layer; at the daemon
 steps. The C++ step does the same arithmetic in one ctypes call (docs/model.md, "Recurrent
 inference"; figures in docs/performance.md).
 
-`pack(model)` makes the contiguous float32 copies the kernel reads: every matrix transposed to
-(in, out) with `out` padded to a multiple of 8 floats, `A = -exp(A_log)`, the conv filter as
-(K, E). A pack remembers each parameter's version counter and storage, so `PackedWeights.fresh`
-tells whether the weights changed since (an optimizer step, `load_named_arrays`): CalmModel packs
-again then. It is built and loaded with the selective scan, by calmd/model/fastscan.py:
+`pack(cfg, params)` makes the contiguous float32 copies the kernel reads: every matrix
+transposed to (in, out) with `out` padded to a multiple of 8 floats, `A = -exp(A_log)`, the conv
+filter as (K, E). A pack remembers each parameter's version counter, so `PackedWeights.fresh`
+tells whether a weight was written to since (an optimizer step, `load_named_arrays`); CalmModel
+checks it at every step (about 5 us for nano's 42 parameters) and packs again then, and drops
+the pack when the module is converted (`.to()`, `.double()`).
+
+The kernel is built and loaded with the selective scan by calmd/model/fastscan.py:
 `CALM_NO_CPP_SCAN=1`, no compiler or a failed build leave `available()` False and the model on
 its eager step. `use_fused = False` switches it off in-process (benchmarks, tests).
 """
@@ -48,8 +51,8 @@ class PackedWeights:
     tensors: list[Tensor]  # keeps the copies alive: `table` points into them
     table: ctypes.Array[ctypes.c_void_p]
     dims: ctypes.Array[ctypes.c_int64]  # d_model, n_layers, d_inner, d_state, d_conv, dt_rank, vocab, ffn
-    sources: list[Tensor]  # the parameters packed
-    versions: list[tuple[int, int]]  # their (version counter, data pointer) when packed
+    tracked: list[Tensor]  # the parameters packed (those with a version counter)
+    versions: list[int]  # their version counters when packed
     n_layers: int
     d_conv: int
     d_inner: int
@@ -57,8 +60,10 @@ class PackedWeights:
     vocab: int
 
     def fresh(self) -> bool:
-        """True while no packed parameter was written to or replaced since packing."""
-        return [(p._version, p.data_ptr()) for p in self.sources] == self.versions
+        """True while no packed parameter was written to since packing (in-place writes move a
+        tensor's version counter; tensors made under inference_mode have none and are not
+        tracked: they can only be written to inside inference_mode)."""
+        return [p._version for p in self.tracked] == self.versions
 
 
 def supports(params: Mapping[str, Tensor]) -> bool:
@@ -113,10 +118,9 @@ def pack(cfg: ModelConfig, params: Mapping[str, Tensor]) -> PackedWeights:
     hidden = cfg.ffn_expand * cfg.d_model
     dims = (ctypes.c_int64 * 8)(cfg.d_model, cfg.n_layers, cfg.d_inner, cfg.d_state, cfg.d_conv,
                                 cfg.dt_rank, cfg.vocab_size, hidden)  # fmt: skip
-    sources = list(params.values())
+    tracked = [p for p in params.values() if not p.is_inference()]
     return PackedWeights(
-        [t for t in tensors if t is not None], table, dims, sources,
-        [(p._version, p.data_ptr()) for p in sources],
+        [t for t in tensors if t is not None], table, dims, tracked, [p._version for p in tracked],
         cfg.n_layers, cfg.d_conv, cfg.d_inner, cfg.d_state, cfg.vocab_size,
     )  # fmt: skip
 

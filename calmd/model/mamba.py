@@ -529,8 +529,9 @@ class CalmModel(nn.Module):
 
     def _fused_weights(self) -> faststep.PackedWeights | None:
         """The fused step's packed weights: packed at eval(), packed again when a parameter was
-        written to since (its version counter moved) or replaced; None when the kernel cannot
-        run this model (no library, CUDA, float64, CALM_NO_CPP_SCAN, faststep.use_fused off)."""
+        written to since (its version counter moved) or the module converted; None when the
+        kernel cannot run this model (no library, CUDA, float64, CALM_NO_CPP_SCAN,
+        faststep.use_fused off)."""
         packed = self._packed
         if packed is not None and faststep.use_fused and packed.fresh():
             return packed
@@ -542,6 +543,12 @@ class CalmModel(nn.Module):
         params = dict(self.named_parameters())
         self._packed = faststep.pack(self.cfg, params) if faststep.supports(params) else None
         return self._packed
+
+    def _apply(self, fn: Any, recurse: bool = True) -> CalmModel:
+        """.to(), .double(), .cuda() and friends replace the parameters' storage: pack again."""
+        super()._apply(fn, recurse)
+        self._packed = None
+        return self
 
     def train(self, mode: bool = True) -> CalmModel:
         """eval() packs the fused step's weights now rather than at the first keystroke; train()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 use_fused = True  # benchmarks and tests switch it off to run the eager step beside it
 
 LANES = 8  # the kernel's vector width in floats: packed matrices' columns are padded to it
+PANEL = 4 * LANES  # the columns of a panel of a packed matrix (step.cpp's kPanel)
 # The per-layer pointer table, in step.cpp's LayerField order.
 LAYER_FIELDS = ("norm1", "in_proj", "conv", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A", "D",
                 "out_proj", "norm2", "ffn_up", "ffn_down")  # fmt: skip
@@ -72,11 +73,13 @@ def supports(params: Mapping[str, Tensor]) -> bool:
 
 
 def _transposed(weight: Tensor) -> Tensor:
-    """(out, in) -> (in, out padded to LANES) contiguous, padding columns zero."""
+    """(out, in) -> (in, out padded to LANES), padding columns zero, stored as panels of PANEL
+    columns: each panel's (in, PANEL) block contiguous, the last one narrower (step.cpp reads a
+    panel front to back)."""
     out, inp = weight.shape
     padded = torch.zeros(inp, -(-out // LANES) * LANES, dtype=torch.float32)
     padded[:, :out] = weight.detach().t()
-    return padded
+    return torch.cat([padded[:, o : o + PANEL].reshape(-1) for o in range(0, padded.shape[1], PANEL)])
 
 
 def _copy(t: Tensor) -> Tensor:

@@ -56,6 +56,24 @@ inline vec8 multiply_add(float x, vec8 w, vec8 acc) {
 #endif
 }
 
+// The horizontal sums of s[0], ..., s[7], as one vector.
+inline vec8 sums_of_8(const vec8* s) {
+#if defined(__AVX__)
+  const __m256 t0 = _mm256_hadd_ps(s[0], s[1]), t1 = _mm256_hadd_ps(s[2], s[3]);
+  const __m256 t2 = _mm256_hadd_ps(s[4], s[5]), t3 = _mm256_hadd_ps(s[6], s[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // quarter sums per half
+  return _mm256_permute2f128_ps(u0, u1, 0x20) + _mm256_permute2f128_ps(u0, u1, 0x31);
+#else
+  vec8 out;
+  for (int j = 0; j < kLanes; ++j) {
+    float sum = 0;
+    for (int i = 0; i < kLanes; ++i) sum += s[j][i];
+    out[j] = sum;
+  }
+  return out;
+#endif
+}
+
 inline int64_t pad8(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 // Y[r, o] += sum_i X[r, i] * WT[i, o] for RB rows and OV * 8 columns, all accumulators in registers.
@@ -87,17 +105,22 @@ void product_columns(const float* X, int64_t ldx, int64_t rows, int64_t in, cons
   if (rows - r == 1) product_block<1, OV>(X + r * ldx, ldx, WT, ldw, Y + r * ldy, ldy, in);
 }
 
-// Y (rows, ldy) += X (rows, in; row stride ldx) @ WT (in, out_padded). Column blocks outside, rows
-// inside, so that a block of weights stays in L1 while every row uses it.
-void product(const float* X, int64_t ldx, int64_t rows, int64_t in, const float* WT,
+constexpr int64_t kPanel = 4 * kLanes;  // the columns of one panel (see faststep.py)
+
+// Y (rows, ldy) += X (rows, in; row stride ldx) @ W, with W packed as panels: the columns
+// [o, o + 32) of the transposed (in, out_padded) matrix stored contiguously, (in, 32) each, the
+// last panel as narrow as what is left. A panel is read front to back once per call (the
+// prefetcher's favourite) and stays in L1 while every row block uses it.
+void product(const float* X, int64_t ldx, int64_t rows, int64_t in, const float* W,
              int64_t out_padded, float* Y, int64_t ldy) {
   int64_t o = 0;
-  for (; o + 4 * kLanes <= out_padded; o += 4 * kLanes)
-    product_columns<4>(X, ldx, rows, in, WT + o, out_padded, Y + o, ldy);
-  switch ((out_padded - o) / kLanes) {
-    case 3: product_columns<3>(X, ldx, rows, in, WT + o, out_padded, Y + o, ldy); break;
-    case 2: product_columns<2>(X, ldx, rows, in, WT + o, out_padded, Y + o, ldy); break;
-    case 1: product_columns<1>(X, ldx, rows, in, WT + o, out_padded, Y + o, ldy); break;
+  for (; o + kPanel <= out_padded; o += kPanel)
+    product_columns<4>(X, ldx, rows, in, W + o * in, kPanel, Y + o, ldy);
+  const int64_t rest = out_padded - o;
+  switch (rest / kLanes) {
+    case 3: product_columns<3>(X, ldx, rows, in, W + o * in, rest, Y + o, ldy); break;
+    case 2: product_columns<2>(X, ldx, rows, in, W + o * in, rest, Y + o, ldy); break;
+    case 1: product_columns<1>(X, ldx, rows, in, W + o * in, rest, Y + o, ldy); break;
     default: break;
   }
 }
@@ -211,18 +234,37 @@ void step_rows(const Dims& d, const float* const* weights, const int64_t* tokens
       }
 #pragma omp simd
       for (int64_t i = 0; i < E * N; ++i) dA[i] = std::exp(dA[i]);
-      for (int64_t e = 0; e < E; ++e) {
-        const float du = db[e] * xcb[e];
-        const float* dAe = dA + e * N;
-        const float* h0 = hin + e * N;
-        float* h1 = hout + e * N;
-        float acc = 0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t n = 0; n < N; ++n) {
-          h1[n] = dAe[n] * h0[n] + du * Bv[n];
-          acc += h1[n] * Cv[n];
+      if (N % kLanes == 0 && E % kLanes == 0) {
+        // 8 channels at a time, so that their 8 sums over n are reduced together
+        for (int64_t e0 = 0; e0 < E; e0 += kLanes) {
+          vec8 sums[kLanes];
+          for (int j = 0; j < kLanes; ++j) {
+            const int64_t e = e0 + j;
+            const float du = db[e] * xcb[e];
+            vec8 acc = {};
+            for (int64_t n = 0; n < N; n += kLanes) {
+              const vec8 h = load8(dA + e * N + n) * load8(hin + e * N + n) + du * load8(Bv + n);
+              store8(hout + e * N + n, h);
+              acc += h * load8(Cv + n);
+            }
+            sums[j] = acc;
+          }
+          store8(yb + e0, sums_of_8(sums) + load8(Dskip + e0) * load8(xcb + e0));
         }
-        yb[e] = acc + Dskip[e] * xcb[e];
+      } else {
+        for (int64_t e = 0; e < E; ++e) {
+          const float du = db[e] * xcb[e];
+          const float* dAe = dA + e * N;
+          const float* h0 = hin + e * N;
+          float* h1 = hout + e * N;
+          float acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t n = 0; n < N; ++n) {
+            h1[n] = dAe[n] * h0[n] + du * Bv[n];
+            acc += h1[n] * Cv[n];
+          }
+          yb[e] = acc + Dskip[e] * xcb[e];
+        }
       }
 #pragma omp simd
       for (int64_t e = 0; e < E; ++e) yb[e] *= silu(zb[e]);

@@ -1,9 +1,12 @@
-"""The fused C++ inference step (calmd/model/faststep.py, csrc/step.cpp) against the eager step.
+"""The fused C++ inference step and prefill (calmd/model/faststep.py, csrc/step.cpp) against the
+eager step and the parallel path.
 
-`CalmModel.step_eager` is the reference. Every size the toolbox makes (nano, micro, mini: mini
+`CalmModel.step_eager` and the parallel prefill (what runs with autograd, or with the fused
+kernel switched off) are the references. Every size the toolbox makes (nano, micro, mini: mini
 has the FFN), batch 1, 6 and 12, from states a prefill left, over many steps; odd shapes that
-exercise the kernel's padding; the beam search's row gather; a loop of fused steps against the
-parallel forward; when the packed weights must be packed again; what the fallback does."""
+exercise the kernel's padding; the beam search's row gather; a loop of fused steps and the fused
+prefill against the parallel forward, across the kernel's chunks of positions; when the packed
+weights must be packed again; what the fallback does."""
 
 from __future__ import annotations
 
@@ -63,6 +66,18 @@ def assert_states_close(a: InferenceState, b: InferenceState) -> None:
     assert_close(a.ssm, b.ssm, "SSM state")
 
 
+def parallel_prefill(
+    model: CalmModel, tokens: torch.Tensor, state: InferenceState | None = None
+) -> tuple[torch.Tensor, InferenceState]:
+    """The reference: the parallel path (the fused kernel off), as training runs it."""
+    faststep.use_fused = False
+    try:
+        with torch.inference_mode():
+            return model.prefill(tokens, state)
+    finally:
+        faststep.use_fused = True
+
+
 def run_both(model: CalmModel, start: InferenceState, tokens: torch.Tensor) -> None:
     """Step `tokens` (B, T) from `start` with the fused and the eager step; same logits, states."""
     fused, eager = start.clone(), start.clone()
@@ -80,9 +95,7 @@ def test_fused_step_equals_eager_step_from_a_prefill(size: str, batch: int) -> N
     model = random_model(SIZES[size], seed=batch)
     assert model._packed is not None  # eval() packed the weights
     gen = torch.Generator().manual_seed(len(size) * 100 + batch)
-    context = torch.randint(0, 320, (batch, 17), generator=gen)
-    with torch.inference_mode():
-        _, start = model.prefill(context)
+    _, start = parallel_prefill(model, torch.randint(0, 320, (batch, 17), generator=gen))
     steps = 8 if size == "mini" else 40
     run_both(model, start, torch.randint(0, 320, (batch, steps), generator=gen))
 
@@ -90,8 +103,7 @@ def test_fused_step_equals_eager_step_from_a_prefill(size: str, batch: int) -> N
 def test_odd_shapes_exercise_the_padding() -> None:
     model = random_model(ODD, seed=3)
     gen = torch.Generator().manual_seed(3)
-    with torch.inference_mode():
-        _, start = model.prefill(torch.randint(0, 320, (5, 7), generator=gen))
+    _, start = parallel_prefill(model, torch.randint(0, 320, (5, 7), generator=gen))
     run_both(model, start, torch.randint(0, 320, (5, 25), generator=gen))
 
 
@@ -99,11 +111,11 @@ def test_odd_shapes_exercise_the_padding() -> None:
 def test_a_loop_of_fused_steps_equals_the_parallel_forward(cfg: ModelConfig) -> None:
     model = random_model(cfg, seed=4)
     tokens = torch.randint(0, 320, (3, 48), generator=torch.Generator().manual_seed(4))
+    full, whole = parallel_prefill(model, tokens)  # (3, 48, V)
     with torch.inference_mode():
-        full, whole = model.prefill(tokens)  # (3, 48, V)
         for split in (0, 1, 20, 47):
             if split:
-                pre, state = model.prefill(tokens[:, :split])
+                pre, state = parallel_prefill(model, tokens[:, :split])
                 logits = [pre]
             else:
                 state, logits = model.empty_state(3), []
@@ -116,11 +128,53 @@ def test_a_loop_of_fused_steps_equals_the_parallel_forward(cfg: ModelConfig) -> 
             torch.testing.assert_close(state.conv, whole.conv, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("size", "batch", "length"),
+    # the kernel runs 256 positions at a time (256 // batch tokens per row): 300 and 50 cross it
+    [("nano", 1, 300), ("nano", 6, 50), ("nano", 12, 3), ("micro", 2, 40), ("mini", 1, 20)],
+)
+def test_fused_prefill_equals_the_parallel_path(size: str, batch: int, length: int) -> None:
+    model = random_model(SIZES[size], seed=length)
+    gen = torch.Generator().manual_seed(length)
+    context, tokens = (torch.randint(0, 320, (batch, n), generator=gen) for n in (9, length))
+    _, start = parallel_prefill(model, context)
+    for state in (None, start):
+        want_logits, want = parallel_prefill(model, tokens, state)
+        with torch.inference_mode():
+            got_logits, got = model.prefill(tokens, state)
+        assert_close(got_logits, want_logits, "logits")
+        assert got.seen == want.seen == length + (0 if state is None else 9)
+        assert_close(got.conv, want.conv, "conv state")
+        assert_close(got.ssm, want.ssm, "SSM state")
+
+
+def test_odd_shapes_prefill_and_the_reference_scan_keeps_the_parallel_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = random_model(ODD, seed=13)
+    tokens = torch.randint(0, 320, (3, 30), generator=torch.Generator().manual_seed(13))
+    want, _ = parallel_prefill(model, tokens)
+    with torch.inference_mode():
+        got, _ = model.prefill(tokens)
+        assert_close(got, want, "logits")
+        with pytest.raises(IndexError, match="token 320 outside"):
+            model.prefill(torch.tensor([[1, 2, 320]]))
+        model.set_reference_scan(True)  # a test of the reference scan must run it
+
+        def no_fused_prefill(*args: object) -> None:
+            raise AssertionError("the fused prefill ran with the reference scan on")
+
+        monkeypatch.setattr(faststep, "prefill", no_fused_prefill)
+        reference, _ = model.prefill(tokens)
+    assert_close(reference, want, "logits")
+
+
 def test_the_step_leaves_its_input_state_alone() -> None:
     model = random_model(SIZES["nano"], seed=5)
     with torch.inference_mode():
         _, state = model.prefill(torch.randint(0, 320, (2, 9)))
         before = state.clone()
+        model.prefill(torch.tensor([[5, 6], [7, 8]]), state)
         model.step(state, torch.tensor([65, 66]))
     assert torch.equal(state.conv, before.conv) and torch.equal(state.ssm, before.ssm)
 
@@ -196,18 +250,18 @@ def test_a_rows_result_does_not_depend_on_the_batch_it_runs_in() -> None:
 def test_rows_are_split_over_threads_above_16_rows_with_the_same_result() -> None:
     model = random_model(SIZES["nano"], seed=10)
     gen = torch.Generator().manual_seed(10)
-    with torch.inference_mode():
-        _, state = model.prefill(torch.randint(0, 320, (40, 5), generator=gen))
-    tokens = torch.randint(0, 320, (40,), generator=gen)
+    _, state = parallel_prefill(model, torch.randint(0, 320, (40, 5), generator=gen))
+    tokens = torch.randint(0, 320, (40, 3), generator=gen)
     results = []
     for threads in (1, 2, 3):
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            results.append(model.step(state, tokens))
-    for logits, after in results[1:]:
-        assert torch.equal(logits, results[0][0])
-        assert torch.equal(after.ssm, results[0][1].ssm) and torch.equal(after.conv, results[0][1].conv)
-    run_both(model, state, tokens[:, None])
+            results.append((*model.step(state, tokens[:, 0]), *model.prefill(tokens, state)))
+    for step_logits, step_state, logits, after in results[1:]:
+        assert torch.equal(step_logits, results[0][0]) and torch.equal(logits, results[0][2])
+        assert torch.equal(step_state.ssm, results[0][1].ssm) and torch.equal(after.ssm, results[0][3].ssm)
+        assert torch.equal(after.conv, results[0][3].conv)
+    run_both(model, state, tokens)
 
 
 def test_autograd_float64_and_the_switch_take_the_eager_step() -> None:

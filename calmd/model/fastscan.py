@@ -115,7 +115,7 @@ def _load(path: Path) -> ctypes.CDLL:
         bwd.argtypes = [ptr] * 16 + [i64] * 4 + [c_int]
         bwd.restype = None
     step = lib.calm_step_f32  # csrc/step.cpp; faststep.py calls it
-    step.argtypes = [ptr] * 6 + [i64] + [ptr] * 3 + [i64, c_int]
+    step.argtypes = [ptr] * 3 + [i64] + [ptr] * 3 + [i64] + [ptr] * 3 + [c_int, i64, c_int]
     step.restype = c_int
     return lib
 

@@ -135,34 +135,51 @@ def step(
     SSM (L, B, E, N) states. conv and ssm are the stacked states of `InferenceState`; row b of
     the result continues row `rows[b]` of them (all rows in order when None). Inputs are not
     modified. Raises IndexError for a token outside the vocabulary or a row outside the state."""
+    return _run(packed, conv, ssm, token.reshape(-1, 1), rows, last_only=True)
+
+
+def prefill(
+    packed: PackedWeights, conv: Tensor, ssm: Tensor, tokens: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every row of `tokens` (B, T) through the model from the states conv, ssm (as `step`):
+    logits (B, T, V) and the states after the last token. The products of all B * T positions
+    run together (as the parallel forward's matmuls do); the conv and the scan walk the tokens
+    of each row in order."""
+    return _run(packed, conv, ssm, tokens, None, last_only=False)
+
+
+def _run(
+    packed: PackedWeights, conv: Tensor, ssm: Tensor, tokens: Tensor, rows: Tensor | None, *, last_only: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     lib = fastscan.library()
-    assert lib is not None, "faststep.step without the library: check supports() first"
+    assert lib is not None, "faststep without the library: check supports() first"
     conv = conv.contiguous() if conv.dtype == torch.float32 else conv.float().contiguous()
     ssm = ssm.contiguous() if ssm.dtype == torch.float32 else ssm.float().contiguous()
-    token = token.reshape(-1)
-    if token.dtype != torch.int64 or not token.is_contiguous():
-        token = token.to(torch.int64).contiguous()
+    if tokens.dtype != torch.int64 or not tokens.is_contiguous():
+        tokens = tokens.to(torch.int64).contiguous()
     batch_in = conv.shape[1]
-    batch = token.shape[0]
+    batch, length = tokens.shape
     if rows is not None:
         rows = rows.to(torch.int64).contiguous() if rows.dtype != torch.int64 else rows.contiguous()
         assert rows.shape == (batch,), "one source row per token"
     else:
-        assert batch == batch_in, f"{batch} tokens for a state of {batch_in} rows"
+        assert batch == batch_in, f"{batch} rows of tokens for a state of {batch_in} rows"
     n_layers, K, E, N = packed.n_layers, packed.d_conv, packed.d_inner, packed.d_state
     assert conv.shape == (n_layers, batch_in, K, E) and ssm.shape == (n_layers, batch_in, E, N)
     new_conv = torch.empty((n_layers, batch, K, E), dtype=torch.float32)
     new_ssm = torch.empty((n_layers, batch, E, N), dtype=torch.float32)
-    logits = torch.empty((batch, packed.vocab), dtype=torch.float32)
+    shape = (batch, packed.vocab) if last_only else (batch, length, packed.vocab)
+    logits = torch.empty(shape, dtype=torch.float32)
     failed = lib.calm_step_f32(
-        packed.dims, packed.table, token.data_ptr(), None if rows is None else rows.data_ptr(),
+        packed.dims, packed.table, tokens.data_ptr(), length, None if rows is None else rows.data_ptr(),
         conv.data_ptr(), ssm.data_ptr(), batch_in, new_conv.data_ptr(), new_ssm.data_ptr(),
-        logits.data_ptr(), batch, torch.get_num_threads(),
+        logits.data_ptr(), last_only, batch, torch.get_num_threads(),
     )  # fmt: skip
     if failed:
         row = -1 - failed
-        raise IndexError(
-            f"row {row}: token {int(token[row])} outside the vocabulary of {packed.vocab}"
-            + ("" if rows is None else f" or source row {int(rows[row])} outside {batch_in} rows")
-        )
+        bad = [int(t) for t in tokens[row] if not 0 <= int(t) < packed.vocab]
+        if bad:
+            raise IndexError(f"row {row}: token {bad[0]} outside the vocabulary of {packed.vocab}")
+        assert rows is not None
+        raise IndexError(f"row {row}: source row {int(rows[row])} outside {batch_in} rows")
     return logits, new_conv, new_ssm

@@ -148,179 +148,239 @@ enum LayerField {
 };
 enum GlobalField { kEmbedding, kHeadT, kNormF, kGlobalFields };
 
-// Rows [begin, end) of the batch, all layers; `scratch` is this worker's.
-void step_rows(const Dims& d, const float* const* weights, const int64_t* tokens, const int64_t* rows,
-               const float* conv_in, const float* ssm_in, int64_t batch_in, float* conv_out,
-               float* ssm_out, float* logits, int64_t batch, int64_t begin, int64_t end,
-               std::vector<float>& scratch) {
+// Rows [begin, end) of the batch through tokens [t0, t0 + T) of each row, all layers, in one pass
+// per layer: the products run over all nb * T positions at once (a weight panel serves them all),
+// the conv and the scan walk each row's positions in order. The state is read from (conv_in,
+// ssm_in; row rows[b] when gathering) and written to (conv_out, ssm_out), which may be the same
+// buffers when nothing is gathered. `scratch` is this worker's.
+struct Run {
+  const Dims& d;
+  const float* const* weights;
+  const int64_t* tokens;  // (batch, length)
+  int64_t length;
+  const int64_t* rows;  // nullptr: row b continues row b
+  const float* conv_in;
+  const float* ssm_in;
+  int64_t batch_in;
+  float* conv_out;
+  float* ssm_out;
+  float* logits;  // (batch, length, V), or (batch, V) with last_only
+  bool last_only;
+  int64_t batch;
+};
+
+void run_rows(const Run& run, int64_t begin, int64_t end, int64_t t0, int64_t T, bool gather,
+              std::vector<float>& scratch) {
+  const Dims& d = run.d;
+  const float* const* weights = run.weights;
   const int64_t D = d.D, E = d.E, N = d.N, K = d.K, R = d.R, V = d.V, H = d.H;
   const int64_t Dp = pad8(D), XZp = pad8(2 * E), Ep = pad8(E), XPp = pad8(R + 2 * N), Hp = pad8(H),
                 Vp = pad8(V);
-  const int64_t nb = end - begin;
-  const int64_t per_row = 2 * Dp + XZp + 3 * Ep + XPp + Hp + Vp;
-  if (static_cast<int64_t>(scratch.size()) < nb * per_row + E * N) scratch.resize(nb * per_row + E * N);
-  float* x = scratch.data();    // (nb, Dp) the residual stream
-  float* u = x + nb * Dp;       // (nb, Dp) a norm's output
-  float* xz = u + nb * Dp;      // (nb, XZp) in_proj: xs then z
-  float* xc = xz + nb * XZp;    // (nb, Ep) after the conv and silu
-  float* delta = xc + nb * Ep;  // (nb, Ep)
-  float* y = delta + nb * Ep;   // (nb, Ep)
-  float* dbc = y + nb * Ep;     // (nb, XPp) x_proj: dt, B, C
-  float* hid = dbc + nb * XPp;  // (nb, Hp) the FFN's hidden layer
-  float* out = hid + nb * Hp;   // (nb, Vp) logits before the copy out
-  float* dA = out + nb * Vp;    // (E, N) one row's decays
+  const int64_t nb = end - begin, P = nb * T;  // positions: p = b * T + t
+  const int64_t per_position = 2 * Dp + XZp + 3 * Ep + XPp + Hp + Vp;
+  const int64_t size = P * per_position + E * N + K * E;
+  if (static_cast<int64_t>(scratch.size()) < size) scratch.resize(size);
+  float* x = scratch.data();    // (P, Dp) the residual stream
+  float* u = x + P * Dp;        // (P, Dp) a norm's output
+  float* xz = u + P * Dp;       // (P, XZp) in_proj: xs then z
+  float* xc = xz + P * XZp;     // (P, Ep) after the conv and silu
+  float* delta = xc + P * Ep;   // (P, Ep)
+  float* y = delta + P * Ep;    // (P, Ep)
+  float* dbc = y + P * Ep;      // (P, XPp) x_proj: dt, B, C
+  float* hid = dbc + P * XPp;   // (P, Hp) the FFN's hidden layer
+  float* out = hid + P * Hp;    // (P, Vp) logits before the copy out
+  float* dA = out + P * Vp;     // (E, N) one position's decays
+  float* window = dA + E * N;   // (K, E) one row's conv inputs, oldest first
   // Padding columns (past D, E, ...) are never read: every product reads `in` real columns.
 
   const float* embedding = weights[kEmbedding];
-  for (int64_t b = 0; b < nb; ++b) std::memcpy(x + b * Dp, embedding + tokens[begin + b] * D, sizeof(float) * D);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(x + (b * T + t) * Dp, embedding + run.tokens[(begin + b) * run.length + t0 + t] * D,
+                  sizeof(float) * D);
 
   for (int64_t l = 0; l < d.layers; ++l) {
     const float* const* w = weights + kGlobalFields + l * kLayerFields;
-    for (int64_t b = 0; b < nb; ++b) rms_norm(x + b * Dp, w[kNorm1], u + b * Dp, D);
-    std::memset(xz, 0, sizeof(float) * nb * XZp);
-    product(u, Dp, nb, D, w[kInProjT], XZp, xz, XZp);
+    for (int64_t p = 0; p < P; ++p) rms_norm(x + p * Dp, w[kNorm1], u + p * Dp, D);
+    std::memset(xz, 0, sizeof(float) * P * XZp);
+    product(u, Dp, P, D, w[kInProjT], XZp, xz, XZp);
     // causal conv: shift the window by one input, then the depthwise filter
     const float* conv_w = w[kConvT];
     const float* conv_b = w[kConvBias];
     for (int64_t b = 0; b < nb; ++b) {
-      const int64_t src = rows ? rows[begin + b] : begin + b;
-      const float* cin = conv_in + (l * batch_in + src) * K * E;
-      float* cout = conv_out + (l * batch + begin + b) * K * E;
-      std::memcpy(cout, cin + E, sizeof(float) * (K - 1) * E);
-      std::memcpy(cout + (K - 1) * E, xz + b * XZp, sizeof(float) * E);
-      float* xcb = xc + b * Ep;
-      // k outside and e inside, so that each loop runs over contiguous channels (vectorised)
+      const int64_t src = gather && run.rows ? run.rows[begin + b] : begin + b;
+      const int64_t batch_in = gather ? run.batch_in : run.batch;
+      const float* cin = (gather ? run.conv_in : run.conv_out) + (l * batch_in + src) * K * E;
+      std::memcpy(window, cin, sizeof(float) * K * E);
+      for (int64_t t = 0; t < T; ++t) {
+        std::memmove(window, window + E, sizeof(float) * (K - 1) * E);
+        std::memcpy(window + (K - 1) * E, xz + (b * T + t) * XZp, sizeof(float) * E);
+        float* xcp = xc + (b * T + t) * Ep;
+        // k outside and e inside, so that each loop runs over contiguous channels (vectorised)
 #pragma omp simd
-      for (int64_t e = 0; e < E; ++e) xcb[e] = cout[e] * conv_w[e];
-      for (int64_t k = 1; k < K; ++k) {
-        const float* ck = cout + k * E;
-        const float* wk = conv_w + k * E;
+        for (int64_t e = 0; e < E; ++e) xcp[e] = window[e] * conv_w[e];
+        for (int64_t k = 1; k < K; ++k) {
+          const float* ck = window + k * E;
+          const float* wk = conv_w + k * E;
 #pragma omp simd
-        for (int64_t e = 0; e < E; ++e) xcb[e] += ck[e] * wk[e];
+          for (int64_t e = 0; e < E; ++e) xcp[e] += ck[e] * wk[e];
+        }
+#pragma omp simd
+        for (int64_t e = 0; e < E; ++e) xcp[e] = silu(xcp[e] + conv_b[e]);
       }
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) xcb[e] = silu(xcb[e] + conv_b[e]);
+      std::memcpy(run.conv_out + (l * run.batch + begin + b) * K * E, window, sizeof(float) * K * E);
     }
-    std::memset(dbc, 0, sizeof(float) * nb * XPp);
-    product(xc, Ep, nb, E, w[kXProjT], XPp, dbc, XPp);
-    for (int64_t b = 0; b < nb; ++b) std::memcpy(delta + b * Ep, w[kDtBias], sizeof(float) * E);
-    product(dbc, XPp, nb, R, w[kDtProjT], Ep, delta, Ep);
-    // selective scan, one step: the state of each (row, channel) is N floats
+    std::memset(dbc, 0, sizeof(float) * P * XPp);
+    product(xc, Ep, P, E, w[kXProjT], XPp, dbc, XPp);
+    for (int64_t p = 0; p < P; ++p) std::memcpy(delta + p * Ep, w[kDtBias], sizeof(float) * E);
+    product(dbc, XPp, P, R, w[kDtProjT], Ep, delta, Ep);
+    // selective scan: the state of each (row, channel) is N floats, updated in place in ssm_out
     const float* A = w[kA];
     const float* Dskip = w[kD];
     for (int64_t b = 0; b < nb; ++b) {
-      const int64_t src = rows ? rows[begin + b] : begin + b;
-      const float* hin = ssm_in + (l * batch_in + src) * E * N;
-      float* hout = ssm_out + (l * batch + begin + b) * E * N;
-      float* db = delta + b * Ep;
-      const float* xcb = xc + b * Ep;
-      const float* Bv = dbc + b * XPp + R;
-      const float* Cv = Bv + N;
-      const float* zb = xz + b * XZp + E;
-      float* yb = y + b * Ep;
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) {  // softplus, threshold 20 as torch's
-        const float v = db[e];
-        db[e] = v > 20.0f ? v : std::log1p(std::exp(v));
+      float* h = run.ssm_out + (l * run.batch + begin + b) * E * N;
+      if (gather) {
+        const int64_t src = run.rows ? run.rows[begin + b] : begin + b;
+        const float* hin = run.ssm_in + (l * run.batch_in + src) * E * N;
+        if (hin != h) std::memcpy(h, hin, sizeof(float) * E * N);
       }
-      // the decays exp(delta A) first, in one flat loop: calling the vector exp inside the loop
-      // below made the compiler spill its accumulators around every call
-      for (int64_t e = 0; e < E; ++e) {
-        const float de = db[e];
-        const float* a = A + e * N;
-        float* dAe = dA + e * N;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t p = b * T + t;
+        float* dp = delta + p * Ep;
+        const float* xcp = xc + p * Ep;
+        const float* Bv = dbc + p * XPp + R;
+        const float* Cv = Bv + N;
+        const float* zp = xz + p * XZp + E;
+        float* yp = y + p * Ep;
 #pragma omp simd
-        for (int64_t n = 0; n < N; ++n) dAe[n] = de * a[n];
-      }
-#pragma omp simd
-      for (int64_t i = 0; i < E * N; ++i) dA[i] = std::exp(dA[i]);
-      if (N % kLanes == 0 && E % kLanes == 0) {
-        // 8 channels at a time, so that their 8 sums over n are reduced together
-        for (int64_t e0 = 0; e0 < E; e0 += kLanes) {
-          vec8 sums[kLanes];
-          for (int j = 0; j < kLanes; ++j) {
-            const int64_t e = e0 + j;
-            const float du = db[e] * xcb[e];
-            vec8 acc = {};
-            for (int64_t n = 0; n < N; n += kLanes) {
-              const vec8 h = load8(dA + e * N + n) * load8(hin + e * N + n) + du * load8(Bv + n);
-              store8(hout + e * N + n, h);
-              acc += h * load8(Cv + n);
-            }
-            sums[j] = acc;
-          }
-          store8(yb + e0, sums_of_8(sums) + load8(Dskip + e0) * load8(xcb + e0));
+        for (int64_t e = 0; e < E; ++e) {  // softplus, threshold 20 as torch's
+          const float v = dp[e];
+          dp[e] = v > 20.0f ? v : std::log1p(std::exp(v));
         }
-      } else {
+        // the decays exp(delta A) first, in one flat loop: calling the vector exp inside the
+        // loop below made the compiler spill its accumulators around every call
         for (int64_t e = 0; e < E; ++e) {
-          const float du = db[e] * xcb[e];
-          const float* dAe = dA + e * N;
-          const float* h0 = hin + e * N;
-          float* h1 = hout + e * N;
-          float acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t n = 0; n < N; ++n) {
-            h1[n] = dAe[n] * h0[n] + du * Bv[n];
-            acc += h1[n] * Cv[n];
-          }
-          yb[e] = acc + Dskip[e] * xcb[e];
-        }
-      }
+          const float de = dp[e];
+          const float* a = A + e * N;
+          float* dAe = dA + e * N;
 #pragma omp simd
-      for (int64_t e = 0; e < E; ++e) yb[e] *= silu(zb[e]);
-    }
-    product(y, Ep, nb, E, w[kOutProjT], Dp, x, Dp);  // the residual: x += out_proj(y)
-    if (H) {
-      for (int64_t b = 0; b < nb; ++b) rms_norm(x + b * Dp, w[kNorm2], u + b * Dp, D);
-      std::memset(hid, 0, sizeof(float) * nb * Hp);
-      product(u, Dp, nb, D, w[kUpT], Hp, hid, Hp);
-      for (int64_t b = 0; b < nb; ++b) {
-        float* hb = hid + b * Hp;
-        for (int64_t i = 0; i < H; ++i) hb[i] = 0.5f * hb[i] * (1.0f + std::erf(hb[i] * 0.70710678118654752f));
+          for (int64_t n = 0; n < N; ++n) dAe[n] = de * a[n];
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < E * N; ++i) dA[i] = std::exp(dA[i]);
+        if (N % kLanes == 0 && E % kLanes == 0) {
+          // 8 channels at a time, so that their 8 sums over n are reduced together
+          for (int64_t e0 = 0; e0 < E; e0 += kLanes) {
+            vec8 sums[kLanes];
+            for (int j = 0; j < kLanes; ++j) {
+              const int64_t e = e0 + j;
+              const float du = dp[e] * xcp[e];
+              vec8 acc = {};
+              for (int64_t n = 0; n < N; n += kLanes) {
+                const vec8 hn = load8(dA + e * N + n) * load8(h + e * N + n) + du * load8(Bv + n);
+                store8(h + e * N + n, hn);
+                acc += hn * load8(Cv + n);
+              }
+              sums[j] = acc;
+            }
+            store8(yp + e0, sums_of_8(sums) + load8(Dskip + e0) * load8(xcp + e0));
+          }
+        } else {
+          for (int64_t e = 0; e < E; ++e) {
+            const float du = dp[e] * xcp[e];
+            const float* dAe = dA + e * N;
+            float* he = h + e * N;
+            float acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t n = 0; n < N; ++n) {
+              he[n] = dAe[n] * he[n] + du * Bv[n];
+              acc += he[n] * Cv[n];
+            }
+            yp[e] = acc + Dskip[e] * xcp[e];
+          }
+        }
+#pragma omp simd
+        for (int64_t e = 0; e < E; ++e) yp[e] *= silu(zp[e]);
       }
-      product(hid, Hp, nb, H, w[kDownT], Dp, x, Dp);
+    }
+    product(y, Ep, P, E, w[kOutProjT], Dp, x, Dp);  // the residual: x += out_proj(y)
+    if (H) {
+      for (int64_t p = 0; p < P; ++p) rms_norm(x + p * Dp, w[kNorm2], u + p * Dp, D);
+      std::memset(hid, 0, sizeof(float) * P * Hp);
+      product(u, Dp, P, D, w[kUpT], Hp, hid, Hp);
+      for (int64_t p = 0; p < P; ++p) {
+        float* hp = hid + p * Hp;
+        for (int64_t i = 0; i < H; ++i) hp[i] = 0.5f * hp[i] * (1.0f + std::erf(hp[i] * 0.70710678118654752f));
+      }
+      product(hid, Hp, P, H, w[kDownT], Dp, x, Dp);
     }
   }
-  for (int64_t b = 0; b < nb; ++b) rms_norm(x + b * Dp, weights[kNormF], u + b * Dp, D);
-  std::memset(out, 0, sizeof(float) * nb * Vp);
-  product(u, Dp, nb, D, weights[kHeadT], Vp, out, Vp);
-  for (int64_t b = 0; b < nb; ++b) std::memcpy(logits + (begin + b) * V, out + b * Vp, sizeof(float) * V);
+  // the head: every position, or with last_only each row's last one (the chunk that holds it)
+  if (run.last_only && t0 + T < run.length) return;
+  const int64_t first = run.last_only ? T - 1 : 0, heads = T - first;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t t = first; t < T; ++t)
+      rms_norm(x + (b * T + t) * Dp, weights[kNormF], u + (b * heads + t - first) * Dp, D);
+  std::memset(out, 0, sizeof(float) * nb * heads * Vp);
+  product(u, Dp, nb * heads, D, weights[kHeadT], Vp, out, Vp);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t t = first; t < T; ++t) {
+      const int64_t at = run.last_only ? begin + b : (begin + b) * run.length + t0 + t;
+      std::memcpy(run.logits + at * V, out + (b * heads + t - first) * Vp, sizeof(float) * V);
+    }
+}
+
+// A worker's rows through every token, in chunks of positions that keep the scratch small (a
+// 768-token prefill would otherwise need ~6 MB per row); the first chunk gathers.
+void run_all(const Run& run, int64_t begin, int64_t end, std::vector<float>& scratch) {
+  constexpr int64_t kChunkPositions = 256;
+  const int64_t nb = end - begin;
+  const int64_t chunk = nb >= kChunkPositions ? 1 : kChunkPositions / nb;
+  for (int64_t t0 = 0; t0 < run.length; t0 += chunk) {
+    const int64_t T = run.length - t0 < chunk ? run.length - t0 : chunk;
+    run_rows(run, begin, end, t0, T, t0 == 0, scratch);
+  }
 }
 
 }  // namespace
 
 extern "C" {
 
-// Returns 0, or -1 - b for the first row b whose token (or source row) is out of range; nothing
+// Every row through `length` tokens (tokens: (batch, length)): a step is length 1, a prefill more.
+// Returns 0, or -1 - b for the first row b with a token (or source row) out of range; nothing
 // is written then. dims: d_model, n_layers, d_inner, d_state, d_conv, dt_rank, vocab, ffn hidden.
-// Above 16 rows and with threads > 1 the rows are split over threads (the daemon's beams, at
-// most a dozen rows, always run on the calling thread).
+// logits: (batch, length, V), or (batch, V) for each row's last token with last_only. Above 16
+// rows and with threads > 1 the rows are split over threads (the daemon's beams, at most a dozen
+// rows, always run on the calling thread).
 int calm_step_f32(const int64_t* dims, const float* const* weights, const int64_t* tokens,
-                  const int64_t* rows, const float* conv_in, const float* ssm_in, int64_t batch_in,
-                  float* conv_out, float* ssm_out, float* logits, int64_t batch, int threads) {
+                  int64_t length, const int64_t* rows, const float* conv_in, const float* ssm_in,
+                  int64_t batch_in, float* conv_out, float* ssm_out, float* logits, int last_only,
+                  int64_t batch, int threads) {
   const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]};
   for (int64_t b = 0; b < batch; ++b) {
-    if (tokens[b] < 0 || tokens[b] >= d.V) return static_cast<int>(-1 - b);
+    for (int64_t t = 0; t < length; ++t)
+      if (tokens[b * length + t] < 0 || tokens[b * length + t] >= d.V) return static_cast<int>(-1 - b);
     if (rows && (rows[b] < 0 || rows[b] >= batch_in)) return static_cast<int>(-1 - b);
   }
+  if (length < 1 || batch < 1) return 0;
+  const Run run{d, weights, tokens, length, rows, conv_in, ssm_in, batch_in, conv_out, ssm_out,
+                logits, last_only != 0, batch};
   constexpr int64_t kRowsPerThreadAtLeast = 16;
   int workers = threads;
   if (batch <= kRowsPerThreadAtLeast) workers = 1;
   if (workers > batch) workers = static_cast<int>(batch);
   if (workers <= 1) {
     thread_local std::vector<float> scratch;
-    step_rows(d, weights, tokens, rows, conv_in, ssm_in, batch_in, conv_out, ssm_out, logits, batch,
-              0, batch, scratch);
+    run_all(run, 0, batch, scratch);
     return 0;
   }
   std::vector<std::thread> pool;
   pool.reserve(workers);
   for (int w = 0; w < workers; ++w) {
     const int64_t begin = batch * w / workers, end = batch * (w + 1) / workers;
-    pool.emplace_back([=, &d] {
+    pool.emplace_back([&run, begin, end] {
       std::vector<float> scratch;
-      step_rows(d, weights, tokens, rows, conv_in, ssm_in, batch_in, conv_out, ssm_out, logits,
-                batch, begin, end, scratch);
+      run_all(run, begin, end, scratch);
     });
   }
   for (auto& t : pool) t.join();

@@ -234,17 +234,16 @@ void run_rows(const Run& run, int64_t begin, int64_t end, int64_t t0, int64_t T,
     product(xc, Ep, P, E, w[kXProjT], XPp, dbc, XPp);
     for (int64_t p = 0; p < P; ++p) std::memcpy(delta + p * Ep, w[kDtBias], sizeof(float) * E);
     product(dbc, XPp, P, R, w[kDtProjT], Ep, delta, Ep);
-    // selective scan: the state of each (row, channel) is N floats, updated in place in ssm_out
+    // selective scan: the state of each (row, channel) is N floats; the first token reads it
+    // from ssm_in (the gathered row) and writes it to ssm_out, the next ones update it there
     const float* A = w[kA];
     const float* Dskip = w[kD];
     for (int64_t b = 0; b < nb; ++b) {
       float* h = run.ssm_out + (l * run.batch + begin + b) * E * N;
-      if (gather) {
-        const int64_t src = run.rows ? run.rows[begin + b] : begin + b;
-        const float* hin = run.ssm_in + (l * run.batch_in + src) * E * N;
-        if (hin != h) std::memcpy(h, hin, sizeof(float) * E * N);
-      }
+      const int64_t src = gather && run.rows ? run.rows[begin + b] : begin + b;
+      const float* h_first = gather ? run.ssm_in + (l * run.batch_in + src) * E * N : h;
       for (int64_t t = 0; t < T; ++t) {
+        const float* h_prev = t ? h : h_first;
         const int64_t p = b * T + t;
         float* dp = delta + p * Ep;
         const float* xcp = xc + p * Ep;
@@ -277,7 +276,7 @@ void run_rows(const Run& run, int64_t begin, int64_t end, int64_t t0, int64_t T,
               const float du = dp[e] * xcp[e];
               vec8 acc = {};
               for (int64_t n = 0; n < N; n += kLanes) {
-                const vec8 hn = load8(dA + e * N + n) * load8(h + e * N + n) + du * load8(Bv + n);
+                const vec8 hn = load8(dA + e * N + n) * load8(h_prev + e * N + n) + du * load8(Bv + n);
                 store8(h + e * N + n, hn);
                 acc += hn * load8(Cv + n);
               }
@@ -289,11 +288,12 @@ void run_rows(const Run& run, int64_t begin, int64_t end, int64_t t0, int64_t T,
           for (int64_t e = 0; e < E; ++e) {
             const float du = dp[e] * xcp[e];
             const float* dAe = dA + e * N;
+            const float* hp = h_prev + e * N;
             float* he = h + e * N;
             float acc = 0;
 #pragma omp simd reduction(+ : acc)
             for (int64_t n = 0; n < N; ++n) {
-              he[n] = dAe[n] * he[n] + du * Bv[n];
+              he[n] = dAe[n] * hp[n] + du * Bv[n];
               acc += he[n] * Cv[n];
             }
             yp[e] = acc + Dskip[e] * xcp[e];

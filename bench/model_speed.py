@@ -6,7 +6,9 @@
    PyTorch scan against the plain-loop reference scan (goal >= 15k tokens/s).
 2. Recurrent step latency (ms per step, batch 1, 6 and 12, 1 thread) for each size: the eager
    step (the reference), its TorchScript trace and the fused C++ step (calmd/model/faststep.py),
-   in interleaved rounds so that all three see the same load; prefill of 768 tokens.
+   in interleaved rounds so that all three see the same load; then prefill of 26 tokens (what
+   a keystroke's new COMP frame typically costs) and of 768 (a whole context) through the
+   parallel path and the fused kernel, interleaved likewise.
 3. Five candidates of about 30 bytes for nano from a cached context (goal <= 20 ms median):
    beam search with the fused step and with the eager step, alternating request by request.
 4. A keystroke: a new user (empty history) types `git commit -m wip` in a real folder, ten
@@ -98,19 +100,15 @@ def step_speed(quick: bool) -> None:
     print(f"\n## recurrent inference, 1 thread, ms per step ({load()})")
     if not fused_ok:
         print(f"(no fused step: {fastscan.unavailable_reason()})")
-    print(f"{'size':<7}{'params':>11}{'batch':>6}{'eager':>9}{'traced':>9}{'fused':>9}{'eager/fused':>13}"
-          f"{'prefill 768':>13}")  # fmt: skip
+    print(f"{'size':<7}{'params':>11}{'batch':>6}{'eager':>9}{'traced':>9}{'fused':>9}{'eager/fused':>13}")
     rounds, repeat = (3, 20) if quick else (7, 40)
+    prefills = []
     for size in ("nano", "micro", "mini"):
         model = CalmModel(SIZES[size]).eval()
         model.trace_step()
         traced_step = model._traced_step
         with torch.inference_mode():
             _, start = model.prefill(torch.randint(0, 256, (1, 64)))  # a state a context left
-            ctx = torch.randint(0, 256, (1, 768))
-            prefill = statistics.median(
-                timed(lambda m=model, c=ctx: m.prefill(c), 3 if quick else 5, warmup=1)
-            )
             for batch in (1, 6, 12):
                 state, token = start.expand(batch), torch.randint(0, 256, (batch,))
                 ways: dict[str, Callable[[], object]] = {
@@ -119,19 +117,44 @@ def step_speed(quick: bool) -> None:
                 }
                 if fused_ok:
                     ways["fused"] = lambda m=model, s=state, t=token: m.step(s, t)
-                times: dict[str, list[float]] = {name: [] for name in ways}
-                for _ in range(rounds if size != "mini" else max(2, rounds // 2)):  # interleaved
-                    for name, fn in ways.items():
-                        model._traced_step = traced_step if name == "traced" else None
-                        times[name] += timed(fn, repeat if size != "mini" else repeat // 4, warmup=1)
-                model._traced_step = None
+                big = size == "mini"
+                times = interleaved(ways, max(2, rounds // 2) if big else rounds,
+                                    repeat // 4 if big else repeat, model, traced_step)  # fmt: skip
                 med = {name: statistics.median(t) * 1000 for name, t in times.items()}
                 fused = f"{med['fused']:>9.3f}{med['eager'] / med['fused']:>12.1f}x" if fused_ok else ""
                 params = f"{SIZES[size].param_count():>11,}" if batch == 1 else " " * 11
-                last = f"{prefill * 1000:>13.1f}" if batch == 1 else ""
-                print(f"{size if batch == 1 else '':<7}{params}{batch:>6}{med['eager']:>9.3f}"
-                      f"{med['traced']:>9.3f}{fused}{last}")  # fmt: skip
-    print(load())
+                name = size if batch == 1 else ""
+                print(f"{name:<7}{params}{batch:>6}{med['eager']:>9.3f}{med['traced']:>9.3f}{fused}")
+            for length in (26, 768):
+                ctx = torch.randint(0, 256, (1, length))
+                ways = {"parallel": lambda m=model, c=ctx, s=start: m.prefill(c, s)}
+                if fused_ok:
+                    ways["fused"] = lambda m=model, c=ctx, s=start: m.prefill(c, s)
+                n = 10 if length < 100 else (2 if size == "nano" else 1)
+                times = interleaved(ways, 2 if quick else 4, n, model, None)
+                medians = {way: statistics.median(t) * 1000 for way, t in times.items()}
+                prefills.append((size, length, medians))
+    print(f"\nprefill after a 64-token context, 1 thread, ms ({load()})")
+    print(f"{'size':<7}{'tokens':>7}{'parallel':>10}{'fused':>9}{'parallel/fused':>16}")
+    for size, length, med in prefills:
+        fused = f"{med['fused']:>9.2f}{med['parallel'] / med['fused']:>15.1f}x" if fused_ok else ""
+        print(f"{size:<7}{length:>7}{med['parallel']:>10.2f}{fused}")
+
+
+def interleaved(
+    ways: dict[str, Callable[[], object]], rounds: int, repeat: int, model: CalmModel, traced: object
+) -> dict[str, list[float]]:
+    """Each way timed `repeat` times per round, the ways in turn, so that all see the same load.
+    "traced" runs with the model's trace on, "eager"/"parallel" with the fused kernel off."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, fn in ways.items():
+            model._traced_step = traced if name == "traced" else None
+            faststep.use_fused = name not in ("eager", "parallel")
+            times[name] += timed(fn, repeat, warmup=1)
+    model._traced_step = None
+    faststep.use_fused = True
+    return times
 
 
 def candidate_speed(quick: bool) -> None:

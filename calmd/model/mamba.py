@@ -553,6 +553,10 @@ class CalmModel(nn.Module):
     def pack_weights(self) -> faststep.PackedWeights | None:
         """(Re)pack the weights for the fused step; done by eval(), and by a step after the
         weights changed. Returns None, dropping any old pack, when the kernel cannot run."""
+        weight = self.embedding.weight  # a quick no for CUDA and float64 models, at every step
+        if not faststep.available() or weight.device.type != "cpu" or weight.dtype != torch.float32:
+            self._packed = None
+            return None
         params = dict(self.named_parameters())
         self._packed = faststep.pack(self.cfg, params) if faststep.supports(params) else None
         return self._packed

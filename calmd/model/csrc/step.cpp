@@ -1,7 +1,9 @@
-// step.cpp: one recurrent inference step of the whole CALM model, fused, for B rows, float32.
+// step.cpp: the whole CALM model for B rows and T tokens per row, fused, float32: a recurrent
+// step (T = 1) or a prefill (T > 1).
 //
 // Built with scan.cpp into one library by calmd/model/fastscan.py and driven by
-// calmd/model/faststep.py. The arithmetic is that of CalmModel.step_eager in calmd/model/mamba.py:
+// calmd/model/faststep.py. The arithmetic is that of CalmModel.step_eager in calmd/model/mamba.py,
+// token after token:
 //
 //   x = embedding[token]
 //   per layer:  u = RMSNorm(x) * norm1;  (xs, z) = in_proj(u)
@@ -14,15 +16,17 @@
 // Why: the eager step is ~15 small torch ops per layer, each costing more in dispatch than its
 // arithmetic at these sizes (nano: 128 x 256 matrices, 1-12 rows). Here a step is one call.
 //
-// Weights come packed by faststep.py: every matrix transposed to (in, out) with `out` padded with
-// zero columns to a multiple of 8 floats, so that a product is a sequence of 8-wide
-// multiply-adds over contiguous weight rows (no horizontal sums, no tails), each weight row loaded
-// once for up to 3 batch rows. The loops over channels and states are vectorised by the compiler
-// (exp and friends through glibc's libmvec, as in scan.cpp).
+// Weights come packed by faststep.py: every matrix transposed to (in, out), `out` padded with zero
+// columns to a multiple of 8 floats and stored as panels of 32 columns, each (in, 32) panel
+// contiguous. A product is then a sequence of 8-wide fused multiply-adds over a panel read front
+// to back (no horizontal sums, no tails), each weight row loaded once for up to 3 positions.
+// The multiply-adds are explicit FMAs, so a row's result does not depend on the rows beside it.
+// The loops over channels and states are vectorised by the compiler (exp and friends through
+// glibc's libmvec, as in scan.cpp).
 //
 // State layout (contiguous, row-major): conv (n_layers, B, K, E), ssm (n_layers, B, E, N). Row b of
 // the output state continues row rows[b] of the input state (rows == nullptr: row b), so a beam
-// search's reordering can ride along with the step. Outputs never alias inputs.
+// search's reordering rides along with the step. Outputs never alias inputs.
 
 #include <cmath>
 #include <cstdint>

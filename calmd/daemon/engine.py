@@ -97,6 +97,9 @@ class RankWeights:
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
     typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
     # never (a search at every key); 2: typing along any of its lines does
+    scored: float = 8  # history proposals scored by the model per request (a latency bound)
+    beam: float = 6  # the beam search's width (at least the candidates asked for)
+    drop_budget: float = DROP_BUDGET  # junk lines the beams may finish before the search stops
 
     @classmethod
     def overrides(cls, items: list[str]) -> dict[str, float]:
@@ -222,8 +225,8 @@ class ModelEngine:
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.ghost = ghost or packaged_rule()
         self.home = os.environ.get("HOME")
-        self.max_scored = 8  # history proposals scored by the model per request (latency bound)
-        self.drop_budget = DROP_BUDGET
+        self.max_scored = int(self.weights.scored)
+        self.drop_budget = int(self.weights.drop_budget)
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
@@ -367,7 +370,7 @@ class ModelEngine:
                 own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
                 ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
             else:
-                search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+                search = self.generator.beam_search(ctx, width=max(int(self.weights.beam), n), start=start)
                 ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:

@@ -271,12 +271,11 @@ def cut_off(cmd: str, vocab: Vocabulary, user: UserVocabulary | None = None) -> 
               if offset + pos == len(words) - 1 and key and token and not key.endswith(" .")]  # fmt: skip
     cut = False
     for key, token in at_end:
-        known = set(vocab.known.get(key, frozenset()))
-        if user is not None:
-            known |= user.known.get(key, set())
-        if token in known:
+        corpus = vocab.known.get(key, frozenset())
+        mine = user.known.get(key, set()) if user is not None else set()
+        if token in corpus or token in mine:
             return False
-        cut = cut or any(k.startswith(token) and k != token for k in known)
+        cut = cut or any(k.startswith(token) for k in itertools.chain(corpus, mine))
     return cut
 
 

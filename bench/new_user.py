@@ -40,6 +40,7 @@ from calmd.shell.client import CalmClient
 HERE = Path(__file__).resolve().parent.parent
 LINE = "git commit -m wip"
 BASELINE = "6ebedc4"
+CACHE = Path.home() / ".cache" / "calm"  # the compiled kernels: a user's own, built once
 
 
 class Daemon:
@@ -53,7 +54,7 @@ class Daemon:
         self.socket = run / "calm" / "calmd.sock"
         env = {**os.environ, "HOME": str(self.home), "CALM_HOME": str(self.home / "data"),
                "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(self.socket),
-               "PYTHONPATH": str(tree)}  # fmt: skip
+               "PYTHONPATH": str(tree), "CALM_CACHE": os.environ.get("CALM_CACHE", str(CACHE))}  # fmt: skip
         argv = [sys.executable, "-c", "from calmd.cli import calmd_main; raise SystemExit(calmd_main())",
                 "serve", "--no-import"]  # fmt: skip
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -57,7 +57,10 @@ class Daemon:
                "PYTHONPATH": str(tree), "CALM_CACHE": os.environ.get("CALM_CACHE", str(CACHE))}  # fmt: skip
         argv = [sys.executable, "-c", "from calmd.cli import calmd_main; raise SystemExit(calmd_main())",
                 "serve", "--no-import"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # cwd: `python -c` puts the current folder first on sys.path, before PYTHONPATH
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_ready(self.proc, self.socket, timeout=180)
         self.client = CalmClient(self.socket, timeout=30)
         self.drawn = ""

@@ -59,7 +59,10 @@ def start_once(tree: Path) -> tuple[float, float, float]:
     argv = [sys.executable, "-c", "from calmd.cli import calmd_main; raise SystemExit(calmd_main())", "serve",
             "--no-import"]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # cwd: `python -c` puts the current folder first on sys.path, before PYTHONPATH
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

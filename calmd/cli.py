@@ -645,8 +645,12 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
     """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
     import logging
 
-    from calmd.daemon.engine import load_engine
     from calmd.daemon.server import ServerConfig, run_server
+
+    if engine_loader is None:  # the model's engine: torch and the model (1.5 s of imports) only here
+        from calmd.daemon.engine import load_engine
+
+        engine_loader = load_engine
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -663,7 +667,7 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
         graceful_timeout=args.graceful_timeout,
         prefetch=not args.no_prefetch,
     )
-    return run_server(config, engine_loader or load_engine)
+    return run_server(config, engine_loader)
 
 
 def _client(args: argparse.Namespace) -> CalmClient:

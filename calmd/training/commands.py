@@ -41,7 +41,8 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                        "help": "sequences for the Fisher estimate, 0 = store none (128)"}),
     "max_steps": (("--max-steps",), {"type": int, "help": "stop after N optimizer steps, 0 = all epochs"}),
     "max_minutes": (("--max-minutes",), {"type": float, "help": "wall-clock budget, 0 = none"}),
-    "plot": (("--plot",), {"metavar": "PNG", "help": "write the loss curve as a PNG"}),
+    "plot": (("--plot",), {"metavar": "FILE", "help": "draw the loss curve (training, held-out, "
+             "learning rate) as a PNG, or an SVG for FILE.svg; needs pip install 'calmd[plot]'"}),
     "checkpoint": (("--checkpoint",), {"metavar": "PATH", "help": "save the run's state here every "
                    "--checkpoint-every steps and when --max-minutes ends it (for --resume)"}),
     "checkpoint_every": (("--checkpoint-every",), {"type": int, "help": "steps between checkpoints (200)"}),

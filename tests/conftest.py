@@ -18,10 +18,16 @@ import pytest
 import torch
 
 from calmd.history.store import HistoryStore
-from tests.tools import need
+from tests.tools import in_ci, need
 
 if TYPE_CHECKING:
     from tests.daemon import Daemon
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it."""
+    if in_ci() and not config.option.durations:
+        config.option.durations = 15
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -19,6 +19,7 @@ from calmd.history.store import HistoryStore, detect_format, parse_history, unme
 from calmd.shell.client import CalmClient
 from calmd.training.datasets import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon
+from tests.tools import shared_data
 
 
 def test_record_and_filters(store: HistoryStore) -> None:
@@ -155,12 +156,9 @@ def test_import_zsh_file(store: HistoryStore, tmp_path: Path) -> None:
     assert [(r.ts, r.cmd) for r in rows] == [(1700000000.0, "cd src"), (1700000001.0, "make\n  install")]
 
 
-HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories"
-
-
-@pytest.mark.skipif(not HISTORIES.is_dir(), reason="shared/data not beside the repo")
 def test_import_public_histories(tmp_path: Path) -> None:
     """Every command of ten real users' files arrives, in order; the counts add up per file."""
+    HISTORIES = shared_data("histories")
     with open(HISTORIES / "manifest.tsv") as f:
         manifest = {row["id"]: row for row in csv.DictReader(f, delimiter="\t")}
     for user in sorted(manifest)[:10]:

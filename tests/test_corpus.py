@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from calmd.formats.tokenizer import HistoryEntry
 from calmd.history.frames import VocabularyFollowers
 from calmd.training.corpus import (
@@ -73,6 +75,7 @@ def test_history_examples_context_and_max_dup() -> None:
     assert examples[-1].fields["history"] == [HistoryEntry("make"), HistoryEntry("x")]
 
 
+@pytest.mark.slow  # every tldr page (12 s)
 def test_tldr_corpus_is_complete_and_reproducible() -> None:
     tldr = shared_data("tldr")
     first = list(tldr_examples(tldr, seed=3))

@@ -136,6 +136,7 @@ def reviewed() -> dict[str, str]:
     return verdicts
 
 
+@pytest.mark.slow  # every public command
 def test_false_positive_rate_on_real_histories() -> None:
     """Every public command the detector flags was read: those that hold no credential (or were
     never read) are false positives, and stay under 1e-4 of all commands. The credentials read

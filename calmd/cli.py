@@ -374,7 +374,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     weights = Path(args.weights) if args.weights else paths.weights_path()
     rollback(weights)
-    print(f"restored {weights} from {weights.with_name('shell.prev.cwgt')} (the daemon reloads it)")
+    print(f"restored {weights} from {paths.prev_weights_path(weights)} (the daemon reloads it)")
     return 0
 
 

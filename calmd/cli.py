@@ -704,19 +704,19 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
+    from calmd.daemon.filters import visible
     from calmd.shell.client import DaemonNotRunning
 
     history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
     try:
         with _client(args) as client:
             ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
-            for message in client.complete(args.text, n=args.n, session=args.session, **ctx):
+            # as zsh asks (a multi-line entry too); printed escaped, never raw: `\n`, `\e` ...
+            for message in client.complete(args.text, n=args.n, session=args.session, multiline=True,
+                                           **ctx):  # fmt: skip
                 if "candidate" in message:
-                    print(
-                        f"{message['score']:8.3f}  {message['candidate']}"
-                        if args.scores
-                        else message["candidate"]
-                    )
+                    text = visible(str(message["candidate"]))
+                    print(f"{message['score']:8.3f}  {text}" if args.scores else text)
                 elif args.scores:
                     print(
                         f"done in {message['ms']:.1f} ms"

@@ -325,3 +325,18 @@ def test_first_sync_indexes_only_the_newest_commands(tmp_path: Path) -> None:
     assert index.sync(store, limit=10) == 1  # later syncs take everything new
     assert index.commands[-1] == "echo new"
     store.close()
+
+
+def test_no_carry_over_from_a_multi_line_entry() -> None:
+    """The words of a multi-line entry (a `for` loop written over three lines) joined by spaces
+    after another command's head are no command: `git commit f in *.log; do gzip "$f" done`
+    was offered for `git co` after such a loop."""
+    index = HistoryIndex()
+    for cmd in ("git commit -m fix", "git checkout main", "mkdir build", "cd build", "kubectl logs web"):
+        index.add(cmd)
+    loop = 'for f in *.log; do\n  gzip "$f"\ndone'
+    index.add(loop)
+    for typed in ("git co", "kubectl lo", "cd ", ""):
+        pool = index.pool(typed, loop)
+        assert not [c for c in pool if "gzip" in c and c != loop], (typed, pool)
+    assert index.carryovers("cd ", "mkdir out") == ["cd out"]  # a one-line command still carries

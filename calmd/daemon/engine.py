@@ -48,7 +48,14 @@ import numpy as np
 from calmd import paths
 from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.daemon.disk import DIR_ARGUMENT, Disk, missing_argument
-from calmd.daemon.filters import Vocabulary, balanced, cwd_argument, invented, packaged_vocabulary
+from calmd.daemon.filters import (
+    Vocabulary,
+    balanced,
+    cwd_argument,
+    invented,
+    packaged_vocabulary,
+    terminal_safe,
+)
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
 from calmd.errors import CalmError
 from calmd.history.frames import VocabularyFollowers, current_word
@@ -486,6 +493,8 @@ class ModelEngine:
         cwd = str(ctx.get("cwd") or "")
 
         def judge(text: str) -> float | None:
+            if not terminal_safe(text, multiline=True):
+                return None  # drives the terminal (a newline only from a multi-line input typed)
             if text in side.proposals:
                 return -FAILING_PENALTY if text in side.failing else 0.0  # judged with the history's
             if not balanced(text):
@@ -562,8 +571,8 @@ class ModelEngine:
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
         for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd):
-                continue  # half a command (an open quote or bracket): never shown
+            if not balanced(cmd) or not terminal_safe(cmd, multiline=True):
+                continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
                 if find_secret(cmd) is not None or (
                     self.weights.vocabulary and self._made_up(cmd, typed, cwd)

@@ -1,6 +1,17 @@
-"""What is never suggested: junk lines and lines the model made up where it should not have.
+"""What is never suggested: lines that drive the terminal, junk lines, and lines the model made up
+where it should not have.
 
-Three checks, cheap enough to run on every candidate of every keystroke (microseconds each):
+- `terminal_safe`: no C0 or C1 control character (ESC, BEL, CR, NUL, U+009B ...): a candidate is
+  drawn by the shell as ghost text and inserted into the line, and a control character there
+  drives the terminal instead of being drawn (an OSC sets its title or clipboard, a CSI clears
+  it, CR hides what comes before) or runs a second command (a newline). A multi-line entry the
+  user wrote (a `for` loop over several lines) keeps its newlines only for a shell that draws
+  it as lines (zsh, `multiline` in the request): docs/protocol.md. The daemon checks it where
+  history proposals are pooled, in the judge of the model's lines, and on every candidate it
+  sends (calmd/daemon/server.py), whatever the engine did; the model cannot write one at all
+  (calmd/model/generate.py masks those bytes).
+
+Three more checks, cheap enough to run on every candidate of every keystroke (microseconds each):
 
 - `balanced`: quotes and brackets close. A line with an open quote or bracket (`git commit -m
   "fix main`, `awk '{print $1}`) is half a command: Enter would leave the shell waiting for more.
@@ -46,6 +57,42 @@ _PLAIN_WORD = re.compile(r"[a-z][a-z0-9_-]*\Z")  # a subcommand-like word (not a
 _FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*\Z")  # `-x`, `-xzf`, `--long` (value cut off)
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {")", "]", "}"}
+
+
+# --------------------------------------------------------------------------- the terminal
+
+# C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F): what a terminal acts on instead of drawing; and
+# lone surrogates (bytes that were not UTF-8), which no terminal draws either.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_OR_BACKSLASH = re.compile("[\\\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_NAMED_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e", "\\": "\\\\"}
+
+
+def terminal_safe(text: str, *, multiline: bool = False) -> bool:
+    """Whether `text` holds no control character. With `multiline`, newlines between lines that
+    are not blank are allowed (a multi-line entry, for a shell that draws it as such); no other
+    control character is."""
+    if multiline and "\n" in text:
+        return _CONTROL_BUT_NEWLINE.search(text) is None and all(line.strip() for line in text.split("\n"))
+    return _CONTROL.search(text) is None
+
+
+def visible(text: str) -> str:
+    """`text` as a command line prints a candidate: each control character written as an escape
+    (`\\e`, `\\n`, `\\x07`, `\\u009b`), never raw. A text that holds one has its backslashes
+    doubled too, so that the escapes cannot be mistaken for what was typed; any other is as it is."""
+    if _CONTROL.search(text) is None:
+        return text
+
+    def escape(found: re.Match[str]) -> str:
+        c = found.group(0)
+        named = _NAMED_CONTROLS.get(c)
+        if named is not None:
+            return named
+        return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}"
+
+    return _CONTROL_OR_BACKSLASH.sub(escape, text)
 
 
 # --------------------------------------------------------------------------- quotes and brackets

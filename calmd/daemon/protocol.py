@@ -268,6 +268,7 @@ class CompleteRequest:
     history_given: bool = False  # False: the daemon fills history from its store
     early: bool = False  # send the history's best proposal before the model runs (an `early` reply)
     path: str | None = None  # the shell's PATH (its helper sends it once): COMP's commands
+    multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
 
 
 @dataclass(frozen=True)
@@ -375,13 +376,18 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'ctx.completions' must be a list of strings", rid)
         ctx["completions"] = list(comps)
     session = _str(msg, "session", rid, limit=256)
-    early = msg.get("early", False)
-    if early is None:
-        early = False
-    if not isinstance(early, bool):
-        raise ProtocolError("bad_field", "'early' must be true or false", rid)
+    early, multiline = _bool(msg, "early", rid), _bool(msg, "multiline", rid)
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
-    return CompleteRequest(rid, ctx, n, session, history_given, early, path)
+    return CompleteRequest(rid, ctx, n, session, history_given, early, path, multiline)
+
+
+def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
+    value = msg.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ProtocolError("bad_field", f"{key!r} must be true or false", rid)
+    return value
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:

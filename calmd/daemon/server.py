@@ -52,6 +52,7 @@ from watchfiles import awatch  # imported before `ready`: 60 ms that would delay
 
 from calmd import __version__, paths
 from calmd.daemon.disk import Disk
+from calmd.daemon.filters import terminal_safe
 from calmd.daemon.frames import SessionFrames
 from calmd.daemon.protocol import (
     PROTOCOL_VERSION,
@@ -459,6 +460,7 @@ class Server:
         self._prefetch: dict[str, Job] = {}
         self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
         self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
+        self.withheld = 0  # candidates the last gate held back (control characters)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -856,6 +858,8 @@ class Server:
         early_sent: list[bool] = []
 
         def emit(attempt: int, candidate: str, score: float, confidence: float) -> None:
+            if not self._terminal_safe(candidate, request):
+                return
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
                 return
             if not first:
@@ -868,6 +872,8 @@ class Server:
             # the rerun's is dropped if it did. It does not count as delivered, so the job can
             # still be preempted (the early proposal comes from the history alone).
             if early_sent or attempt != job.attempt or job.cancelled.is_set():
+                return
+            if not self._terminal_safe(candidate, request):
                 return
             early_sent.append(True)
             conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3)))
@@ -911,6 +917,15 @@ class Server:
         else:
             conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
 
+    def _terminal_safe(self, candidate: str, request: CompleteRequest) -> bool:
+        """The last gate before a candidate leaves: nothing that drives a terminal, whatever the
+        engine proposed (calmd/daemon/filters.py); a multi-line entry only for a client that draws
+        it as lines. What it holds back is counted, never logged (it is the user's history)."""
+        if terminal_safe(candidate, multiline=request.multiline):
+            return True
+        self.withheld += 1
+        return False
+
     # -- status ------------------------------------------------------------------------------------
 
     def _disk_status(self) -> dict[str, Any]:
@@ -941,6 +956,7 @@ class Server:
             "last_reload_error": self.last_reload_error,
             "requests": self.requests,
             "errors": self.errors,
+            "withheld_candidates": self.withheld,
             "latency_ms": {
                 "first_p50": self.first_ms.percentile(50),
                 "first_p99": self.first_ms.percentile(99),

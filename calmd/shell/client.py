@@ -142,10 +142,14 @@ class CalmClient:
 
     # -- operations --------------------------------------------------------------------------------
 
-    def complete(self, text: str, *, n: int = 5, session: str = "", **ctx: Any) -> Iterator[dict[str, Any]]:
-        """Stream candidate replies (`candidate`, `score`) best first, then the `done` reply."""
+    def complete(
+        self, text: str, *, n: int = 5, session: str = "", multiline: bool = False, **ctx: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Stream candidate replies (`candidate`, `score`) best first, then the `done` reply.
+        `multiline`: the caller can show a multi-line entry as lines (docs/protocol.md)."""
         fields = {"input": text, **{k: v for k, v in ctx.items() if v is not None}}
-        for message in self.replies(self.send("complete", n=n, session=session, ctx=fields)):
+        extra = {"multiline": True} if multiline else {}
+        for message in self.replies(self.send("complete", n=n, session=session, ctx=fields, **extra)):
             if "error" in message:
                 raise DaemonError(message["error"].get("code", "?"), message["error"].get("message", ""))
             yield message

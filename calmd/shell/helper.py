@@ -280,6 +280,12 @@ class Helper:
         self.env = ""  # the environment's short form, from the last `e` line
         self.path = os.environ.get("PATH", "")  # the shell's, as it started this helper
         self.path_sent = False  # on this connection
+        # zsh draws a multi-line entry as lines (ghost text, then the buffer): it may be offered
+        # one. bash inserts it whole into the line, where a newline is a second command: never.
+        self.multiline = shell == "zsh"
+        from calmd.daemon.filters import terminal_safe
+
+        self.terminal_safe = terminal_safe
 
     # -- shell side ------------------------------------------------------------------------------
 
@@ -398,6 +404,8 @@ class Helper:
                     **({"env": self.env} if self.env else {}),
                 }
                 extra: dict[str, Any] = {"early": True} if self.line_format >= 2 else {}
+                if self.multiline:
+                    extra["multiline"] = True
                 if not self.path_sent and self.path:
                     extra["path"] = self.path[:8192]
                     self.path_sent = True
@@ -425,6 +433,7 @@ class Helper:
             if (
                 self.line_format >= 2
                 and isinstance(text, str)
+                and self.terminal_safe(text, multiline=self.multiline)
                 and len(text) > len(active.input)
                 and text.startswith(active.input)
                 and not active.candidates
@@ -435,6 +444,9 @@ class Helper:
             return
         if "candidate" in message:
             candidate = str(message["candidate"])
+            # an older daemon sent control characters too: none reaches the shell
+            if not self.terminal_safe(candidate, multiline=self.multiline):
+                return
             if candidate and candidate not in active.candidates:
                 confident = active.is_confident(message.get("confidence"))
                 active.candidates.append(candidate)

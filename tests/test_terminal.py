@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from calmd.daemon.filters import terminal_safe, visible
+from calmd.daemon.filters import continued_lines, terminal_safe, visible
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator, SamplingOptions
 from calmd.shell.client import CalmClient
@@ -51,13 +51,38 @@ def test_what_is_safe_and_how_it_is_printed() -> None:
     assert visible("printf '\x1b]0;x\x07'") == "printf '\\e]0;x\\x07'"
     assert visible("a\\b\nc") == "a\\\\b\\nc"  # with an escape in it, backslashes are doubled
     assert visible("echo \u009b2J \ud800") == "echo \\u009b2J \\ud800"
-    # a multi-line entry: newlines between lines that are not blank, nothing else
+    # a multi-line entry: newlines that continue one command, between lines that are not blank
     assert terminal_safe(MULTILINE, multiline=True)
     assert not terminal_safe(MULTILINE)
+    assert not terminal_safe(HOSTILE["newline"], multiline=True)  # two commands, one hidden
     assert not terminal_safe("ls\n", multiline=True)
     assert not terminal_safe("ls\n\nrm x", multiline=True)
     assert not terminal_safe("ls\r\nrm x", multiline=True)
     assert not terminal_safe("echo \x1b[2J\nls", multiline=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "one_command"),
+    [
+        (MULTILINE, True),
+        ("if true\nthen echo x\nfi", True),
+        ("while read l\ndo echo $l\ndone", True),
+        ("case $x in\n  a) echo a;;\nesac", True),
+        ("f() {\n  echo hi\n}", True),
+        ('echo "first\nsecond"', True),  # inside quotes
+        ("cat <<EOF\nhello\nEOF", True),  # a here-document
+        ("ls |\n  grep x", True),
+        ("make \\\n  -j4", True),
+        ("touch a\nrm -rf /tmp/victim", False),  # two commands
+        ("echo for\nrm -rf ~", False),  # `for` as an argument opens nothing
+        ("for x in a; do echo; done\nrm -rf y", False),  # a second command after the loop
+        ("cat <<EOF\nhi\nEOF\nrm -rf z", False),  # ... after the here-document
+        ("ls\n\nrm x", False),  # a blank line
+    ],
+)
+def test_which_multi_line_entries_are_one_command(text: str, one_command: bool) -> None:
+    assert continued_lines(text) is one_command
+    assert terminal_safe(text, multiline=True) is one_command
 
 
 # --------------------------------------------------------------------------- the model
@@ -115,11 +140,11 @@ def test_the_server_sends_no_control_character_whatever_the_engine_proposes(home
         found, early = _answer(client, "for f", multiline=True)  # zsh: the loop, drawn as lines
         assert early == [MULTILINE] and found[0] == MULTILINE
         found, early = _answer(client, "touch a", multiline=True)
-        assert found[0] == HOSTILE["newline"]  # a real multi-line entry of the user's
+        assert HOSTILE["newline"] not in found + early  # a newline that starts a second command
         found, early = _answer(client, "ls", multiline=True)
         assert HOSTILE["cr-overwrite"] not in found + early  # a CR never
         withheld = client.status()["status"]["withheld_candidates"]
-        assert withheld >= 12
+        assert withheld >= 14
     stored = {row.cmd for row in history_rows(home)}
     # recording keeps what the user ran (a NUL is the one byte SQLite cannot keep as text)
     assert {*HOSTILE.values(), MULTILINE} - {HOSTILE["nul"]} <= stored
@@ -128,9 +153,9 @@ def test_the_server_sends_no_control_character_whatever_the_engine_proposes(home
 
 def test_calmd_complete_prints_control_characters_escaped(home: Path) -> None:
     with running_daemon(home) as daemon, CalmClient(daemon.socket) as client:
-        client.record(HOSTILE["newline"], exit=0, session="other")
+        client.record(MULTILINE, exit=0, session="other")
         client.record(HOSTILE["osc-title"], exit=0, session="other")
-        for typed in ("touch a", "printf '"):
+        for typed in ("for f", "printf '"):
             out = subprocess.run(
                 [str(BIN / "calmd"), "complete", typed], env=daemon_env(home),
                 capture_output=True, timeout=30, check=True,
@@ -139,8 +164,8 @@ def test_calmd_complete_prints_control_characters_escaped(home: Path) -> None:
             assert terminal_safe(text.replace("\n", "")), text
             lines = text.splitlines()
             assert all(line.startswith(typed) for line in lines), lines
-            if typed == "touch a":
-                assert lines[0] == "touch a\\nrm -rf /tmp/victim"  # the multi-line entry, escaped
+            if typed == "for f":
+                assert lines[0] == 'for f in *.log; do\\n  gzip "$f"\\ndone'  # the loop, escaped
 
 
 @pytest.mark.slow
@@ -151,14 +176,15 @@ def test_the_real_model_offers_back_no_control_character(home: Path) -> None:
     with running_daemon(home, engine="model", weights=False, args=("--no-import",)) as daemon:
         with CalmClient(daemon.socket) as client:
             for _ in range(3):
-                for cmd in HOSTILE.values():
+                for cmd in [*HOSTILE.values(), MULTILINE]:
                     client.record(cmd, exit=0, session="s")
             for typed in ("", "printf ", "echo ", "touch ", "ls", "cat "):
                 found, early = _answer(client, typed)
                 assert all(terminal_safe(c) for c in found + early), (typed, found, early)
-            found, _ = _answer(client, "touch ", multiline=True)
-            assert HOSTILE["newline"] in found  # the user's own two-line entry, for zsh
-            assert all(terminal_safe(c, multiline=True) for c in found)
+            for typed in ("touch ", "for"):
+                found, early = _answer(client, typed, multiline=True)
+                assert all(terminal_safe(c, multiline=True) for c in found + early), (typed, found)
+            assert MULTILINE in found  # the user's own loop, for zsh
             status: dict[str, Any] = client.status()["status"]
             assert status["withheld_candidates"] >= 1
         _assert_daemon_alive(daemon)

@@ -70,12 +70,64 @@ _NAMED_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e", "\\": "
 
 
 def terminal_safe(text: str, *, multiline: bool = False) -> bool:
-    """Whether `text` holds no control character. With `multiline`, newlines between lines that
-    are not blank are allowed (a multi-line entry, for a shell that draws it as such); no other
-    control character is."""
+    """Whether `text` holds no control character. With `multiline`, a multi-line entry's newlines
+    are allowed (`continued_lines`: a `for` loop written over three lines, for a shell that draws
+    it as such); no other control character is, nor a newline that starts a second command."""
     if multiline and "\n" in text:
-        return _CONTROL_BUT_NEWLINE.search(text) is None and all(line.strip() for line in text.split("\n"))
+        return _CONTROL_BUT_NEWLINE.search(text) is None and continued_lines(text)
     return _CONTROL.search(text) is None
+
+
+# Compound commands: while one is open, a newline continues it (the shell asks for more, PS2).
+_OPENS = frozenset({"for", "while", "until", "select", "if", "case", "{"})
+_CLOSES = frozenset({"done", "fi", "esac", "}"})
+_SEGMENT = re.compile(r"[;&|()]+")  # what starts a new command within a line
+_RESERVED = frozenset({"do", "then", "else", "elif", "!", "time"})  # before the command a segment runs
+_HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+
+
+@functools.lru_cache(maxsize=4096)
+def continued_lines(text: str) -> bool:
+    """Whether every newline of `text` continues one command, as a shell reads it: inside an
+    open quote or bracket, a `for`/`while`/`if`/`case`/`{` not yet closed or a here-document, or
+    after a line that ends with `\\`, `|`, `&&` or `||`. `touch a<newline>rm -rf x` is two
+    commands, the second hidden below the first: no. Lines are not blank."""
+    lines = text.split("\n")
+    if not all(line.strip() for line in lines):
+        return False
+    depth = 0
+    heredocs: list[str] = []
+    for i, line in enumerate(lines[:-1]):
+        if heredocs:
+            if line.strip() == heredocs[0]:
+                heredocs.pop(0)
+            if heredocs:
+                continue
+        else:
+            heredocs += _HEREDOC.findall(line)
+            depth += _compound_depth(line.split(" #", 1)[0])
+        end = line.rstrip()
+        if heredocs or depth > 0 or end.endswith(("\\", "|", "&&", "||")):
+            continue
+        if not balanced("\n".join(lines[: i + 1])):
+            continue  # an open quote or bracket: the string or the group goes on
+        return False
+    return True
+
+
+def _compound_depth(line: str) -> int:
+    """Compound commands `line` opens less those it closes: reserved words where a command starts
+    (`for` in `echo for` is an argument)."""
+    depth = 0
+    for segment in _SEGMENT.split(line):
+        for word in segment.split():
+            if word in _OPENS:
+                depth += 1
+            elif word in _CLOSES:
+                depth -= 1
+            elif word not in _RESERVED:
+                break
+    return depth
 
 
 def visible(text: str) -> str:

@@ -262,12 +262,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from calmd.history.store import HistoryStore
+    """Each file in turn; one that is not a history (or cannot be read) is reported on one line
+    and the others are still imported; exit 1 when any was refused."""
+    from calmd.history.store import HistoryStore, NotAHistory
 
+    if args.max_mib <= 0:
+        raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 64)")
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
+    refused = 0
     try:
         for name in args.files:
-            result = store.import_file(name, args.format)
+            try:
+                result = store.import_file(name, args.format, max_bytes=int(args.max_mib * (1 << 20)))
+            except (NotAHistory, OSError) as exc:
+                detail = (
+                    exc if isinstance(exc, NotAHistory) else f"{name}: cannot read: {exc.strerror or exc}"
+                )
+                print(f"calm: error: {detail}", file=sys.stderr)
+                refused += 1
+                continue
+            older = (
+                f"; its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
+                if result.skipped_bytes
+                else ""
+            )
             print(
                 f"{result.path}: {result.imported} commands imported ({result.format} format), "
                 f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
@@ -276,11 +294,12 @@ def cmd_import(args: argparse.Namespace) -> int:
                     if result.undecodable
                     else ""
                 )
+                + older
             )
         print(f"history: {store.count()} commands in {store.path}")
     finally:
         store.close()
-    return 0
+    return 1 if refused else 0
 
 
 # --------------------------------------------------------------------------- calm forget
@@ -477,6 +496,8 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.add_argument("--max-mib", type=float, default=64, metavar="MIB",
+                   help="read at most the newest MIB mebibytes of each file (default 64)")  # fmt: skip
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(

@@ -325,12 +325,15 @@ class HistoryIndex:
 
     def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
-        sync starts at the newest `limit` commands: memory stays bounded for huge histories.
+        sync starts at the newest `limit` commands: memory stays bounded for huge histories; so
+        does a sync after an import added more than `limit` (it starts again from the newest).
         Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it."""
         generation = store.generation()
         if generation != getattr(self, "_generation", generation):
             self.__init__(self.prior)  # type: ignore[misc]  # forget everything, then re-read what remains
         self._generation = generation
+        if self.last_id and store.more_after(self.last_id, limit):
+            self.__init__(self.prior)  # type: ignore[misc]  # an import added more than it holds
         if self.last_id == 0:
             self.last_id = store.newest_after(limit)
         added = 0

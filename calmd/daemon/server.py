@@ -461,6 +461,8 @@ class Server:
         self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
         self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
         self.withheld = 0  # candidates the last gate held back (control characters)
+        self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
+        self._import_stop = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -476,8 +478,6 @@ class Server:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.trainer.clean_leftovers()
-        if self.config.import_shell_history:
-            await asyncio.to_thread(self.history.import_shell_histories, Path.home())
         await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
@@ -490,6 +490,12 @@ class Server:
             await self.reload()
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
+        if self.config.import_shell_history:
+            # After `ready`, in batches (the store's lock is free between two): however large the
+            # files, the daemon answers from the start (docs/history.md, "Importing").
+            self._import = asyncio.ensure_future(
+                asyncio.to_thread(self.history.import_shell_histories, Path.home(), self._import_stop)
+            )
         try:
             await self.should_exit.wait()
         finally:
@@ -514,6 +520,7 @@ class Server:
         await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
         log.info("shutting down: answering %d in-flight requests", len(self._inflight))
         trainer_stopped = asyncio.ensure_future(self.trainer.stop(max(0.0, timeout * 0.6)))
+        self._import_stop.set()  # it stops after its batch; the next start goes on from there
         # a hung model never answers: leave time for the rest
         while self._inflight and time.monotonic() < deadline - 1.0:
             await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic() - 1.0))
@@ -523,6 +530,8 @@ class Server:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
+        if self._import is not None:
+            await asyncio.wait([self._import], timeout=max(0.0, deadline - time.monotonic() - 0.3))
         if self.history is not None:
             # under its lock, which a hung worker may hold: do not wait past the deadline
             closing = asyncio.ensure_future(asyncio.to_thread(self.history.close))
@@ -941,6 +950,24 @@ class Server:
         return {"path": str(folder), "free_bytes": free, "total_bytes": total,
                 "last_full": max(times) if times else None}  # fmt: skip
 
+    def _history_status(self) -> dict[str, Any]:
+        store = self.history
+        if store is None:
+            return {"commands": 0, "dropped_secrets": 0, "since_last_training": 0, "import": None}
+        return {
+            "commands": store.count(),
+            "dropped_secrets": store.counter("dropped_secrets"),
+            "since_last_training": store.counter("recorded_since_train"),
+            # the first start's import of ~/.bash_history and ~/.zsh_history, and the files any
+            # import refused (not a history) or could not read
+            "import": {
+                "running": self._import is not None and not self._import.done(),
+                "refused": store.counter("import_refused"),
+                "last_refused": store.note("last_import_refused"),
+                "failures": store.counter("import_failures"),
+            },
+        }
+
     def status(self) -> dict[str, Any]:
         engine = self.engine.describe() if self.engine else {}
         return {
@@ -963,11 +990,7 @@ class Server:
                 "done_p50": self.done_ms.percentile(50),
                 "done_p99": self.done_ms.percentile(99),
             },
-            "history": {
-                "commands": self.history.count() if self.history else 0,
-                "dropped_secrets": self.history.counter("dropped_secrets") if self.history else 0,
-                "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
-            },
+            "history": self._history_status(),
             "training": self.trainer.status(self.config.train_threshold),
             "prefetch": dict(self.prefetch_stats),
             "disk": self._disk_status(),

@@ -40,7 +40,7 @@ from calmd import paths
 from calmd.errors import CalmError, DiskFull
 from calmd.history.context import HISTORY_FRAMES, context_rows
 from calmd.history.frames import COMP_ITEMS, clean_env
-from calmd.history.secrets import DETECTOR_VERSION, find_secret
+from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
 
 log = logging.getLogger("calmd.history.store")
 
@@ -49,7 +49,8 @@ MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a
 # newest MAX_IMPORT_BYTES of a file; an entry longer than MAX_ENTRY_BYTES is skipped unread.
 IMPORT_CHUNK = 1 << 20
 IMPORT_BATCH = 2000  # commands per transaction: the store's lock is free between two
-MAX_IMPORT_BYTES = 64 << 20  # about a million commands, more than any shell's HISTSIZE keeps
+MAX_IMPORT_BYTES = 16 << 20  # 0.5-0.8 million commands, more than shells keep (HISTSIZE): ~20 s
+VERDICT_CACHE = 100_000  # distinct commands whose check an import remembers
 MAX_ENTRY_BYTES = 4 * MAX_COMMAND_CHARS  # the most bytes 64 Ki characters take in UTF-8
 FORMAT_SNIFF_BYTES = 65536
 # Files built from the store's rows, under its folder (calmd/training/background.py writes them): removed
@@ -159,9 +160,6 @@ def _only_escapes(text: str) -> bool:
     return all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
 
 
-_FORGET_COMMAND = re.compile(r"\s*(?:\S*/)?calm\s+forget(?:\s|$)")
-
-
 def _like_prefix(prefix: str) -> str:
     """A LIKE pattern (ESCAPE '\\') matching strings that start with `prefix`. LIKE ignores ASCII
     case, so callers re-check with str.startswith."""
@@ -254,7 +252,9 @@ class HistoryStore:
             scanned = int(self._meta_get("detector_version") or 0)
         if scanned >= DETECTOR_VERSION:
             return 0
-        dropped = self._delete_matching(lambda cmd: find_secret(cmd) is not None, counter="dropped_secrets")
+        dropped = self._delete_matching(
+            lambda cmd: find_secret(cmd) is not None or forget_command(cmd), counter="dropped_secrets"
+        )
         with self._lock:
             self._meta_set("detector_version", str(DETECTOR_VERSION))
         if dropped:
@@ -323,7 +323,7 @@ class HistoryStore:
             return RecordResult(False, "leading-space")
         if len(cmd) > MAX_COMMAND_CHARS:
             return RecordResult(False, "too-long")
-        if _FORGET_COMMAND.match(cmd):
+        if forget_command(cmd):
             return RecordResult(False, "forget-command")  # its argument is what the user wants gone
         rule = find_secret(cmd)
         if rule:
@@ -554,6 +554,7 @@ class HistoryStore:
         tally = dict.fromkeys(counts, 0)
         position = start
         complete = True
+        verdicts: dict[str, RecordResult] = {}
 
         def flush() -> None:
             with self._write_transaction():
@@ -578,7 +579,11 @@ class HistoryStore:
                 tally["skipped"] += 1
             else:
                 cmd, replaced = clean_text(_text(raw))
-                verdict = self.check(cmd)
+                verdict = verdicts.get(cmd)
+                if verdict is None:  # a history repeats itself: each distinct command is checked once
+                    if len(verdicts) >= VERDICT_CACHE:
+                        verdicts.clear()
+                    verdict = verdicts[cmd] = self.check(cmd)
                 if verdict.stored:
                     # Without timestamps the file's order is kept: one microsecond per byte before mtime.
                     stamp = ts if ts is not None else mtime - (size - end) * 1e-6

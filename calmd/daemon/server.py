@@ -744,10 +744,8 @@ class Server:
             self._recent_cache.clear()  # other sessions top up with this command too
             if self.config.prefetch and request.session:
                 self._start_prefetch(request.session)
-        if result.stored and self.config.train_threshold and self._trainer_idle():
-            pending = self.history.counter("recorded_since_train")
-            if pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load:
-                await self.start_training("threshold")
+        if result.stored and self.config.train_threshold and not self.trainer.busy:
+            await self.start_training("threshold", wanted=self._training_due)
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
 
     def _start_prefetch(self, session: str) -> None:
@@ -807,12 +805,16 @@ class Server:
 
     # -- background training ----------------------------------------------------------------------
 
-    def _trainer_idle(self) -> bool:
-        return not self.trainer.running
+    def _training_due(self) -> bool:
+        """Enough new commands since the last run, and a machine that is not busy."""
+        assert self.history is not None
+        pending = self.history.counter("recorded_since_train")
+        return pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load
 
-    async def start_training(self, why: str) -> dict[str, Any]:
-        """A background run (calmd/daemon/trainer.py); the count of new commands restarts with it."""
-        result = await self.trainer.start(why)
+    async def start_training(self, why: str, wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """A background run (calmd/daemon/trainer.py), when `wanted()` says it is due (decided
+        and started in one step there); the count of new commands restarts with it."""
+        result = await self.trainer.start(why, wanted)
         if result.get("started"):
             assert self.history is not None
             try:

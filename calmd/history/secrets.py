@@ -343,7 +343,9 @@ ASSIGNMENT = re.compile(rf"""(?:^|[\s;&|(,'"{{])([A-Za-z_][A-Za-z0-9_.-]*)=({_VA
 OPTION = re.compile(rf"(?:^|\s)--?([A-Za-z][A-Za-z0-9_.-]*[A-Za-z])(?:=|\s+(?=[^\s-]))({_VALUE})")
 # (a scheme starts where no scheme character precedes it: tried at every `a` of a long run of
 # letters, it cost quadratic time, 5 s for 64 KiB)
-URL_CREDENTIALS = re.compile(r"""(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://([^\s/:@'"]*):([^\s/@'"]+)@[^\s'"]""")
+URL_CREDENTIALS = re.compile(
+    r"""(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://([^\s/:@'"]*):([^\s/@'"]+)@[^\s'"]"""
+)
 QUERY_PARAM = re.compile(r"""[?&;]([A-Za-z_][A-Za-z0-9_.-]*)=([^&\s'"#]+)""")
 JSON_FIELD = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:\s*(?:"([^"]*)"|'([^']*)')""")
 HEADER = re.compile(

@@ -188,6 +188,32 @@ def clean_leftovers(data_dir: Path) -> list[str]:
     return removed
 
 
+def candidate_path(data_dir: Path, pid: int) -> Path:
+    """Where run `pid` writes the weights it trained, before the not-worse check swaps them in."""
+    return data_dir / f".shell.candidate.{pid}.cwgt"
+
+
+def remove_run_files(data_dir: Path, pid: int) -> list[str]:
+    """What the ended run `pid` left: its candidate weights (and the candidate's temp file), the
+    temp files of its datasets and of training.json. Only call it once that run is gone and no
+    other holds the lock. Other processes' temp files in the data dir (a hook file being
+    written) are left alone."""
+    removed: list[str] = []
+    candidate = candidate_path(data_dir, pid)
+    doomed = [candidate, *data_dir.glob(f".{candidate.name}.*.tmp"),
+              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp")]  # fmt: skip
+    work = paths.training_dir(data_dir)
+    if work.is_dir() and not work.is_symlink():
+        doomed += [p for p in work.iterdir() if p.name.startswith(".") and p.suffix in (".tmp", ".tokens")]
+    for path in doomed:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(str(path.relative_to(data_dir)))
+    return removed
+
+
 def _check_parent(parent_pid: int | None) -> None:
     if parent_pid is not None and os.getppid() != parent_pid:
         raise RunStopped(f"the daemon (pid {parent_pid}) is gone")
@@ -197,7 +223,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
     """One training run; returns (and writes) its result. Whatever ends it early is written as
     its result too: `interrupted` (stopped) or `failed` with the reason (a full disk says so)."""
     started = time.time()
-    candidate = opts.data_dir / f".shell.candidate.{os.getpid()}.cwgt"
+    candidate = candidate_path(opts.data_dir, os.getpid())
     try:
         result = _run_stages(opts, started, candidate)
     except BaseException as exc:

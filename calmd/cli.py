@@ -267,7 +267,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from calmd.history.store import HistoryStore, NotAHistory
 
     if args.max_mib <= 0:
-        raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 64)")
+        raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
     refused = 0
     try:
@@ -496,8 +496,8 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
-    p.add_argument("--max-mib", type=float, default=64, metavar="MIB",
-                   help="read at most the newest MIB mebibytes of each file (default 64)")  # fmt: skip
+    p.add_argument("--max-mib", type=float, default=16, metavar="MIB",
+                   help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(

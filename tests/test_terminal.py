@@ -192,3 +192,18 @@ def test_the_real_model_offers_back_no_control_character(home: Path) -> None:
 
 def _assert_daemon_alive(daemon: Daemon) -> None:
     assert daemon.proc.poll() is None, daemon.read_output()
+
+
+def test_a_64_kib_command_is_stored_but_never_suggested(home: Path) -> None:
+    """The record limit is 64 KiB: such a command is kept as it was run, but a suggestion holds at
+    most what a shell can send back as its input (4 KiB): ghost text of 64 KiB would fill the
+    terminal, and bash would insert it whole."""
+    huge = "echo " + "y" * (60 << 10)
+    with running_daemon(home) as daemon, CalmClient(daemon.socket) as client:
+        assert client.record(huge, exit=0, session="other")["stored"]
+        assert client.record("echo yes", exit=0, session="other")["stored"]
+        found, early = _answer(client, "echo y", multiline=True)
+        assert huge not in found + early and "echo yes" in found
+        assert all(len(c.encode()) <= 4096 for c in found + early)
+        assert client.status()["status"]["withheld_candidates"] >= 1
+    assert huge in {row.cmd for row in history_rows(home)}

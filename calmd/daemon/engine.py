@@ -54,7 +54,7 @@ from calmd.daemon.filters import (
     cwd_argument,
     invented,
     packaged_vocabulary,
-    terminal_safe,
+    sendable,
 )
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
 from calmd.errors import CalmError
@@ -493,7 +493,7 @@ class ModelEngine:
         cwd = str(ctx.get("cwd") or "")
 
         def judge(text: str) -> float | None:
-            if not terminal_safe(text, multiline=True):
+            if not sendable(text, multiline=True):
                 return None  # drives the terminal (a newline only from a multi-line input typed)
             if text in side.proposals:
                 return -FAILING_PENALTY if text in side.failing else 0.0  # judged with the history's
@@ -571,7 +571,7 @@ class ModelEngine:
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
         for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd) or not terminal_safe(cmd, multiline=True):
+            if not balanced(cmd) or not sendable(cmd, multiline=True):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
                 if find_secret(cmd) is not None or (

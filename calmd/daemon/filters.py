@@ -69,6 +69,21 @@ _CONTROL_OR_BACKSLASH = re.compile("[\\\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _NAMED_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e", "\\": "\\\\"}
 
 
+# What a suggestion may hold at most: what a shell can send back as its input (the protocol's
+# limit). A 64 KiB command is stored as it was run, but never drawn as ghost text.
+MAX_SUGGESTION_BYTES = 4096
+
+
+def sendable(text: str, *, multiline: bool = False) -> bool:
+    """Whether `text` may leave the daemon as a candidate: `terminal_safe`, and no longer than
+    MAX_SUGGESTION_BYTES."""
+    return (
+        len(text) <= MAX_SUGGESTION_BYTES
+        and (len(text.encode("utf-8", "surrogatepass")) <= MAX_SUGGESTION_BYTES)
+        and terminal_safe(text, multiline=multiline)
+    )
+
+
 def terminal_safe(text: str, *, multiline: bool = False) -> bool:
     """Whether `text` holds no control character. With `multiline`, a multi-line entry's newlines
     are allowed (`continued_lines`: a `for` loop written over three lines, for a shell that draws

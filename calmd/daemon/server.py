@@ -52,7 +52,7 @@ from watchfiles import awatch  # imported before `ready`: 60 ms that would delay
 
 from calmd import __version__, paths
 from calmd.daemon.disk import Disk
-from calmd.daemon.filters import terminal_safe
+from calmd.daemon.filters import sendable
 from calmd.daemon.frames import SessionFrames
 from calmd.daemon.protocol import (
     PROTOCOL_VERSION,
@@ -929,10 +929,11 @@ class Server:
             conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
 
     def _terminal_safe(self, candidate: str, request: CompleteRequest) -> bool:
-        """The last gate before a candidate leaves: nothing that drives a terminal, whatever the
-        engine proposed (calmd/daemon/filters.py); a multi-line entry only for a client that draws
-        it as lines. What it holds back is counted, never logged (it is the user's history)."""
-        if terminal_safe(candidate, multiline=request.multiline):
+        """The last gate before a candidate leaves: nothing that drives a terminal and nothing over
+        4 KiB, whatever the engine proposed (calmd/daemon/filters.py `sendable`); a multi-line entry
+        only for a client that draws it as lines. What it holds back is counted, never logged (it
+        is the user's history)."""
+        if sendable(candidate, multiline=request.multiline):
             return True
         self.withheld += 1
         return False

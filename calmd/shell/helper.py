@@ -283,9 +283,9 @@ class Helper:
         # zsh draws a multi-line entry as lines (ghost text, then the buffer): it may be offered
         # one. bash inserts it whole into the line, where a newline is a second command: never.
         self.multiline = shell == "zsh"
-        from calmd.daemon.filters import terminal_safe
+        from calmd.daemon.filters import sendable
 
-        self.terminal_safe = terminal_safe
+        self.terminal_safe = sendable
 
     # -- shell side ------------------------------------------------------------------------------
 

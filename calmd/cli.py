@@ -350,14 +350,25 @@ def cmd_init(args: argparse.Namespace) -> int:
     from calmd.model.checkpoint import GenerationDefaults, save_model
     from calmd.model.mamba import SIZES, CalmModel
 
-    out = Path(args.output) if args.output else paths.weights_path()
+    if not args.output:
+        raise CalmError(
+            "calm init writes random weights: give the new file with -o FILE (the weights the daemon "
+            f"serves, {paths.weights_path()}, are replaced only by -o that path --force)"
+        )
+    out = Path(args.output)
+    if out.is_dir():
+        raise CalmError(f"-o {out}: a folder; give the weight file to write, e.g. {out / 'my.cwgt'}")
     if out.exists() and not args.force:
         raise CalmError(f"{out} exists; pass --force to replace it (its weights would be lost)")
     cfg = SIZES[args.size]
     model = CalmModel(cfg)
     model.init_weights(args.seed)
+    kept = out.name == paths.WEIGHTS and out.is_file()
     save_model(out, model, Metadata(), defaults=GenerationDefaults())
     print(f"wrote {out}: {args.size}, {cfg.param_count():,} parameters, {out.stat().st_size:,} bytes")
+    if kept:
+        prev = paths.prev_weights_path(out)
+        print(f"the weights it replaced are in {prev}: `calm rollback` brings them back")
     return 0
 
 
@@ -392,15 +403,24 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from calmd.training.background import rollback
 
     weights = Path(args.weights) if args.weights else paths.weights_path()
+    prev = paths.prev_weights_path(weights)
+    had_prev = prev.exists()
     rollback(weights)
-    print(f"restored {weights} from {weights.with_name('shell.prev.cwgt')} (the daemon reloads it)")
+    if had_prev:
+        print(f"restored {weights} from {prev} (the daemon reloads it)")
+    else:
+        print(f"no previous weights: moved {weights} to {prev}; the packaged model serves now "
+              "(`calm rollback` again brings them back)")  # fmt: skip
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from calmd.history.store import check_history_file
     from calmd.quality import replay
 
     files = replay.expand(args.files)
+    for file in files:
+        check_history_file(file)  # a missing file, a folder, binary data: one line, before any work
     if args.held_out:
         from calmd.training.corpus import held_out
 
@@ -516,8 +536,8 @@ def calm_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
     p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano")
-    p.add_argument("-o", "--output", metavar="PATH", help=f"output (default {paths.weights_path()})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", metavar="PATH", help="the new weight file (required)")
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     p.add_argument("--force", action="store_true", help="replace an existing file")
     p.set_defaults(func=cmd_init)
 

@@ -612,8 +612,9 @@ class Server:
             stop_event=self.should_exit,
         ):
             del changes
-            current = self._weights_id()
-            if current is not None and current != self.loaded_id:
+            # a new file, or none any more (`calm rollback` with no previous weights moved it
+            # aside): the packaged model serves then
+            if self._weights_id() != self.loaded_id:
                 await self.reload()
 
     def _weights_id(self) -> FileId | None:

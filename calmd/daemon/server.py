@@ -69,7 +69,7 @@ from calmd.daemon.protocol import (
 )
 from calmd.daemon.scheduler import FairScheduler, Job
 from calmd.daemon.trainer import Trainer
-from calmd.errors import DiskFull
+from calmd.errors import CalmError, DiskFull
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.store import HistoryStore
 
@@ -218,7 +218,11 @@ def bind_socket(path: Path) -> socket.socket:
     if path.exists() or path.is_symlink():
         st = path.lstat()
         if not stat.S_ISSOCK(st.st_mode):
-            raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a socket"
+            raise RuntimeError(
+                f"{path} is {what}: refusing to replace it; give the socket's own path with --socket "
+                "(or CALMD_SOCKET), e.g. a calmd.sock inside that folder"
+            )
         if st.st_uid != os.getuid():
             raise RuntimeError(f"{path} belongs to uid {st.st_uid}; refusing to connect to it or replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1046,6 +1050,10 @@ def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
         log.error("%s", exc)
         print(f"calmd: {exc}", flush=True)
         return EXIT_ALREADY_RUNNING
+    except (OSError, RuntimeError, CalmError) as exc:  # a bad path or file: one line, no traceback
+        log.error("startup failed: %s", exc)
+        print(f"calmd: startup failed: {exc}", flush=True)
+        return EXIT_STARTUP_FAILURE
     except Exception as exc:
         log.exception("startup failed")
         print(f"calmd: startup failed: {exc}", flush=True)

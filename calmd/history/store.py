@@ -174,8 +174,16 @@ class HistoryStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if self.path.is_dir():
+            raise CalmError(f"{self.path}: a folder, not a history store; give its history.sqlite3")
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:
+            raise CalmError(
+                f"{self.path}: SQLite cannot open it as a history store ({exc}); give a history.sqlite3 "
+                "calm wrote, or a new path"
+            ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
         self._db.execute("PRAGMA busy_timeout=5000")
         # Deleted rows are overwritten with zeros, not left in free pages (forget, re-scans).
@@ -677,6 +685,16 @@ def _open_regular(path: Path) -> BinaryIO:
     return os.fdopen(fd, "rb", buffering=0)
 
 
+def check_history_file(path: Path) -> None:
+    """NotAHistory (one line saying why) unless `path` is a regular file that reads as a shell
+    history (`refusal` over its newest MAX_IMPORT_BYTES); OSError when it cannot be read."""
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        reason = refusal(f.fileno(), max(0, size - MAX_IMPORT_BYTES), size)
+    if reason is not None:
+        raise NotAHistory(f"{path}: not a shell history ({reason}); give a bash or zsh history file")
+
+
 def refusal(fd: int, start: int, end: int) -> str | None:
     """Why the bytes [start, end) of a file are not a shell history, or None. Reads them once, a
     chunk at a time; a sparse file's holes are found without reading them (SEEK_HOLE)."""
@@ -696,6 +714,9 @@ def refusal(fd: int, start: int, end: int) -> str | None:
         if nul >= 0:
             at = position + nul
             return f"a run of NUL bytes at byte {at:,}, as a crash or a full disk can leave a file"
+        nuls = chunk.count(0)
+        if nuls > max(1, len(chunk) // 1000):  # a stray NUL is a paste; one in a thousand bytes is data
+            return f"NUL bytes all through it ({nuls:,} from byte {position:,}): binary data, not text"
         if len(chunk) >= 64:
             controls = len(chunk) - len(chunk.translate(None, _CONTROLS))
             undecodable = chunk.decode("utf-8", "replace").count("\ufffd")

@@ -37,7 +37,6 @@ Without `--format 2` (a hook from before it, whose helper was restarted by an up
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import logging
 import os
@@ -586,8 +585,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_enable(args: argparse.Namespace) -> int:
     flag = disabled_flag()
-    with contextlib.suppress(FileNotFoundError):
+    try:
         flag.unlink()
+    except FileNotFoundError:
+        print("calm: suggestions are on already (they were not disabled)")
+        return 0
     print(f"calm: suggestions enabled (removed {flag})")
     return 0
 

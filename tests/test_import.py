@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -231,4 +232,28 @@ def test_a_line_with_no_end_is_skipped_unread(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.sqlite3")
     result = store.import_file(path)
     assert [r.cmd for r in store.all_rows()] == ["ls", "make"] and result.skipped == 1
+    store.close()
+
+
+def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -> None:
+    """kill -9 in the middle of the first start's import (the daemon answers meanwhile): the next
+    start imports the rest, each command once, in order."""
+    n = 200_000
+    (tmp_path / ".bash_history").write_text("".join(f"echo line-{i}\n" for i in range(n)))
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        while (status := c.status()["status"])["history"]["commands"] < 2 * IMPORT_BATCH:
+            assert status["history"]["import"]["running"], "the import ended before it could be killed"
+            time.sleep(0.01)
+        assert any("candidate" in m for m in c.complete("echo", n=1))  # it serves while it imports
+        daemon.proc.kill()
+        daemon.proc.wait()
+        assert status["history"]["import"]["running"]
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    stored_before = store.count()
+    store.close()
+    assert 0 < stored_before < n
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        assert wait_imported(c, timeout=120)["history"]["commands"] == n
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    assert [r.cmd for r in store.all_rows()] == [f"echo line-{i}" for i in range(n)]
     store.close()

@@ -284,7 +284,7 @@ class Helper:
         self.multiline = shell == "zsh"
         from calmd.daemon.filters import sendable
 
-        self.terminal_safe = sendable
+        self.sendable = sendable
 
     # -- shell side ------------------------------------------------------------------------------
 
@@ -432,7 +432,7 @@ class Helper:
             if (
                 self.line_format >= 2
                 and isinstance(text, str)
-                and self.terminal_safe(text, multiline=self.multiline)
+                and self.sendable(text, multiline=self.multiline)
                 and len(text) > len(active.input)
                 and text.startswith(active.input)
                 and not active.candidates
@@ -444,7 +444,7 @@ class Helper:
         if "candidate" in message:
             candidate = str(message["candidate"])
             # an older daemon sent control characters too: none reaches the shell
-            if not self.terminal_safe(candidate, multiline=self.multiline):
+            if not self.sendable(candidate, multiline=self.multiline):
                 return
             if candidate and candidate not in active.candidates:
                 confident = active.is_confident(message.get("confidence"))

@@ -1,8 +1,12 @@
-"""calmd start-up time: `calmd serve` spawned -> `calmd ready` printed -> the socket answers.
+"""calmd start-up time: `calmd serve` spawned -> `calmd ready` printed -> the socket answers ->
+the first keystroke answered.
 
     python bench/startup.py [--runs 10] [--baseline DIR]
 
-Each run starts `calmd serve --no-import` with the packaged model in a fresh HOME and stops it.
+Each run starts `calmd serve --no-import` with the packaged model in a fresh HOME holding a
+project folder and a history of five commands, and stops it. The first keystroke is what a zsh
+hook sends first after the daemon is ready: `complete` of "g" with the early line, the cwd and the
+shell's PATH (request -> done, client side; goal <= 100 ms).
 With --baseline DIR (a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~5`, or
 `git archive HEAD~5 | tar -x -C /tmp/base`), runs alternate between this tree and DIR (each put
 first on PYTHONPATH), so both see the same machine, and the ratio of medians is printed.
@@ -25,9 +29,23 @@ from calmd.shell.client import CalmClient
 HERE = Path(__file__).resolve().parent.parent
 
 
-def start_once(tree: Path) -> tuple[float, float]:
-    """(seconds to the `ready` line, seconds to the first answered status) for one start."""
+HISTORY = ["cd ~/project", "git pull", "make", "ls", "git status"]
+
+
+def start_once(tree: Path) -> tuple[float, float, float]:
+    """(seconds to the `ready` line, seconds to the first answered status, ms the first keystroke
+    took) for one start."""
     home = Path(tempfile.mkdtemp(prefix="calmd-startup-"))
+    project = home / "project"
+    project.mkdir()
+    for name in ("src", "README.md", "Makefile", "setup.py"):
+        (project / name).touch()
+    from calmd.history.store import HistoryStore
+
+    store = HistoryStore(home / "data" / "history.sqlite3")
+    for cmd in HISTORY:
+        store.record(cmd, exit=0, cwd=str(project), session="zsh-1")
+    store.close()
     run = home / "run"
     run.mkdir(mode=0o700)
     sock = run / "calm" / "calmd.sock"
@@ -47,21 +65,29 @@ def start_once(tree: Path) -> tuple[float, float]:
         ready = time.perf_counter() - t0
         with CalmClient(sock, timeout=30) as c:
             c.status()
-        answered = time.perf_counter() - t0
+            answered = time.perf_counter() - t0
+            sent = time.perf_counter()
+            rid = c.send("complete", n=5, session="zsh-2", early=True, path=os.environ.get("PATH", ""),
+                         ctx={"input": "g", "cwd": str(project)})  # fmt: skip
+            for _ in c.replies(rid):
+                pass
+            first_keystroke = (time.perf_counter() - sent) * 1e3
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         shutil.rmtree(home, ignore_errors=True)
-    return ready, answered
+    return ready, answered, first_keystroke
 
 
-def summary(name: str, values: list[tuple[float, float]]) -> tuple[float, float]:
-    ready = [r for r, _ in values]
-    answered = [a for _, a in values]
+def summary(name: str, values: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    ready = [r for r, _, _ in values]
+    answered = [a for _, a, _ in values]
+    first = [f for _, _, f in values]
     spread = f"min {min(ready):.2f}, max {max(ready):.2f}"
     print(f"{name:<10} ready: median {statistics.median(ready):.2f} s ({spread}); "
-          f"first status answered: median {statistics.median(answered):.2f} s")  # fmt: skip
-    return statistics.median(ready), statistics.median(answered)
+          f"first status answered: median {statistics.median(answered):.2f} s; first keystroke: "
+          f"median {statistics.median(first):.1f} ms (max {max(first):.1f})")  # fmt: skip
+    return statistics.median(ready), statistics.median(answered), statistics.median(first)
 
 
 def main() -> None:
@@ -74,16 +100,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     trees = {"this tree": HERE} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in trees}
     start_once(HERE)  # warm the page cache (torch, the model) for both
     for _ in range(args.runs):
         for name, tree in trees.items():
             results[name].append(start_once(tree))
     medians = {name: summary(name, values) for name, values in results.items()}
     if args.baseline:
-        (new_ready, new_answer), (old_ready, old_answer) = medians["this tree"], medians["baseline"]
+        (new_ready, new_answer, new_first), (old_ready, old_answer, old_first) = (
+            medians["this tree"], medians["baseline"]
+        )
         print(f"this tree / baseline, medians: ready {new_ready / old_ready:.3f}x, "
-              f"first status {new_answer / old_answer:.3f}x")  # fmt: skip
+              f"first status {new_answer / old_answer:.3f}x, "
+              f"first keystroke {new_first / old_first:.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -426,6 +426,17 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probability(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from calmd.history.store import check_history_file
     from calmd.quality import replay
@@ -455,7 +466,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
                               typing_positions=args.typing, weights=weights,
                               train_every=args.train_every if args.with_training else 0,
-                              comp=args.comp,
+                              comp=args.comp, min_confidence=args.min_confidence,
                               models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
@@ -629,6 +640,9 @@ def calm_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also replay calmd+comp: COMP/ENV from the files the earlier commands created or named",
     )
+    p.add_argument("--min-confidence", type=_probability, metavar="P",
+                   help="draw a ghost at this confidence or more, in place of the fitted ghost rule "
+                   "(as the shells' CALM_MIN_CONFIDENCE)")  # fmt: skip
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)
@@ -812,12 +826,23 @@ def cmd_complete(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
-            # as zsh asks (a multi-line entry too); printed escaped, never raw: `\n`, `\e` ...
-            for message in client.complete(args.text, n=args.n, session=args.session, multiline=True,
-                                           **ctx):  # fmt: skip
-                if "candidate" in message:
+            # asked as the zsh hook asks (the early line first; a multi-line entry too), so the
+            # daemon's ghost rule shows what a shell draws: with --scores, the drawn line is marked
+            # `ghost`. Printed escaped, never raw: `\n`, `\e` ...
+            for message in client.complete(args.text, n=args.n, session=args.session, early=True,
+                                           multiline=True, **ctx):  # fmt: skip
+                if "early" in message and args.scores:
+                    drawn = "ghost" if message.get("ghost") else "     "
+                    early = visible(str(message["early"]))
+                    print(f"   early  {message.get('confidence', 0):5.3f}  {drawn}  {early}")
+                elif "candidate" in message:
+                    drawn = "ghost" if message.get("ghost") else "     "
                     text = visible(str(message["candidate"]))
-                    print(f"{message['score']:8.3f}  {text}" if args.scores else text)
+                    print(
+                        f"{message['score']:8.3f}  {message.get('confidence', 0):5.3f}  {drawn}  {text}"
+                        if args.scores
+                        else text
+                    )
                 elif args.scores:
                     print(
                         f"done in {message['ms']:.1f} ms"

@@ -36,6 +36,7 @@ typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_
 typeset -g _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS= _CALM_CMD_CWD= _CALM_CMD_GIT=
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0
 typeset -g _CALM_STARTED_AT=0
+typeset -gi _CALM_CYCLED=0  # the user cycled to the candidate shown: typing along it keeps it
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_LIST_SEQ=-1  # the request _CALM_CANDS answer
 typeset -ga _CALM_CANDS=()
 typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
@@ -138,7 +139,7 @@ _calm_on_reply() {
     _CALM_LIST_SEQ=$_CALM_SEQ
     _CALM_FLAGS=$parts[3]
     _CALM_CANDS=("${(@g::)parts[4,-1]}")
-    _CALM_IDX=0
+    _CALM_IDX=0 _CALM_CYCLED=0
     (( _CALM_ISEARCH )) || _calm_pick
     [[ $_CALM_SHOWN == $shown ]] || zle -R  # redraw only when the text changed
     return
@@ -177,9 +178,7 @@ _calm_show() {
     return 1
   fi
   local ghost=${cand[$#BUFFER+1,-1]}
-  # Someone else's text (zsh-autosuggestions) is shown: leave it. What it shows may be our own
-  # text, trimmed as the user typed along it (it takes any POSTDISPLAY for its own): that is ours.
-  [[ -n $POSTDISPLAY && $POSTDISPLAY != $_CALM_SHOWN && $POSTDISPLAY != $ghost ]] && return 0
+  # Someone else's text (zsh-autosuggestions) may be shown: ours takes its place (docs/shells.md).
   _CALM_IDX=$1
   [[ $ghost == $_CALM_SHOWN && $POSTDISPLAY == $ghost && $_CALM_HL_AT == $#BUFFER ]] && return 0
   _CALM_SHOWN=$ghost _CALM_HL_AT=$#BUFFER
@@ -211,7 +210,7 @@ _calm_pick() {
 _calm_quiet() {
   (( ++_CALM_SEQ ))
   _calm_hide
-  _CALM_CANDS=() _CALM_IDX=0 _CALM_LAST_BUF=$BUFFER
+  _CALM_CANDS=() _CALM_IDX=0 _CALM_CYCLED=0 _CALM_LAST_BUF=$BUFFER
 }
 
 _calm_pre_redraw() {
@@ -239,8 +238,8 @@ _calm_pre_redraw() {
     _CALM_LAST_BUF=$'\0'  # ask again even if the text is the same
   fi
   if [[ $BUFFER == $_CALM_LAST_BUF ]]; then
-    # zsh-autosuggestions clears POSTDISPLAY when it has nothing: show ours again
-    [[ -z $POSTDISPLAY && -n $_CALM_SHOWN ]] && _calm_pick
+    # zsh-autosuggestions replaced POSTDISPLAY (or cleared it): show ours again
+    [[ $POSTDISPLAY != $_CALM_SHOWN && -n $_CALM_SHOWN ]] && _calm_pick
     return
   fi
   local before=$_CALM_LAST_BUF
@@ -249,19 +248,20 @@ _calm_pre_redraw() {
     _calm_hide
     return
   fi
-  # Typed along a ghost from the answer to the latest request: it just gets shorter, and there is
-  # nothing new to ask (the path of most keys, hence written out here); the rest of that answer
-  # (the model's list after the early line) applies to this line as well. Anything else asks
-  # again, also typing along a ghost from an older answer while a newer request is on its way
-  # (that one, for a shorter line, could not say that the ghost no longer fits).
+  # Typed along a ghost from the answer to the latest request: it just gets shorter at once (the
+  # path of most keys, hence written out here), and the daemon is asked again with it as the line
+  # drawn, which it keeps unless it has a clearly better one (calmd/daemon/ghost.py). A candidate
+  # the user cycled to is theirs: typing along it asks nothing. Anything else asks again, also
+  # typing along a ghost from an older answer while a newer request is on its way.
   if (( _CALM_IDX && _CALM_LIST_SEQ == _CALM_SEQ )) && [[ -n $_CALM_SHOWN && $BUFFER == $before?* ]]; then
     local cand=$_CALM_CANDS[_CALM_IDX]
     local ghost=${cand[$#BUFFER+1,-1]}
     if [[ $#cand -gt $#BUFFER && ${cand[1,$#BUFFER]} == $BUFFER &&
-          ( $POSTDISPLAY == $_CALM_SHOWN || $POSTDISPLAY == $ghost ) ]]; then
+          ( $POSTDISPLAY == $_CALM_SHOWN || $POSTDISPLAY == $ghost || -z $POSTDISPLAY ) ]]; then
       _CALM_SHOWN=$ghost _CALM_HL_AT=$#BUFFER
       POSTDISPLAY=$ghost
       region_highlight=("${(@)region_highlight:#*memo=calm}" "$#BUFFER $#cand $CALM_HIGHLIGHT memo=calm")
+      (( _CALM_CYCLED )) || _calm_request
       return
     fi
   fi
@@ -276,6 +276,7 @@ _calm_pre_redraw() {
 _calm_line_init() {
   emulate -L zsh
   _CALM_CANDS=() _CALM_IDX=0 _CALM_SHOWN= _CALM_LAST_BUF=$BUFFER _CALM_HISTNO=$HISTNO _CALM_ISEARCH=0
+  _CALM_CYCLED=0
   (( _CALM_OFF || HISTNO != HISTCMD )) && return  # a line pushed from the history (Ctrl-o)
   [[ -z $BUFFER ]] && (( ! CALM_PREDICT )) && return
   _calm_request
@@ -362,6 +363,9 @@ _calm_partial() {
     fi
     _CALM_LAST_BUF=$BUFFER
     _calm_pick
+    # the rest of the line stays drawn; the daemon is asked for the new buffer with it as the
+    # line drawn (it keeps it unless it has a clearly better one)
+    (( _CALM_CYCLED || $#BUFFER <= $#before )) || _calm_request
   else
     zle $1 -- "${@:2}"
   fi
@@ -379,7 +383,7 @@ _calm_cycle() {
   emulate -L zsh
   local -i n=$#_CALM_CANDS k
   for (( k = 1; k <= n; k++ )); do
-    _calm_show $(( (_CALM_IDX + k - 1) % n + 1 )) && return 0
+    _calm_show $(( (_CALM_IDX + k - 1) % n + 1 )) && { _CALM_CYCLED=1; return 0 }
   done
   _calm_orig
 }
@@ -561,8 +565,8 @@ _calm_precmd() {
   if (( ${+ZSH_AUTOSUGGEST_IGNORE_WIDGETS} )) && (( ! ${ZSH_AUTOSUGGEST_IGNORE_WIDGETS[(I)_calm_*]} )); then
     ZSH_AUTOSUGGEST_IGNORE_WIDGETS+=('_calm_*')
   fi
-  # Its async answer (an fd handler, after which zle redraws without line-pre-redraw) clears
-  # POSTDISPLAY when it has nothing: give our ghost text back right there.
+  # Its answer (sync, or an fd handler after which zle redraws without line-pre-redraw) sets or
+  # clears POSTDISPLAY: give our ghost text back right there.
   if (( ${+functions[_zsh_autosuggest_suggest]} && ! ${+functions[_calm_orig_autosuggest_suggest]} )); then
     functions[_calm_orig_autosuggest_suggest]=$functions[_zsh_autosuggest_suggest]
     functions[_zsh_autosuggest_suggest]='_calm_orig_autosuggest_suggest "$@"; _calm_restore'
@@ -586,9 +590,10 @@ _calm_precmd() {
   fi
 }
 
-# Show our candidate again when someone else cleared POSTDISPLAY for the same buffer.
+# Show our candidate again when someone else (zsh-autosuggestions) replaced or cleared POSTDISPLAY
+# for the same buffer: when calm has a ghost, it is what the user sees.
 _calm_restore() {
-  [[ -z $POSTDISPLAY && -n $_CALM_SHOWN && $BUFFER == $_CALM_LAST_BUF ]] || return 0
+  [[ $POSTDISPLAY != $_CALM_SHOWN && -n $_CALM_SHOWN && $BUFFER == $_CALM_LAST_BUF ]] || return 0
   _calm_pick
   return 0
 }

@@ -11,6 +11,7 @@ Confidence and early proposals, for the shells' tests (by default every candidat
 confidence 1.0, so it is shown as before confidences existed):
 - CALMD_TEST_CONFIDENCE: comma-separated confidences by rank, the last one repeating
   (`0.9,0.2`: the first candidate 0.9, every other 0.2);
+- an input holding "no-calm" gets no candidates at all (nor an early proposal);
 - a request with `"early": true` gets its early proposal at once, before the first delay: the
   first candidate (a recorded command that extends the input, else `input + "mmit"`) with the
   first confidence. CALMD_TEST_EARLY=none sends none; any other value is a suffix: the early
@@ -28,10 +29,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from calmd.daemon.ghost import GhostRule
+from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.formats.cwgt import read_cwgt
 from calmd.history.store import HistoryStore
 
 SUFFIXES = ["mmit", "mmand", "nfig", "py", "unt"]
+NOTHING = "no-calm"  # an input holding this gets no candidates
 
 
 class ScriptedEngine:
@@ -61,8 +65,11 @@ class ScriptedEngine:
         n: int,
         session: str,
         cancelled: threading.Event,
-        early: Callable[[str, float], None] | None = None,
-    ) -> Iterator[tuple[str, float, float]]:
+        early: Callable[[str, float, bool], None] | None = None,
+        *,
+        min_confidence: float | None = None,
+        drawn: str | None = None,
+    ) -> Iterator[tuple[str, float, float, bool]]:
         typed = ctx["input"]
         if typed and typed == os.environ.get("CALMD_TEST_HANG_INPUT"):
             print("scripted engine: hanging for good", file=sys.stderr, flush=True)
@@ -73,6 +80,8 @@ class ScriptedEngine:
             seen = list(dict.fromkeys(r.cmd for r in rows if r.cmd.startswith(typed)))
         history_cmds = [h["cmd"] for h in ctx.get("history", [])]
         results = seen + [typed + s for s in SUFFIXES]
+        if NOTHING in typed:  # a line calm has nothing for (the other plugins' turn)
+            results = []
         if not typed and history_cmds:
             results = [f"after {history_cmds[-1]}", *results]
         confidences = [float(c) for c in os.environ.get("CALMD_TEST_CONFIDENCE", "1.0").split(",")]
@@ -80,17 +89,30 @@ class ScriptedEngine:
         def confidence(rank: int) -> float:
             return confidences[min(rank, len(confidences) - 1)]
 
+        # The daemon's ghost rule at the calibration's 0.5 (the shell's threshold in its place).
+        rule = GhostRule.uniform(DEFAULT_MIN_CONFIDENCE).overridden(min_confidence)
+        incumbent = drawn if drawn and len(drawn) > len(typed) and drawn.startswith(typed) else None
         mode = os.environ.get("CALMD_TEST_EARLY", "")
-        if early is not None and mode != "none":
+        if early is not None and mode != "none" and (mode or results):
             proposal = typed + mode if mode else results[0]
-            early(proposal, float(os.environ.get("CALMD_TEST_EARLY_CONFIDENCE", confidence(0))))
-        for i, cand in enumerate(results[:n]):
+            early_confidence = float(os.environ.get("CALMD_TEST_EARLY_CONFIDENCE", confidence(0)))
+            shown = rule.draws_early(typed, early_confidence) and incumbent in (None, proposal)
+            early(proposal, early_confidence, shown)
+            incumbent = incumbent or (proposal if shown else None)
+        ranked = [(cand, confidence(i), -float(i)) for i, cand in enumerate(results[:n])]
+        # the rule picks among the lines that extend the input (a recorded line equal to it does not)
+        extending = [i for i, (c, _, _) in enumerate(ranked) if len(c) > len(typed) and c.startswith(typed)]
+        choice = rule.choose(typed, [ranked[i] for i in extending], incumbent)
+        pick = None if choice is None else extending[choice]
+        if pick:  # the drawn line comes first, as the real engine sends it
+            ranked.insert(0, ranked.pop(pick))
+        for i, (cand, conf, score) in enumerate(ranked):
             deadline = time.monotonic() + self.delay
             while time.monotonic() < deadline:
                 if cancelled.is_set():
                     return
                 time.sleep(0.005)
-            yield cand, -float(i), confidence(i)
+            yield cand, score, conf, i == 0 and pick is not None
 
 
 def load(path: Path) -> ScriptedEngine:

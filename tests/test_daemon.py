@@ -59,16 +59,26 @@ def test_streaming_order_ids_and_done(tmp_path: Path) -> None:
         ]
 
 
-def test_candidates_carry_a_confidence_and_old_requests_see_nothing_else(tmp_path: Path) -> None:
+def test_candidates_carry_a_confidence_and_whether_they_are_drawn(tmp_path: Path) -> None:
     with (
         running_daemon(tmp_path, env={"CALMD_TEST_CONFIDENCE": "0.875,0.25"}) as d,
         CalmClient(d.socket) as c,
     ):
-        messages = list(c.complete("git co", n=3))  # no `early`: the reply stream of before
-        assert [set(m) for m in messages[:3]] == [{"id", "protocol", "candidate", "score", "confidence"}] * 3
+        messages = list(c.complete("git co", n=3))  # no `early`: no early line
+        fields = {"id", "protocol", "candidate", "score", "confidence", "ghost"}
+        assert [set(m) for m in messages[:3]] == [fields] * 3
         assert [m["confidence"] for m in messages[:3]] == [0.875, 0.25, 0.25]
+        assert [m["ghost"] for m in messages[:3]] == [True, False, False]  # the daemon's rule decides
         assert set(messages[3]) == {"id", "protocol", "done", "ms"}
         assert not any("early" in m for m in messages)
+        # the shell's CALM_MIN_CONFIDENCE replaces the rule's thresholds: 0.875 is not enough for 0.9
+        messages = list(c.complete("git co", n=3, min_confidence=0.9))
+        assert [m["ghost"] for m in messages[:3]] == [False, False, False]
+        messages = list(c.complete("git co", n=3, min_confidence=0.2))
+        assert [m["ghost"] for m in messages[:3]] == [True, False, False]  # one ghost at most
+        for bad in (1.5, -0.1, "high", True):
+            c.send("complete", n=1, min_confidence=bad, ctx={"input": "ls"})
+            assert c.read_message()["error"]["code"] == "bad_field"
 
 
 def test_an_early_request_gets_the_history_proposal_first_then_the_candidates(tmp_path: Path) -> None:
@@ -80,7 +90,7 @@ def test_an_early_request_gets_the_history_proposal_first_then_the_candidates(tm
         sent = time.monotonic()
         first = c.read_message()
         waited = time.monotonic() - sent
-        assert first == {"id": rid, "protocol": 1, "early": "git status", "confidence": 0.7}
+        assert first == {"id": rid, "protocol": 1, "early": "git status", "confidence": 0.7, "ghost": True}
         assert waited < 0.25, f"the early proposal came after {waited:.2f} s"
         rest = list(c.replies(rid))
         assert [m.get("candidate") for m in rest] == ["git status", "git stmmit", None]

@@ -118,3 +118,16 @@ def test_the_listing_queue_is_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
             break
         time.sleep(0.005)
     assert not disk._pending and len(calls) == disk_module.MAX_PENDING
+
+
+def test_paths_in_the_home_are_checked_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cd ~/src/website/` where there is none, and `cd ~/src/info.txt` (a file): both junk."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "src" / "app").mkdir(parents=True)
+    (tmp_path / "src" / "info.txt").write_text("x")
+    disk, cwd = Disk(budget=5.0), "/"
+    assert missing_argument("cd ~/src/website/", cwd, disk) == str(tmp_path / "src" / "website") + "/"
+    assert missing_argument("cd ~/src/info.txt", cwd, disk) == str(tmp_path / "src" / "info.txt") + "/"
+    assert missing_argument("cd ~/src/app", cwd, disk) is None
+    assert missing_argument("cat ~/src/info.txt", cwd, disk) is None
+    assert missing_argument("cd ~", cwd, disk) is None

@@ -12,6 +12,7 @@ import pytest
 
 from calmd import paths
 from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion
+from calmd.daemon.ghost import GhostRule
 from calmd.history.store import HistoryStore
 from calmd.model.generate import Candidate
 from tests.builders import month_old_history
@@ -47,10 +48,8 @@ def test_a_typo_that_was_not_found_is_demoted_below_what_succeeded(
     assert "gti status" not in texts(got)[:4]
     for typed in ("gt", "gti"):
         got = ask(engine, store, typed)
-        assert got and got[0].text != "gti status", typed
-        for s in got:
-            if s.text.startswith("gti "):  # the name was never found: whatever follows it
-                assert s.confidence == 0.0 and s.score < got[0].score - 40
+        # the name was never found: no line of it is sent, whatever follows it (nor for Shift-Tab)
+        assert not any(s.text.startswith("gti ") for s in got), (typed, texts(got))
 
 
 def test_a_command_that_never_succeeded_is_no_empty_prompt_prediction(
@@ -58,8 +57,7 @@ def test_a_command_that_never_succeeded_is_no_empty_prompt_prediction(
 ) -> None:
     record(store, ("make", 0), ("ls", 0), *[("(exit 3)", 3)] * 6)
     got = ask(engine, store, "")
-    assert got[0].text != "(exit 3)"
-    assert all(s.confidence == 0.0 for s in got if s.text == "(exit 3)")
+    assert "(exit 3)" not in texts(got)
     assert "make" in texts(got)
 
 
@@ -249,3 +247,87 @@ def test_a_backspace_back_to_an_input_answered_before_searches_nothing(
     # more than `n` asked for than that answer held: a search
     list(engine.complete({"input": "git c", "history": history}, 8, "s", threading.Event()))
     assert engine.searches == searches + 1
+
+
+def test_a_line_that_failed_every_time_is_never_sent(engine: ModelEngine, store: HistoryStore) -> None:
+    record(store, ("git pull", 0), *[("git push origin feature/login", 128)] * 5, ("ls", 0))
+    for typed in ("", "g", "git p", "git push", "git push origin f"):
+        assert "git push origin feature/login" not in texts(ask(engine, store, typed)), typed
+
+
+def ask_in(engine: ModelEngine, store: HistoryStore, typed: str, **ctx: object) -> list[Suggestion]:
+    engine.attach_history(store)
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    found = engine.complete({"input": typed, "history": history, **ctx}, 5, "s", threading.Event())
+    return list(found)
+
+
+def test_a_line_is_drawn_only_where_it_belongs(
+    engine: ModelEngine, store: HistoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The branch a line names and ran on, and whether the shell is in a repository at all, are
+    part of the context: `git push origin feature/login` is not drawn on master nor outside any
+    repository, and sinks below the lines that belong there."""
+    monkeypatch.setattr(engine, "ghost", GhostRule.uniform(0.0))  # draw every top line that may be
+    repo, elsewhere = tmp_path / "app", tmp_path / "notes"
+    repo.mkdir()
+    elsewhere.mkdir()
+    store.record("git pull", exit=0, cwd=str(repo), git="master", session="s")
+    for _ in range(6):
+        store.record("git push origin feature/login", exit=0, cwd=str(repo), git="feature/login", session="s")
+    store.record("ls", exit=0, cwd=str(repo), git="master", session="s")
+    on_feature = ask_in(engine, store, "git pu", cwd=str(repo), git="feature/login")
+    assert on_feature[0].text == "git push origin feature/login" and on_feature[0].ghost
+    on_master = ask_in(engine, store, "git pu", cwd=str(repo), git="master")
+    assert on_master[0].text == "git pull"
+    pushed = [s for s in on_master if s.text == "git push origin feature/login"]  # demoted out, or:
+    assert all(not p.ghost and p.confidence == 0.0 and p.score < on_master[0].score - 20 for p in pushed)
+    # outside any repository: no git line is drawn, the user's or the model's
+    outside = ask_in(engine, store, "git ", cwd=str(elsewhere))
+    assert outside and not any(s.ghost for s in outside if not s.text.startswith(("git clone", "git init")))
+    # the replay's histories say no cwd: nothing is judged
+    assert ask_in(engine, store, "git pu")[0].text == "git push origin feature/login"
+
+
+def test_one_line_is_drawn_at_most_and_it_comes_first(
+    engine: ModelEngine, store: HistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(store, ("git status", 0), ("git stash", 0), ("git status", 0), ("ls", 0))
+    monkeypatch.setattr(engine, "ghost", GhostRule.uniform(0.0))
+    got = ask(engine, store, "git st")
+    assert [s.ghost for s in got] == [True] + [False] * (len(got) - 1)
+    monkeypatch.setattr(engine, "ghost", GhostRule.uniform(1.0))  # nothing is that sure
+    assert not any(s.ghost for s in ask(engine, store, "git st"))
+    # the shell's CALM_MIN_CONFIDENCE replaces the rule: 0 draws the top line
+    engine.attach_history(store)
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    forced = list(engine.complete({"input": "git st", "history": history}, 5, "s", threading.Event(),
+                                  min_confidence=0.0))  # fmt: skip
+    assert forced[0].ghost
+
+
+def test_the_line_on_the_screen_stays_unless_clearly_beaten(
+    engine: ModelEngine, store: HistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shell says which line it draws (the user typed along it): with a wide margin it stays
+    and comes first; with none, the best line replaces it."""
+    record(store, *[("git status", 0)] * 5, ("git stash", 0), ("ls", 0))
+    engine.attach_history(store)
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+
+    def answer(drawn: str) -> list[Suggestion]:
+        ctx = {"input": "git sta", "history": history}
+        return list(engine.complete(ctx, 5, "s", threading.Event(), drawn=drawn))
+
+    monkeypatch.setattr(engine, "ghost", GhostRule.uniform(0.0, margin=0.0))
+    best = answer("")[0]
+    other = next(s.text for s in answer("") if s.text != best.text)
+    assert answer(other)[0].text == best.text  # beaten: replaced
+    monkeypatch.setattr(engine, "ghost", GhostRule.uniform(0.0, margin=50.0))
+    kept = answer(other)
+    assert kept[0].text == other and kept[0].ghost
+    assert best.text in texts(kept) and len(kept) == len(set(texts(kept)))  # sent once each
+    early: list[tuple[str, float, bool]] = []
+    ctx = {"input": "git sta", "history": history}
+    list(engine.complete(ctx, 5, "s", threading.Event(), lambda *e: early.append(e), drawn=other))
+    assert early and (early[0][2] is False or early[0][0] == other)  # no early line over the drawn one

@@ -11,9 +11,11 @@ from calmd.daemon.filters import (
     UserVocabulary,
     Vocabulary,
     balanced,
+    cut_off,
     cwd_argument,
     invented,
     packaged_vocabulary,
+    repeats_word,
     segments,
 )
 from calmd.errors import FormatError
@@ -166,3 +168,30 @@ def test_building_command_writes_a_loadable_vocabulary(
     v = Vocabulary.load(out)
     assert "tool" in v.judged and {"start", "stop"} <= v.known["tool"]
     assert v.info["training_users"] >= 2 and "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("line", "cut"),
+    [
+        ("make to", True),  # `make tools` is what the user types
+        ("git log --one", True),  # a flag cut in the middle
+        ("git sta", True),
+        ("make tools", False),
+        ("git log --oneline", False),
+        ("git commit -m wip", False),  # a message is nobody's vocabulary
+        ("ls -la", False),
+        ("docker ps -a", False),
+    ],
+)
+def test_a_line_that_stops_in_the_middle_of_a_word_is_cut_off(line: str, cut: bool) -> None:
+    user = UserVocabulary()
+    user.add("make tools")
+    assert cut_off(line, packaged_vocabulary(), user) is cut
+
+
+@pytest.mark.parametrize(
+    ("line", "repeats"),
+    [("make test test", True), ("git git status", True), ("make test", False), ("cp a b a", False)],
+)
+def test_a_word_written_twice_in_a_row_is_a_stutter(line: str, repeats: bool) -> None:
+    assert repeats_word(line) is repeats

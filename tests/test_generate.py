@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from calmd import paths
 from calmd.formats.cwgt import Metadata
-from calmd.formats.tokenizer import Special
+from calmd.formats.tokenizer import Special, StopMatcher
+from calmd.model import faststep
 from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for, load_model
-from calmd.model.generate import Generator, SamplingOptions, filter_logits
+from calmd.model.generate import Candidate, Generator, SamplingOptions, _Prefix, filter_logits
 from calmd.model.mamba import CalmModel
 from tests.tiny_model import CONTEXT
 
@@ -164,3 +166,85 @@ def test_the_input_is_built_from_the_weight_files_template(trained: LoadedModel)
     seq = Generator(custom).sequence(ctx)
     assert Special.HIST not in seq and Special.CWD in seq
     assert Special.HIST in Generator(trained).sequence(ctx)
+
+
+def plain_beam_steps(gen: Generator, start: _Prefix, typed: str, width: int, max_tokens: int,
+                     prune_at: int) -> list[tuple[list[Candidate], float]]:  # fmt: skip
+    """The beam search written plainly, as the reference for BeamSearch's shortcuts (the row
+    gather inside the fused step, matchers forked only for kept or finishing hypotheses): each
+    step forks a matcher for every one of the 2 * width best continuations, keeps the first
+    `width` that do not finish, copies their states with `select` and runs the eager step.
+    After step `prune_at` (when not 0) it drops the beams 2 nats below the best, as
+    BeamSearch.prune does."""
+    state, logits = start.state, start.logits[None]
+    matchers, scores, seen, out = [StopMatcher(gen.stops)], [0.0], set(), []
+    for step in range(1, max_tokens + 1):
+        logp = torch.log_softmax(logits.float(), -1).masked_fill(gen._forbidden, -math.inf)
+        total = (torch.tensor(scores)[:, None] + logp).reshape(-1)
+        top = torch.topk(total, min(2 * width, total.numel()))
+        finished, rows, tokens, kept, forks = [], [], [], [], []
+        for score, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            if score == -math.inf:
+                break
+            row, token = divmod(index, logp.shape[1])
+            fork = matchers[row].copy()
+            if fork.feed(token):
+                text = (typed + bytes(fork.output).decode("utf-8", "replace")).rstrip()
+                if text and text != typed.rstrip() and text not in seen:
+                    seen.add(text)
+                    finished.append(Candidate(text, score, step))
+            elif len(rows) < width:
+                rows, tokens, kept, forks = rows + [row], tokens + [token], kept + [score], forks + [fork]
+        if step == prune_at and kept:
+            live = [i for i, s in enumerate(kept) if s > kept[0] - 2.0]
+            rows, tokens = [rows[i] for i in live], [tokens[i] for i in live]
+            kept, forks = [kept[i] for i in live], [forks[i] for i in live]
+        out.append((finished, kept[0] if kept else -math.inf))
+        if not kept:
+            break
+        matchers, scores = forks, kept
+        with torch.inference_mode():
+            logits, state = gen.model.step_eager(state.select(rows), torch.tensor(tokens))
+    return out
+
+
+# Searches pruned after their fourth step, and (STOPPED_OUTSIDE) searches where, after step 12, a
+# line finishes at a stop condition (`|`, `;`, `&&`) in a hypothesis the full beam does not keep
+# (found by trying a hundred inputs; BeamSearch forks no matcher for the others).
+PRUNED_INPUTS = ["", "g", "git ", "git c", "git commit -m ", "ls -", "cd ", "docker run -", "tar x"]
+STOPPED_OUTSIDE = ["grep", "echo", "echo hi ", "cat ~/.bash_history"]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused step", "eager step"])
+def test_beam_search_on_the_packaged_model_equals_the_plain_one(fused: bool) -> None:
+    """Every step's finished lines (text, tokens; log-probabilities to 1e-4: the fused step sums
+    in another order than the eager one) and bound, with a prune in the middle, for inputs of a
+    real folder and of an unknown one."""
+    assert faststep.use_fused
+    gen = Generator(load_model(paths.packaged_weights()))
+    history = [{"cmd": c, "exit": 0} for c in ("git status", "ls -la", "cd src", "make test")]
+    try:
+        faststep.use_fused = fused
+        assert (gen.model._fused_weights() is not None) == (fused and faststep.available())
+        for typed in PRUNED_INPUTS + STOPPED_OUTSIDE:
+            prune_at = 4 if typed in PRUNED_INPUTS else 0
+            for ctx in (
+                {"cwd": "/home/u/src/proj", "history": history, "input": typed},
+                {"cwd": "/x", "input": typed},
+            ):
+                start, _ = gen.prepare(ctx, "s")
+                want = plain_beam_steps(gen, start, typed, 6, 30, prune_at)
+                search = gen.beam_search(ctx, start=start, width=6, max_tokens=30)
+                got = []
+                while not search.exhausted:
+                    finished = search.step()
+                    if search.steps == prune_at and search.scores:
+                        search.prune(search.scores[0] - 2.0)
+                    got.append((finished, search.bound))
+                assert len(got) == len(want), typed
+                for (g_fin, g_bound), (w_fin, w_bound) in zip(got, want, strict=True):
+                    assert [(c.text, c.tokens) for c in g_fin] == [(c.text, c.tokens) for c in w_fin], typed
+                    assert [c.logprob for c in g_fin] == pytest.approx([c.logprob for c in w_fin], abs=1e-4)
+                    assert g_bound == pytest.approx(w_bound, abs=1e-4)
+    finally:
+        faststep.use_fused = True

@@ -11,7 +11,7 @@ import torch
 
 from calmd.errors import FormatError
 from calmd.formats.cwgt import Metadata, read_cwgt
-from calmd.model import fastscan
+from calmd.model import fastscan, faststep
 from calmd.model.checkpoint import load_model, save_model
 from calmd.model.mamba import (
     SIZES,
@@ -92,11 +92,21 @@ def test_fast_scan_passes_gradcheck_in_float64(scan_impl: str) -> None:
 # --------------------------------------------------------------------------- recurrent == parallel
 
 
-def test_prefill_then_steps_equal_forward_at_every_split() -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["fused step", "eager step"])
+def test_prefill_then_steps_equal_forward_at_every_split(
+    fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the fused C++ kernel (calmd/model/faststep.py: the step and the prefill) and with the
+    eager step and parallel prefill; `forward` is the parallel path (with autograd) in both."""
+    if fused and fastscan.library() is None:
+        need("g++")
+        pytest.skip(f"the C++ kernels are not available here: {fastscan.unavailable_reason()}")
+    monkeypatch.setattr(faststep, "use_fused", fused)
     model = tiny_model()
+    assert (model._fused_weights() is not None) == fused
     tokens = torch.randint(0, 320, (1, 24), generator=torch.Generator().manual_seed(5))
+    full = model(tokens)[0].detach()  # (L, V)
     with torch.no_grad():
-        full = model(tokens)[0]  # (L, V)
         for split in range(tokens.shape[1] + 1):
             logits = []
             if split:

@@ -340,3 +340,29 @@ def test_no_carry_over_from_a_multi_line_entry() -> None:
         pool = index.pool(typed, loop)
         assert not [c for c in pool if "gzip" in c and c != loop], (typed, pool)
     assert index.carryovers("cd ", "mkdir out") == ["cd out"]  # a one-line command still carries
+
+
+def test_what_a_failed_run_typed_is_no_word_of_the_users_nor_a_head_to_carry() -> None:
+    index = HistoryIndex()
+    index.add("git comit log --oneline", exit=1)  # `git: 'comit' is not a git command`
+    index.add("git log --oneline -10", exit=0)
+    assert not index.vocabulary.has("git", "comit")  # the model's `git comit ...` stays invented
+    assert index.vocabulary.has("git", "log")
+    assert index.head_count("git comit") == 0 and index.head_count("git log") == 1
+    assert "git comit --oneline -10" not in index.carryovers("git ", "git log --oneline -10")
+    index.add("git comit log --oneline", exit=0)  # an alias made it work since
+    assert index.vocabulary.has("git", "comit")
+
+
+def test_the_index_knows_where_each_line_ran() -> None:
+    index = HistoryIndex()
+    index.add("git push origin feature/login", exit=0, cwd="/src/app", git="feature/login")
+    index.add("git push origin main", exit=0, cwd="/src/app", git="feature/login")  # names another
+    index.add("git status", exit=0, cwd="/src/app", git="main")
+    index.add("git clone https://x/y.git", exit=0, cwd="/src", git="")
+    index.add("ls", exit=0)  # an imported line: where is not known
+    assert index.bound_branch == {"git push origin feature/login": "feature/login"}
+    assert index.repo_only("git status") and index.repo_only("git push origin main")
+    assert not index.repo_only("git clone https://x/y.git") and not index.repo_only("ls")
+    index.add("git status", exit=0, cwd="/tmp", git="")  # run outside a repository once
+    assert not index.repo_only("git status")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
@@ -330,3 +331,43 @@ def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
             time.sleep(0.05)
         assert stat.S_IMODE(hook.stat().st_mode) == 0o600
         assert_quiet(term.screen())
+
+
+def cycle_all(term: Any, typed: str, *, limit: int = 8) -> list[str]:
+    """Every line Shift-Tab puts in for `typed`, pressing it until the line is back as typed."""
+    seen: list[str] = []
+    for _ in range(limit):
+        term.send("BTab")
+        time.sleep(0.5)
+        line = term.line().removeprefix("PROMPT> ").rstrip()
+        if line == typed:
+            return seen
+        seen.append(line)
+    return seen
+
+
+def test_shift_tab_offers_only_what_the_ghost_would(home: Path) -> None:
+    """With the packaged model: lines that failed every time they ran, or name a path that is not
+    there (`cd ~/src/website/`, removed since; `cd ~/src/info.txt`, a file), are never put in
+    the line, however often the key is pressed; lines that belong here are."""
+    from calmd import paths
+
+    (home / "data").mkdir()
+    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (home / "src" / "app").mkdir(parents=True)
+    (home / "src" / "info.txt").write_text("x")
+    with running_daemon(home, engine="model", args=("--no-import",)) as daemon:
+        with CalmClient(daemon.socket) as client:
+            for cmd, code in [("cd ~/src/website/", 0), ("cd ~/src/info.txt", 1), ("cd ~/src/app", 0),
+                              ("git pull", 0), *[("git push origin feature/login", 128)] * 5]:  # fmt: skip
+                client.record(cmd, exit=code, cwd=str(home), session="elsewhere")
+        with bash_terminal(home) as term:
+            term.wait_for("^PROMPT>")
+            term.type("cd ~/src/")
+            offered = cycle_all(term, "cd ~/src/")
+            assert "cd ~/src/app" in offered, offered
+            assert not any(o.startswith(("cd ~/src/website", "cd ~/src/info")) for o in offered), offered
+            term.send("C-u")
+            term.type("git pu")
+            offered = cycle_all(term, "git pu")
+            assert "git pull" in offered and "git push origin feature/login" not in offered, offered

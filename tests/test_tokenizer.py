@@ -373,3 +373,20 @@ def test_stop_matcher_matches_brute_force(tokens: list[int], patterns: list[byte
     conds_patterns = tuple(p.decode("latin-1").encode("utf-8") for p in patterns)
     expected = reference_stop(tokens, tuple(dict.fromkeys(conds_patterns)))
     assert apply_stop_conditions(tokens, conds) == expected
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.one_of(st.sampled_from(ids("&|;ab ")), st.sampled_from([256, 258, 268])), max_size=40),
+    st.lists(st.binary(min_size=1, max_size=3).filter(lambda b: b" " not in b), min_size=0, max_size=4),
+)
+def test_stops_at_foretells_feed_without_feeding(tokens: list[int], patterns: list[bytes]) -> None:
+    """The beam search asks `stops_at` before forking a matcher it may not keep."""
+    matcher = StopMatcher(parse_stop_conditions(" ".join(p.decode("latin-1") for p in patterns)))
+    for token in tokens:
+        before = (bytes(matcher.output), matcher._run, matcher.stopped)
+        foretold = matcher.stops_at(token)
+        assert (bytes(matcher.output), matcher._run, matcher.stopped) == before
+        assert matcher.feed(token) == foretold
+        if foretold:
+            break

@@ -342,17 +342,23 @@ _UNCHECKABLE = set("$`*?[]{}~'\"\\<>=()")
 
 def missing_argument(cmd: str, cwd: str, disk: Disk) -> str | None:
     """The first `cd` target or file argument of `cmd` that does not exist relative to `cwd`
-    (calmd/daemon/engine.py demotes such a line), or None: all there, or unknown in time. Only
+    (calmd/daemon/engine.py drops such a line), or None: all there, or unknown in time. Only
     the first simple command is judged (what `cd x && make` does after `cd` is not known)."""
+    return check_arguments(cmd, cwd, disk)[0]
+
+
+def check_arguments(cmd: str, cwd: str, disk: Disk) -> tuple[str | None, bool]:
+    """(`missing_argument`, whether every path it judged was known in time): an unknown answer
+    may be asked again later in the same keystroke, when the listing has come."""
     if not cwd.startswith("/"):
-        return None
+        return None, True
     words: list[str] = []
     for word in cmd.split():
         if word in _SEPARATORS:
             break
         words.append(word)
     if not words:
-        return None
+        return None, True
     head, args = words[0], words[1:]
     if head in DIR_ARGUMENT:
         paths = [a if a.endswith("/") else a + "/" for a in args[:1] if a not in ("-", "..", ".")]
@@ -361,10 +367,16 @@ def missing_argument(cmd: str, cwd: str, disk: Disk) -> str | None:
     elif head in SCRIPT_ARGUMENT and args and not args[0].startswith("-"):
         paths = args[:1]  # `python -m x`, `bash -c '...'` name no file
     else:
-        return None
+        return None, True
+    known = True
     for path in paths[:MAX_CHECKS]:
+        if path == "~" or path.startswith("~/"):  # the daemon runs as the user: the same home
+            home = os.path.expanduser("~")
+            path = home + path[1:] if home != "~" else path
         if _UNCHECKABLE.intersection(path) or path.startswith("-"):
             continue
-        if disk.exists(cwd, path) is False:
-            return path
-    return None
+        there = disk.exists(cwd, path)
+        if there is False:
+            return path, True
+        known = known and there is not None
+    return None, known

@@ -47,25 +47,31 @@ import numpy as np
 
 from calmd import paths
 from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
-from calmd.daemon.disk import DIR_ARGUMENT, Disk, missing_argument
+from calmd.daemon.disk import Disk, check_arguments
 from calmd.daemon.filters import (
     Vocabulary,
     balanced,
+    cut_off,
     cwd_argument,
+    flag_name,
     invented,
     packaged_vocabulary,
+    repeats_word,
     sendable,
 )
-from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, packaged_ranker
+from calmd.daemon.ghost import GhostRule, packaged_rule
+from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
 from calmd.errors import CalmError
+from calmd.history.context import HISTORY_FRAMES
 from calmd.history.frames import VocabularyFollowers, current_word
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import BeamSearch, Candidate
 
-FAILING_PENALTY = 50.0  # nats off a never-successful command's score: below every other candidate
-MISSING_PENALTY = 25.0  # nats off a line naming a path that is not there: below the lines that exist
+# nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
+# below every line that belongs here, and never drawn (confidence 0)
+ELSEWHERE_PENALTY = 25.0
 DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
 # Junk lines (calmd/daemon/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
@@ -92,6 +98,9 @@ class RankWeights:
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
     typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
     # never (a search at every key); 2: typing along any of its lines does
+    scored: float = 8  # history proposals scored by the model per request (a latency bound)
+    beam: float = 6  # the beam search's width (at least the candidates asked for)
+    drop_budget: float = DROP_BUDGET  # junk lines the beams may finish before the search stops
 
     @classmethod
     def overrides(cls, items: list[str]) -> dict[str, float]:
@@ -118,23 +127,24 @@ class Suggestion(NamedTuple):
     text: str  # the whole command line
     score: float  # the mixture's log-probability (the ranking key; demotions lower it)
     confidence: float  # calibrated P(this is the whole line the user runs), calmd/daemon/calibration.py
+    ghost: bool = False  # the shells draw it as ghost text (calmd/daemon/ghost.py); at most one per answer
     features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
 
 
-EarlyCallback = Callable[[str, float], None]
+EarlyCallback = Callable[[str, float, bool], None]  # (line, confidence, drawn as the ghost)
 
 
 @dataclass
 class HistorySide:
     """The history's proposals for one keystroke, after the junk filters."""
 
-    proposals: dict[str, float]  # command -> P_hist (normalised over what is left)
+    proposals: dict[str, float]  # command -> P_hist (normalised before the failing ones went)
     carry: set[str]  # which of them are carry-overs (new lines, not past commands)
-    failing: set[str]  # which of them never succeeded (demoted, confidence 0)
+    failing: set[str]  # the pool's commands that never succeeded or name a missing path (not proposed)
 
     def ordered(self) -> list[str]:
-        """Best first; a failing command after every other."""
-        return sorted(self.proposals, key=lambda c: (c not in self.failing, self.proposals[c]), reverse=True)
+        """Best first."""
+        return sorted(self.proposals, key=self.proposals.__getitem__, reverse=True)
 
 
 MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
@@ -152,13 +162,15 @@ class _Answer:
     start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
     # None for the earlier answers, which only a repeat of their input continues
     lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
+    comp: tuple[str, ...] = ()  # the COMP items the context held (typing through rescores on a change)
 
 
 def context_key(ctx: dict[str, Any]) -> str:
-    """Everything of a request's context but the typed input, as one string: two requests with
-    the same key differ only by what was typed (the context is opaque here: frames, cwd, git and
-    whatever else it carries)."""
-    return json.dumps({k: v for k, v in ctx.items() if k != "input"}, sort_keys=True, default=str)
+    """Everything of a request's context but the typed input and the COMP items, as one string:
+    two requests with the same key differ only by what was typed and what COMP offered for it
+    (the context is opaque here: frames, cwd, git and whatever else it carries)."""
+    return json.dumps({k: v for k, v in ctx.items() if k not in ("input", "completions")}, sort_keys=True,
+                      default=str)  # fmt: skip
 
 
 _INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
@@ -194,6 +206,7 @@ class ModelEngine:
         ranker: Ranker | None = None,
         calibrator: Calibrator | None = None,
         vocabulary: Vocabulary | None = None,
+        ghost: GhostRule | None = None,
     ) -> None:
         import torch
 
@@ -211,9 +224,10 @@ class ModelEngine:
         self.ranker = ranker or packaged_ranker()
         self.calibrator = calibrator or packaged_calibrator()
         self.vocabulary = vocabulary or packaged_vocabulary()
+        self.ghost = ghost or packaged_rule()
         self.home = os.environ.get("HOME")
-        self.max_scored = 8  # history proposals scored by the model per request (latency bound)
-        self.drop_budget = DROP_BUDGET
+        self.max_scored = int(self.weights.scored)
+        self.drop_budget = int(self.weights.drop_budget)
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
@@ -232,6 +246,26 @@ class ModelEngine:
     def attach_disk(self, disk: Disk) -> None:
         """Where the disk check and the COMP proposals look (the server's, shared across reloads)."""
         self.disk = disk
+
+    def warm_up(self, cwd: str = "") -> None:
+        """Pay at load what the first keystroke would pay otherwise (1.3-1.8 s measured before):
+        the history index read from the store, the model's first passes (kernels, the fused
+        scan's library, allocator), the calibration and the filters. One request on the empty
+        prompt and one after a typed character, in a session of its own that is then forgotten."""
+        if self.history is not None and self.index is not None:
+            self.index.sync(self.history)
+        history = []
+        if self.history is not None:
+            history = [{"cmd": r.cmd, "exit": r.exit} for r in self.history.recent(limit=HISTORY_FRAMES)]
+        session = "calmd-warm-up"
+        counts = self.searches, self.reused  # the status counts the users' requests only
+        for typed in ("", "g", "gi"):
+            ctx = {"input": typed, "history": history, **({"cwd": cwd} if cwd else {})}
+            for _ in self.complete(ctx, 5, session, threading.Event(), lambda *_: None):
+                pass
+        self.answers.pop(session, None)
+        self.generator.cache.forget(session)
+        self.searches, self.reused = counts
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -256,17 +290,30 @@ class ModelEngine:
         early: EarlyCallback | None = None,
         *,
         explain: bool = False,
+        min_confidence: float | None = None,
+        drawn: str | None = None,
     ) -> Iterator[Suggestion]:
-        """Stream the best `n` candidates, each as soon as its rank is final. `early` is called
-        once, before the model runs, with the history's best proposal and its confidence (not
-        at all when the history has none)."""
+        """Stream the best `n` candidates, each as soon as its rank is final, the one the shells
+        draw (the ghost rule, calmd/daemon/ghost.py) first and flagged. `early` is called once,
+        before the model runs, with the history's best proposal, its confidence and whether it is
+        drawn (not at all when the history has none). The incumbent the final answer must beat by
+        the rule's margin to be drawn in its place: `drawn`, the line the shell shows already
+        (the user typed along it), else the early line when it is drawn. `min_confidence`: the
+        shell's threshold in place of the fitted ones. Lines that failed every time they ran, or
+        name a path that is not there, are never sent: the ghost, Shift-Tab and bash's list pass
+        the same checks."""
         typed = ctx.get("input", "")
-        side = self._history_side(typed, ctx, session)
+        shown_line = drawn if drawn and len(drawn) > len(typed) and drawn.startswith(typed) else None
+        rule = self.ghost.overridden(min_confidence)
+        missing = self._missing(ctx)
+        elsewhere = self._elsewhere(ctx)
+        side = self._history_side(typed, ctx, session, missing)
         index = self.index
         history_size = len(index) if index is not None else 0
         ordered = side.ordered()
         input_run_before = index is not None and bool(typed) and index.count.get(typed, 0) > 0
-        if early is not None and ordered and ordered[0] not in side.failing:
+        incumbent: str | None = None  # the line drawn before the final answer
+        if early is not None and ordered:
             best = ordered[0]
             second = side.proposals[ordered[1]] if len(ordered) > 1 else 0.0
             count = index.count.get(best, 0) if index is not None else 0
@@ -275,32 +322,41 @@ class ModelEngine:
                             history=history_size)  # fmt: skip
             if explain:
                 self.explained_early = (best, row)
-            early(best, round(self.calibrator.early.probability(row), 3))
+            confidence = 0.0 if elsewhere(best) else round(self.calibrator.early.probability(row), 3)
+            # the line on the screen stays there until the final answer: an early line is drawn
+            # only where nothing is, or when it is that line
+            shown = rule.draws_early(typed, confidence) and shown_line in (None, best) and not elsewhere(best)
+            incumbent = best if shown else None
+            early(best, confidence, shown)
+        incumbent = shown_line or incumbent
         if n <= 0 or cancelled.is_set():
             return
         proposals = side.proposals
         lam = self.weights.history_mix if proposals else 0.0
         start, model_typed = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
-        missing = self._missing(ctx)
         p_end = self.generator.end_probability(ctx, session=session, start=start)
         complete = self._is_complete(typed, input_run_before, p_end)
         judge = self._judge(typed, ctx, side, complete, missing)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
         key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
         # The history proposals the model scores (latency bound), and the lines COMP completes.
-        scored = ordered[: self.max_scored] + [
-            c for c in self._disk_proposals(typed, ctx) if c not in proposals
-        ]
+        disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
+        scored = ordered[: self.max_scored] + disk
+        lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
+        if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
+            scored.append(incumbent)  # its score decides whether it stays
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
+        line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
         through = None
         if not complete and model_typed == typed:
-            through = self._typed_through(session, key, typed, n, start, side, scored, judge, lam, missing)
+            through = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam, elsewhere)
         if through is not None:
             self.reused += 1
             ranked: Iterator[Candidate] = iter([c for c, _ in through[:n]])
             spare = [c for c, _ in through[n:]]
             model_lp = {c.text: lp for c, lp in through}
+            line_scores = {c.text: c.logprob for c, _ in through}
         else:
             self.searches += 1
             # Score the likeliest history proposals and COMP's lines with the model: one batched pass.
@@ -308,19 +364,17 @@ class ModelEngine:
             if scored:
                 scores = self.generator.score_many(ctx, scored, session=session, start=start)
                 for cmd, lp in zip(scored, scores, strict=True):
-                    extra.append((cmd, self._mixture_score(cmd, lp, proposals, side, lam, missing)))
+                    extra.append((cmd, self._mixture_score(cmd, lp, proposals, lam, elsewhere)))
                     model_lp[cmd] = lp
+            line_scores = dict(extra)
             if complete:  # only lines the user ran may continue it: no beams, no carry-overs
-                own = [Candidate(c, s, 0) for c, s in extra if c not in side.carry]
+                own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
                 ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
             else:
-                search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+                search = self.generator.beam_search(ctx, width=max(int(self.weights.beam), n), start=start)
                 ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
-        answered: list[tuple[str, float]] = []
-        for rank, cand in enumerate(ranked):
-            if cancelled.is_set():
-                return
-            score, text = cand.logprob, cand.text
+
+        def suggestion(text: str, score: float, rank: int) -> Suggestion:
             count = index.count.get(text, 0) if index is not None else 0
             row = candidate_row(
                 log_p=score, p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
@@ -328,16 +382,44 @@ class ModelEngine:
                 k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
                 history=history_size,
             )  # fmt: skip
-            failing = text in side.failing or (index is not None and index.failing(text))  # `gti log` too
-            failing = failing or missing(text)  # never shown unasked either
-            confidence = 0.0 if failing else round(self.calibrator.candidate.probability(row), 3)
-            if text in model_lp:
-                answered.append((text, model_lp[text]))
-            yield Suggestion(text, score, confidence, row if explain else None)
+            confidence = 0.0 if elsewhere(text) else round(self.calibrator.candidate.probability(row), 3)
+            return Suggestion(text, score, confidence, False, row if explain else None)
+
+        answered: list[tuple[str, float]] = []
+        sent: set[str] = set()
+        for rank, cand in enumerate(ranked):
+            if cancelled.is_set():
+                return
+            if cand.text in sent or len(sent) >= n or missing(cand.text):
+                continue  # (a path found missing since it was ranked: its folder was listed meanwhile)
+            found = suggestion(cand.text, cand.logprob, rank)
+            if not sent:  # the first line sent
+                # The ghost is decided with the top line: the incumbent stays unless it is beaten
+                # by the margin, else the top line is drawn when sure enough, else nothing.
+                choices = [found]
+                if incumbent is not None and incumbent != found.text and incumbent in line_scores:
+                    choices.append(suggestion(incumbent, line_scores[incumbent], 1))
+                # a line that belongs elsewhere (another branch, a repository) is never drawn
+                pick = None if elsewhere(found.text) else rule.choose(
+                    typed, [(s.text, s.confidence, s.score) for s in choices], incumbent
+                )
+                if pick is not None:
+                    ghost = choices[pick]._replace(ghost=True)
+                    if pick:  # the incumbent first: it is what the shell keeps drawing
+                        sent.add(ghost.text)
+                        if ghost.text in model_lp:
+                            answered.append((ghost.text, model_lp[ghost.text]))
+                        yield ghost
+                    else:
+                        found = ghost
+            sent.add(found.text)
+            if found.text in model_lp:
+                answered.append((found.text, model_lp[found.text]))
+            yield found
         if not complete:
-            sent = {text for text, _ in answered}
             more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
-            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE]))
+            comp = tuple(ctx.get("completions") or ())
+            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
         else:
             self._remember(session, None)
 
@@ -360,8 +442,8 @@ class ModelEngine:
             self.answers.popitem(last=False)
 
     def _typed_through(
-        self, session: str, key: str, typed: str, n: int, start: Any, side: HistorySide,
-        scored: list[str], judge: Callable[[str], float | None], lam: float, missing: Callable[[str], bool],
+        self, session: str, key: str, ctx: dict[str, Any], n: int, start: Any, side: HistorySide,
+        scored: list[str], judge: Callable[[str], float | None], lam: float, elsewhere: Callable[[str], bool],
     ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
         """The answer to `typed` from the session's previous answer, when the user typed on along
         its top line, or from an earlier one for the same input (a repeat, a backspace back to
@@ -369,8 +451,11 @@ class ModelEngine:
         model's log-probability given the longer input is the old one minus that of the typed
         bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
         continue, the context or the history changed, or the top line no longer leads (then a
-        search runs). What it cannot do: propose a line the previous answer did not hold
-        (docs/performance.md, "Typing through a suggestion")."""
+        search runs). When the COMP items changed since (a new word begun), the lines are scored
+        afresh from the new context's state, in one batched pass instead of a search. What it
+        cannot do: propose a line the previous answer did not hold (docs/performance.md, "Typing
+        through a suggestion")."""
+        typed = str(ctx.get("input", ""))
         answers = [a for a in self.answers.get(session, []) if a.key == key]
         if not self.weights.typing_through or not answers:
             return None
@@ -383,15 +468,26 @@ class ModelEngine:
         any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
         if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
             return None
-        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+        kept = [(t, lp) for t, lp in last.lines if t.startswith(typed) and t.rstrip() != typed.rstrip()]
+        if tuple(ctx.get("completions") or ()) != last.comp:  # another COMP frame: score them anew
+            rescored: list[tuple[str, float]] = []
+            fresh = [t for t, _ in kept]
+        else:
+            drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+            rescored = [(t, old_lp - drop) for t, old_lp in kept]
+            fresh = []
+        # the history's and COMP's lines for this input that the answer did not hold, scored as a
+        # search scores them (a new word's files, a line the pool has only now)
+        have = {t for t, _ in kept}
+        fresh += [t for t in scored if t not in have]
+        if fresh:
+            scores = self.generator.score_many(ctx, fresh, session=session, start=start)
+            rescored += list(zip(fresh, scores, strict=True))
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
         found: list[tuple[Candidate, float]] = []
-        for text, old_lp in last.lines:
-            if not text.startswith(typed) or text.rstrip() == typed.rstrip():
-                continue
-            lp = old_lp - drop
+        for text, lp in rescored:
             if text in scored:  # as `extra` is scored by a search
-                score = self._mixture_score(text, lp, side.proposals, side, lam, missing)
+                score = self._mixture_score(text, lp, side.proposals, lam, elsewhere)
             else:
                 adjust = judge(text)
                 if adjust is None:
@@ -404,14 +500,13 @@ class ModelEngine:
         return found
 
     def _mixture_score(
-        self, cmd: str, lp: float, proposals: dict[str, float], side: HistorySide, lam: float,
-        missing: Callable[[str], bool],
+        self, cmd: str, lp: float, proposals: dict[str, float], lam: float, elsewhere: Callable[[str], bool],
     ) -> float:  # fmt: skip
         """A scored line on the mixture's scale: log(lam P_hist + (1 - lam) P_model^(1/T)), less
-        the penalty of a failed command or of a path that is not on the disk."""
+        the penalty of a line that belongs to another branch or to a repository (`_elsewhere`)."""
         p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / self.weights.model_temperature)
         score = math.log(p) if p > 0 else -math.inf
-        return score - (FAILING_PENALTY if cmd in side.failing else MISSING_PENALTY if missing(cmd) else 0.0)
+        return score - (ELSEWHERE_PENALTY if elsewhere(cmd) else 0.0)
 
     def ranked(
         self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
@@ -422,11 +517,10 @@ class ModelEngine:
         log-probability scale) and the lines the beams finish, best first, each yielded as soon as
         no live beam can beat it. A beam's score lp becomes log(1 - lam) + lp / T on the mixture's
         scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
-        drops (None) each line a beam finishes; after max(n, drop_budget) drops (lines demoted for
-        a missing path count too) the search stops and what it has is final (a model that keeps
-        finishing junk would search to max_tokens). `model_lp` receives each kept line's
-        log-probability under the model alone, `spare` the lines found but not yielded, best first
-        (what typing through may continue besides)."""
+        drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
+        and what it has is final (a model that keeps finishing junk would search to max_tokens).
+        `model_lp` receives each kept line's log-probability under the model alone, `spare` the
+        lines found but not yielded, best first (what typing through may continue besides)."""
         offset, temperature = math.log(1 - lam), self.weights.model_temperature
 
         def mixture(lp: float) -> float:
@@ -449,10 +543,6 @@ class ModelEngine:
                     dropped += 1
                 else:
                     pending.append(Candidate(cand.text, mixture(cand.logprob) + adjust, cand.tokens))
-                    # A line naming a missing path is kept, demoted, but counts toward the budget
-                    # as a dropped one: beams that keep finishing `tail -f /var/log/sys...` where
-                    # there is no such file searched on (done p50 +10% in bench/ab_latency.py).
-                    dropped += adjust == -MISSING_PENALTY
                     if model_lp is not None:
                         model_lp[cand.text] = cand.logprob
             pending.sort(key=lambda c: c.logprob, reverse=True)
@@ -486,36 +576,40 @@ class ModelEngine:
         self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool,
         missing: Callable[[str], bool] | None = None,
     ) -> Callable[[str], float | None]:  # fmt: skip
-        """What happens to a line a beam finished: kept (0), demoted (a negative number added to
-        its score) or dropped (None). `missing`: the disk check (`_missing`)."""
+        """What happens to a line a beam finished (or COMP completed): kept (0), demoted (a
+        negative number added to its score) or dropped (None). Dropped: half a command, a line
+        that failed every time it ran (`gti log` when `gti` was not found too), one naming a path
+        that is not there (`missing`: the disk check), and of the lines only the model wrote,
+        those continuing a complete input, holding a secret, with an invented word
+        (calmd/daemon/filters.py), cut off, or repeating a word."""
         index = self.index
         missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
+        multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
 
         def judge(text: str) -> float | None:
-            if not sendable(text, multiline=True):
+            if not sendable(text, multiline=multiline):
                 return None  # drives the terminal (a newline only from a multi-line input typed)
             if text in side.proposals:
-                return -FAILING_PENALTY if text in side.failing else 0.0  # judged with the history's
-            if not balanced(text):
+                return 0.0  # judged with the history's (`_history_side`)
+            if not balanced(text) or missing(text):
                 return None  # half a command, whoever wrote it (a past line out of the pool too)
             if index is not None and index.count.get(text, 0) > 0:  # the user's own line
-                return -FAILING_PENALTY if index.failing(text) else -MISSING_PENALTY if missing(text) else 0.0
+                return None if index.failing(text) else 0.0
             if index is not None and index.missing(text):
-                return -FAILING_PENALTY  # `gti log` when `gti` was not found
-            if complete or find_secret(text) is not None:
+                return None  # `gti log` when `gti` was not found
+            if complete or find_secret(text) is not None or repeats_word(text):
                 return None
-            if self.weights.vocabulary and self._made_up(text, typed, cwd):
+            if self.weights.vocabulary and (self._made_up(text, typed, cwd) or self._cut_off(text)):
                 return None
-            if missing(text):  # a made-up `cd` into nothing goes; a new file may be meant
-                return None if text.split(maxsplit=1)[0] in DIR_ARGUMENT else -MISSING_PENALTY
             return 0.0
 
         return judge
 
     def _missing(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
-        """Whether a line's `cd` target or file argument is missing from the shell's cwd (memoised
-        for the request; always False without a disk or a cwd)."""
+        """Whether a line's `cd` target or file argument is missing from the shell's cwd (always
+        False without a disk or a cwd). Memoised for the request once known: a folder not listed
+        in time is asked about again, as its listing comes while the keystroke is worked on."""
         disk, cwd = self.disk, str(ctx.get("cwd") or "")
         seen: dict[str, bool] = {}
 
@@ -524,7 +618,10 @@ class ModelEngine:
                 return False
             found = seen.get(text)
             if found is None:
-                found = seen[text] = missing_argument(text, cwd, disk) is not None
+                path, known = check_arguments(text, cwd, disk)
+                found = path is not None
+                if known:
+                    seen[text] = found
             return found
 
         return missing
@@ -541,22 +638,57 @@ class ModelEngine:
         paths = [i for i in items if i != word and (i.endswith("/") or "." in i or "/" in i)]
         return [stem + i for i in paths][:DISK_PROPOSALS]
 
+    def _cut_off(self, text: str) -> bool:
+        """A line only the model wrote that stops short: mid-word (`make to`), or after a flag
+        the user always gave more words to and never ended a line with (`git push -u`)."""
+        user = self.index.vocabulary if self.index is not None else None
+        if cut_off(text, self.vocabulary, user):
+            return True
+        last = text.rsplit(None, 1)[-1] if text.strip() else ""
+        return (
+            self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
+        )
+
+    def _elsewhere(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
+        """Whether a line belongs to another place than the shell's: a line the user only ever
+        ran inside a git repository, or a git line only the model wrote, while the shell is in
+        none; a line naming the branch it ran on, on another branch (`git push origin
+        feature/login` on master). Such a line is demoted and never drawn. Only judged when the
+        shell tells its cwd (the replay's histories do not: always False there)."""
+        index = self.index
+        cwd, branch = str(ctx.get("cwd") or ""), str(ctx.get("git") or "")
+        if index is None or not cwd.startswith("/"):
+            return lambda text: False
+
+        def elsewhere(text: str) -> bool:
+            if not branch:
+                if text in index.count:
+                    return index.repo_only(text)
+                return first_word(text) == "git" and not outside_git(text)
+            bound = index.bound_branch.get(text)
+            return bound is not None and bound != branch
+
+        return elsewhere
+
     def _made_up(self, text: str, typed: str, cwd: str) -> bool:
         user = self.index.vocabulary if self.index is not None else None
         if invented(text, typed, self.vocabulary, user) is not None:
             return True
         return bool(cwd) and cwd_argument(text, typed, cwd, self.home)
 
-    def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float] | None:
-        """The history's best proposal and its confidence, without the model (what `complete`
-        passes to its `early` callback)."""
-        found: list[tuple[str, float]] = []
-        for _ in self.complete(ctx, 0, session, threading.Event(), lambda t, c: found.append((t, c))):
+    def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float, bool] | None:
+        """The history's best proposal, its confidence and whether it is drawn, without the model
+        (what `complete` passes to its `early` callback)."""
+        found: list[tuple[str, float, bool]] = []
+        for _ in self.complete(ctx, 0, session, threading.Event(), lambda t, c, g: found.append((t, c, g))):
             pass
         return found[0] if found else None
 
-    def _history_side(self, typed: str, ctx: dict[str, Any], session: str) -> HistorySide:
-        """History commands that extend the input, each with its history probability P_hist."""
+    def _history_side(
+        self, typed: str, ctx: dict[str, Any], session: str, missing: Callable[[str], bool] | None = None
+    ) -> HistorySide:
+        """History commands that extend the input, each with its history probability P_hist;
+        those that never succeeded or name a missing path (`missing`) are not among them."""
         store, index = self.history, self.index
         if store is None or index is None:
             return HistorySide({}, set(), set())
@@ -571,7 +703,7 @@ class ModelEngine:
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
         for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd) or not sendable(cmd, multiline=True):
+            if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
                 if find_secret(cmd) is not None or (
@@ -593,7 +725,9 @@ class ModelEngine:
         total = sum(proposals.values())
         if total > 0:
             proposals = {cmd: p / total for cmd, p in proposals.items()}
-        failing = {cmd for cmd in proposals if index.failing(cmd)}
+        failing = {cmd for cmd in proposals if index.failing(cmd) or (missing is not None and missing(cmd))}
+        for cmd in failing:
+            del proposals[cmd]
         return HistorySide(proposals, carry, failing)
 
 

@@ -39,6 +39,7 @@ next word is a file or a host, anything goes).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -365,6 +366,31 @@ def invented(cmd: str, typed: str, vocab: Vocabulary, user: UserVocabulary | Non
                     return f"'.' never seen after {head} {token}".rstrip()
                 return f"{token!r} never seen after {key}"
     return None
+
+
+def repeats_word(cmd: str) -> bool:
+    """A word written twice in a row (`make test test`): how a model stutters, not how people
+    type. Judged on lines only the model wrote."""
+    words = split_words(cmd)
+    return any(a == b for a, b in itertools.pairwise(words))
+
+
+def cut_off(cmd: str, vocab: Vocabulary, user: UserVocabulary | None = None) -> bool:
+    """The line ends in the middle of a word: its last token is unknown where it stands (for the
+    corpus and the user alike) but begins a token known there (`make to` where `make tools` was
+    typed). Judged on lines only the model wrote; a line that stops after a complete word the user
+    never ended a line with is the engine's check (`HistoryIndex.head_count`)."""
+    words = split_words(cmd)
+    at_end = [(key, token) for offset, segment in segments(words) for key, token, pos in entries(segment)
+              if offset + pos == len(words) - 1 and key and token and not key.endswith(" .")]  # fmt: skip
+    cut = False
+    for key, token in at_end:
+        corpus = vocab.known.get(key, frozenset())
+        mine = user.known.get(key, set()) if user is not None else set()
+        if token in corpus or token in mine:
+            return False
+        cut = cut or any(k.startswith(token) for k in itertools.chain(corpus, mine))
+    return cut
 
 
 def _typed_in_full(words: list[str], typed: str) -> int:

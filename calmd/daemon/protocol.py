@@ -33,8 +33,9 @@ MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
 MAX_PATH_BYTES = 8192  # a shell's PATH
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
-# the user runs (docs/quality.md). The shells show ghost text only for a top candidate at or above
-# this (CALM_MIN_CONFIDENCE overrides it); cycling still reaches every candidate.
+# the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
+# calmd/daemon/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;
+# cycling still reaches every candidate.
 DEFAULT_MIN_CONFIDENCE = 0.5
 
 
@@ -268,6 +269,9 @@ class CompleteRequest:
     history_given: bool = False  # False: the daemon fills history from its store
     early: bool = False  # send the history's best proposal before the model runs (an `early` reply)
     path: str | None = None  # the shell's PATH (its helper sends it once): COMP's commands
+    min_confidence: float | None = None  # the shell's CALM_MIN_CONFIDENCE: replaces the ghost
+    # rule's fitted thresholds (calmd/daemon/ghost.py); None: as fitted
+    drawn: str | None = None  # the line the shell shows as ghost text now: the incumbent
     multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
 
 
@@ -378,7 +382,15 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
     session = _str(msg, "session", rid, limit=256)
     early, multiline = _bool(msg, "early", rid), _bool(msg, "multiline", rid)
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
-    return CompleteRequest(rid, ctx, n, session, history_given, early, path, multiline)
+    min_confidence = msg.get("min_confidence")
+    if min_confidence is not None:
+        if isinstance(min_confidence, bool) or not isinstance(min_confidence, int | float) or not (
+            0.0 <= float(min_confidence) <= 1.0
+        ):
+            raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
+        min_confidence = float(min_confidence)
+    drawn = _str(msg, "drawn", rid) if msg.get("drawn") is not None else None
+    return CompleteRequest(rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline)
 
 
 def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:

@@ -99,6 +99,26 @@ def first_word(cmd: str) -> str:
     return cmd.split(" ", 1)[0]
 
 
+# git subcommands that need no repository: a line with one of them is no git line "outside a
+# repository" (calmd/daemon/engine.py `_elsewhere`)
+GIT_ANYWHERE = frozenset(
+    {"clone", "init", "config", "help", "version", "--version", "--help", "-h", "ls-remote"}
+)
+
+
+def outside_git(cmd: str) -> bool:
+    """A git line that works outside a repository (`git clone ...`, `git config --global ...`)."""
+    words = cmd.split()
+    return len(words) > 1 and words[0] == "git" and words[1] in GIT_ANYWHERE
+
+
+def names_branch(cmd: str, branch: str) -> bool:
+    """Whether `cmd` names `branch` as a word of its own, or as `remote/branch`, `HEAD:branch`."""
+    if not branch:
+        return False
+    return any(w == branch or w.endswith(("/" + branch, ":" + branch)) for w in cmd.split()[1:])
+
+
 def carry_splits(words: Sequence[str]) -> Iterator[tuple[str, str, int]]:
     """(head, tail, words in the tail) for each way of cutting a command's words after its first
     1..CARRY_HEAD_WORDS words, longest tail first: what a next command could carry over."""
@@ -251,12 +271,21 @@ class HistoryIndex:
         self.working_names: set[str] = set()  # first words of commands that succeeded
         self.last_ts: dict[str, float] = {}  # when each command was run last (seconds since the epoch)
         self.newest_ts = 0.0
-        self.vocabulary = UserVocabulary()  # subcommands and flags the user typed after each command
+        self.vocabulary = UserVocabulary()  # subcommands and flags of the commands that succeeded
+        self.succeeded: set[str] = set()  # commands with a run that did not fail (exit 0 or unknown)
+        # the branch a command names and ran on (`git push origin feature/login` on feature/login):
+        # on another branch it is not drawn (calmd/daemon/engine.py `_elsewhere`)
+        self.bound_branch: dict[str, str] = {}
+        self.in_repo: set[str] = set()  # commands run inside a git repository (the shell said a branch)
+        self.out_of_repo: set[str] = set()  # ... and outside one (the shell said a cwd and no branch)
 
     def __len__(self) -> int:
         return len(self.commands)
 
-    def add(self, cmd: str, session: str = "", exit: int | None = None, ts: float | None = None) -> None:
+    def add(
+        self, cmd: str, session: str = "", exit: int | None = None, ts: float | None = None,
+        cwd: str = "", git: str = "",
+    ) -> None:  # fmt: skip
         index = len(self.commands)
         prev_index = self._session_tail.get(session, -1)
         plain = terminal_safe(cmd)  # no carry-over heads from a multi-line entry (its words span lines)
@@ -298,7 +327,19 @@ class HistoryIndex:
         if ts is not None:
             self.last_ts[cmd] = ts
             self.newest_ts = max(self.newest_ts, ts)
-        if self.count[cmd] == 1:
+        if git:
+            self.in_repo.add(cmd)
+            if names_branch(cmd, git):
+                self.bound_branch[cmd] = git
+            else:
+                self.bound_branch.pop(cmd, None)
+        elif cwd.startswith("/"):
+            self.out_of_repo.add(cmd)
+            self.bound_branch.pop(cmd, None)
+        if exit is not None and exit != 0:
+            return  # what a failed run typed (`git comit`) is no word of the user's, nor a head to carry over
+        if cmd not in self.succeeded:
+            self.succeeded.add(cmd)
             self.vocabulary.add(cmd)
         words = cmd.split() if plain else []
         if words:
@@ -312,6 +353,10 @@ class HistoryIndex:
         its latest run, or its command name's, was "command not found"."""
         failed = self.failed.get(cmd, 0)
         return (failed > 0 and failed >= self.count[cmd]) or cmd in self.not_found or self.missing(cmd)
+
+    def repo_only(self, cmd: str) -> bool:
+        """`cmd` ran inside git repositories only (as far as the shells told)."""
+        return cmd in self.in_repo and cmd not in self.out_of_repo
 
     def missing(self, cmd: str) -> bool:
         """`cmd` starts with a command name that was "not found" and never worked (`gti log`
@@ -338,7 +383,7 @@ class HistoryIndex:
             self.last_id = store.newest_after(limit)
         added = 0
         for row in store.all_rows(after=self.last_id):
-            self.add(row.cmd, row.session, row.exit, row.ts)
+            self.add(row.cmd, row.session, row.exit, row.ts, row.cwd, row.git)
             self.last_id = row.id
             added += 1
         return added

@@ -110,15 +110,21 @@ class Engine(Protocol):
         n: int,
         session: str,
         cancelled: threading.Event,
-        early: Callable[[str, float], None] | None = None,
+        early: Callable[[str, float, bool], None] | None = None,
+        *,
+        min_confidence: float | None = None,
+        drawn: str | None = None,
     ) -> Iterator[Suggestion]:
-        """Yields (candidate, score, confidence) best first; calls `early(candidate, confidence)`
-        at most once, before the first candidate (the history's best proposal)."""
+        """Yields (candidate, score, confidence, ghost) with the drawn one first, then best
+        first; calls `early(candidate, confidence, ghost)` at most once, before the first
+        candidate (the history's best proposal). `min_confidence`: the shell's threshold for the
+        ghost in place of the fitted rule's (calmd/daemon/ghost.py); `drawn`: the line the shell
+        shows already, which stays unless clearly beaten."""
         ...
 
 
 EngineLoader = Callable[[Path], Engine]
-Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ...): calmd.daemon.engine.Suggestion
+Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ghost, ...): calmd.daemon.engine.Suggestion
 
 
 class AlreadyRunning(RuntimeError):
@@ -555,6 +561,27 @@ class Server:
 
     # -- model hosting ---------------------------------------------------------------------------
 
+    def _attach(self, engine: Engine) -> None:
+        if self.history is not None:
+            engine.attach_history(self.history)
+        attach_disk = getattr(engine, "attach_disk", None)  # a test's scripted engine has none
+        if attach_disk is not None:
+            attach_disk(self.disk)
+
+    def _load_warm(self, path: Path) -> Engine:
+        """Load an engine and warm it up (on the worker thread, before it serves): a fresh
+        daemon's first keystroke, and the first after a swap, cost what any other costs. A warm-up
+        that fails is logged; the engine serves all the same."""
+        engine = self.engine_loader(path)
+        warm_up = getattr(engine, "warm_up", None)  # a test's scripted engine has none
+        if warm_up is not None:
+            self._attach(engine)
+            try:
+                warm_up(str(Path.home()))
+            except Exception:
+                log.exception("the warm-up of %s failed", path)
+        return engine
+
     async def reload(self) -> dict[str, Any]:
         """Load the weight file in a thread; keep the old engine when the new file is bad. With
         no engine yet (the start), a bad file gives way to the packaged model, and the error
@@ -568,7 +595,7 @@ class Server:
                 # watcher would take a later swap back to it for "nothing changed".
                 for _ in range(RELOAD_ATTEMPTS):
                     before = self._weights_id()
-                    engine = await loop.run_in_executor(self._pool, self.engine_loader, path)
+                    engine = await loop.run_in_executor(self._pool, self._load_warm, path)
                     if self._weights_id() == before:
                         break
                 else:
@@ -583,7 +610,7 @@ class Server:
                 log.error("%s did not load, serving the packaged model until it does: %s", path, exc)
                 identity = self._weights_id()
                 fallback = self.config.fallback_weights
-                engine = await loop.run_in_executor(self._pool, self.engine_loader, fallback)
+                engine = await loop.run_in_executor(self._pool, self._load_warm, fallback)
                 self._install(engine, identity, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
             self.last_reload_error = None
@@ -593,11 +620,7 @@ class Server:
             return {"ok": True}
 
     def _install(self, engine: Engine, identity: FileId | None, *, fallback: bool) -> None:
-        if self.history is not None:
-            engine.attach_history(self.history)
-        attach_disk = getattr(engine, "attach_disk", None)  # a test's scripted engine has none
-        if attach_disk is not None:
-            attach_disk(self.disk)
+        self._attach(engine)
         self.engine = engine
         self.loaded_at = time.time()
         self.loaded_id = identity  # a bad file's too: the watcher retries when it changes
@@ -849,7 +872,7 @@ class Server:
         if request.history_given:  # the client's own history: the daemon cannot guess the next
             self._last_request.pop(request.session, None)
         else:
-            fields = {k: v for k, v in request.ctx.items() if k not in ("input", "history")}
+            fields = {k: v for k, v in ctx.items() if k not in ("input", "history")}
             self._last_request[request.session] = (fields, request.n)
             if len(self._last_request) > 256:
                 self._last_request.pop(next(iter(self._last_request)))
@@ -863,6 +886,8 @@ class Server:
         if engine is None:  # serve() loads a model before it accepts: a bug, answered `internal`
             raise RuntimeError("no model is loaded")
         ctx = dict(request.ctx)
+        if request.multiline:  # the engine ranks (and picks the ghost) among what may be sent
+            ctx["multiline"] = True
         if not request.history_given and self.history is not None:
             ctx["history"] = self._recent_history(request.session)
         if request.path is not None:
@@ -873,7 +898,7 @@ class Server:
         first: list[float] = []
         early_sent: list[bool] = []
 
-        def emit(attempt: int, candidate: str, score: float, confidence: float) -> None:
+        def emit(attempt: int, candidate: str, score: float, confidence: float, ghost: bool) -> None:
             if not self._terminal_safe(candidate, request):
                 return
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
@@ -881,9 +906,9 @@ class Server:
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
             conn.send(reply(request.id, candidate=candidate, score=round(score, 4),
-                            confidence=round(min(1.0, max(0.0, confidence)), 3)))  # fmt: skip
+                            confidence=round(min(1.0, max(0.0, confidence)), 3), ghost=ghost))  # fmt: skip
 
-        def emit_early(attempt: int, candidate: str, confidence: float) -> None:
+        def emit_early(attempt: int, candidate: str, confidence: float, ghost: bool) -> None:
             # At most one per request: a preempted attempt's is dropped unless it went out, and
             # the rerun's is dropped if it did. It does not count as delivered, so the job can
             # still be preempted (the early proposal comes from the history alone).
@@ -892,7 +917,8 @@ class Server:
             if not self._terminal_safe(candidate, request):
                 return
             early_sent.append(True)
-            conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3)))
+            conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3),
+                            ghost=ghost))  # fmt: skip
 
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
@@ -904,16 +930,17 @@ class Server:
             except Exception:
                 log.exception("the COMP frame could not be built; answering without it")
 
-            def on_early(candidate: str, confidence: float) -> None:
+            def on_early(candidate: str, confidence: float, ghost: bool) -> None:
                 if not cancelled.is_set():
-                    loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence)
+                    loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence, bool(ghost))
 
-            for candidate, score, confidence, *_ in engine.complete(
-                ctx, request.n, request.session, cancelled, on_early if request.early else None
-            ):
+            for candidate, score, confidence, ghost, *_ in engine.complete(
+                ctx, request.n, request.session, cancelled, on_early if request.early else None,
+                min_confidence=request.min_confidence, drawn=request.drawn,
+            ):  # fmt: skip
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost))
             return not cancelled.is_set()
 
         job = Job(owner=conn, session=request.session, run=work)

@@ -1,9 +1,11 @@
-"""The fused C++ selective scan (calmd/model/csrc/scan.cpp): built on first use, called through ctypes.
+"""The fused C++ kernels: the selective scan (calmd/model/csrc/scan.cpp) and the whole-model
+inference step (csrc/step.cpp, driven by calmd/model/faststep.py), built on first use into one
+library and called through ctypes.
 
 Why ctypes and plain C++ rather than a torch extension: the kernel needs no torch or Python
-headers, so it builds in about a second with the system's g++ and needs neither ninja nor the
+headers, so it builds in a second or two with the system's g++ and needs neither ninja nor the
 Python development headers. The library is cached in `paths.cache_dir()` under a name that
-hashes the source, the flags, the compiler and the CPU's feature flags (it is built with
+hashes the sources, the flags, the compiler and the CPU's feature flags (it is built with
 -march=native, so a home directory shared with another CPU gets its own build). Building writes a
 temporary file and renames it, so concurrent first uses never load half a library.
 
@@ -33,7 +35,8 @@ from calmd import paths
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the library holds calm_step_f32 (csrc/step.cpp) too
+SOURCES = ("scan.cpp", "step.cpp")
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-std=c++17"]
 # -ffast-math only when compiling: linking with it would add crtfastmath.o, which turns on
 # flush-to-zero for the whole process (torch included) when the library loads.
@@ -46,8 +49,9 @@ _tried = False
 _reason = ""
 
 
-def source() -> bytes:
-    return resources.files("calmd.model").joinpath("csrc/scan.cpp").read_bytes()
+def sources() -> dict[str, bytes]:
+    csrc = resources.files("calmd.model").joinpath("csrc")
+    return {name: csrc.joinpath(name).read_bytes() for name in SOURCES}
 
 
 def _cpu_flags() -> str:
@@ -67,27 +71,35 @@ def _compiler_version(cxx: str) -> str:
 
 
 def build(cxx: str, out_dir: Path) -> Path:
-    """Compile the kernel into `out_dir` (unless already there); returns the library's path.
+    """Compile the kernels into `out_dir` (unless already there); returns the library's path.
     Raises RuntimeError with the compiler's message when the build fails."""
-    src = source()
+    srcs = sources()
     parts = [" ".join(COMPILE_FLAGS + LINK_FLAGS), _compiler_version(cxx), _cpu_flags()]
-    key = hashlib.sha256(b"\0".join([src, *(p.encode() for p in parts)])).hexdigest()[:16]
+    blobs = [b for name, src in srcs.items() for b in (name.encode(), src)]
+    key = hashlib.sha256(b"\0".join([*blobs, *(p.encode() for p in parts)])).hexdigest()[:16]
     target = out_dir / f"calm-scan-{key}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
-        cpp, obj, lib = Path(tmp) / "scan.cpp", Path(tmp) / "scan.o", Path(tmp) / "scan.so"
-        cpp.write_bytes(src)
-        for argv in ([cxx, *COMPILE_FLAGS, "-c", str(cpp), "-o", str(obj)],
-                     [cxx, str(obj), "-o", str(lib), *LINK_FLAGS]):  # fmt: skip
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(argv[:2])} failed: {done.stderr.strip()[-2000:]}")
+        objects = []
+        for name, src in srcs.items():
+            cpp, obj = Path(tmp) / name, Path(tmp) / f"{name}.o"
+            cpp.write_bytes(src)
+            _compile([cxx, *COMPILE_FLAGS, "-c", str(cpp), "-o", str(obj)])
+            objects.append(str(obj))
+        lib = Path(tmp) / "calm.so"
+        _compile([cxx, *objects, "-o", str(lib), *LINK_FLAGS])
         with open(lib, "rb") as f:
             os.fsync(f.fileno())
         os.replace(lib, target)
     return target
+
+
+def _compile(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:2])} failed: {done.stderr.strip()[-2000:]}")
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -102,6 +114,9 @@ def _load(path: Path) -> ctypes.CDLL:
         bwd = getattr(lib, f"calm_scan_backward_{suffix}")
         bwd.argtypes = [ptr] * 16 + [i64] * 4 + [c_int]
         bwd.restype = None
+    step = lib.calm_step_f32  # csrc/step.cpp; faststep.py calls it
+    step.argtypes = [ptr] * 3 + [i64] + [ptr] * 3 + [i64] + [ptr] * 3 + [c_int, i64, c_int]
+    step.restype = c_int
     return lib
 
 

@@ -116,6 +116,9 @@ class PrefixCache:
         while len(self._entries) > self.sessions:
             self._entries.popitem(last=False)
 
+    def forget(self, session: str) -> None:
+        self._entries.pop(session, None)
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -171,7 +174,7 @@ class Generator:
         if base is not None and rest.shape[1] == 0:
             return base
         if base is not None and rest.shape[1] == 1:
-            logits, state = self.model.step(base.state.clone(), rest[:, 0])
+            logits, state = self.model.step(base.state, rest[:, 0])  # leaves base.state as it is
             return _Prefix(tokens, state, logits[0])
         logits, new_state = self.model.prefill(rest, None if base is None else base.state)
         return _Prefix(tokens, new_state, logits[0, -1])
@@ -424,9 +427,12 @@ class BeamSearch:
         self.max_tokens = max_tokens
         self.matchers = [StopMatcher(gen.stops, raw=raw)]  # one per live beam
         self.scores: list[float] = [0.0]
-        self.state = start.state.clone()  # row i: live beam i
+        self.state = start.state  # a step never writes to its input state: no copy needed
         self.logits: Tensor | None = start.logits[None]  # (live, V): the next token's, or None
         self.tokens: list[int] = []  # each live beam's last token, not yet run through the model
+        # live beam i continues row rows[i] of `state`: the reordering rides along with the next
+        # model step (one gather inside the fused step instead of a copy of every layer's state)
+        self.rows: list[int] = [0]
         self.seen: set[str] = set()
         self.steps = 0
 
@@ -443,7 +449,7 @@ class BeamSearch:
         assert not self.exhausted
         if self.logits is None:  # run the beams kept after the last step (and any pruning)
             self.logits, self.state = self.gen.model.step(
-                self.state, torch.tensor(self.tokens, dtype=torch.long)
+                self.state, torch.tensor(self.tokens, dtype=torch.long), self.rows
             )
         logp = F.log_softmax(self.logits.float(), dim=-1).masked_fill(self.gen._forbidden, -math.inf)
         logp = self.gen.mask_controls(logp, [m.output for m in self.matchers])
@@ -460,6 +466,8 @@ class BeamSearch:
             if score == -math.inf:
                 break
             row, token = divmod(index, vocab)
+            if len(rows) >= self.width and not self.matchers[row].stops_at(token):
+                continue  # the beam is full and this does not finish a line: nothing to fork
             matcher = self.matchers[row].copy()
             if matcher.feed(token):
                 text = (self.typed + bytes(matcher.output).decode("utf-8", "replace")).rstrip()
@@ -472,14 +480,13 @@ class BeamSearch:
                 tokens.append(token)
                 scores.append(score)
                 matchers.append(matcher)
-        self.state = self.state.select(rows) if rows else self.state
-        self.tokens, self.scores, self.matchers, self.logits = tokens, scores, matchers, None
+        self.rows, self.tokens, self.scores, self.matchers, self.logits = rows, tokens, scores, matchers, None
         return finished
 
     def prune(self, cutoff: float) -> None:
         live = [i for i, s in enumerate(self.scores) if s > cutoff]
         if len(live) < len(self.scores):
-            self.state = self.state.select(live) if live else self.state
+            self.rows = [self.rows[i] for i in live]
             self.tokens = [self.tokens[i] for i in live]
             self.scores = [self.scores[i] for i in live]
             self.matchers = [self.matchers[i] for i in live]

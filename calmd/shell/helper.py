@@ -19,13 +19,15 @@ calmd.history.frames.short_env) as `env` with every `complete` and with the reco
 it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
 daemon connection with the first `complete` (`path`), for COMP's commands.
 
-`min` is the shell's CALM_MIN_CONFIDENCE (empty: calmd.daemon.protocol.DEFAULT_MIN_CONFIDENCE). `flags`
-holds one character per candidate: 1 when its confidence reaches `min` (or the daemon sends none,
-as an older one does), so that it may be shown unasked; 0 when only cycling should reach it. A `c`
-line is answered first, at once, with the daemon's `early` answer (the history's best line, asked
-for with `"early": true`) when it reaches `min`; then with the model's best candidate when that
-one differs from what is shown and reaches `min` (both final=0); then with every candidate
-(final=1), which may hold none (no daemon, disabled, nothing to suggest). Only the newest `c`
+`min` is the shell's CALM_MIN_CONFIDENCE (empty: the daemon's fitted ghost rule,
+calmd/daemon/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
+candidate: 1 for the one the daemon says to draw (`ghost`), so that it is shown unasked; 0 when
+only cycling should reach it (an older daemon sends no `ghost`: then 1 when the confidence reaches
+`min`, else DEFAULT_MIN_CONFIDENCE). A `c` line is answered first, at once, with the daemon's
+`early` answer (the history's best line, asked for with `"early": true`) when the daemon draws it;
+then with the first candidate when it is drawn and differs from what is shown (both final=0);
+then with every candidate (final=1), which may hold none (no daemon, disabled, nothing to
+suggest). Only the newest `c`
 matters: older ones that are still queued are skipped, and the daemon cancels an older request of
 the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
 `c`, and kept (up to 256) while no daemon runs.
@@ -227,13 +229,18 @@ class Active:
     seq: str
     rid: int
     input: str = ""
-    threshold: float = 0.0
+    threshold: float = 0.0  # for a daemon that sends no `ghost`
     candidates: list[str] = field(default_factory=list)
     confident: list[bool] = field(default_factory=list)
     shown: str = ""  # the candidate already sent on its own (final=0), early or the model's best
 
-    def is_confident(self, confidence: Any) -> bool:
-        """A confidence at or above the threshold; none at all (an older daemon) counts as one."""
+    def is_drawn(self, message: dict[str, Any]) -> bool:
+        """Whether the daemon draws this early line or candidate (`ghost`); from an older daemon
+        that does not say, its confidence at or above the threshold, or no confidence at all."""
+        ghost = message.get("ghost")
+        if isinstance(ghost, bool):
+            return ghost
+        confidence = message.get("confidence")
         if isinstance(confidence, bool) or not isinstance(confidence, int | float):
             return True
         return float(confidence) >= self.threshold
@@ -279,6 +286,7 @@ class Helper:
         self.env = ""  # the environment's short form, from the last `e` line
         self.path = os.environ.get("PATH", "")  # the shell's, as it started this helper
         self.path_sent = False  # on this connection
+        self.drawn = ""  # the line the shell was last told to draw: the next request's incumbent
         # zsh draws a multi-line entry as lines (ghost text, then the buffer): it may be offered
         # one. bash inserts it whole into the line, where a newline is a second command: never.
         self.multiline = shell == "zsh"
@@ -403,6 +411,10 @@ class Helper:
                     **({"env": self.env} if self.env else {}),
                 }
                 extra: dict[str, Any] = {"early": True} if self.line_format >= 2 else {}
+                if q.min_confidence is not None:
+                    extra["min_confidence"] = q.min_confidence
+                if len(self.drawn) > len(q.input) and self.drawn.startswith(q.input):
+                    extra["drawn"] = self.drawn  # the user typed along it: it stays unless beaten
                 if self.multiline:
                     extra["multiline"] = True
                 if not self.path_sent and self.path:
@@ -436,9 +448,9 @@ class Helper:
                 and len(text) > len(active.input)
                 and text.startswith(active.input)
                 and not active.candidates
-                and active.is_confident(message.get("confidence"))
+                and active.is_drawn(message)
             ):
-                active.shown = text
+                active.shown = self.drawn = text
                 self.emit(active.seq, False, [text])
             return
         if "candidate" in message:
@@ -447,7 +459,7 @@ class Helper:
             if not self.sendable(candidate, multiline=self.multiline):
                 return
             if candidate and candidate not in active.candidates:
-                confident = active.is_confident(message.get("confidence"))
+                confident = active.is_drawn(message)
                 active.candidates.append(candidate)
                 active.confident.append(confident)
                 # The model's best, at once, when it changes what is shown: not when it is the
@@ -456,10 +468,12 @@ class Helper:
                     self.line_format < 2 or (confident and candidate != active.shown)
                 ):
                     active.shown = candidate
+                    self.drawn = candidate if confident else self.drawn
                     self.emit(active.seq, False, [candidate], [confident])
             return
         if "error" in message:
             log.warning("complete failed: %s", message["error"])
+        self.drawn = next((c for c, f in zip(active.candidates, active.confident, strict=True) if f), "")
         self.emit(active.seq, True, active.candidates, active.confident)
         self.active = None
 

@@ -40,7 +40,7 @@ from calmd.formats.tokenizer import (
     atn_position,
 )
 from calmd.model.checkpoint import load_model
-from calmd.model.mamba import CalmModel, InferenceState, LayerState, supervised_nll
+from calmd.model.mamba import CalmModel, InferenceState, supervised_nll
 
 KS = (0, 1, 2, 4, 8)
 
@@ -159,13 +159,7 @@ class _Row:
 
 
 def _cat_states(states: Sequence[InferenceState]) -> InferenceState:
-    layers = [
-        LayerState(
-            torch.cat([s.layers[i].conv for s in states]), torch.cat([s.layers[i].ssm for s in states])
-        )
-        for i in range(len(states[0].layers))
-    ]
-    return InferenceState(layers, 0)
+    return InferenceState(torch.cat([s.conv for s in states], 1), torch.cat([s.ssm for s in states], 1), 0)
 
 
 @torch.no_grad()

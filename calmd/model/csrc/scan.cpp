@@ -166,7 +166,7 @@ void backward(const T* u, const T* delta, const T* A, const T* Bt, const T* Ct, 
 
 extern "C" {
 
-int calm_scan_abi_version() { return 1; }
+int calm_scan_abi_version() { return 2; }  // 2: the library holds calm_step_f32 (step.cpp) too
 
 #define CALM_SCAN_API(T, SUFFIX)                                                               \
   void calm_scan_forward_##SUFFIX(const T* u, const T* delta, const T* A, const T* Bt,         \

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 
 from calmd.shell.client import CalmClient, DaemonNotRunning
-from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, wait_imported, write_test_weights
 from tests.tools import need_root
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
@@ -376,9 +376,9 @@ def test_first_start_imports_shell_history(tmp_path: Path) -> None:
     tmp_path.joinpath(".bash_history").write_text("ls -la\ngit status\n")
     tmp_path.joinpath(".zsh_history").write_text(": 1700000000:0;make test\n")
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 3
+        assert wait_imported(c)["history"]["commands"] == 3
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:  # not imported twice
-        assert c.status()["status"]["history"]["commands"] == 3
+        assert wait_imported(c)["history"]["commands"] == 3
 
 
 @pytest.mark.needs("systemd-socket-activate")

@@ -18,7 +18,7 @@ from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.shell.client import CalmClient
 from calmd.training.datasets import DatasetOptions, write_history_dataset
-from tests.daemon import BIN, daemon_env, running_daemon
+from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
 from tests.tools import shared_data
 
 
@@ -360,7 +360,7 @@ def test_the_daemon_starts_with_hostile_history_files(tmp_path: Path) -> None:
     (tmp_path / ".bash_history").write_bytes(hostile_bash())
     (tmp_path / ".zsh_history").write_bytes(hostile_zsh())
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 7 + 6
+        assert wait_imported(c)["history"]["commands"] == 7 + 6
         assert "echo caf\ufffd" in candidates(c, "echo caf", session="s")
     assert "S3cretQQ" not in d.read_output() and "broken" not in d.read_output()
 
@@ -372,7 +372,7 @@ def test_the_daemon_starts_when_a_history_file_cannot_be_read(tmp_path: Path) ->
     (tmp_path / ".bash_history").symlink_to(unreadable)
     (tmp_path / ".zsh_history").write_bytes(b": 1700000000:0;make secretive-target\n")
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 1
+        assert wait_imported(c)["history"]["commands"] == 1
     output = d.read_output()
     assert "could not import" in output and ".bash_history: OSError" in output
     assert "secretive-target" not in output  # never command text in the log

@@ -167,8 +167,10 @@ def test_bad_inputs_name_the_file_and_leave_the_output_alone(
         err = capsys.readouterr().err
         assert message in err, err
         assert out.read_bytes() == original
-    assert calm("train", "-m", str(model), "-d", str(good_data), "--epochs", "0") == 1
-    assert "--epochs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # checked before anything runs, as a usage error
+        calm("train", "-m", str(model), "-d", str(good_data), "--epochs", "0")
+    assert usage.value.code == 2
+    assert "argument --epochs: 0 is out of range: give 1 to 100000" in capsys.readouterr().err
 
 
 def test_an_interrupted_run_leaves_the_output_intact(tmp_path: Path) -> None:

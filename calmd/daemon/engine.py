@@ -57,6 +57,7 @@ from calmd.daemon.filters import (
     invented,
     packaged_vocabulary,
     repeats_word,
+    sendable,
 )
 from calmd.daemon.ghost import GhostRule, packaged_rule
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
@@ -592,8 +593,11 @@ class ModelEngine:
         index = self.index
         missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
+        multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
 
         def judge(text: str) -> float | None:
+            if not sendable(text, multiline=multiline):
+                return None  # drives the terminal (a newline only from a multi-line input typed)
             if text in side.proposals:
                 return 0.0  # judged with the history's (`_history_side`)
             if not balanced(text) or missing(text):
@@ -707,8 +711,8 @@ class ModelEngine:
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
         for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd):
-                continue  # half a command (an open quote or bracket): never shown
+            if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
+                continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
                 if find_secret(cmd) is not None or (
                     self.weights.vocabulary and self._made_up(cmd, typed, cwd)

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import real_cwd
 
 from calmd import paths
-from calmd.daemon.disk import Disk
-from calmd.daemon.engine import ModelEngine
-from calmd.daemon.frames import SessionFrames
+from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.model import generate, mamba
+from calmd.suggest.disk import Disk
+from calmd.suggest.engine import ModelEngine
 
 LINE = "git commit -m wip"
 spent: dict[str, float] = defaultdict(float)
@@ -71,7 +71,7 @@ def main() -> None:
     engine.attach_history(store)
     disk = Disk()
     engine.attach_disk(disk)
-    frames = SessionFrames(disk)
+    frames = SessionComp(disk)
     engine.warm_up(cwd)
     timed(generate.Generator, "prepare", "prefill (context + input)")
     timed(generate.Generator, "end_probability", "end-of-line probability")

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, BinaryIO
 from calmd import __version__, paths
 from calmd.arguments import Parser, number, whole
 from calmd.errors import CalmError, SequenceTooLong
-from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import COMP_ITEMS
 from calmd.shell import helper as shell_helper  # imports nothing heavy: the CLI's parsers name its commands
+from calmd.suggest.context import HISTORY_FRAMES
+from calmd.suggest.frames import COMP_ITEMS
 from calmd.training import commands as training_commands  # idem (torch is imported by the handlers)
 
 if TYPE_CHECKING:
@@ -460,7 +460,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
     model = models[0] if models else paths.serving_weights()
-    from calmd.daemon.engine import RankWeights
+    from calmd.suggest.engine import RankWeights
 
     weights = RankWeights.overrides(args.weights or [])
     cfg = replay.ReplayConfig(model=model, positions=args.positions, warmup=args.warmup, seed=args.seed,
@@ -633,7 +633,7 @@ def calm_parser() -> argparse.ArgumentParser:
         dest="weights",
         action="append",
         metavar="NAME=VALUE",
-        help="override a ranking weight (calmd.daemon.engine.RankWeights), to measure an idea",
+        help="override a ranking weight (calmd.suggest.engine.RankWeights), to measure an idea",
     )
     p.add_argument(
         "--comp",
@@ -746,7 +746,7 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
     from calmd.daemon.server import ServerConfig, run_server
 
     if engine_loader is None:  # the model's engine: torch and the model (1.5 s of imports) only here
-        from calmd.daemon.engine import load_engine
+        from calmd.suggest.engine import load_engine
 
         engine_loader = load_engine
 
@@ -820,9 +820,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    from calmd.daemon.filters import visible
-    from calmd.daemon.protocol import MAX_INPUT_BYTES
+    from calmd.protocol import MAX_INPUT_BYTES
     from calmd.shell.client import DaemonError, DaemonNotRunning
+    from calmd.suggest.filters import visible
 
     if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
         raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")

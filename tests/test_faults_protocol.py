@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmd.daemon.protocol import FrameReader
+from calmd.protocol import MessageReader
 from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 
@@ -376,10 +376,10 @@ def test_the_frame_reader_cuts_any_split_stream_into_the_objects_sent(
     """The daemon's framing alone: however the bytes arrive, each object comes out whole, once."""
     data = b"".join(pack(o) for o in objects)
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    reader, frames = FrameReader(), []
+    reader, frames = MessageReader(), []
     for a, b in itertools.pairwise(points):
         reader.feed(data[a:b])
-        while (frame := reader.next_frame()) is not None:
+        while (frame := reader.next_message()) is not None:
             frames.append(frame)
     assert frames == [pack(o) for o in objects]
     assert reader.buffered == 0

@@ -51,27 +51,27 @@ import msgpack
 from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
 from calmd import __version__, paths
-from calmd.daemon.disk import Disk
-from calmd.daemon.filters import sendable
-from calmd.daemon.frames import SessionFrames
-from calmd.daemon.protocol import (
+from calmd.daemon.comp_state import SessionComp
+from calmd.daemon.scheduler import FairScheduler, Job
+from calmd.daemon.trainer import Trainer
+from calmd.errors import CalmError, DiskFull
+from calmd.history.store import HistoryStore
+from calmd.protocol import (
     PROTOCOL_VERSION,
     CompleteRequest,
-    FrameError,
-    FrameReader,
+    MessageReader,
     ProtocolError,
     RecordRequest,
     SimpleRequest,
-    decode_frame,
+    StreamError,
+    decode_message,
     error_reply,
     parse_request,
     reply,
 )
-from calmd.daemon.scheduler import FairScheduler, Job
-from calmd.daemon.trainer import Trainer
-from calmd.errors import CalmError, DiskFull
-from calmd.history.context import HISTORY_FRAMES
-from calmd.history.store import HistoryStore
+from calmd.suggest.context import HISTORY_FRAMES, recent_context
+from calmd.suggest.disk import Disk
+from calmd.suggest.filters import sendable
 
 log = logging.getLogger("calmd")
 
@@ -98,7 +98,7 @@ SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read 
 
 
 class Engine(Protocol):
-    """What the server needs from the model side (calmd/daemon/engine.py implements it)."""
+    """What the server needs from the model side (calmd/suggest/engine.py implements it)."""
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -118,13 +118,13 @@ class Engine(Protocol):
         """Yields (candidate, score, confidence, ghost) with the drawn one first, then best
         first; calls `early(candidate, confidence, ghost)` at most once, before the first
         candidate (the history's best proposal). `min_confidence`: the shell's threshold for the
-        ghost in place of the fitted rule's (calmd/daemon/ghost.py); `drawn`: the line the shell
+        ghost in place of the fitted rule's (calmd/suggest/ghost.py); `drawn`: the line the shell
         shows already, which stays unless clearly beaten."""
         ...
 
 
 EngineLoader = Callable[[Path], Engine]
-Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ghost, ...): calmd.daemon.engine.Suggestion
+Suggestion = tuple[Any, ...]  # (candidate, score, confidence, ghost, ...): calmd.suggest.engine.Suggestion
 
 
 class AlreadyRunning(RuntimeError):
@@ -274,7 +274,7 @@ def refuse(conn: socket.socket, code: str, message: str) -> None:
 
 
 class Connection(asyncio.Protocol):
-    """One client. Requests are framed by `FrameReader` (sizes checked on their headers), then
+    """One client. Requests are framed by `MessageReader` (sizes checked on their headers), then
     decoded and dispatched one by one, so that the requests before a bad frame are answered. The
     connection stops reading while MAX_PENDING_PER_CONNECTION requests are being answered or while
     its client leaves REPLY_BUFFER_HIGH bytes of replies unread (backpressure); after
@@ -284,7 +284,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.frames = FrameReader()
+        self.frames = MessageReader()
         self.transport: asyncio.Transport | None = None
         self.pending = 0
         self.reading = True
@@ -331,7 +331,7 @@ class Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.server.connection_closed(self)
-        self.frames = FrameReader()  # what a half-sent request held goes now, not with the last task
+        self.frames = MessageReader()  # what a half-sent request held goes now, not with the last task
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -345,17 +345,17 @@ class Connection(asyncio.Protocol):
         ):
             frame = None
             try:
-                frame = self.frames.next_frame()
+                frame = self.frames.next_message()
                 if frame is None:
                     break
                 server.requests += 1
-                message = decode_frame(frame)
+                message = decode_message(frame)
             except ProtocolError as exc:  # one bad frame, skipped whole: the stream goes on
                 if frame is None:  # too deep to decode: it is still a request answered
                     server.requests += 1
                 self.reject(exc.request_id, exc.code, exc.message)
                 continue
-            except FrameError as exc:
+            except StreamError as exc:
                 server.requests += 1
                 self._fail(exc.code, exc.message)
                 break
@@ -400,7 +400,7 @@ class Connection(asyncio.Protocol):
         self.server.client_log.warning(code, "closing a connection: %s: %s", code, message)
         self.final_error = error_reply(None, code, message)
         self._update_reading()
-        self.frames = FrameReader()
+        self.frames = MessageReader()
 
     def _stalled(self, timeout: float) -> None:
         self._stall_timer = None
@@ -462,8 +462,8 @@ class Server:
         self.trainer = Trainer(config.data_dir, config.weights_path, config.train_args, self.reload)
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
         self._recent_generation = 0  # the history's generation the cache was filled at
-        self.disk = Disk()  # COMP's listings and the disk check (calmd/daemon/disk.py)
-        self.frames = SessionFrames(self.disk)
+        self.disk = Disk()  # COMP's listings and the disk check (calmd/suggest/disk.py)
+        self.frames = SessionComp(self.disk)
         # Prefetch: each session's last request (its context without input and history, its n),
         # and the background job preparing its next line after a record.
         self._last_request: dict[str, tuple[dict[str, Any], int]] = {}
@@ -779,7 +779,7 @@ class Server:
     def _start_prefetch(self, session: str) -> None:
         """Prepare the session's next empty prompt in the background, as soon as its command is
         recorded: the new context's prefill and the empty-prompt answer, which the engine keeps
-        (calmd/daemon/engine.py: the next request with that context continues it). The context is
+        (calmd/suggest/engine.py: the next request with that context continues it). The context is
         guessed from the session's last request (its cwd and git, the store's history frames): a
         command that changed folder makes the guess wrong. The session's next request stops it."""
         last = self._last_request.get(session)
@@ -824,7 +824,7 @@ class Server:
         cached = self._recent_cache.get(session)
         if cached is None:
             assert self.history is not None
-            rows = self.history.recent(session=session or None, limit=self.config.history_context)
+            rows = recent_context(self.history, session or None, self.config.history_context)
             cached = [{"cmd": r.cmd, "exit": r.exit} for r in rows]
             if len(self._recent_cache) > 256:
                 self._recent_cache.clear()
@@ -923,7 +923,7 @@ class Server:
         def work(cancelled: threading.Event, attempt: int) -> bool:
             if cancelled.is_set():
                 return False
-            # COMP and ENV (calmd/daemon/frames.py): here, off the event loop, bounded in time. A
+            # COMP and ENV (calmd/daemon/comp_state.py): here, off the event loop, bounded in time. A
             # failure there costs the keystroke its COMP, never its answer.
             try:
                 self.frames.fill(ctx, request.session, getattr(engine, "followers", None))
@@ -962,7 +962,7 @@ class Server:
 
     def _terminal_safe(self, candidate: str, request: CompleteRequest) -> bool:
         """The last gate before a candidate leaves: nothing that drives a terminal and nothing over
-        4 KiB, whatever the engine proposed (calmd/daemon/filters.py `sendable`); a multi-line entry
+        4 KiB, whatever the engine proposed (calmd/suggest/filters.py `sendable`); a multi-line entry
         only for a client that draws it as lines. What it holds back is counted, never logged (it
         is the user's history)."""
         if sendable(candidate, multiline=request.multiline):

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from calmd import paths
-from calmd.daemon.protocol import PROTOCOL_VERSION
+from calmd.protocol import PROTOCOL_VERSION
 
 
 class DaemonNotRunning(ConnectionError):

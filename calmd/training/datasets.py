@@ -1,10 +1,10 @@
 """Training datasets from the history store: which commands become examples, with which context.
 
 `calm dataset --history` and the background run (calmd/training/background.py) both call
-`write_history_dataset`; each example's HIST frames come from `calmd.history.context.ContextTracker`,
+`write_history_dataset`; each example's HIST frames come from `calmd.suggest.context.ContextTracker`,
 the same rule the daemon applies when it serves, and its COMP and ENV frames are those the record
 kept (calmd/history/store.py, schema 3: what the daemon computed for it), all put together by
-`calmd.history.frames.context_frames`, so training and serving read the same frames. Records from
+`calmd.suggest.frames.context_frames`, so training and serving read the same frames. Records from
 before schema 3 have none (their examples carry empty COMP and ENV, as they were served).
 
 "Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
@@ -23,9 +23,9 @@ from typing import Any, cast
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
-from calmd.history.context import HISTORY_FRAMES, ContextTracker
-from calmd.history.frames import COMP_ITEMS, context_frames
 from calmd.history.store import HistoryRow, HistoryStore
+from calmd.suggest.context import HISTORY_FRAMES, ContextTracker
+from calmd.suggest.frames import COMP_ITEMS, context_frames
 
 TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
                      "cd", "cd ..", "cd -", "cd ~"})  # fmt: skip

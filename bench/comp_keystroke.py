@@ -49,9 +49,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def keystrokes(
-    folder: Path, frames: SessionComp, followers: VocabularyFollowers, rounds: int
-) -> list[float]:
+def keystrokes(folder: Path, frames: SessionComp, followers: VocabularyFollowers, rounds: int) -> list[float]:
     times: list[float] = []
     for _ in range(rounds):
         for line in LINES:

@@ -102,8 +102,10 @@ def main() -> None:
                 totals.append(total)
     load = max(load, os.getloadavg()[0])
     stages = sorted({k for d in per_key for k in d}, key=lambda k: -sum(d.get(k, 0) for d in per_key))
-    print(f"{len(totals)} search-answered keystrokes of `{LINE}` in a real folder; load average up to "
-          f"{load:.2f}\n")
+    print(
+        f"{len(totals)} search-answered keystrokes of `{LINE}` in a real folder; load average up to "
+        f"{load:.2f}\n"
+    )
     print(f"{'stage':<36}{'mean ms':>9}{'share':>8}")
     mean_total = statistics.mean(totals) * 1e3
     rows = []
@@ -120,8 +122,10 @@ def main() -> None:
     accounted = sum(m for s, m in rows if s != "beam: model steps (kernel)")
     rest = mean_total - accounted
     print(f"{'the rest (ranking, calibration, ...)':<36}{rest:>9.2f}{rest / mean_total:>8.0%}")
-    print(f"{'whole keystroke':<36}{mean_total:>9.2f}   p50 {statistics.median(totals) * 1e3:.2f}, "
-          f"p90 {sorted(totals)[int(0.9 * len(totals))] * 1e3:.2f}")
+    print(
+        f"{'whole keystroke':<36}{mean_total:>9.2f}   p50 {statistics.median(totals) * 1e3:.2f}, "
+        f"p90 {sorted(totals)[int(0.9 * len(totals))] * 1e3:.2f}"
+    )
 
 
 if __name__ == "__main__":

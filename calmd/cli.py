@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from calmd import __version__, paths
-from calmd.arguments import Parser, number, whole
+from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
+from calmd.daemon.config import ServerConfig
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.shell import helper as shell_helper  # imports nothing heavy: the CLI's parsers name its commands
-from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.frames import COMP_ITEMS
 from calmd.training import commands as training_commands  # idem (torch is imported by the handlers)
+from calmd.training.options import DatasetOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,16 +95,12 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 def dataset_from_history(args: argparse.Namespace) -> int:
     """The shell-history path of `calm dataset` (docs/training.md): the history store -> CTDS."""
     from calmd.history.store import HistoryStore
-    from calmd.training.datasets import DatasetOptions, write_history_dataset
+    from calmd.training.datasets import write_history_dataset
 
     db = Path(args.db) if args.db else paths.history_path()
     if not db.exists():
         raise CalmError(f"{db}: no history store yet (the daemon creates it; or run calm import FILE)")
-    opts = DatasetOptions(
-        max_entries=args.max_entries, hist_frames=args.hist_frames, comp_frames=args.comp_frames,
-        max_dup=args.max_dup, min_cmd_len=args.min_cmd_len, include_failed=args.include_failed,
-        include_trivial=args.include_trivial,
-    )  # fmt: skip
+    opts = config_from(DatasetOptions, args, DATASET_FLAGS)
     output = Path(args.output) if args.output else paths.dataset_path()
     if output.is_dir():
         raise CalmError(
@@ -479,6 +475,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parsers
 
 
+# `calm dataset`'s flags for DatasetOptions' fields (the shell-history path): its defaults
+DATASET_FLAGS: Flags = {
+    "max_entries": (("--max-entries", "-n"), {"type": whole(0, 10**9),
+                    "help": "latest N history entries (0: all)"}),
+    "hist_frames": (("--hist-frames", "-H"), {"type": whole(0, 15), "help": "history frames per sequence"}),
+    "comp_frames": (("--comp-frames",), {"type": whole(0, 15),
+                    "help": "completion items per sequence, of those each record kept (as served)"}),
+    "max_dup": (("--max-dup",), {"type": whole(1, 10**6), "help": "max uses of one command as a target"}),
+    "min_cmd_len": (("--min-cmd-len",), {"type": whole(0, 65536), "help": "min command length in chars"}),
+    "include_failed": (("--include-failed",), {"action": "store_true",
+                       "help": "include non-zero exit commands"}),
+    "include_trivial": (("--include-trivial",), {"action": "store_true",
+                        "help": "include trivial commands (ls, cd, ...)"}),
+}  # fmt: skip
+
+
 def calm_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="calm", description="CALM model toolbox: tokenizer, datasets, weights.")
     parser.add_argument("--version", action="version", version=f"calm {__version__}")
@@ -518,28 +530,7 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     g = p.add_argument_group("from the shell history (without --from)")
     g.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
-    g.add_argument(
-        "--max-entries", "-n", type=whole(0, 10**9), default=0, help="latest N history entries (0: all)"
-    )
-    g.add_argument(
-        "--hist-frames",
-        "-H",
-        type=whole(0, 15),
-        default=HISTORY_FRAMES,
-        help=f"history frames per sequence ({HISTORY_FRAMES})",
-    )
-    g.add_argument(
-        "--comp-frames",
-        type=whole(0, 15),
-        default=COMP_ITEMS,
-        help=f"completion items per sequence, of those each record kept ({COMP_ITEMS}, as served)",
-    )
-    g.add_argument(
-        "--max-dup", type=whole(1, 10**6), default=3, help="max uses of one command as a target (3)"
-    )
-    g.add_argument("--min-cmd-len", type=whole(0, 65536), default=2, help="min command length in chars (2)")
-    g.add_argument("--include-failed", action="store_true", help="include non-zero exit commands")
-    g.add_argument("--include-trivial", action="store_true", help="include trivial commands (ls, cd, ...)")
+    add_flags(g, DatasetOptions, DATASET_FLAGS)
     p.set_defaults(func=cmd_dataset)
 
     p = sub.add_parser("inspect", help="show a CWGT weight file's header, metadata and sizes")
@@ -743,7 +734,7 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
     """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
     import logging
 
-    from calmd.daemon.server import ServerConfig, run_server
+    from calmd.daemon.server import run_server
 
     if engine_loader is None:  # the model's engine: torch and the model (1.5 s of imports) only here
         from calmd.suggest.engine import load_engine
@@ -752,19 +743,15 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    config = ServerConfig(
+    config = config_from(
+        ServerConfig, args, SERVE_FLAGS,
         socket_path=Path(args.socket) if args.socket else paths.socket_path(),
         data_dir=paths.data_dir(),
         weights_path=Path(args.model) if args.model else paths.weights_path(),
         import_shell_history=not args.no_import,
-        train_threshold=args.train_threshold,
-        train_max_load=args.train_max_load,
         train_args=tuple(args.train_arg or ()),
-        max_connections=args.max_connections,
-        reply_timeout_s=args.reply_timeout,
-        graceful_timeout=args.graceful_timeout,
         prefetch=not args.no_prefetch,
-    )
+    )  # fmt: skip
     return run_server(config, engine_loader)
 
 
@@ -885,6 +872,22 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
     return 0
 
 
+# `calmd serve`'s flags for ServerConfig's fields: their defaults are the dataclass's
+SERVE_FLAGS: Flags = {
+    "train_threshold": (("--train-threshold",), {"type": whole(0, 10**9), "metavar": "N",
+                        "help": "new commands before a background training run (0: only on request)"}),
+    "train_max_load": (("--train-max-load",), {"type": number(0, 10**6), "metavar": "LOAD",
+                       "help": "start a run automatically only below this 1-minute load average"}),
+    "max_connections": (("--max-connections",), {"type": whole(0, 65536), "metavar": "N",
+                        "help": "concurrent clients; more are refused with an error (0: 256, fewer under a "
+                        "low fd limit)"}),
+    "reply_timeout_s": (("--reply-timeout",), {"type": number(0, 86400, above=True), "metavar": "SECONDS",
+                        "help": "close a client that leaves 256 KiB of replies unread this long"}),
+    "graceful_timeout": (("--graceful-timeout",), {"type": number(0, 3600, above=True), "metavar": "SECONDS",
+                         "help": "SIGTERM/SIGINT to exit, at most: in-flight answers, the run's stop"}),
+}  # fmt: skip
+
+
 def calmd_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="calmd", description="calmd: the CALM suggestion daemon.")
     parser.add_argument("--version", action="version", version=f"calmd {__version__}")
@@ -907,46 +910,12 @@ def calmd_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not prepare a session's next line after each record (to measure what it saves)",
     )
-    p.add_argument(
-        "--train-threshold",
-        type=whole(0, 10**9),
-        default=200,
-        metavar="N",
-        help="new commands before a background training run (default 200; 0: only on request)",
-    )
-    p.add_argument(
-        "--train-max-load",
-        type=number(0, 10**6),
-        default=1.0,
-        metavar="LOAD",
-        help="start a run automatically only below this 1-minute load average (default 1.0)",
-    )
+    add_flags(p, ServerConfig, SERVE_FLAGS)
     p.add_argument(
         "--train-arg",
         action="append",
         metavar="ARG",
         help="extra argument for the training process (python -m calmd.training.background --help)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=whole(0, 65536),
-        default=0,
-        metavar="N",
-        help="concurrent clients; more are refused with an error (default 256, fewer under a low fd limit)",
-    )
-    p.add_argument(
-        "--reply-timeout",
-        type=number(0, 86400, above=True),
-        default=10.0,
-        metavar="SECONDS",
-        help="close a client that leaves 256 KiB of replies unread this long (default 10)",
-    )
-    p.add_argument(
-        "--graceful-timeout",
-        type=number(0, 3600, above=True),
-        default=5.0,
-        metavar="SECONDS",
-        help="SIGTERM/SIGINT to exit, at most (default 5): in-flight answers, the training run's stop",
     )
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_serve)

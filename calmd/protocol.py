@@ -384,8 +384,10 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
     min_confidence = msg.get("min_confidence")
     if min_confidence is not None:
-        if isinstance(min_confidence, bool) or not isinstance(min_confidence, int | float) or not (
-            0.0 <= float(min_confidence) <= 1.0
+        if (
+            isinstance(min_confidence, bool)
+            or not isinstance(min_confidence, int | float)
+            or not (0.0 <= float(min_confidence) <= 1.0)
         ):
             raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
         min_confidence = float(min_confidence)

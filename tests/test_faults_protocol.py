@@ -299,7 +299,6 @@ def test_fuzzed_frames_get_typed_replies_and_never_hurt_the_daemon(tmp_path: Pat
     sentinel_id = 2**62 + 7
     sentinel = pack({"op": "complete", "id": sentinel_id, "n": 0, "ctx": {"input": ""}})
     with running_daemon(tmp_path, args=NO_TRAINING) as d:
-
         # 400 more, in-process: tests/test_transport.py; these keep the real socket honest
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(frame=frames())

@@ -444,7 +444,7 @@ def test_calms_ghost_is_the_one_shown_beside_zsh_autosuggestions(
     the load order and whenever zsh-autosuggestions answers (its own history strategy, at once,
     or one that answers 0.3 s after calm); where calm has none, zsh-autosuggestions' shows."""
     plugin = need_file(autosuggestions(), "zsh-autosuggestions")
-    slow = "_zsh_autosuggest_strategy_slow() { sleep 0.3; _zsh_autosuggest_strategy_history \"$@\" }"
+    slow = '_zsh_autosuggest_strategy_slow() { sleep 0.3; _zsh_autosuggest_strategy_history "$@" }'
     load = f"source {plugin}; {slow}"
     rc = {"before": load} if order == "autosuggestions-first" else {"after": load}
     with zsh_terminal(home, ZSH_AUTOSUGGEST_STRATEGY=strategy, **rc) as term:

@@ -28,13 +28,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
 from calmd import __version__, paths
+from calmd.daemon.config import ServerConfig
 from calmd.daemon.scheduler import FairScheduler
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
@@ -42,7 +42,6 @@ from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, system
 from calmd.errors import CalmError
 from calmd.history.store import HistoryStore
 from calmd.protocol import PROTOCOL_VERSION
-from calmd.suggest.context import HISTORY_FRAMES
 
 log = logging.getLogger("calmd")
 
@@ -53,29 +52,8 @@ RELOAD_ATTEMPTS = 5  # loads of a weight file that keeps changing under them bef
 FileId = tuple[int, int, int, int]  # (device, inode, mtime in ns, size) of the weight file
 SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
 
+# what the CLI and the tests take from here
 __all__ = ["AlreadyRunning", "Engine", "EngineLoader", "Server", "ServerConfig", "run_server"]
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    socket_path: Path = field(default_factory=paths.socket_path)
-    data_dir: Path = field(default_factory=paths.data_dir)
-    weights_path: Path = field(default_factory=paths.weights_path)
-    reload_debounce_ms: int = 300
-    history_context: int = (
-        HISTORY_FRAMES  # history frames put in the model's context when the client sends none
-    )
-    import_shell_history: bool = True  # import ~/.bash_history and ~/.zsh_history on first start
-    train_threshold: int = 200  # new commands before a background run; 0: only on request
-    train_max_load: float = 1.0  # start automatically only when the 1-minute load is below this
-    train_args: tuple[
-        str, ...
-    ] = ()  # extra `python -m calmd.training.background` arguments (tests shorten runs)
-    max_connections: int = 0  # concurrent clients; 0: DEFAULT_MAX_CONNECTIONS within the fd limit
-    reply_timeout_s: float = 10.0  # a client that leaves REPLY_BUFFER_HIGH unread this long is closed
-    graceful_timeout: float = 5.0  # SIGTERM to exit, at most (in-flight answers, the trainer's stop)
-    fallback_weights: Path = field(default_factory=paths.packaged_weights)  # when the user's do not load
-    prefetch: bool = True  # after a record, prepare the session's next empty prompt (its context's state)
 
 
 class Server:

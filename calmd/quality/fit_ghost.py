@@ -177,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--positions", type=int, default=20, help="typed-out commands per user")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="users replayed in parallel")
-    p.add_argument("--held-out", action="store_true",
-                   help="the held-out users instead: report the packaged rule on them (a check, no fit)")
+    p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="the held-out users instead: report the packaged rule on them (a check, no fit)",
+    )
     p.add_argument("--out", help="where the rule goes (default: the package's calmd/data/ghost.json)")
     args = p.parse_args(argv)
     cache = Path(args.states) if args.states else None
@@ -226,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(name: str, out: Outcome) -> None:
     wrong = sum(out.wrong.values())
-    print(f"{name}: {out.saved * 100:.2f}% of keys saved word by word, {wrong} keys typed past a wrong ghost "
-          f"({', '.join(f'{b} {n}' for b, n in out.wrong.items())}), {out.early} early lines drawn, "
-          f"{out.replaced} replaced ({out.replaced / max(1, out.requests) * 100:.2f}% of "
-          f"{out.requests} requests)")
+    print(
+        f"{name}: {out.saved * 100:.2f}% of keys saved word by word, {wrong} keys typed past a wrong ghost "
+        f"({', '.join(f'{b} {n}' for b, n in out.wrong.items())}), {out.early} early lines drawn, "
+        f"{out.replaced} replaced ({out.replaced / max(1, out.requests) * 100:.2f}% of "
+        f"{out.requests} requests)"
+    )
 
 
 if __name__ == "__main__":

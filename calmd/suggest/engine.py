@@ -404,8 +404,10 @@ class ModelEngine:
                 if incumbent is not None and incumbent != found.text and incumbent in line_scores:
                     choices.append(suggestion(incumbent, line_scores[incumbent], 1))
                 # a line that belongs elsewhere (another branch, a repository) is never drawn
-                pick = None if elsewhere(found.text) else rule.choose(
-                    typed, [(s.text, s.confidence, s.score) for s in choices], incumbent
+                pick = (
+                    None
+                    if elsewhere(found.text)
+                    else rule.choose(typed, [(s.text, s.confidence, s.score) for s in choices], incumbent)
                 )
                 if pick is not None:
                     ghost = choices[pick]._replace(ghost=True)
@@ -653,9 +655,7 @@ class ModelEngine:
         if cut_off(text, self.vocabulary, user):
             return True
         last = text.rsplit(None, 1)[-1] if text.strip() else ""
-        return (
-            self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
-        )
+        return self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
 
     def _elsewhere(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
         """Whether a line belongs to another place than the shell's: a line the user only ever

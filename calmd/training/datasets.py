@@ -16,7 +16,6 @@ loss; they still appear as context (HIST frames) of the commands that follow the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,8 +23,11 @@ from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
 from calmd.history.store import HistoryRow, HistoryStore
-from calmd.suggest.context import HISTORY_FRAMES, ContextTracker
-from calmd.suggest.frames import COMP_ITEMS, context_frames
+from calmd.suggest.context import ContextTracker
+from calmd.suggest.frames import context_frames
+from calmd.training.options import DatasetOptions
+
+__all__ = ["DatasetOptions", "is_trivial", "store_examples", "write_history_dataset"]
 
 TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
                      "cd", "cd ..", "cd -", "cd ~"})  # fmt: skip
@@ -33,19 +35,6 @@ TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "hi
 
 def is_trivial(cmd: str) -> bool:
     return " ".join(cmd.split()) in TRIVIAL
-
-
-@dataclass(frozen=True)
-class DatasetOptions:
-    """`calm dataset` options for the shell-history path (docs/training.md)."""
-
-    max_entries: int = 0  # latest N history entries; 0: all
-    hist_frames: int = HISTORY_FRAMES
-    comp_frames: int = COMP_ITEMS  # COMP items per example (what the daemon serves; 0: none)
-    max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
-    min_cmd_len: int = 2
-    include_failed: bool = False
-    include_trivial: bool = False
 
 
 def store_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[dict[str, Any], str]]:

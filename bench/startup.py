@@ -111,7 +111,8 @@ def main() -> None:
             medians["this tree"], medians["baseline"]
         )
         print(f"this tree / baseline, medians: ready {new_ready / old_ready:.3f}x, "
-              f"first status {new_answer / old_answer:.3f}x, first keystroke {new_first / old_first:.3f}x")  # fmt: skip
+              f"first status {new_answer / old_answer:.3f}x, "
+              f"first keystroke {new_first / old_first:.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -405,6 +405,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise CalmError(f"-m {m}: no such weight file")
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
+    if args.search:
+        return replay_search(files, args)
     model = models[0] if models else paths.serving_weights()
     from calmd.daemon.engine import RankWeights
 
@@ -416,6 +418,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
+    if args.json:
+        replay.write_json(result, Path(args.json))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def replay_search(files: list[Path], args: argparse.Namespace) -> int:
+    """`calm replay --search`: the history search's ranking against recency and frequency."""
+    from calmd.quality import replay
+
+    cfg = replay.ReplayConfig(model=Path(), positions=args.positions, warmup=args.warmup, seed=args.seed)
+    result = replay.replay_search(files, cfg, progress=not args.quiet)
+    print(replay.format_search_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
         print(f"wrote {args.json}")
@@ -571,6 +586,9 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-confidence", type=_probability, metavar="P",
                    help="draw a ghost at this confidence or more, in place of the fitted ghost rule "
                    "(as the shells' CALM_MIN_CONFIDENCE)")  # fmt: skip
+    p.add_argument("--search", action="store_true",
+                   help="replay history searches instead (Ctrl-R: the first word or a fragment of a "
+                   "command run before) and rank the right line: calmd, recency, frequency")  # fmt: skip
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)

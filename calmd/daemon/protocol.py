@@ -32,6 +32,11 @@ MAX_CANDIDATES = 32
 MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
 MAX_PATH_BYTES = 8192  # a shell's PATH
+# The history search (`search`, `forget`; calmd/daemon/search.py): a query is what fits on a line,
+# and a reply holds at most MAX_SEARCH_RESULTS lines (the screen's worth `calm search` asks for).
+MAX_QUERY_BYTES = 1024
+MAX_SEARCH_RESULTS = 100
+SEARCH_MODES = ("global", "folder", "session", "success")
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
 # calmd/daemon/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;
@@ -287,6 +292,26 @@ class RecordRequest:
 
 
 @dataclass(frozen=True)
+class SearchRequest:
+    """`search`: the history's commands matching `query`, best first (calmd/daemon/search.py)."""
+
+    id: int
+    query: str = ""
+    mode: str = "global"
+    n: int = 20
+    session: str = ""
+    cwd: str = ""
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """`forget`: delete every run of exactly `cmd` from the history, for good (the search's delete key)."""
+
+    id: int
+    cmd: str
+
+
+@dataclass(frozen=True)
 class SimpleRequest:
     """status, reload, train, shutdown: no arguments."""
 
@@ -295,7 +320,7 @@ class SimpleRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Request = CompleteRequest | RecordRequest | SimpleRequest
+Request = CompleteRequest | RecordRequest | SearchRequest | ForgetRequest | SimpleRequest
 SIMPLE_OPS = frozenset({"status", "reload", "train", "shutdown"})
 
 
@@ -339,6 +364,10 @@ def parse_request(msg: Any) -> Request:
         return _parse_complete(msg, rid)
     if op == "record":
         return _parse_record(msg, rid)
+    if op == "search":
+        return _parse_search(msg, rid)
+    if op == "forget":
+        return _parse_forget(msg, rid)
     if op in SIMPLE_OPS:
         return SimpleRequest(rid, op)
     raise ProtocolError("unknown_op", f"unknown op {op!r}", rid)
@@ -415,6 +444,28 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
     )
+
+
+def _parse_search(msg: dict[str, Any], rid: int) -> SearchRequest:
+    mode = msg.get("mode", "global")
+    if mode is None:
+        mode = "global"
+    if mode not in SEARCH_MODES:
+        raise ProtocolError("bad_field", f"'mode' must be one of {', '.join(SEARCH_MODES)}", rid)
+    return SearchRequest(
+        id=rid,
+        query=_str(msg, "query", rid, limit=MAX_QUERY_BYTES),
+        mode=mode,
+        n=_int(msg.get("n", 20), "n", rid, 0, MAX_SEARCH_RESULTS),
+        session=_str(msg, "session", rid, limit=256),
+        cwd=_str(msg, "cwd", rid),
+    )
+
+
+def _parse_forget(msg: dict[str, Any], rid: int) -> ForgetRequest:
+    if not isinstance(msg.get("cmd"), str) or not msg["cmd"]:
+        raise ProtocolError("bad_field", "'cmd' (the whole command line to forget) is required", rid)
+    return ForgetRequest(rid, _str(msg, "cmd", rid, limit=1 << 16))
 
 
 def reply(request_id: int | None, **fields: Any) -> dict[str, Any]:

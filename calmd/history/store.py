@@ -257,11 +257,21 @@ class HistoryStore:
         pattern behind `match` is not written anywhere."""
         return self._delete_matching(match)
 
+    def forget_command(self, cmd: str) -> int:
+        """Delete every run of exactly `cmd`, for good (the history search's delete key): what
+        `forget` does, with the rows found through the `cmd` index instead of a scan of all."""
+        with self._lock:
+            doomed = [rid for (rid,) in self._db.execute("SELECT id FROM commands WHERE cmd = ?", (cmd,))]
+        return self._delete_ids(doomed)
+
     def _delete_matching(self, match: Callable[[str], bool], *, counter: str = "") -> int:
-        """Delete the matching rows and every trace of them: deleted cells are zeroed
-        (secure_delete); the WAL, which still holds the pages as they were, is checkpointed and
-        truncated; the datasets built from the old rows are removed; the generation is bumped."""
-        doomed = [row.id for row in self.all_rows() if match(row.cmd)]
+        """Delete the matching rows and every trace of them (`_delete_ids`)."""
+        return self._delete_ids([row.id for row in self.all_rows() if match(row.cmd)], counter=counter)
+
+    def _delete_ids(self, doomed: list[int], *, counter: str = "") -> int:
+        """Delete these rows and every trace of them: deleted cells are zeroed (secure_delete);
+        the WAL, which still holds the pages as they were, is checkpointed and truncated; the
+        datasets built from the old rows are removed; the generation is bumped."""
         if not doomed:
             return 0
         with self._write_transaction(immediate=True):

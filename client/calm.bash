@@ -260,7 +260,10 @@ _calm_precmd() {
     if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
       _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
       _calm_esc "$_CALM_CMD"
-      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
+      # how long it ran, from microseconds (bash has no floating point)
+      local -i took=$(( 10#${EPOCHREALTIME//[!0-9]/} - 10#${_CALM_TS//[!0-9]/} ))
+      local took_s; printf -v took_s "%d.%06d" $(( took / 1000000 )) $(( took % 1000000 ))
+      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\t'"$took_s"$'\n'
     fi
     _CALM_CMD=
   fi

@@ -550,7 +550,7 @@ _calm_precmd() {
       local cmd cwd
       _calm_esc $_CALM_CMD; cmd=$REPLY
       _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
-      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd"
+      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
     fi
   fi
   # The environment (ENV frame), when it changed: after the record, which was typed before it did.

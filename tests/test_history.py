@@ -65,7 +65,7 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
     store.close()
     con = sqlite3.connect(path)
     assert "prev_cmd" not in {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     con.close()
 
 
@@ -92,7 +92,7 @@ def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None
     store.close()
     con = sqlite3.connect(path)
     assert {"comp", "env"} <= {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     con.close()
     assert [r.comp for r in HistoryStore(path).all_rows()] == [(), ("notes.md",)]  # opened again: as it was
 

@@ -24,6 +24,7 @@ MAX_FRAME_DEPTH = 16
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
+DURATION_MAX = 1e9  # seconds a command ran: 31 years
 # The error codes of docs/protocol.md; no reply carries any other.
 ERROR_CODES = frozenset(
     {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
@@ -289,6 +290,7 @@ class RecordRequest:
     git: str = ""
     ts: float | None = None
     env: str = ""  # the active environment, short form (calmd/history/frames.py: short_env)
+    duration: float | None = None  # seconds the command ran
 
 
 @dataclass(frozen=True)
@@ -434,6 +436,13 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TS_MAX  # NaN fails too
     ):
         raise ProtocolError("bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0e}", rid)
+    duration = msg.get("duration")
+    if duration is not None and (
+        isinstance(duration, bool)
+        or not isinstance(duration, int | float)
+        or not 0 <= duration <= DURATION_MAX  # NaN fails too
+    ):
+        raise ProtocolError("bad_field", f"'duration' must be seconds, 0 to {DURATION_MAX:.0e}", rid)
     return RecordRequest(
         id=rid,
         cmd=_str(msg, "cmd", rid, limit=1 << 16),
@@ -443,6 +452,7 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         git=_str(msg, "git", rid, limit=256),
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
+        duration=None if duration is None else float(duration),
     )
 
 

@@ -763,6 +763,7 @@ class Server:
             ts=request.ts,
             comp=self.frames.for_record(request.session, request.cmd, request.cwd),
             env=request.env,
+            duration=request.duration,
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too

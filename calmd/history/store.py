@@ -48,7 +48,8 @@ MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
-SCHEMA_VERSION = 3  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV)
+SCHEMA_VERSION = 4  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
+# 4: duration (seconds the command ran, when the shell said)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -62,7 +63,8 @@ CREATE TABLE IF NOT EXISTS commands (
     exit     INTEGER,
     source   TEXT NOT NULL DEFAULT 'shell',
     comp     TEXT NOT NULL DEFAULT '',
-    env      TEXT NOT NULL DEFAULT ''
+    env      TEXT NOT NULL DEFAULT '',
+    duration REAL
 );
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
 CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
@@ -85,11 +87,12 @@ class HistoryRow:
     # calmd/history/frames.py): what the datasets put in the example's frames.
     comp: tuple[str, ...] = ()
     env: str = ""
+    duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
 
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
-        rid, ts, session, cwd, git, cmd, code, source, comp, env = row
-        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env)
+        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration = row
+        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration)
 
 
 def _comp_items(text: str) -> tuple[str, ...]:
@@ -197,6 +200,8 @@ class HistoryStore:
                 for column in ("comp", "env"):
                     if column not in columns:
                         self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+            if version < 4 and "duration" not in columns:  # older records: how long they ran is unknown
+                self._db.execute("ALTER TABLE commands ADD COLUMN duration REAL")
             self._meta_set("schema_version", str(SCHEMA_VERSION))
 
     def close(self) -> None:
@@ -337,16 +342,18 @@ class HistoryStore:
         source: str = "shell",
         comp: Sequence[str] = (),
         env: str = "",
+        duration: float | None = None,
     ) -> RecordResult:
         """Store one command (unless `check` refuses it) with its context: `comp` and `env` are the
-        COMP items and ENV text of the context it was typed in; they pass the secret checks too."""
+        COMP items and ENV text of the context it was typed in; they pass the secret checks too.
+        `duration`: the seconds it ran, when the shell measured them."""
         cmd, replaced = clean_text(cmd)
         cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
         extra = (_comp_text(comp), clean_env(clean_text(env)[0]))
         with self._write_transaction():
             stamp = time.time() if ts is None else ts
-            self._store(verdict, cmd, exit, cwd, git, session, stamp, source, extra)
+            self._store(verdict, cmd, exit, cwd, git, session, stamp, source, extra, duration=duration)
             if replaced and verdict.stored:
                 self._meta_add("undecodable", 1)
         return verdict
@@ -395,7 +402,7 @@ class HistoryStore:
 
     def _store(
         self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
-        source: str, extra: tuple[str, str] = ("", ""),
+        source: str, extra: tuple[str, str] = ("", ""), *, duration: float | None = None,
     ) -> None:  # fmt: skip
         """Insert under the lock, inside the caller's transaction (`extra`: comp, env as stored)."""
         if not verdict.stored:
@@ -403,9 +410,9 @@ class HistoryStore:
                 self._meta_add("dropped_secrets", 1)
             return
         self._db.execute(
-            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ts, session, cwd, git, cmd, exit, source, *extra),
+            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env, duration) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ts, session, cwd, git, cmd, exit, source, *extra, duration),
         )
         self._meta_add("recorded_since_train", 1)
 
@@ -419,7 +426,7 @@ class HistoryStore:
         with self._lock:
             return [HistoryRow.from_db(row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration"
 
     def recent(self, *, session: str | None = None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first. With a session: the context a prediction in

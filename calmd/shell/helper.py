@@ -9,7 +9,8 @@ Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab 
 separated by tabs). The hooks start the helper with `--format 2`:
 
     shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
-                      r <exit> <cwd> <git> <ts> <cmd>            record an executed command
+                      r <exit> <cwd> <git> <ts> <cmd> [<secs>]   record an executed command (and
+                                                                 how long it ran; ts empty: then)
                       e <virtualenv> <conda env>                 the environment changed
     helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
 
@@ -167,6 +168,15 @@ class Complete:
     min_confidence: float | None = None  # None: the default threshold
 
 
+def parse_duration(text: str) -> float | None:
+    """Seconds from the shell (`1.25`), else None; within what the protocol takes."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1e9 else None
+
+
 def parse_confidence(text: str) -> float | None:
     """A threshold from the shell: a number in [0, 1], else None (the default)."""
     try:
@@ -184,11 +194,12 @@ class Record:
     git: str
     ts: float | None
     env: str = ""  # the short form of the environment the command was typed in
+    duration: float | None = None  # seconds it ran, when the shell measured it
 
     def fields(self, session: str) -> dict[str, Any]:
         """The `record` request's fields besides `cmd`, unset ones left out."""
         fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
-                  "env": self.env}  # fmt: skip
+                  "env": self.env, "duration": self.duration}  # fmt: skip
         return {k: v for k, v in fields.items() if v is not None and v != ""}
 
 
@@ -213,10 +224,14 @@ def parse_request(line: str) -> Complete | Record | Env | None:
             threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
             cwd, git = unescape(parts[3]), unescape(parts[4])
             return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
-        if parts[0] == "r" and len(parts) == 6:
+        if parts[0] == "r" and len(parts) in (6, 7):  # 7: with the seconds it ran
             exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+            duration = parse_duration(parts[6]) if len(parts) == 7 else None
             ts = float(parts[4]) if parts[4] else None
-            return Record(unescape(parts[5]), exit_code, unescape(parts[2]), unescape(parts[3]), ts)
+            if ts is None and duration is not None:  # the shell had no clock: it started that long ago
+                ts = time.time() - duration
+            cwd, git = unescape(parts[2]), unescape(parts[3])
+            return Record(unescape(parts[5]), exit_code, cwd, git, ts, duration=duration)
     except ValueError:
         pass
     log.warning("ignoring a malformed request: %.200r", line)

@@ -20,6 +20,7 @@ from calmd.errors import CalmError, SequenceTooLong
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.frames import COMP_ITEMS
 from calmd.shell import helper as shell_helper  # imports nothing heavy: the CLI's parsers name its commands
+from calmd.shell import history_view, search_ui  # idem (`calm history` and `calm stats`; `calm search`)
 from calmd.training import commands as training_commands  # idem (torch is imported by the handlers)
 
 if TYPE_CHECKING:
@@ -504,6 +505,33 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "search",
+        help="search the whole history, ranked by calmd (what Ctrl-R opens in zsh, bash and fish)",
+        description=search_ui.parser().description,
+    )
+    search_ui.add_arguments(p)
+    p.set_defaults(func=search_ui.cmd_search)
+
+    p = sub.add_parser(
+        "history",
+        help="list and search the commands calmd stored (filters: folder, session, status, time, text)",
+        description="The stored commands, oldest first: `time  status  folder  command` per line, "
+        "or JSON Lines (--json), or the command lines alone (--commands). Read-only; safe while calmd runs.",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--commands", action="store_true", help="print the command lines alone")
+    p.set_defaults(func=history_view.cmd_history)
+
+    p = sub.add_parser(
+        "stats",
+        help="top commands and subcommands, per folder, failure rate, busiest hours",
+        description="Tables of the stored commands (the same filters as `calm history`).",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.set_defaults(func=history_view.cmd_stats)
 
     p = sub.add_parser(
         "forget",

@@ -324,7 +324,7 @@ class Stats:
         return self.failed / self.with_status if self.with_status else None
 
     def busiest_hours(self, n: int = 3) -> list[int]:
-        return sorted(range(24), key=lambda h: (-self.hours[h], h))[:n] if self.commands else []
+        return sorted((h for h in range(24) if self.hours[h]), key=lambda h: (-self.hours[h], h))[:n]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -334,16 +334,20 @@ class Helper:
         self.inbuf += chunk
         *lines, self.inbuf = self.inbuf.split(b"\n")
         for raw in lines:
-            request = parse_request(raw.decode("utf-8", "replace"))
-            log.debug("shell: %r", request)
-            if isinstance(request, Record):
-                request.env = self.env
-                self.backlog.append(request)
-            elif isinstance(request, Env):
-                self.env = request.short()
-            elif isinstance(request, Complete):
-                self.queued = request  # one still queued is superseded: the shell waits for the newest
+            self.take(raw)
         return True
+
+    def take(self, raw: bytes) -> None:
+        """One line from the shell."""
+        request = parse_request(raw.decode("utf-8", "replace"))
+        log.debug("shell: %r", request)
+        if isinstance(request, Record):
+            request.env = self.env
+            self.backlog.append(request)
+        elif isinstance(request, Env):
+            self.env = request.short()
+        elif isinstance(request, Complete):
+            self.queued = request  # one still queued is superseded: the shell waits for the newest
 
     # -- daemon side -----------------------------------------------------------------------------
 

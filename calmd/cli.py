@@ -263,12 +263,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from calmd.history.fish import import_fish_history, is_fish_history
     from calmd.history.store import HistoryStore
 
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
     try:
         for name in args.files:
-            result = store.import_file(name, args.format)
+            fish = args.format == "fish" or (args.format == "auto" and _starts_like(name, is_fish_history))
+            result = import_fish_history(store, name) if fish else store.import_file(name, args.format)
             print(
                 f"{result.path}: {result.imported} commands imported ({result.format} format), "
                 f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
@@ -282,6 +284,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
+    """Whether the file's first 4 KiB pass `check` (False when it cannot be read: the import
+    then says why)."""
+    try:
+        with open(Path(name).expanduser(), "rb") as f:
+            return check(f.read(4096))
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------- calm forget
@@ -500,9 +512,9 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="also read every weight and check it is finite")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("import", help="import bash or zsh history files into the history store")
+    p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
+    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.set_defaults(func=cmd_import)
 
@@ -890,7 +902,7 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.set_defaults(func=cmd_install_systemd)
 
-    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
+    p = sub.add_parser("init", help="print the shell hook (for ~/.zshrc, ~/.bashrc, fish's config.fish)")
     p.add_argument("shell", choices=shell_helper.SHELLS)
     p.set_defaults(func=shell_helper.cmd_init)
     p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
@@ -899,6 +911,9 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
     p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
     p.add_argument("--shell", choices=shell_helper.SHELLS, help="the hook file to rewrite when calmd changes")
+    p.add_argument("--spool", metavar="DIR",
+                   help="read requests from files in DIR and answer through DIR/reply (fish, which "
+                   "cannot keep a pipe open: calmd/shell/spool.py)")  # fmt: skip
     p.set_defaults(func=shell_helper.cmd_shell_helper)
     return parser
 

@@ -73,6 +73,7 @@ from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
 from calmd.errors import DiskFull
 from calmd.history.context import HISTORY_FRAMES
+from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
 
 log = logging.getLogger("calmd")
@@ -486,6 +487,7 @@ class Server:
         self.trainer.clean_leftovers()
         if self.config.import_shell_history:
             await asyncio.to_thread(self.history.import_shell_histories, Path.home())
+            await asyncio.to_thread(import_first_start, self.history)  # fish's, once
         await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal, sig)

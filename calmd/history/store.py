@@ -517,6 +517,38 @@ class HistoryStore:
             self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
         return ImportResult(str(p), kind, imported, dropped, skipped, undecodable)
 
+    def import_position(self, path: Path) -> str | None:
+        """Where the last import of `path` stopped, as its importer wrote it (None: never read)."""
+        with self._lock:
+            return self._meta_get(f"imported:{path.resolve()}")
+
+    def import_entries(
+        self, path: Path, kind: str, entries: Sequence[tuple[float | None, str]], *, position: str
+    ) -> ImportResult:
+        """Store the commands another parser read from a history file (calmd/history/fish.py),
+        checked and counted as `import_file` does, in one transaction with `position`, that
+        parser's own mark of where it stopped (`import_position` gives it back)."""
+        imported = dropped = skipped = undecodable = 0
+        base_ts = path.stat().st_mtime
+        session, source = f"import:{path.name}", f"import:{kind}"
+        with self._write_transaction():  # all of it or none of it
+            for i, (ts, text) in enumerate(entries):
+                cmd, replaced = clean_text(text)
+                verdict = self.check(cmd)
+                stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
+                self._store(verdict, cmd, None, "", "", session, stamp, source)
+                if verdict.stored:
+                    imported += 1
+                    undecodable += replaced
+                elif verdict.reason.startswith("secret:"):
+                    dropped += 1
+                else:
+                    skipped += 1
+            if undecodable:
+                self._meta_add("undecodable", undecodable)
+            self._meta_set(f"imported:{path.resolve()}", position)
+        return ImportResult(str(path), kind, imported, dropped, skipped, undecodable)
+
     def import_shell_histories(self, home: Path) -> ShellImport:
         """The daemon's first start: import ~/.bash_history and ~/.zsh_history once. A file that
         cannot be read or parsed is logged (its path and the error's type, never its text) and

@@ -62,7 +62,7 @@ from calmd.atomic import atomic_write, read_regular_file
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
 
-SHELLS = ("zsh", "bash")
+SHELLS = ("zsh", "bash", "fish")
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
 MAX_CANDIDATES = 32  # the protocol's limit for `n`
@@ -123,14 +123,31 @@ def init_script(shell: str, socket: str | None = None) -> str:
     from calmd import __version__
 
     helper = [sys.executable, "-m", "calmd", "shell-helper", "--shell", shell]
+    search = [sys.executable, "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
     if socket:
         helper += ["--socket", socket]
-    head = [
-        f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)",
-        "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
-        f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
-    ]
+        search += ["--socket", socket]
+    comment = f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)"
+    if shell == "fish":
+        head = [
+            comment,
+            "set -g _CALM_HELPER " + " ".join(fish_quote(w) for w in helper),
+            "set -g _CALM_SEARCH " + " ".join(fish_quote(w) for w in search),
+            f"set -g _CALM_DISABLED_FILE {fish_quote(str(disabled_flag()))}",
+        ]
+    else:
+        head = [
+            comment,
+            "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
+            "_CALM_SEARCH=(" + " ".join(shlex.quote(w) for w in search) + ")",
+            f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
+        ]
     return "\n".join(head) + "\n" + script_path(shell).read_text()
+
+
+def fish_quote(word: str) -> str:
+    """`word` as one fish word: single quotes, in which fish reads only \\ and \' as escapes."""
+    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def hook_file(shell: str) -> Path:
@@ -573,14 +590,16 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
     socket_arg = getattr(args, "socket", None)
     socket = Path(socket_arg) if socket_arg else paths.socket_path()
     session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = Helper(
-        session,
-        socket,
-        autostart=args.autostart,
-        line_format=args.format,
-        shell=args.shell,
-        socket_arg=socket_arg,
-    )
+    options: dict[str, Any] = {"autostart": args.autostart, "line_format": args.format, "shell": args.shell,
+                               "socket_arg": socket_arg}  # fmt: skip
+    helper: Helper
+    if getattr(args, "spool", None):  # fish: requests as files, replies through a FIFO (calmd/shell/spool.py)
+        from calmd.shell.spool import SpoolHelper
+
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # it goes when its shell does, not with the terminal
+        helper = SpoolHelper(session, socket, Path(args.spool), **options)
+    else:
+        helper = Helper(session, socket, **options)
     try:
         return helper.run()
     except (BrokenPipeError, KeyboardInterrupt):

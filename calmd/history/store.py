@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
 CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
 CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
+CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 

@@ -116,7 +116,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, no_color=args.no_color, soft_wrap=False)
     for renderable in stats_tables(stats, os.environ.get("HOME", "")):
-        console.print(renderable)
+        console.print(renderable, soft_wrap=isinstance(renderable, str))  # a line of text is never cut
     return 0
 
 

@@ -96,12 +96,17 @@ def visible(text: str) -> str:
 
 def clip(text: str, width: int) -> str:
     """The start of `text` that fits in `width` cells (`…` ends it when cut)."""
-    total = 0
-    for i, ch in enumerate(text):
+    if sum(cells(c) for c in text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    out, total = [], 0
+    for ch in text:
+        if total + cells(ch) > width - 1:  # the last cell is the `…`
+            break
+        out.append(ch)
         total += cells(ch)
-        if total > width:
-            return text[: max(0, i - 1)] + "…" if width > 0 else ""
-    return text
+    return "".join(out) + "…"
 
 
 def clip_left(text: str, width: int) -> str:

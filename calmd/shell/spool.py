@@ -92,6 +92,11 @@ class SpoolHelper(Helper):
             for raw in data.split(b"\n")[:-1]:
                 self.take(raw)
 
+    def take(self, raw: bytes) -> None:
+        if raw.startswith(b"c\t"):
+            self.pending.clear()  # the hook waits for this answer now, never for an older one
+        super().take(raw)
+
     def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
         if not final:
             return  # fish reads one answer per key: the final one
@@ -104,6 +109,8 @@ class SpoolHelper(Helper):
         """Hand the answers to the hook's reader when it is there; drop those it gave up on."""
         now = time.monotonic()
         self.pending = [(data, deadline) for data, deadline in self.pending if deadline > now]
+        if self.pending:
+            self.read_spool()  # a newer request written before its reader came makes these stale
         while self.pending:
             try:
                 fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)

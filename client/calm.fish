@@ -64,6 +64,8 @@ function _calm_start
     test -n "$_calm_dir"; and command rm -rf -- $_calm_dir
     set -g _calm_dir (command mktemp -d (string trim -r -c / -- (set -q TMPDIR; and echo $TMPDIR; or echo /tmp))/calm-fish.XXXXXX 2>/dev/null)
     or return 1
+    # the answers' FIFO, made now: a key pressed while the helper starts waits for it (CALM_TIMEOUT)
+    command mkfifo -m 600 $_calm_dir/reply 2>/dev/null
     set -l argv_ $_CALM_HELPER --format 2 --session $_calm_session --spool $_calm_dir
     test "$CALM_AUTOSTART" = 1; and set -a argv_ --autostart
     command $argv_ </dev/null >/dev/null 2>&1 &
@@ -169,7 +171,8 @@ function _calm_key
         if test $_calm_idx -eq $n
             _calm_set_line "$_calm_typed"
         else
-            _calm_set_line "$_calm_cands[(math $_calm_idx + 1)]"
+            set -l k (math $_calm_idx + 1)
+            _calm_set_line "$_calm_cands[$k]"
         end
         set -g _calm_inserted (commandline -b | string collect)
         return
@@ -199,7 +202,8 @@ function _calm_key
         set i (math $i + 1)
         if test "$cand" != "$line"; and string match -q -- "$line*" $cand
             set -a _calm_cands $cand
-            set -g _calm_flags "$_calm_flags"(string sub -s $i -l 1 -- $flags)
+            set -l flag (string sub -s $i -l 1 -- "$flags")
+            set -g _calm_flags "$_calm_flags$flag"
         end
     end
     test (count $_calm_cands) -gt 0; or return
@@ -247,3 +251,4 @@ if test "$CALM_SEARCH" = 1 -a -n "$CALM_SEARCH_KEY"; and set -q _CALM_SEARCH[1]
     bind $CALM_SEARCH_KEY _calm_search
     bind -M insert $CALM_SEARCH_KEY _calm_search 2>/dev/null
 end
+return 0  # sourced: its status says it loaded (the setup line's `or` runs calmd init otherwise)

@@ -633,7 +633,7 @@ _calm_search() {
       [[ ${out%%$'\n'*} == run ]] && zle accept-line
       ;;
     1) zle reset-prompt ;;  # Esc: the line as it was
-    *) zle ${_CALM_SEARCH_ORIG[$KEYMAP]:-history-incremental-search-backward} ;;
+    *) zle ${_CALM_SEARCH_ORIG[$KEYMAP]:-${_CALM_SEARCH_ORIG[main]:-history-incremental-search-backward}} ;;
   esac
   return 0
 }
@@ -643,15 +643,15 @@ _calm_search_setup() {
   zle -N _calm_search
   local km w
   local -a old
-  _calm_capture eval 'for km in emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done' ||
-    REPLY=$(for km in emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done)
+  # what the key does now in each keymap (main: emacs or viins, as $KEYMAP names it in a widget)
+  _calm_capture eval 'for km in main emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done' ||
+    REPLY=$(for km in main emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done)
   old=("${(@f)REPLY}")
-  for km in emacs viins; do
+  for km in main emacs viins; do
     w=${${(z)old[1]}[2]}
     shift old
-    [[ $w == _calm_search ]] && continue
-    [[ $w == undefined-key || -z $w ]] || _CALM_SEARCH_ORIG[$km]=$w
-    bindkey -M $km -- $CALM_SEARCH_KEY _calm_search
+    [[ $w == _calm_search || $w == undefined-key || -z $w ]] || _CALM_SEARCH_ORIG[$km]=$w
   done
+  for km in emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY _calm_search; done
 }
 _calm_search_setup

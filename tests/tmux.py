@@ -227,7 +227,8 @@ def fish_terminal(
     greeting = "set -g fish_greeting ''"
     (config / "config.fish").write_text(f"{prompt}\n{greeting}\nfunction fish_right_prompt; end\n"
                                         f"{before}\n{setup}\n{after}\n")  # fmt: skip
-    (home / "fish-data").mkdir(exist_ok=True)
+    # fish's first start would otherwise parse every man page in the background (its completions)
+    (home / "fish-data" / "fish" / "generated_completions").mkdir(parents=True, exist_ok=True)
     fish_env = {"XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "fish-data"),
                 "fish_history": "calm_test", **env}  # fmt: skip
     return Terminal(["fish", "-i"], shell_env(home, **fish_env), cwd=home)
@@ -239,6 +240,9 @@ DATA_DIR = "${CALM_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/calm}"
 SETUP_LINES = {
     "zsh": f'source {DATA_DIR}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"',
     "bash": f'eval "$(cat "{DATA_DIR}/calm.bash" 2>/dev/null || calmd init bash)"',
+    "fish": "source (set -q CALM_HOME; and echo $CALM_HOME; or echo (set -q XDG_DATA_HOME;"
+            " and echo $XDG_DATA_HOME; or echo ~/.local/share)/calm)/calm.fish 2>/dev/null;"
+            " or calmd init fish | source",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -89,12 +90,14 @@ def test_times_are_read_as_a_user_writes_them() -> None:
 
 def test_stats_count_commands_subcommands_folders_failures_hours(filled: Path) -> None:
     conn = query.open_read_only(filled)
-    stats = query.compute_stats(query.select(conn, query.HistoryFilter()), {"git", "docker"}.__contains__)
+    takes = {"git", "docker"}.__contains__
+    stats = query.compute_stats(query.rows(conn, query.HistoryFilter(), query.STATS_COLUMNS), takes)
+    assert stats.top_commands[-1][0] == "ls"  # ties: in name order
     conn.close()
     assert (stats.commands, stats.distinct) == (8, 7)
     assert stats.top_commands[0] == ("git", 3, 0, 3)
     assert ("make", 2, 1, 2) in stats.top_commands and ("ls", 1, 0, 0) in stats.top_commands
-    subs = [("git status", 1), ("git commit", 1), ("git push", 1), ("docker compose", 1)]
+    subs = [("docker compose", 1), ("git commit", 1), ("git push", 1), ("git status", 1)]  # ties by name
     assert stats.top_subcommands == subs
     assert (stats.with_status, stats.failed) == (7, 2) and stats.failure_rate == pytest.approx(2 / 7)
     folder, runs, top = stats.folders[0]
@@ -102,25 +105,29 @@ def test_stats_count_commands_subcommands_folders_failures_hours(filled: Path) -
     assert sum(stats.hours) == 8 and sum(stats.weekdays) == 8
     hour = dt.datetime.fromtimestamp(NOW - 0.5 * HOUR).hour
     assert stats.hours[hour] >= 1 and len(stats.busiest_hours()) == 3
-    assert query.first_word("FOO=1 BAR=2 make -j4") == "make"
-    assert query.subcommand("git", lambda _: True) is None
+    assert query.command_and_next("FOO=1 BAR=2 make -j4") == ("make", "-j4")
+    assert query.command_and_next("git") == ("git", None) and query.command_and_next("A=1") == ("", None)
 
 
 def test_the_store_is_read_only_and_never_shows_what_the_store_refuses(filled: Path) -> None:
     with sqlite3.connect(filled) as raw:  # as an older calmd stored it, before its detector knew
+        raw.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
         secret = "mysql -u root -phunter2xyz"
         raw.execute("INSERT INTO commands (ts, cmd, exit) VALUES (?, ?, 0)", (NOW, secret))
     assert not any("hunter2" in c for c in commands(filled))
     conn = query.open_read_only(filled)
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         conn.execute("DELETE FROM commands")
-    # a writer goes on beside a reader in the middle of its rows (WAL): neither waits; the reader
-    # keeps the snapshot it started with, the next one sees the new row
+    # a reader in the middle of its rows holds no lock: a writer, even one that deletes (the
+    # re-scan by this calmd's detector, with its WAL checkpoint), never waits for it
     rows = query.select(conn, query.HistoryFilter())
     first = next(rows)
+    started = time.monotonic()
     store = HistoryStore(filled)
+    assert store.rescanned == 1
     assert store.record("echo written meanwhile", exit=0, session="s3", ts=NOW).stored
     store.close()
+    assert time.monotonic() - started < 2
     assert first.cmd == "ls" and "echo written meanwhile" not in [e.cmd for e in rows]
     assert "echo written meanwhile" in commands(filled)
     conn.close()
@@ -183,3 +190,37 @@ def test_calm_stats_prints_tables_and_json(filled: Path, capsys: pytest.CaptureF
     assert doc["commands"] == 2 and doc["failed"] == 1 and doc["top_commands"][0]["runs"] == 1
     assert calm_main(["--no-color", "stats", "--db", str(filled), "nothing-like-this"]) == 0
     assert "no commands match" in capsys.readouterr().out
+
+
+
+def test_sqlite_writes_the_lines_python_writes(filled: Path) -> None:
+    """`calm history` has SQLite make its lines (fast), and Python when rows must be checked one by
+    one (a store not yet re-scanned by this calmd's detector): the same lines either way."""
+    store = HistoryStore(filled)
+    for cmd in ("printf 'a\\tb\\\\n'\nsecond line", 'echo "quoted" \\ é 漢', "echo \x01 control"):
+        store.record(cmd, exit=-1, cwd="/src", session="s3", ts=NOW - 0.25, duration=1.23456)
+    store.record("ls", exit=0, cwd="/src/application", session="s3", ts=NOW)  # not under /src/app
+    store.close()
+    filters = [query.HistoryFilter(), query.HistoryFilter(limit=3), query.HistoryFilter(pattern="echo"),
+               query.HistoryFilter(cwd="/src/app", below=True, failed=False)]  # fmt: skip
+
+    def lines() -> list[list[str]]:
+        conn = query.open_read_only(filled)
+        forms = ("plain", "json", "commands")
+        out = [query.history_lines(conn, f, form, home) for f in filters for form in forms
+               for home in ("/src/app", "/", "")]  # fmt: skip
+        conn.close()
+        return out
+
+    by_sqlite = lines()
+    with sqlite3.connect(filled) as raw:
+        raw.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+    by_python = lines()
+    assert by_sqlite == by_python
+    plain = by_sqlite[0]
+    # the command's own backslashes doubled, its newline written \n: one line, read back unambiguously
+    assert any(line.endswith("  -1  /src  printf 'a\\\\tb\\\\\\\\n'\\nsecond line") for line in plain)
+    assert any("  ~/sub  make test" in line for line in plain)
+    assert any("  /src/application  ls" in line for line in plain)
+    doc = json.loads(by_sqlite[3][-2])
+    assert doc["duration"] == 1.235 and doc["exit"] == -1 and doc["cmd"] == "echo \x01 control"

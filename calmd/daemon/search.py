@@ -741,7 +741,19 @@ class SearchService:
 
     def start(self) -> None:
         """Build the index in the background (seconds for 100,000 commands)."""
-        self._building = self._builder.submit(self._build)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """A new index, built on the builder thread and handed over on the search thread as soon
+        as it is complete (not only at the next search: `status` says when it is ready)."""
+        self._building = building = self._builder.submit(self._build)
+        building.add_done_callback(lambda _: self._thread.submit(self._adopt))
+
+    def _adopt(self) -> None:
+        building = self._building
+        if building is not None and building.done() and building.exception() is None:
+            self._index = building.result()
+            self._building = None
 
     async def search(self, request: SearchRequest, history: Sequence[str], owner: object) -> dict[str, Any]:
         self._latest[owner] = request.id
@@ -788,17 +800,19 @@ class SearchService:
     def _current(self) -> tuple[SearchIndex, bool]:
         """The index, up to date with the store; and whether rows were deleted that a rebuild
         has not yet left out (its lines must be checked against the store)."""
+        if self._index is None and self._building is None:  # the last build failed: again
+            self._rebuild()
         building = self._building
         if building is not None and (self._index is None or building.done()):
-            self._index = building.result()  # the first one is waited for
             self._building = None
+            self._index = building.result()  # the first one is waited for; a failed one raises
         index = self._index
         assert index is not None, "start() builds the first index"
         if self._db is None:
             self._db = query.open_read_only(self.store.path)
         if query.generation(self._db) != index.generation:
             if self._building is None:
-                self._building = self._builder.submit(self._build)
+                self._rebuild()
             return index, True
         index.sync(self._db)
         return index, False
@@ -846,5 +860,5 @@ class SearchService:
                 if now == index.generation + 1:  # the only deletion since it was read: ours
                     index.generation = now
             if self._building is None:
-                self._building = self._builder.submit(self._build)
+                self._rebuild()
         return {"ok": True, "forgotten": forgotten}

@@ -75,28 +75,35 @@ def _db(args: argparse.Namespace) -> Path:
 def cmd_history(args: argparse.Namespace) -> int:
     filt = history_filter(args)
     db = query.open_read_only(_db(args))
-    home = os.environ.get("HOME", "")
-    out = sys.stdout
+    form = "json" if args.json else "commands" if args.commands else "plain"
     try:
-        for entry in query.select(db, filt):
-            if args.json:
-                out.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
-            elif args.commands:
-                out.write(query.one_line(entry.cmd) + "\n")
-            else:
-                out.write(query.plain_line(entry, home) + "\n")
+        lines = query.history_lines(db, filt, form, os.environ.get("HOME", ""))
     finally:
-        db.close()
-    out.flush()
+        db.close()  # the rows are read: nothing holds the store while they are printed
+    block: list[str] = []
+    for line in lines:
+        block.append(line)
+        if len(block) >= 4096:  # written in blocks: one write per line costs more than the line
+            sys.stdout.write("\n".join(block) + "\n")
+            block.clear()
+    if block:
+        sys.stdout.write("\n".join(block) + "\n")
+    sys.stdout.flush()
     return 0
 
 
 def takes_subcommands() -> set[str]:
     """The commands whose second word is a subcommand (git, docker, systemctl: the packaged
-    vocabulary's judged commands, calmd/daemon/filters.py)."""
-    from calmd.daemon.filters import packaged_vocabulary
+    vocabulary's judged commands, calmd/daemon/filters.py). Only its `judged` list is read: the
+    whole Vocabulary (every known token as a frozenset) costs 0.1 s that `calm stats` has not."""
+    from calmd.atomic import read_json
+    from calmd.daemon.filters import packaged_vocabulary_path
 
-    return {key for key in packaged_vocabulary().judged if " " not in key}
+    data = read_json(packaged_vocabulary_path(), "vocabulary")
+    judged = data.get("judged") if isinstance(data, dict) else None
+    if not isinstance(judged, list):
+        raise CalmError(f"{packaged_vocabulary_path()}: not a calm-vocabulary file (no 'judged' list)")
+    return {str(key) for key in judged if " " not in str(key)}
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -106,7 +113,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     db = query.open_read_only(_db(args))
     try:
         with_subcommands = takes_subcommands()
-        stats = query.compute_stats(query.select(db, filt), with_subcommands.__contains__, top=args.top)
+        rows = query.rows(db, filt, query.STATS_COLUMNS)
+        stats = query.compute_stats(rows, with_subcommands.__contains__, top=args.top)
     finally:
         db.close()
     if args.json:

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/history_query.py`
+
 from bench.search_latency import fill, history
 
 CASES = {

@@ -99,7 +99,9 @@ def in_process(db: Path, queries: list[str], context: tuple[str, ...]) -> list[t
     return out
 
 
-def daemon(home: Path, queries: list[str]) -> tuple[list[tuple[str, list[float]]], list[float], list[float]]:
+def daemon(
+    home: Path, queries: list[str], runs: int
+) -> tuple[list[tuple[str, list[float]]], list[float], list[float]]:
     run = home / "run"
     run.mkdir(mode=0o700)
     sock = run / "calm" / "calmd.sock"
@@ -124,13 +126,15 @@ def daemon(home: Path, queries: list[str]) -> tuple[list[tuple[str, list[float]]
         out = []
         with CalmClient(sock, timeout=30) as c:
             for mode in MODES:
-                ms = []
+                ms, inside = [], []
                 for q in queries:
                     t = time.perf_counter()
-                    c.search(q, mode=mode, n=30, session="s1", cwd="/home/user/p3")
+                    reply = c.search(q, mode=mode, n=30, session="s1", cwd="/home/user/p3")
                     ms.append((time.perf_counter() - t) * 1e3)
+                    inside.append(float(reply["ms"]))
                 out.append((f"through the socket, {mode}", ms))
-        ui, bare = starts(env, sock)
+                out.append(("  of which in the daemon's search", inside))
+        ui, bare = starts(env, sock, runs)
         return out, ui, bare
     finally:
         proc.terminate()
@@ -138,7 +142,7 @@ def daemon(home: Path, queries: list[str]) -> tuple[list[tuple[str, list[float]]
         log.close()
 
 
-def starts(env: dict[str, str], sock: Path, runs: int = 10) -> tuple[list[float], list[float]]:
+def starts(env: dict[str, str], sock: Path, runs: int) -> tuple[list[float], list[float]]:
     """Ctrl-R to the first frame: `calm search` on a pseudo-terminal, until its header is drawn
     (it has connected and has the daemon's first answer); beside it, a bare Python start."""
     argv = [sys.executable, "-m", "calmd.shell.search_ui", "--socket", str(sock), "git"]
@@ -197,7 +201,7 @@ def main() -> None:
         print(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed); load "
               f"{os.getloadavg()[0]:.1f}")  # fmt: skip
         results = in_process(db, queries, tuple(commands[-5:]))
-        remote, ui, bare = daemon(home, queries)
+        remote, ui, bare = daemon(home, queries, args.starts)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     print(f"\n{'per keystroke (ms)':<34}{'n':>7}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
@@ -206,7 +210,7 @@ def main() -> None:
     first, python = statistics.median(ui), statistics.median(bare)
     print(f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
           f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})")
-    worst = max(pct(ms, 0.9) for _, ms in remote)
+    worst = max(pct(ms, 0.9) for name, ms in remote if name.startswith("through"))
     verdict = "met" if worst <= 20 else "NOT met"
     print(f"budget: 20 ms per keystroke; through the socket p90 {worst:.1f} ms: {verdict}")
 

@@ -914,8 +914,17 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool", metavar="DIR",
                    help="read requests from files in DIR and answer through DIR/reply (fish, which "
                    "cannot keep a pipe open: calmd/shell/spool.py)")  # fmt: skip
-    p.set_defaults(func=shell_helper.cmd_shell_helper)
+    p.set_defaults(func=cmd_shell_helper)
     return parser
+
+
+def cmd_shell_helper(args: argparse.Namespace) -> int:
+    """The per-shell helper: fish's (request files, `--spool`) or bash's and zsh's (pipes)."""
+    if args.spool:
+        from calmd.shell import spool
+
+        return spool.cmd_fish_helper(args)
+    return shell_helper.cmd_shell_helper(args)
 
 
 def calmd_main(argv: Sequence[str] | None = None) -> int:

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -582,6 +583,15 @@ def reopen_stdin_read_only() -> None:
 
 
 def cmd_shell_helper(args: argparse.Namespace) -> int:
+    """The helper of a bash or zsh shell (pipes); fish's is calmd/shell/spool.py's."""
+    return serve_shell(args, Helper)
+
+
+HelperFactory = Callable[..., Helper]  # (session, socket path, **options) -> the helper to run
+
+
+def serve_shell(args: argparse.Namespace, make: HelperFactory) -> int:
+    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`)."""
     # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
@@ -590,16 +600,8 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
     socket_arg = getattr(args, "socket", None)
     socket = Path(socket_arg) if socket_arg else paths.socket_path()
     session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    options: dict[str, Any] = {"autostart": args.autostart, "line_format": args.format, "shell": args.shell,
-                               "socket_arg": socket_arg}  # fmt: skip
-    helper: Helper
-    if getattr(args, "spool", None):  # fish: requests as files, replies through a FIFO (calmd/shell/spool.py)
-        from calmd.shell.spool import SpoolHelper
-
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # it goes when its shell does, not with the terminal
-        helper = SpoolHelper(session, socket, Path(args.spool), **options)
-    else:
-        helper = Helper(session, socket, **options)
+    helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
+                  socket_arg=socket_arg)  # fmt: skip
     try:
         return helper.run()
     except (BrokenPipeError, KeyboardInterrupt):

@@ -18,18 +18,20 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import errno
 import os
 import select
 import shutil
+import signal
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from calmd.shell.helper import PARENT_CHECK_EVERY, Helper, log
+from calmd.shell.helper import PARENT_CHECK_EVERY, Helper, log, serve_shell
 
 POLL_S = 0.05  # without inotify: how often the folder is looked at
 IN_CLOSE_WRITE, IN_MOVED_TO = 0x8, 0x80
@@ -168,3 +170,10 @@ class SpoolHelper(Helper):
             if watch is not None:
                 os.close(watch)
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def cmd_fish_helper(args: argparse.Namespace) -> int:
+    """`calmd shell-helper --spool DIR`: fish's helper."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # it goes when its shell does, not with the terminal
+    folder = Path(args.spool)
+    return serve_shell(args, lambda session, sock, **options: SpoolHelper(session, sock, folder, **options))

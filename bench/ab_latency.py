@@ -50,7 +50,10 @@ class Daemon:
                "PYTHONPATH": str(tree)}  # fmt: skip
         argv = [sys.executable, "-c", "from calmd.cli import calmd_main; raise SystemExit(calmd_main())",
                 "serve", "--no-import"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # cwd: `python -c` puts the current folder first on sys.path, before PYTHONPATH
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 120
         while True:
             try:

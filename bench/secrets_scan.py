@@ -1,6 +1,6 @@
 """The credential detector: recall on the test corpus, look-alikes dropped, commands flagged in
-the public histories, and cost per command; the new detector against the old one (as of
-OLD_COMMIT, read from git) and, when installed, detect-secrets' plugins, in the same run.
+the public histories, and cost per command; the new detector against the older ones (as of
+OLD_COMMITS, read from git) and, when installed, detect-secrets' plugins, in the same run.
 
     .venv/bin/python bench/secrets_scan.py                 # new vs old (+ detect-secrets if installed)
     .venv/bin/python bench/secrets_scan.py --show-flagged  # print what each flags in the histories
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from calmd.history.secrets import find_secret  # noqa: E402
 
-OLD_COMMIT = "aa4422d"  # the detector before issue 12
+OLD_COMMITS = {"before issue 23": "ad7d2a1", "before issue 12": "aa4422d"}  # earlier detectors
 CORPUS = REPO / "tests" / "data" / "secrets"
 HISTORIES = REPO.parent / "shared" / "data" / "histories" / "users"
 
@@ -36,13 +36,17 @@ Detector = Callable[[str], "str | None"]
 _KEEP: list[object] = []
 
 
-def old_detector() -> Detector:
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{OLD_COMMIT}:calmd/history/secrets.py"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    module = types.ModuleType("old_secrets")
-    exec(compile(source, f"{OLD_COMMIT}:calmd/history/secrets.py", "exec"), module.__dict__)
+def old_detector(commit: str) -> Detector:
+    """find_secret as of `commit` (the module lived in calmd/ before the package had floors)."""
+    for where in ("calmd/history/secrets.py", "calmd/secrets.py"):
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{where}"],
+                               capture_output=True, text=True)  # fmt: skip
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"no detector at {commit}: {shown.stderr.strip()}")
+    module = types.ModuleType(f"old_secrets_{commit}")
+    exec(compile(shown.stdout, f"{commit}:{where}", "exec"), module.__dict__)
     return module.find_secret  # type: ignore[no-any-return]
 
 
@@ -107,7 +111,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds (best median kept)")
     args = parser.parse_args()
 
-    detectors: dict[str, Detector] = {"new": find_secret, "old": old_detector()}
+    detectors: dict[str, Detector] = {"new": find_secret}
+    detectors |= {name: old_detector(commit) for name, commit in OLD_COMMITS.items()}
     ds = detect_secrets_detector()
     if ds is not None:
         detectors["detect-secrets"] = ds
@@ -117,7 +122,7 @@ def main() -> int:
     for name, detect in detectors.items():
         missed = Counter(kind for kind, cmd in credentials if not detect(cmd))
         dropped = Counter(kind for kind, cmd in lookalikes if detect(cmd))
-        print(f"  {name:15s} recall {len(credentials) - sum(missed.values())}/{len(credentials)}"
+        print(f"  {name:16s} recall {len(credentials) - sum(missed.values())}/{len(credentials)}"
               f"  look-alikes dropped {sum(dropped.values())}/{len(lookalikes)}")  # fmt: skip
         if missed:
             print(f"  {'':15s} missed by class: {dict(missed.most_common())}")
@@ -144,15 +149,15 @@ def main() -> int:
         costs, flagged = best
         medians[name] = statistics.median(costs)
         rules = Counter(rule for rule, _ in flagged)
-        print(f"  {name:15s} flagged {len(flagged):,} of {len(sample):,} ({len(flagged) / len(sample):.2e})"
+        print(f"  {name:16s} flagged {len(flagged):,} of {len(sample):,} ({len(flagged) / len(sample):.2e})"
               f"   per command: median {medians[name]:.1f} us, p99 {p99(costs):.1f} us,"
               f" mean {statistics.fmean(costs):.1f} us")  # fmt: skip
         print(f"  {'':15s} rules: {dict(rules.most_common(8))}")
         if args.show_flagged:
             for rule, cmd in flagged:
                 print(f"      {rule:22s} {cmd[:150]}")
-    if "old" in medians:
-        print(f"\nmedian cost new/old: {medians['new'] / medians['old']:.2f}x")
+    for name in OLD_COMMITS:
+        print(f"\nmedian cost new/{name}: {medians['new'] / medians[name]:.2f}x")
     if "detect-secrets" in medians:
         print(f"median cost detect-secrets/new: {medians['detect-secrets'] / medians['new']:.0f}x")
     for settings in _KEEP:

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -53,6 +54,18 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = PRIVATE_FILE_MODE)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def keep_copy(path: Path, copy: Path) -> None:
+    """Make `copy` hold what `path` holds now, replacing it atomically: a hard link (no bytes
+    copied), or a copy on a file system without them."""
+    tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, copy)
 
 
 class UnsafeFile(OSError):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from calmd import __version__, paths
+from calmd.arguments import Parser, number, whole
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.frames import COMP_ITEMS
@@ -55,9 +56,12 @@ def cmd_detokenize(args: argparse.Namespace) -> int:
     values: list[int] = []
     for word in args.ids:
         try:
-            values.append(int(word))
+            value = int(word)
         except ValueError:
             raise CalmError(f"{word!r} is not a token id (an integer 0-277)") from None
+        if not 0 <= value <= 0xFFFF:
+            raise CalmError(f"token id {value} is out of range; valid ids are 0-277")
+        values.append(value)
     if args.view:
         _console(args.no_color).print(render(values))
         return 0
@@ -103,6 +107,10 @@ def dataset_from_history(args: argparse.Namespace) -> int:
         include_trivial=args.include_trivial,
     )  # fmt: skip
     output = Path(args.output) if args.output else paths.dataset_path()
+    if output.is_dir():
+        raise CalmError(
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+        )
     store = HistoryStore(db)
     try:
         counts = write_history_dataset(store, output, opts, l_max=args.l_max)
@@ -124,6 +132,10 @@ def dataset_from_text(args: argparse.Namespace) -> int:
 
     source = Path(args.source)
     output = Path(args.output) if args.output else paths.dataset_path()
+    if output.is_dir():
+        raise CalmError(
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+        )
     template = parse_template(args.template or DEFAULT_SHELL_TEMPLATE_SPEC)
     parser = SourceParser(template, name=str(source))
     try:
@@ -263,14 +275,36 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """Each file in turn; one that is not a history (or cannot be read) is reported on one line
+    and the others are still imported; exit 1 when any was refused. fish's history is told apart
+    by its first entry (or --format fish) and read by calmd/history/fish.py."""
     from calmd.history.fish import import_fish_history, is_fish_history
-    from calmd.history.store import HistoryStore
+    from calmd.history.store import HistoryStore, NotAHistory
 
+    if args.max_mib <= 0:
+        raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
+    refused = 0
     try:
         for name in args.files:
-            fish = args.format == "fish" or (args.format == "auto" and _starts_like(name, is_fish_history))
-            result = import_fish_history(store, name) if fish else store.import_file(name, args.format)
+            try:
+                max_bytes = int(args.max_mib * (1 << 20))
+                if args.format == "fish" or (args.format == "auto" and _starts_like(name, is_fish_history)):
+                    result = import_fish_history(store, name, max_bytes=max_bytes)
+                else:
+                    result = store.import_file(name, args.format, max_bytes=max_bytes)
+            except (NotAHistory, OSError) as exc:
+                detail = (
+                    exc if isinstance(exc, NotAHistory) else f"{name}: cannot read: {exc.strerror or exc}"
+                )
+                print(f"calm: error: {detail}", file=sys.stderr)
+                refused += 1
+                continue
+            older = (
+                f"; its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
+                if result.skipped_bytes
+                else ""
+            )
             print(
                 f"{result.path}: {result.imported} commands imported ({result.format} format), "
                 f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
@@ -279,21 +313,30 @@ def cmd_import(args: argparse.Namespace) -> int:
                     if result.undecodable
                     else ""
                 )
+                + older
             )
         print(f"history: {store.count()} commands in {store.path}")
     finally:
         store.close()
-    return 0
+    return 1 if refused else 0
 
 
 def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
-    """Whether the file's first 4 KiB pass `check` (False when it cannot be read: the import
-    then says why)."""
+    """Whether a regular file's first 4 KiB pass `check`; False for anything else (a FIFO is
+    opened without waiting for a writer, and never read) or what cannot be read: the import
+    then says why."""
+    import stat
+
     try:
-        with open(Path(name).expanduser(), "rb") as f:
-            return check(f.read(4096))
+        fd = os.open(Path(name).expanduser(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and check(os.pread(fd, 4096, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- calm forget
@@ -344,14 +387,25 @@ def cmd_init(args: argparse.Namespace) -> int:
     from calmd.model.checkpoint import GenerationDefaults, save_model
     from calmd.model.mamba import SIZES, CalmModel
 
-    out = Path(args.output) if args.output else paths.weights_path()
+    if not args.output:
+        raise CalmError(
+            "calm init writes random weights: give the new file with -o FILE (the weights the daemon "
+            f"serves, {paths.weights_path()}, are replaced only by -o that path --force)"
+        )
+    out = Path(args.output)
+    if out.is_dir():
+        raise CalmError(f"-o {out}: a folder; give the weight file to write, e.g. {out / 'my.cwgt'}")
     if out.exists() and not args.force:
         raise CalmError(f"{out} exists; pass --force to replace it (its weights would be lost)")
     cfg = SIZES[args.size]
     model = CalmModel(cfg)
     model.init_weights(args.seed)
+    kept = out.name == paths.WEIGHTS and out.is_file()
     save_model(out, model, Metadata(), defaults=GenerationDefaults())
     print(f"wrote {out}: {args.size}, {cfg.param_count():,} parameters, {out.stat().st_size:,} bytes")
+    if kept:
+        prev = paths.prev_weights_path(out)
+        print(f"the weights it replaced are in {prev}: `calm rollback` brings them back")
     return 0
 
 
@@ -386,8 +440,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from calmd.training.background import rollback
 
     weights = Path(args.weights) if args.weights else paths.weights_path()
+    prev = paths.prev_weights_path(weights)
+    had_prev = prev.exists()
     rollback(weights)
-    print(f"restored {weights} from {weights.with_name('shell.prev.cwgt')} (the daemon reloads it)")
+    if had_prev:
+        print(f"restored {weights} from {prev} (the daemon reloads it)")
+    else:
+        print(f"no previous weights: moved {weights} to {prev}; the packaged model serves now "
+              "(`calm rollback` again brings them back)")  # fmt: skip
     return 0
 
 
@@ -403,9 +463,12 @@ def _probability(text: str) -> float:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from calmd.history.store import check_history_file
     from calmd.quality import replay
 
     files = replay.expand(args.files)
+    for file in files:
+        check_history_file(file)  # a missing file, a folder, binary data: one line, before any work
     if args.held_out:
         from calmd.training.corpus import held_out
 
@@ -413,9 +476,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not files:
         raise CalmError("no history files to replay")
     models = [Path(m) for m in args.model or []]
+    from calmd.formats.cwgt import read_cwgt
+
     for m in models:
         if not m.is_file():
             raise CalmError(f"-m {m}: no such weight file")
+        read_cwgt(m)  # a file that is no CWGT: said now, not after the warm-up
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
     if args.search:
@@ -454,9 +520,7 @@ def replay_search(files: list[Path], args: argparse.Namespace) -> int:
 
 
 def calm_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="calm", description="CALM model toolbox: tokenizer, datasets, weights."
-    )
+    parser = Parser(prog="calm", description="CALM model toolbox: tokenizer, datasets, weights.")
     parser.add_argument("--version", action="version", version=f"calm {__version__}")
     parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -476,32 +540,44 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", "-f", dest="source", metavar="FILE", help="training-source text file")
     p.add_argument("--output", "-o", metavar="OUT", help=f"CTDS path (default {paths.dataset_path()})")
     p.add_argument("--template", metavar="SPEC", help="template spec (default: the shell template)")
-    p.add_argument("--l-max", type=int, default=768, help="skip sequences longer than this (default 768)")
+    p.add_argument(
+        "--l-max", type=whole(8, 65535), default=768, help="skip sequences longer than this (default 768)"
+    )
     p.add_argument("--view", "-V", action="store_true", help="view dataset contents")
     p.add_argument("--ds", metavar="FILE", help="CTDS file for --view (default: the output path)")
     p.add_argument(
-        "--index", "-i", type=int, default=1, help="first sequence for --view, 1-based (default 1)"
+        "--index",
+        "-i",
+        type=whole(1, 10**9),
+        default=1,
+        help="first sequence for --view, 1-based (default 1)",
     )
-    p.add_argument("--count", "-c", type=int, default=5, help="sequences to show with --view (default 5)")
+    p.add_argument(
+        "--count", "-c", type=whole(1, 10**6), default=5, help="sequences to show with --view (default 5)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     g = p.add_argument_group("from the shell history (without --from)")
     g.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
-    g.add_argument("--max-entries", "-n", type=int, default=0, help="latest N history entries (0: all)")
+    g.add_argument(
+        "--max-entries", "-n", type=whole(0, 10**9), default=0, help="latest N history entries (0: all)"
+    )
     g.add_argument(
         "--hist-frames",
         "-H",
-        type=int,
+        type=whole(0, 15),
         default=HISTORY_FRAMES,
         help=f"history frames per sequence ({HISTORY_FRAMES})",
     )
     g.add_argument(
         "--comp-frames",
-        type=int,
+        type=whole(0, 15),
         default=COMP_ITEMS,
         help=f"completion items per sequence, of those each record kept ({COMP_ITEMS}, as served)",
     )
-    g.add_argument("--max-dup", type=int, default=3, help="max uses of one command as a target (3)")
-    g.add_argument("--min-cmd-len", type=int, default=2, help="min command length in chars (2)")
+    g.add_argument(
+        "--max-dup", type=whole(1, 10**6), default=3, help="max uses of one command as a target (3)"
+    )
+    g.add_argument("--min-cmd-len", type=whole(0, 65536), default=2, help="min command length in chars (2)")
     g.add_argument("--include-failed", action="store_true", help="include non-zero exit commands")
     g.add_argument("--include-trivial", action="store_true", help="include trivial commands (ls, cd, ...)")
     p.set_defaults(func=cmd_dataset)
@@ -516,6 +592,8 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.add_argument("--max-mib", type=number(0, 1 << 20, above=True), default=16, metavar="MIB",
+                   help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(
@@ -561,8 +639,8 @@ def calm_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
     p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano")
-    p.add_argument("-o", "--output", metavar="PATH", help=f"output (default {paths.weights_path()})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", metavar="PATH", help="the new weight file (required)")
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     p.add_argument("--force", action="store_true", help="replace an existing file")
     p.set_defaults(func=cmd_init)
 
@@ -573,15 +651,15 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--git", help="git branch")
     p.add_argument("--env", help="environment note (e.g. venv:proj)")
     p.add_argument("--history", nargs="*", metavar="CMD", help="previous commands, oldest first")
-    p.add_argument("-n", type=int, default=5, help="candidates (default 5)")
+    p.add_argument("-n", type=whole(1, 32), default=5, help="candidates, 1 to 32 (default 5)")
     p.add_argument("--raw", action="store_true", help="ignore the stop conditions (EOS only)")
     p.add_argument("--sample", action="store_true", help="sample instead of beam search")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default: the header's)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--temperature", type=number(0, 100), help="sampling temperature (default: the header's)")
+    p.add_argument("--top-k", type=whole(0, 320))
+    p.add_argument("--top-p", type=number(0, 1))
+    p.add_argument("--min-p", type=number(0, 1))
+    p.add_argument("--max-tokens", type=whole(1, 768))
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), help="sampling seed")
     p.add_argument("--scores", action="store_true", help="print each candidate's log-probability")
     p.set_defaults(func=cmd_generate)
 
@@ -594,10 +672,16 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", metavar="FILE.cwgt", action="append",
                    help="weights (default: yours, else the packaged); several -m compare the models in one "
                    "run, each answering every query, with its latency")  # fmt: skip
-    p.add_argument("--positions", type=int, default=40, help="sampled positions per user (default 40)")
-    p.add_argument("--typing", type=int, default=15, help="positions typed out for keystrokes saved")
-    p.add_argument("--warmup", type=int, default=50, help="commands replayed before sampling starts")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--positions", type=whole(1, 100_000), default=40, help="sampled positions per user (default 40)"
+    )
+    p.add_argument(
+        "--typing", type=whole(0, 100_000), default=15, help="positions typed out for keystrokes saved"
+    )
+    p.add_argument(
+        "--warmup", type=whole(0, 10**6), default=50, help="commands replayed before sampling starts"
+    )
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
     p.add_argument(
         "--with-training",
@@ -606,7 +690,7 @@ def calm_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--train-every",
-        type=int,
+        type=whole(1, 10**6),
         default=500,
         metavar="N",
         help="with --with-training: a training run after every N commands (default 500)",
@@ -644,15 +728,21 @@ def calm_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=training_commands.cmd_train)
 
     p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
-    p.add_argument("-m", "--model", type=Path, metavar="MODEL", help=f"weights ({paths.weights_path()})")
+    p.add_argument(
+        "-m", "--model", type=Path, metavar="MODEL", help="weights (default: yours, else the packaged model)"
+    )
     p.add_argument(
         "-d", "--dataset", type=Path, metavar="DATASET", help=f"CTDS file ({paths.dataset_path()})"
     )
-    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="a random sample of N sequences")
-    p.add_argument("--seed", type=int, default=0, help="for the --limit sample (default 0)")
+    p.add_argument(
+        "--limit", "-n", type=whole(0, 10**9), default=0, metavar="N", help="a random sample of N sequences"
+    )
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0, help="for the --limit sample (default 0)")
     p.add_argument("--raw", action="store_true", help="match whole commands, ignoring the stop conditions")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass (default 32)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default")
+    p.add_argument(
+        "--batch-size", type=whole(1, 4096), default=32, help="sequences per forward pass (default 32)"
+    )
+    p.add_argument("--threads", type=whole(0, 1024), default=0, help="torch threads, 0 = default")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=training_commands.cmd_evaluate)
 
@@ -688,11 +778,31 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)  # a socket, not our stdout
         return 1
     except (CalmError, OSError) as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print(f"{parser.prog}: error: out of memory; give smaller counts or files", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # A bug, not the user's input (every input has its own message): still one line, and
+        # CALM_DEBUG=1 shows where.
+        if os.environ.get("CALM_DEBUG"):
+            raise
+        print(f"{parser.prog}: error: unexpected {type(exc).__name__}: {_one_line(exc)} (a bug in calm; "
+              "run again with CALM_DEBUG=1 and report what it prints)", file=sys.stderr)  # fmt: skip
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error as one line; an OSError as `FILE: what` (its text would be `[Errno 21] ...`)."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, CalmError):
+        where = exc.filename2 if isinstance(exc, IsADirectoryError) and exc.filename2 else exc.filename
+        text = f"{where}: {exc.strerror}" if where else exc.strerror
+        return " ".join(text.split())
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def calm_main(argv: Sequence[str] | None = None) -> int:
@@ -703,8 +813,12 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
     """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
     import logging
 
-    from calmd.daemon.engine import load_engine
     from calmd.daemon.server import ServerConfig, run_server
+
+    if engine_loader is None:  # the model's engine: torch and the model (1.5 s of imports) only here
+        from calmd.daemon.engine import load_engine
+
+        engine_loader = load_engine
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -721,7 +835,7 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
         graceful_timeout=args.graceful_timeout,
         prefetch=not args.no_prefetch,
     )
-    return run_server(config, engine_loader or load_engine)
+    return run_server(config, engine_loader)
 
 
 def _client(args: argparse.Namespace) -> CalmClient:
@@ -776,25 +890,32 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    from calmd.shell.client import DaemonNotRunning
+    from calmd.daemon.filters import visible
+    from calmd.daemon.protocol import MAX_INPUT_BYTES
+    from calmd.shell.client import DaemonError, DaemonNotRunning
 
+    if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
+        raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")
     history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
     try:
         with _client(args) as client:
             ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
-            # asked as the zsh hook asks (the early line first), so the daemon's ghost rule shows
-            # what a shell draws: with --scores, the drawn line is marked `ghost`
-            for message in client.complete(args.text, n=args.n, session=args.session, early=True, **ctx):
+            # asked as the zsh hook asks (the early line first; a multi-line entry too), so the
+            # daemon's ghost rule shows what a shell draws: with --scores, the drawn line is marked
+            # `ghost`. Printed escaped, never raw: `\n`, `\e` ...
+            for message in client.complete(args.text, n=args.n, session=args.session, early=True,
+                                           multiline=True, **ctx):  # fmt: skip
                 if "early" in message and args.scores:
                     drawn = "ghost" if message.get("ghost") else "     "
-                    print(f"   early  {message.get('confidence', 0):5.3f}  {drawn}  {message['early']}")
+                    early = visible(str(message["early"]))
+                    print(f"   early  {message.get('confidence', 0):5.3f}  {drawn}  {early}")
                 elif "candidate" in message:
                     drawn = "ghost" if message.get("ghost") else "     "
+                    text = visible(str(message["candidate"]))
                     print(
-                        f"{message['score']:8.3f}  {message.get('confidence', 0):5.3f}  {drawn}  "
-                        f"{message['candidate']}"
+                        f"{message['score']:8.3f}  {message.get('confidence', 0):5.3f}  {drawn}  {text}"
                         if args.scores
-                        else message["candidate"]
+                        else text
                     )
                 elif args.scores:
                     print(
@@ -804,31 +925,46 @@ def cmd_complete(args: argparse.Namespace) -> int:
     except DaemonNotRunning as exc:
         print(f"calmd is not running ({exc})", file=sys.stderr)
         return 3
+    except DaemonError as exc:
+        raise CalmError(f"the daemon refused the request: {exc}") from None
     return 0
 
 
 def cmd_install_systemd(args: argparse.Namespace) -> int:
     import shutil
 
-    from calmd.daemon.systemd import install_units
+    from calmd.daemon.systemd import install_units, user_manager_problem
 
     target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
+    if target.exists() and not target.is_dir():
+        raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
     for path in install_units(target, calmd_bin):
         print(f"wrote {path}")
+    problem = user_manager_problem()
+    if problem is not None:
+        # `systemctl --user` would fail ("Failed to connect to bus"): say so, not "enable with".
+        raise CalmError(
+            f"the units are written, but they cannot be enabled here: {problem}. Start the daemon "
+            "with `calmd serve` (or CALM_AUTOSTART=1 in your shell), or log in with a systemd user "
+            "session (`loginctl enable-linger $USER`) and run `systemctl --user daemon-reload && "
+            "systemctl --user enable --now calmd.socket`"
+        )
     print("enable with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now calmd.socket")
     print("or, without socket activation:\n  systemctl --user enable --now calmd.service")
     return 0
 
 
 def calmd_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="calmd", description="calmd: the CALM suggestion daemon.")
+    parser = Parser(prog="calmd", description="calmd: the CALM suggestion daemon.")
     parser.add_argument("--version", action="version", version=f"calmd {__version__}")
     parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
     parser.add_argument(
         "--socket", metavar="PATH", help="socket path (default $CALMD_SOCKET or the runtime dir)"
     )
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+    parser.add_argument(
+        "--timeout", type=number(0, 86400, above=True), default=10.0, help="seconds to wait for the daemon"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("serve", help="run the daemon in the foreground")
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
@@ -843,14 +979,14 @@ def calmd_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--train-threshold",
-        type=int,
+        type=whole(0, 10**9),
         default=200,
         metavar="N",
         help="new commands before a background training run (default 200; 0: only on request)",
     )
     p.add_argument(
         "--train-max-load",
-        type=float,
+        type=number(0, 10**6),
         default=1.0,
         metavar="LOAD",
         help="start a run automatically only below this 1-minute load average (default 1.0)",
@@ -863,21 +999,21 @@ def calmd_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-connections",
-        type=int,
+        type=whole(0, 65536),
         default=0,
         metavar="N",
         help="concurrent clients; more are refused with an error (default 256, fewer under a low fd limit)",
     )
     p.add_argument(
         "--reply-timeout",
-        type=float,
+        type=number(0, 86400, above=True),
         default=10.0,
         metavar="SECONDS",
         help="close a client that leaves 256 KiB of replies unread this long (default 10)",
     )
     p.add_argument(
         "--graceful-timeout",
-        type=float,
+        type=number(0, 3600, above=True),
         default=5.0,
         metavar="SECONDS",
         help="SIGTERM/SIGINT to exit, at most (default 5): in-flight answers, the training run's stop",
@@ -891,7 +1027,7 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stop)
     p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
     p.add_argument("text", metavar="TEXT")
-    p.add_argument("-n", type=int, default=5)
+    p.add_argument("-n", type=whole(0, 32), default=5, help="candidates, 0 to 32 (default 5)")
     p.add_argument("--cwd")
     p.add_argument("--git")
     p.add_argument("--session", default="calmd-complete")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,10 +19,55 @@ import pytest
 import torch
 
 from calmd.history.store import HistoryStore
-from tests.tools import need
+from tests.tools import in_ci, need
 
 if TYPE_CHECKING:
     from tests.daemon import Daemon
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it."""
+    if in_ci() and not config.option.durations:
+        config.option.durations = 15
+
+
+def _starts_a_daemon(item: pytest.Item) -> bool:
+    """A test that starts `calmd serve` (tests/daemon.py): through the `daemon` fixture, or by
+    calling running_daemon, itself or through a helper of its module that does (read from the
+    sources: no marker to forget)."""
+    if "daemon" in getattr(item, "fixturenames", ()):
+        return True
+    function = getattr(item, "function", None)
+    module = getattr(item, "module", None)
+    return function is not None and _calls_running_daemon(function, vars(module) if module else {}, set())
+
+
+def _calls_running_daemon(function: object, names: dict[str, object], seen: set[str]) -> bool:
+    try:
+        source = inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    if "running_daemon(" in source:
+        return True
+    for name, value in names.items():
+        if (
+            name not in seen
+            and inspect.isfunction(value)
+            and value.__module__ == getattr(function, "__module__", None)
+            and f"{name}(" in source
+        ):
+            seen.add(name)
+            if _calls_running_daemon(value, names, seen):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that starts a daemon is `slow` (a process, a socket, seconds): the fast loop
+    (`pytest -m "not slow"`) leaves them to the whole suite."""
+    for item in items:
+        if not item.get_closest_marker("slow") and _starts_a_daemon(item):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

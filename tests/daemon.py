@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,3 +124,15 @@ def wait_ready(daemon: Daemon, timeout: float = 30.0) -> None:
     while not daemon.ready.wait(0.05):
         if daemon.proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"daemon did not start: {daemon.read_output()}")
+
+
+def wait_imported(client: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """The daemon's status once its first-start import (which runs after `ready`) is done."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status: dict[str, Any] = client.status()["status"]
+        if not status["history"]["import"]["running"]:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the first-start import still runs after {timeout} s")
+        time.sleep(0.02)

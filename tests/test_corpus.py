@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,7 @@ from calmd.training.corpus import (
     scrub,
     tldr_examples,
 )
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.tools import shared_data
 
 
 def test_placeholders_are_filled() -> None:
@@ -77,13 +75,14 @@ def test_history_examples_context_and_max_dup() -> None:
     assert examples[-1].fields["history"] == [HistoryEntry("make"), HistoryEntry("x")]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data not beside the repo")
+@pytest.mark.slow  # every tldr page (12 s)
 def test_tldr_corpus_is_complete_and_reproducible() -> None:
-    first = list(tldr_examples(SHARED / "tldr", seed=3))
+    tldr = shared_data("tldr")
+    first = list(tldr_examples(tldr, seed=3))
     assert len(first) > 20_000
     # (one page shows escaped literal braces, `\{\{`, which are not placeholders)
     assert not any("{{" in e.cmd or "}}" in e.cmd for e in first if "\\{" not in e.cmd)
-    again = list(tldr_examples(SHARED / "tldr", seed=3))
+    again = list(tldr_examples(tldr, seed=3))
     assert [e.cmd for e in again] == [e.cmd for e in first]
     assert any(e.cmd.startswith("tar ") for e in first)
 

@@ -21,7 +21,8 @@ import msgpack
 import pytest
 
 from calmd.shell.client import CalmClient, DaemonNotRunning
-from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, wait_imported, write_test_weights
+from tests.tools import need_root
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -262,8 +263,8 @@ def test_killed_daemon_leaves_a_socket_the_next_one_replaces(tmp_path: Path) -> 
 
 
 @pytest.mark.needs("setpriv")
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as another uid")
 def test_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
+    need_root("to connect as another uid")
     # The socket lives where uid 65534 can reach it (after the daemon made it 0700/0600, the test
     # opens it up), so that the SO_PEERCRED check has to hold on its own.
     public = Path(tempfile.mkdtemp(prefix="calmd-peer-", dir="/tmp"))
@@ -375,9 +376,9 @@ def test_first_start_imports_shell_history(tmp_path: Path) -> None:
     tmp_path.joinpath(".bash_history").write_text("ls -la\ngit status\n")
     tmp_path.joinpath(".zsh_history").write_text(": 1700000000:0;make test\n")
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 3
+        assert wait_imported(c)["history"]["commands"] == 3
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:  # not imported twice
-        assert c.status()["status"]["history"]["commands"] == 3
+        assert wait_imported(c)["history"]["commands"] == 3
 
 
 @pytest.mark.needs("systemd-socket-activate")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +101,10 @@ def test_a_new_line_carried_over_from_the_previous_command(tmp_path: Path, weigh
         assert candidates(c, "cd ", n=3, session="s", cwd="/p")[0] == "cd newproj"
 
 
+def candidates_of(replies: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in replies if "candidate" in m]
+
+
 def answers(c: CalmClient) -> dict[str, int]:
     return c.status()["status"]["model"]["answers"]  # type: ignore[no-any-return]
 
@@ -120,10 +126,19 @@ def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Pat
             fresh = [m for m in c.complete(target[:i], n=5, session=f"fresh{i}", cwd="/p", history=history)
                      if "candidate" in m]  # fmt: skip
             # the ghost never changes while the user types along it, and it is the search's too,
-            # with the same score and confidence
+            # with the same score and confidence; where the daemon fills a new COMP frame (a word
+            # begun) the answer keeps the scores of the old frame, within what a COMP frame moves
+            # them (docs/performance.md, "Typing through a suggestion"); exactly the search's
+            # where the client sends its COMP items itself (none here: nothing changes)
             assert through[0]["candidate"] == fresh[0]["candidate"] == target
-            assert through[0]["score"] == pytest.approx(fresh[0]["score"], abs=2e-3)
-            assert through[0]["confidence"] == pytest.approx(fresh[0]["confidence"], abs=2e-3)
+            assert through[0]["score"] == pytest.approx(fresh[0]["score"], abs=0.05)
+            assert through[0]["confidence"] == pytest.approx(fresh[0]["confidence"], abs=0.05)
+            mine = {"cwd": "/p", "history": history, "completions": []}
+            exact = candidates_of(c.complete(target[:i], n=5, session="exact", **mine))
+            searched = candidates_of(c.complete(target[:i], n=5, session=f"exact{i}", **mine))
+            assert exact[0]["candidate"] == searched[0]["candidate"]
+            assert exact[0]["score"] == pytest.approx(searched[0]["score"], abs=2e-3)
+            assert exact[0]["confidence"] == pytest.approx(searched[0]["confidence"], abs=2e-3)
             # the documented difference: below the top, the previous answer's lines (and those its
             # search found beyond n) that extend the input, scored as the search scores them: the
             # lines both hold come in the same order, but the search may find others
@@ -139,8 +154,8 @@ def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Pat
         # begins ("g", "git s") and the daemon fills a new COMP frame: its lines are then scored
         # afresh in the new context (the scores above match the search's); each fresh session searched
         through = after["typed_through"] - before["typed_through"]
-        assert through == len(target) - 1
-        assert after["searched"] - before["searched"] == len(target) - 1
+        assert through >= 2 * (len(target) - 1) - 1  # sessions s and exact (whose first is a search)
+        assert after["searched"] - before["searched"] == 2 * (len(target) - 1) + 1
         # a character the top line does not continue with: a new search
         candidates(c, "git sx", n=5, session="s", cwd="/p", history=history)
         assert answers(c)["searched"] == after["searched"] + 1

@@ -11,7 +11,7 @@ import pytest
 
 from calmd.shell.client import CalmClient
 from tests.builders import month_old_history
-from tests.daemon import running_daemon
+from tests.daemon import running_daemon, wait_imported
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -73,7 +73,7 @@ def test_half_a_command_is_never_suggested(tmp_path: Path) -> None:
 def test_todays_hosts_come_before_a_month_old_imports(tmp_path: Path) -> None:
     (tmp_path / ".zsh_history").write_text(month_old_history())  # imported at the first start
     with serve(tmp_path, imports=True) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 300
+        assert wait_imported(c)["history"]["commands"] == 300
         for cmd in ("cd ~/work", "ssh newhost", "ls", "git status", "ssh newhost", "vim todo", "make", "ls"):
             c.record(cmd, exit=0, session="s")
         assert candidates(c, "ssh ", session="s")[0]["candidate"] == "ssh newhost"

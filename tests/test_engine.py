@@ -331,3 +331,34 @@ def test_the_line_on_the_screen_stays_unless_clearly_beaten(
     ctx = {"input": "git sta", "history": history}
     list(engine.complete(ctx, 5, "s", threading.Event(), lambda *e: early.append(e), drawn=other))
     assert early and (early[0][2] is False or early[0][0] == other)  # no early line over the drawn one
+
+
+def test_the_search_stops_soon_after_its_best_line_is_final(
+    engine: ModelEngine, store: HistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RankWeights.tail_steps: once the line to draw is final the search goes on a few steps for
+    the others (Shift-Tab's), then sends what it has: the drawn line is the same, sooner."""
+    record(store, ("git status", 0), ("make test", 0), ("ls -la", 0))
+    engine.attach_history(store)
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    steps: list[int] = []
+    real_step = engine.generator.model.step
+
+    def counted(*args: object, **kwargs: object) -> object:
+        steps.append(1)
+        return real_step(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.generator.model, "step", counted)
+    saved = 0
+    for typed in ("", "g", "docker ", "tar x", "python3 -m "):
+        found = {}
+        for tail in (0, 4):
+            monkeypatch.setattr(engine, "weights", RankWeights(tail_steps=tail, typing_through=0))
+            steps.clear()
+            ctx = {"input": typed, "history": history}
+            got = list(engine.complete(ctx, 5, f"t{tail}", threading.Event()))
+            found[tail] = (got[0].text, round(got[0].score, 4), len(steps), len(got))
+        assert found[4][:2] == found[0][:2], typed  # the same line first, with the same score
+        assert found[4][2] <= found[0][2] and found[4][3] >= 1, (typed, found)
+        saved += found[0][2] - found[4][2]
+    assert saved > 0  # steps the tail did not take

@@ -28,6 +28,7 @@ def test_the_kernel_is_built_where_a_compiler_is() -> None:
 
 
 @needs_cxx
+@pytest.mark.slow  # a g++ build or a training
 def test_build_is_cached_and_reused(tmp_path: Path) -> None:
     assert CXX is not None
     first = fastscan.build(CXX, tmp_path)
@@ -74,6 +75,7 @@ print(fastscan.library() is None, "|", fastscan.unavailable_reason(), "|", float
     ("env", "reason"),
     [({"CALM_NO_CPP_SCAN": "1"}, "CALM_NO_CPP_SCAN"), ({"CXX": "/nonexistent/g++"}, "nonexistent")],
 )
+@pytest.mark.slow  # a g++ build or a training
 def test_without_the_kernel_training_falls_back_to_pytorch(
     tmp_path: Path, env: dict[str, str], reason: str
 ) -> None:
@@ -85,6 +87,7 @@ def test_without_the_kernel_training_falls_back_to_pytorch(
 
 
 @needs_cxx
+@pytest.mark.slow  # a g++ build or a training
 def test_cache_dir_follows_calm_cache(tmp_path: Path) -> None:
     _in_fresh_python(TRAIN_ONE_STEP, CALM_CACHE=str(tmp_path))
     assert len(list(tmp_path.glob("calm-scan-*.so"))) == 1

@@ -295,6 +295,7 @@ print(fastscan.library() is None, model._packed is None, torch.equal(fused_or_no
 """
 
 
+@pytest.mark.slow  # a g++ build in a subprocess
 def test_without_the_kernel_the_eager_step_runs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CALM_CACHE": str(tmp_path), "CALM_NO_CPP_SCAN": "1"}
     done = subprocess.run([sys.executable, "-c", STEP_WITHOUT_KERNEL], capture_output=True, text=True,

@@ -25,6 +25,7 @@ from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.builders import TRAIN_ARGS, WORK
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+from tests.tools import in_ci, need_root
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -146,8 +147,8 @@ def test_a_folder_others_can_write_without_the_sticky_bit_is_refused(tmp_path: P
     assert stat.S_IMODE(folder.stat().st_mode) == 0o777 and not (folder / "calmd.sock").exists()
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another uid")
 def test_a_socket_file_of_another_user_is_neither_used_nor_replaced(tmp_path: Path) -> None:
+    need_root("to give a file to another uid")
     sock = tmp_path / "run" / "calm" / "calmd.sock"
     sock.parent.mkdir(parents=True, mode=0o700)
     planted = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -311,9 +312,8 @@ def test_sigint_stops_with_a_log_line_and_removes_the_socket(tmp_path: Path) -> 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MB tmpfs of our own to fill up. Needs root: skipped otherwise (outside CI or not)."""
-    ci = os.environ.get("CI") == "true"
-    if os.getuid() != 0:
-        pytest.skip("needs root to mount a tmpfs to fill")
+    ci = in_ci()
+    need_root("to mount a tmpfs to fill")
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "calmd-test", str(mount)],

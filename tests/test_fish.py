@@ -99,6 +99,13 @@ def test_a_file_that_is_not_fish_is_refused_and_calm_import_tells_them_apart(
     assert "2 commands imported (bash format)" in out and "history: 6 commands" in out
     assert calm_main(["import", "--db", db, "--format", "fish", str(bash)]) == 1
     assert "not a fish history" in capsys.readouterr().err
+    # held to what bash's and zsh's imports are: no FIFO waited on, no binary file read as commands
+    os.mkfifo(tmp_path / "fifo")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"- cmd: ls\n" + bytes(range(256)) * 64)
+    assert calm_main(["import", "--db", db, "--format", "fish", str(tmp_path / "fifo"), str(binary)]) == 1
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "binary data" in err
 
 
 @pytest.mark.slow  # a daemon or helper process

@@ -215,6 +215,7 @@ PRUNED_INPUTS = ["", "g", "git ", "git c", "git commit -m ", "ls -", "cd ", "doc
 STOPPED_OUTSIDE = ["grep", "echo", "echo hi ", "cat ~/.bash_history"]
 
 
+@pytest.mark.slow  # hundreds of searches on the packaged model
 @pytest.mark.parametrize("fused", [True, False], ids=["fused step", "eager step"])
 def test_beam_search_on_the_packaged_model_equals_the_plain_one(fused: bool) -> None:
     """Every step's finished lines (text, tokens; log-probabilities to 1e-4: the fused step sums

@@ -18,7 +18,8 @@ from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.shell.client import CalmClient
 from calmd.training.datasets import DatasetOptions, write_history_dataset
-from tests.daemon import BIN, daemon_env, running_daemon
+from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
+from tests.tools import shared_data
 
 
 def test_record_and_filters(store: HistoryStore) -> None:
@@ -174,12 +175,9 @@ def test_import_zsh_file(store: HistoryStore, tmp_path: Path) -> None:
     assert [(r.ts, r.cmd) for r in rows] == [(1700000000.0, "cd src"), (1700000001.0, "make\n  install")]
 
 
-HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories"
-
-
-@pytest.mark.skipif(not HISTORIES.is_dir(), reason="shared/data not beside the repo")
 def test_import_public_histories(tmp_path: Path) -> None:
     """Every command of ten real users' files arrives, in order; the counts add up per file."""
+    HISTORIES = shared_data("histories")
     with open(HISTORIES / "manifest.tsv") as f:
         manifest = {row["id"]: row for row in csv.DictReader(f, delimiter="\t")}
     for user in sorted(manifest)[:10]:
@@ -381,7 +379,7 @@ def test_the_daemon_starts_with_hostile_history_files(tmp_path: Path) -> None:
     (tmp_path / ".bash_history").write_bytes(hostile_bash())
     (tmp_path / ".zsh_history").write_bytes(hostile_zsh())
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 7 + 6
+        assert wait_imported(c)["history"]["commands"] == 7 + 6
         assert "echo caf\ufffd" in candidates(c, "echo caf", session="s")
     assert "S3cretQQ" not in d.read_output() and "broken" not in d.read_output()
 
@@ -393,7 +391,7 @@ def test_the_daemon_starts_when_a_history_file_cannot_be_read(tmp_path: Path) ->
     (tmp_path / ".bash_history").symlink_to(unreadable)
     (tmp_path / ".zsh_history").write_bytes(b": 1700000000:0;make secretive-target\n")
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert c.status()["status"]["history"]["commands"] == 1
+        assert wait_imported(c)["history"]["commands"] == 1
     output = d.read_output()
     assert "could not import" in output and ".bash_history: OSError" in output
     assert "secretive-target" not in output  # never command text in the log

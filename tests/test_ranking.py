@@ -327,6 +327,21 @@ def test_first_sync_indexes_only_the_newest_commands(tmp_path: Path) -> None:
     store.close()
 
 
+def test_no_carry_over_from_a_multi_line_entry() -> None:
+    """The words of a multi-line entry (a `for` loop written over three lines) joined by spaces
+    after another command's head are no command: `git commit f in *.log; do gzip "$f" done`
+    was offered for `git co` after such a loop."""
+    index = HistoryIndex()
+    for cmd in ("git commit -m fix", "git checkout main", "mkdir build", "cd build", "kubectl logs web"):
+        index.add(cmd)
+    loop = 'for f in *.log; do\n  gzip "$f"\ndone'
+    index.add(loop)
+    for typed in ("git co", "kubectl lo", "cd ", ""):
+        pool = index.pool(typed, loop)
+        assert not [c for c in pool if "gzip" in c and c != loop], (typed, pool)
+    assert index.carryovers("cd ", "mkdir out") == ["cd out"]  # a one-line command still carries
+
+
 def test_what_a_failed_run_typed_is_no_word_of_the_users_nor_a_head_to_carry() -> None:
     index = HistoryIndex()
     index.add("git comit log --oneline", exit=1)  # `git: 'comit' is not a git command`

@@ -9,8 +9,7 @@ import pytest
 
 from calmd import paths
 from calmd.cli import calm_main
-from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
-from calmd.quality.replay import PastOnly, _keystrokes_saved, keys_whole_line, keys_word_by_word, next_word
+from calmd.quality.replay import PastOnly, keys_whole_line, keys_with_ghosts, keys_word_by_word, next_word
 
 
 def past_of(*commands: str) -> PastOnly:
@@ -40,11 +39,42 @@ def test_fish_strategy_is_the_most_frequent_match() -> None:
 
 
 def test_keystrokes_saved_counts_the_accept_key() -> None:
-    # right after typing 2 of 10 characters: 7 saved (10 - 2 - 1 for the accept key)
-    assert _keystrokes_saved("git status", lambda p: "git status" if len(p) >= 2 else None) == pytest.approx(
-        0.7
-    )
-    assert _keystrokes_saved("git status", lambda p: None) == 0.0
+    # right after typing 2 of 10 characters: 3 keys (2 typed, 1 to accept), 7 saved
+    assert keys_whole_line("git status", lambda p: "git status" if len(p) >= 2 else None) == 3
+    assert keys_whole_line("git status", lambda p: None) == 10
+
+
+def test_every_key_asks_with_the_line_drawn_so_far() -> None:
+    """As the zsh client does: every change of the buffer sends a request, carrying the line drawn
+    until then while it still extends the buffer (typed along, or a word of it taken)."""
+    asked: list[tuple[str, str | None]] = []
+
+    def request(typed: str, drawn: str | None) -> str | None:
+        asked.append((typed, drawn))
+        if drawn is not None:
+            return drawn if typed != "git stas" else None  # kept while it fits
+        return {"": "git status", "git stas": "git stash"}.get(typed)
+
+    # "git " taken (1 key), "s", "t", "a" typed along the ghost (3), "s" leaves it (1): asked
+    # without a drawn line at "git stas", which draws the whole command (1)
+    assert keys_with_ghosts("git stash", request, words=True) == 6
+    assert asked == [("", None), ("git ", "git status"), ("git s", "git status"), ("git st", "git status"),
+                     ("git sta", "git status"), ("git stas", None)]  # fmt: skip
+    asked.clear()
+    # the whole-line user types along the ghost until it stops fitting, then takes the new one
+    assert keys_with_ghosts("git stash", request, words=False) == 8 + 1
+    assert asked[-1] == ("git stas", None) and len(asked) == 9
+
+
+def test_without_a_ghost_every_key_asks_with_nothing_drawn() -> None:
+    asked: list[tuple[str, str | None]] = []
+
+    def request(typed: str, drawn: str | None) -> str | None:
+        asked.append((typed, drawn))
+        return "ls -la" if typed == "ls" else None
+
+    assert keys_with_ghosts("ls -la", request, words=True) == 2 + 1  # "l", "s", then " -la" whole
+    assert asked == [("", None), ("l", None), ("ls", None)]
 
 
 def test_next_word_is_what_forward_word_accepts() -> None:
@@ -104,9 +134,12 @@ def test_replay_reports_word_acceptance_for_every_system_with_one_policy(
         # accepted, then "v", "0", "0" or so and the last digit typed: 7 keys of 18
         assert t["keystrokes_saved_lines"] == pytest.approx(0.0)
         assert t["keystrokes_saved_words"] == pytest.approx(1 - 7 / 18)
+        # the baselines draw their suggestion always: what is drawn is what is suggested
+        assert t["keystrokes_saved_words_drawn"] == t["keystrokes_saved_words"]
+        assert t["keystrokes_saved_lines_drawn"] == t["keystrokes_saved_lines"]
     calmd = totals["calmd"]
     assert 0.0 <= calmd["keystrokes_saved_words"] <= 1.0
-    assert calmd["keystrokes_saved_words_shown"] <= calmd["keystrokes_saved_words"]
+    assert 0.0 <= calmd["keystrokes_saved_words_drawn"] <= 1.0
 
 
 def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
@@ -151,10 +184,10 @@ def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(
     history.write_text("\n".join(lines) + "\n")
     out = tmp_path / "replay.json"
     code = calm_main(["replay", str(history), "-m", str(model), "--positions", "40", "--typing", "4",
-                      "--warmup", "30", "--json", str(out), "--quiet"])  # fmt: skip
+                      "--warmup", "30", "--json", str(out), "--quiet",
+                      "--min-confidence", "0.5"])  # fmt: skip
     assert code == 0
     calmd = json.loads(out.read_text())["totals"]["calmd"]
-    assert calmd["threshold"] == DEFAULT_MIN_CONFIDENCE
     # after a `v`, the loop's lines are never wanted: a new vim line comes, and it gets no ghost
     coverage, precision = calmd["coverage"]["1"], calmd["precision"]["1"]
     assert 0.0 < coverage < 1.0
@@ -162,7 +195,8 @@ def test_replay_reports_coverage_and_precision_at_the_confidence_threshold(
     sweep = calmd["sweep"]
     covered = [sweep[t]["0"][0] for t in sorted(sweep, key=float)]
     assert covered == sorted(covered, reverse=True)  # a higher threshold shows fewer ghosts
-    assert 0.0 <= calmd["keystrokes_saved_shown"] <= calmd["keystrokes_saved"]
+    assert [sweep["0.5"][k][0] for k in ("0", "1", "2")] == [calmd["coverage"][k] for k in ("0", "1", "2")]
+    assert 0.0 <= calmd["keystrokes_saved_drawn"] <= 1.0
 
 
 def test_replay_reports_the_history_ceiling_that_bounds_every_baseline(

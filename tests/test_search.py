@@ -191,6 +191,16 @@ def test_a_line_the_detector_flags_is_never_shown(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_line_that_would_drive_the_terminal_is_never_answered() -> None:
+    """As for every candidate (docs/protocol.md): an escape sequence recorded in a command stays in
+    the store (`calm forget` removes it) and never reaches a terminal through the search."""
+    index = index_of("printf '\x1b]0;PWNED\x07'", "printf 'hello'", "for f in *\ndo echo $f\ndone")
+    assert len(found(index, "printf")) == 2
+    assert [r.cmd for r in index.search("printf").results] == ["printf 'hello'"]
+    loop = "for f in *\ndo echo $f\ndone"
+    assert [r.cmd for r in index.search("done").results] == [loop]  # a multi-line command's newlines: fine
+
+
 def test_the_packaged_search_ranker_loads_and_bad_files_are_refused(tmp_path: Path) -> None:
     ranker = packaged_search_ranker()
     assert ranker.mean.shape == (len(SEARCH_FEATURES),) and ranker.info["training_users"] > 0

@@ -16,6 +16,7 @@ from calmd.formats.tokenizer import decode
 from calmd.history.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
+from tests.tools import shared_data
 
 DATA = Path(__file__).resolve().parent / "data" / "secrets"
 
@@ -125,9 +126,6 @@ def test_linear_time_on_pathological_input() -> None:
         assert find_secret(unit * (65536 // len(unit))) in (None, "password-argument", "random-string")
 
 
-HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
-
-
 def reviewed() -> dict[str, str]:
     """SHA256[:16] of each public command the detector flags -> the verdict of reading it."""
     verdicts = {}
@@ -138,11 +136,12 @@ def reviewed() -> dict[str, str]:
     return verdicts
 
 
-@pytest.mark.skipif(not HISTORIES.is_dir(), reason="shared/data not beside the repo")
+@pytest.mark.slow  # every public command
 def test_false_positive_rate_on_real_histories() -> None:
     """Every public command the detector flags was read: those that hold no credential (or were
     never read) are false positives, and stay under 1e-4 of all commands. The credentials read
     there stay flagged."""
+    HISTORIES = shared_data("histories", "users")
     verdicts = reviewed()
     total = 0
     false_positives: list[str] = []

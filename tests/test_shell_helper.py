@@ -136,12 +136,17 @@ def test_helper_completes_and_records(home: Path, daemon: Daemon, helper: Helper
     helper.complete(1, "git st")
     assert helper.final(1) == ["git status", "git stmmit", "git stmmand", "git stnfig", "git stpy"]
     helper.send(
-        "r", "2", shell_helper.escape("/tmp/x"), "main", "1700000000.25", shell_helper.escape("git st\tuff")
+        "r", "2", shell_helper.escape("/tmp/x"), "main", "1700000000.25", shell_helper.escape("git st\\uff")
     )
     helper.complete(2, "git st", n=1)
-    assert helper.final(2) == ["git st\tuff"]  # the record is stored before the next complete runs
-    row = wait_recorded(home, "git st\tuff")
+    assert helper.final(2) == ["git st\\uff"]  # the record is stored before the next complete runs
+    row = wait_recorded(home, "git st\\uff")
     assert (row.exit, row.cwd, row.git, row.ts, row.session) == (2, "/tmp/x", "main", 1700000000.25, "s-test")
+    # A tab is a control character: stored as typed, never sent back to a shell.
+    helper.send("r", "0", "/tmp", "", "", shell_helper.escape("git st\tab"))
+    wait_recorded(home, "git st\tab")
+    helper.complete(3, "git st", n=2)
+    assert helper.final(3) == ["git st\\uff"]
 
 
 def test_helper_sends_the_environment_and_its_path_once(home: Path, daemon: Daemon) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from calmd import paths
+from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
@@ -435,6 +436,39 @@ def test_coexists_with_zsh_autosuggestions(home: Path, daemon: Daemon, order: st
         assert_quiet(term.screen())
 
 
+@pytest.mark.parametrize("order", ["autosuggestions-first", "calm-first"])
+@pytest.mark.parametrize("strategy", ["history", "slow"])
+def test_calms_ghost_is_the_one_shown_beside_zsh_autosuggestions(
+    home: Path, daemon: Daemon, order: str, strategy: str
+) -> None:
+    """Where calm and zsh-autosuggestions both have a suggestion, the user sees calm's, whatever
+    the load order and whenever zsh-autosuggestions answers (its own history strategy, at once,
+    or one that answers 0.3 s after calm); where calm has none, zsh-autosuggestions' shows."""
+    plugin = need_file(autosuggestions(), "zsh-autosuggestions")
+    slow = "_zsh_autosuggest_strategy_slow() { sleep 0.3; _zsh_autosuggest_strategy_history \"$@\" }"
+    load = f"source {plugin}; {slow}"
+    rc = {"before": load} if order == "autosuggestions-first" else {"after": load}
+    with zsh_terminal(home, ZSH_AUTOSUGGEST_STRATEGY=strategy, **rc) as term:
+        term.wait_for("^PROMPT>")
+        # zsh keeps this line (calm records no line typed after a space): zsh-autosuggestions has it
+        term.type(" echo zsa-only-line")
+        term.send("Enter")
+        term.wait_for("^zsa-only-line$")
+        term.type(" echo zs")  # calm's scripted engine: " echo zsmmit"
+        term.wait_line(rf"echo zs{GHOST}mmit{LINE_END}", escapes=True)
+        deadline = time.monotonic() + 1.0  # past the slow strategy's answer
+        while time.monotonic() < deadline:
+            line = term.line(escapes=True)
+            assert re.search(rf"echo zs{GHOST}mmit{LINE_END}", line), line
+            time.sleep(0.02)
+        term.send("C-u")
+        term.type(" echo no-calm-zsa")  # calm has nothing: zsh-autosuggestions may show its own
+        term.send("Enter")
+        term.wait_for("^no-calm-zsa$")
+        term.type(" echo no-calm-z")
+        term.wait_line(rf"echo no-calm-z{GHOST}sa{LINE_END}", escapes=True)
+
+
 def test_ghost_text_survives_a_late_empty_answer_from_zsh_autosuggestions(home: Path, daemon: Daemon) -> None:
     """zsh-autosuggestions' async answer comes through an fd handler, after which zle redraws
     without line-pre-redraw; when it has nothing it clears POSTDISPLAY. A strategy that answers
@@ -701,3 +735,38 @@ def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:
         term.send("Enter")
         assert wait_recorded(home, "echo in-venv").env == "venv:proj"
         assert wait_recorded(home, "mkdir build").env == ""
+
+
+def test_a_ghost_is_drawn_only_where_its_line_belongs(
+    home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With the packaged model, as issue 22 found it: `git push origin feature/login`, which ran
+    on feature/login, is not drawn on a master checkout, nor is any git line outside a
+    repository; `make biuld`, which failed every time, is never drawn."""
+    need("git")
+    (home / "data").mkdir()
+    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    subprocess.run(["git", "-c", "init.defaultBranch=master", "init", "-q", str(home)], check=True)
+    outside = tmp_path_factory.mktemp("outside")
+    with running_daemon(home, engine="model", args=("--no-import",)) as daemon:
+        with CalmClient(daemon.socket) as client:
+            client.record("git pull", exit=0, cwd=str(home), git="master", session="elsewhere")
+            for _ in range(5):
+                client.record("git push origin feature/login", exit=0, cwd=str(home), git="feature/login",
+                              session="elsewhere")  # fmt: skip
+                client.record("make biuld", exit=2, cwd=str(home), git="master", session="elsewhere")
+            client.record("make build", exit=0, cwd=str(home), git="master", session="elsewhere")
+        with zsh_terminal(home, CALM_MIN_CONFIDENCE="") as term:  # the daemon's rule, as shipped
+            term.wait_for("^PROMPT>")
+            term.type("git pu")
+            time.sleep(SETTLE * 3)
+            assert "feature/login" not in term.line(), term.line()
+            term.send("C-u")
+            term.type("make b")
+            term.wait_line(rf"^PROMPT> make b{GHOST}uild{LINE_END}", escapes=True, timeout=15)
+            term.send("C-u")
+            term.type(f"cd {outside}")
+            term.send("Enter")
+            term.type("git pu")
+            time.sleep(SETTLE * 3)
+            assert re.search(r"^PROMPT> git pu\s*$", term.line()), term.line()  # no git line drawn here

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +25,30 @@ def test_units_say_what_calmd_md_fixes() -> None:
     assert "ExecReload=/bin/kill -HUP $MAINPID" in service
 
 
+@contextlib.contextmanager
+def user_manager(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An environment where `systemctl --user` would find its manager: a systemctl on PATH and a
+    socket at $XDG_RUNTIME_DIR/bus (install-systemd only checks that they are there)."""
+    run, tools = tmp_path / "run", tmp_path / "bin"
+    run.mkdir(mode=0o700, parents=True)
+    tools.mkdir()
+    (tools / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "systemctl").chmod(0o755)
+    bus = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bus.bind(str(run / "bus"))
+    env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    try:
+        yield env | {"XDG_RUNTIME_DIR": str(run), "PATH": f"{tools}:{os.environ['PATH']}"}
+    finally:
+        bus.close()
+
+
 def test_install_systemd_writes_units_with_the_real_binary(tmp_path: Path) -> None:
-    out = subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    units = tmp_path / "units"
+    with user_manager(tmp_path) as env:
+        out = subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(units)],
+                             capture_output=True, text=True, check=True, env=env).stdout  # fmt: skip
+    tmp_path = units
     assert "systemctl --user enable --now calmd.socket" in out
     service = (tmp_path / "calmd.service").read_text()
     exec_line = next(line for line in service.splitlines() if line.startswith("ExecStart="))
@@ -34,9 +59,9 @@ def test_install_systemd_writes_units_with_the_real_binary(tmp_path: Path) -> No
 
 @pytest.mark.needs("systemd-analyze")
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    subprocess.run(
-        [str(BIN / "calmd"), "install-systemd", "--dir", str(tmp_path)], check=True, capture_output=True
-    )
+    with user_manager(tmp_path / "home") as env:
+        subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(tmp_path)], check=True,
+                       capture_output=True, env=env)  # fmt: skip
     proc = subprocess.run(
         ["systemd-analyze", "verify", "calmd.socket", "calmd.service"],
         cwd=tmp_path,

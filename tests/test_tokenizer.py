@@ -31,6 +31,7 @@ from calmd.formats.tokenizer import (
     parse_template,
     special_id,
     special_name,
+    to_bytes,
 )
 
 B = list  # readability: B(b"abc") -> [97, 98, 99]
@@ -390,3 +391,10 @@ def test_stops_at_foretells_feed_without_feeding(tokens: list[int], patterns: li
         assert matcher.feed(token) == foretold
         if foretold:
             break
+
+
+def test_stop_conditions_are_separated_by_spaces_only() -> None:
+    """The specification's metadata line 3 is space-separated: a pattern may hold the other
+    whitespace characters (the property test above found \\x1c and \\xa0 split apart)."""
+    conds = parse_stop_conditions("a\x1cb |  c\xa0d \x85")
+    assert conds.patterns == (to_bytes("a\x1cb"), b"|", to_bytes("c\xa0d"), to_bytes("\x85"))

@@ -14,7 +14,6 @@ import stat
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from calmd.cli import calm_main
+from calmd.errors import CalmError
 from calmd.formats.ctds import CtdsReader, pad_sequences, write_ctds
 from calmd.formats.cwgt import Metadata, read_cwgt
 from calmd.formats.tokenizer import (
@@ -34,7 +34,7 @@ from calmd.model.checkpoint import load_model
 from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten, supervised_nll
 from calmd.training.commands import TRAIN_FLAGS
 from calmd.training.evaluate import sequence_loss
-from calmd.training.plot import write_loss_png
+from calmd.training.plot import check_available, write_loss_plot
 from calmd.training.train import TrainConfig, train
 from tests.builders import TASK_A, TASK_B, TINY, dataset, sequences, tiny_model_file
 
@@ -167,8 +167,10 @@ def test_bad_inputs_name_the_file_and_leave_the_output_alone(
         err = capsys.readouterr().err
         assert message in err, err
         assert out.read_bytes() == original
-    assert calm("train", "-m", str(model), "-d", str(good_data), "--epochs", "0") == 1
-    assert "--epochs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # checked before anything runs, as a usage error
+        calm("train", "-m", str(model), "-d", str(good_data), "--epochs", "0")
+    assert usage.value.code == 2
+    assert "argument --epochs: 0 is out of range: give 1 to 100000" in capsys.readouterr().err
 
 
 def test_an_interrupted_run_leaves_the_output_intact(tmp_path: Path) -> None:
@@ -268,19 +270,36 @@ def test_lr_schedules() -> None:
     assert lrs[-1] < 1e-5 and lr_at(cosine, 0.01, 100, 100) == pytest.approx(0.0)
 
 
-def test_loss_curve_png(tmp_path: Path) -> None:
-    path = tmp_path / "loss.png"
-    write_loss_png(path, [3.0, 2.5, 2.0, 1.2, 1.1], [(5, 1.3)], width=200, height=100)
-    raw = path.read_bytes()
+def test_loss_curve_png_and_svg(tmp_path: Path) -> None:
+    losses, val, lrs = [3.0, 2.5, 2.0, 1.2, 1.1], [(3, 1.9), (5, 1.3)], [1e-3, 2e-3, 2e-3, 1e-3, 5e-4]
+    png = tmp_path / "loss.png"
+    write_loss_plot(png, losses, val, lrs)
+    raw = png.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n"
-    _, kind = struct.unpack(">I4s", raw[8:16])
-    assert kind == b"IHDR" and struct.unpack(">II", raw[16:24]) == (200, 100)
-    idat = raw.index(b"IDAT")
-    (size,) = struct.unpack(">I", raw[idat - 4 : idat])
-    pixels = zlib.decompress(raw[idat + 4 : idat + 4 + size])
-    assert len(pixels) == 100 * (1 + 200 * 3)
-    image = np.frombuffer(pixels, dtype=np.uint8).reshape(100, 601)[:, 1:].reshape(100, 200, 3)
-    assert ((image == (31, 119, 180)).all(-1)).sum() > 50  # the curve was drawn
+    assert struct.unpack(">II", raw[16:24]) == (800, 450)
+    svg = tmp_path / "loss.svg"
+    write_loss_plot(svg, losses, val, lrs)
+    text = svg.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+    for label in ("training loss", "held-out loss", "learning rate", "step", "nats per supervised token"):
+        assert label in text, label  # axis titles and the legend, as text in the SVG
+    assert stat.S_IMODE(svg.stat().st_mode) == 0o600  # written as every calm file is
+
+
+def test_plot_without_matplotlib_says_how_to_install_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(CalmError, match=r"pip install 'calmd\[plot\]'"):
+        check_available()
+    data = dataset(tmp_path / "d.ctds", TASK_A)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+    cfg = TrainConfig(model=str(start), dataset=str(data), output=str(tmp_path / "m.cwgt"),
+                      plot=str(tmp_path / "p.png"), batch_size=4, threads=1, quiet=True)  # fmt: skip
+    started: list[int] = []
+    with pytest.raises(CalmError, match="matplotlib"):
+        train(cfg, on_step=lambda step, loss: started.append(step))
+    assert started == [] and not (tmp_path / "m.cwgt").exists()  # refused before any step
 
 
 # --------------------------------------------------------------------------- EWC

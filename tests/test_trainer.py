@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from calmd import paths
@@ -146,9 +147,9 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
         assert runs_on(data) == [pid]
 
 
-def test_a_run_killed_in_evaluation_leaves_nothing_the_next_start_keeps(
-    tmp_path: Path, tiny_weights: Path
-) -> None:
+def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_weights: Path) -> None:
+    """Its 6 MB candidate (and temp files) go as soon as the daemon sees the run die, not at the
+    next run or start (issue 23); what a killed daemon's run left goes at the next start."""
     data = install(tmp_path, tiny_weights)
     # a short training, a long evaluation (100 held-out commands): a wide window to kill it in
     args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=10",
@@ -159,11 +160,20 @@ def test_a_run_killed_in_evaluation_leaves_nothing_the_next_start_keeps(
         info = wait_until(
             lambda: (s := read_status(data)).get("state") == "evaluating" and s, "evaluation", step=0.01
         )
+        candidate = data / f".shell.candidate.{info['pid']}.cwgt"
+        assert candidate.exists()  # written, and being evaluated
+        half = data / f".{candidate.name}.k3q9.tmp"  # as a kill while it was written would leave
+        half.write_bytes(b"half")
+        spill = data / "training" / ".heldout.ctds.z8w1.tokens"
+        spill.write_bytes(b"half")
         os.kill(info["pid"], signal.SIGKILL)
         wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
         assert "killed by SIGKILL" in training(c)["last_result"]["reason"]
-        left = list(data.glob(".shell.candidate.*.cwgt"))
-        assert [p.name for p in left] == [f".shell.candidate.{info['pid']}.cwgt"]  # 6 MB for nano, for good
+        wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists(),
+                   "what the run left to be removed", timeout=10)  # fmt: skip
+        d.wait_for(f"removed what the ended training run (pid {info['pid']}) left")
+    # what a run left when its daemon was killed with it goes at the next start
+    (data / ".shell.candidate.999999.cwgt").write_bytes(b"weights")
     # stale temp files of a killed writer go too; a fresh one (a live writer's) stays
     stale, fresh = data / ".training.json.x1y2.tmp", data / ".shell.cwgt.a1b2.tmp"
     stale.write_bytes(b"half")
@@ -268,3 +278,28 @@ def test_calm_rollback_while_the_daemon_serves_never_shows_a_missing_file(
         wait_until(lambda: c.status()["status"]["model"]["parameters"] == tiny_params, "the reload")
     errors = [s for s in seen if s.startswith("error")]
     assert seen and set(seen) <= {str(packaged_params), str(tiny_params)}, errors[:3]
+
+
+def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weights: Path) -> None:
+    """205 records in one write (a shell's backlog flushed when the daemon comes back), threshold
+    50, the load gate lifted: each record past the threshold saw no run yet while the first was
+    being started, and 43-45 runs were alive at once. Deciding and starting are one step: one."""
+    data = install(tmp_path, tiny_weights)
+    args = (*LONG_RUN, "--train-threshold", "50", "--train-max-load", "1000")  # the last threshold wins
+    with running_daemon(tmp_path, engine=ENGINE, args=args) as d, CalmClient(d.socket, timeout=60) as c:
+        burst = b"".join(
+            msgpack.packb({"op": "record", "id": i, "cmd": f"make target-{i}", "exit": 0, "session": "s"})
+            for i in range(1, 206)
+        )
+        c.send_raw(burst)
+        replies = [c.read_message() for _ in range(205)]
+        assert all(r.get("stored") for r in replies), [r for r in replies if not r.get("stored")][:3]
+        seen: set[int] = set()
+        deadline = time.monotonic() + 8  # each run imports torch for a second or two: all would show
+        while time.monotonic() < deadline:
+            seen.update(runs_on(data))
+            time.sleep(0.02)
+        assert len(seen) == 1, seen
+        status = training(c)
+        assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))
+        assert c.train()["started"] is False  # and no second one on request while it runs

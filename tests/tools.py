@@ -37,3 +37,35 @@ def need_file(path: Path | None, what: str) -> Path:
     if in_ci():
         pytest.fail(f"{reason}: .ci/run installs it, so CI must not skip this test", pytrace=False)
     pytest.skip(reason)
+
+
+# Where the public data of ../shared/data lives: beside the repository (a developer's checkout),
+# where $CALM_SHARED_DATA says (.ci/run sets it when it finds the data), or where this project's
+# machines mount it.
+SHARED_DATA_PLACES = (
+    Path(__file__).resolve().parents[2] / "shared" / "data",
+    Path("/work/shared/data"),
+)
+
+
+def shared_data(*parts: str) -> Path:
+    """A folder of the shared data (`shared_data("histories", "users")`): skip when it is not on this
+    machine, fail under CI=true, where .ci/run finds it."""
+    places = [Path(os.environ["CALM_SHARED_DATA"])] if os.environ.get("CALM_SHARED_DATA") else []
+    for base in [*places, *SHARED_DATA_PLACES]:
+        folder = base.joinpath(*parts)
+        if folder.is_dir():
+            return folder
+    reason = f"needs the shared data ({'/'.join(('shared', 'data', *parts))}), not found"
+    if in_ci():
+        pytest.fail(f"{reason}: .ci/run sets CALM_SHARED_DATA, so CI must not skip this test", pytrace=False)
+    pytest.skip(reason)
+
+
+def need_root(why: str) -> None:
+    """Skip a test that needs root (`why`) when not root; fail under CI=true, which runs as root."""
+    if os.getuid() == 0:
+        return
+    if in_ci():
+        pytest.fail(f"needs root {why}: CI runs as root, so it must not skip this test", pytrace=False)
+    pytest.skip(f"needs root {why}")

@@ -57,6 +57,7 @@ from calmd.daemon.filters import (
     invented,
     packaged_vocabulary,
     repeats_word,
+    sendable,
 )
 from calmd.daemon.ghost import GhostRule, packaged_rule
 from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
@@ -97,6 +98,13 @@ class RankWeights:
     vocabulary: float = 1.0  # 1: drop model-only lines with invented subcommands/flags or the cwd
     typing_through: float = 1.0  # 1: typing along the top line continues the previous answer; 0:
     # never (a search at every key); 2: typing along any of its lines does
+    scored: float = 8  # history proposals scored by the model per request (a latency bound)
+    beam: float = 6  # the beam search's width (at least the candidates asked for)
+    drop_budget: float = DROP_BUDGET  # junk lines the beams may finish before the search stops
+    tail_steps: float = 8  # steps the search goes on once its best line is final (0: until n are).
+    # Measured (calm replay, 22 held-out users): 8 leaves top-1 and keystrokes saved as they were
+    # and costs 0.2 point of top-5 at k = 1, 2, 4 (2 queries each); 11.8 beam steps a search in
+    # place of 16.5 (bench/where_time_goes.py's new user), the keystroke's biggest cost
 
     @classmethod
     def overrides(cls, items: list[str]) -> dict[str, float]:
@@ -222,8 +230,8 @@ class ModelEngine:
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.ghost = ghost or packaged_rule()
         self.home = os.environ.get("HOME")
-        self.max_scored = 8  # history proposals scored by the model per request (latency bound)
-        self.drop_budget = DROP_BUDGET
+        self.max_scored = int(self.weights.scored)
+        self.drop_budget = int(self.weights.drop_budget)
         self.explained_early: tuple[str, np.ndarray] | None = None  # the last early row (explain=True)
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
@@ -367,7 +375,7 @@ class ModelEngine:
                 own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
                 ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
             else:
-                search = self.generator.beam_search(ctx, width=max(self.generator.beam_width, n), start=start)
+                search = self.generator.beam_search(ctx, width=max(int(self.weights.beam), n), start=start)
                 ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:
@@ -447,10 +455,9 @@ class ModelEngine:
         model's log-probability given the longer input is the old one minus that of the typed
         bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
         continue, the context or the history changed, or the top line no longer leads (then a
-        search runs). When the COMP items changed since (a new word begun), the lines are scored
-        afresh from the new context's state, in one batched pass instead of a search. What it
-        cannot do: propose a line the previous answer did not hold (docs/performance.md, "Typing
-        through a suggestion")."""
+        search runs). The COMP items may have changed since (a new word begun). What it cannot
+        do: propose a line the previous answer did not hold, but the history's and COMP's lines
+        for the new input (docs/performance.md, "Typing through a suggestion")."""
         typed = str(ctx.get("input", ""))
         answers = [a for a in self.answers.get(session, []) if a.key == key]
         if not self.weights.typing_through or not answers:
@@ -465,17 +472,17 @@ class ModelEngine:
         if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
             return None
         kept = [(t, lp) for t, lp in last.lines if t.startswith(typed) and t.rstrip() != typed.rstrip()]
-        if tuple(ctx.get("completions") or ()) != last.comp:  # another COMP frame: score them anew
-            rescored: list[tuple[str, float]] = []
-            fresh = [t for t, _ in kept]
-        else:
-            drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
-            rescored = [(t, old_lp - drop) for t, old_lp in kept]
-            fresh = []
+        # Their scores given the longer input: the old ones less what the typed bytes cost. When the
+        # COMP items changed since (a word begun) this keeps the old frame's scores: scoring the
+        # lines afresh in the new context was one batched prefill per line, 10-24 ms for 5-15
+        # lines, more than the search it saves (a COMP frame moves the model's scores little:
+        # docs/quality.md, "COMP").
+        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
+        rescored = [(t, old_lp - drop) for t, old_lp in kept]
         # the history's and COMP's lines for this input that the answer did not hold, scored as a
         # search scores them (a new word's files, a line the pool has only now)
         have = {t for t, _ in kept}
-        fresh += [t for t in scored if t not in have]
+        fresh = [t for t in scored if t not in have]
         if fresh:
             scores = self.generator.score_many(ctx, fresh, session=session, start=start)
             rescored += list(zip(fresh, scores, strict=True))
@@ -527,9 +534,13 @@ class ModelEngine:
         seen = {c.text for c in pending}
         yielded = dropped = 0
         budget = max(n, self.drop_budget)
+        tail = int(self.weights.tail_steps)  # steps the search goes on after its first line is final
+        first_at = 0
         while not search.exhausted:
             if cancelled.is_set():
                 return
+            if tail and yielded and search.steps - first_at >= tail:
+                break  # the drawn line is final; the others are what the search has by now
             for cand in search.step():
                 if cand.text in seen:
                     continue  # a history proposal: ranked with its own score
@@ -546,6 +557,7 @@ class ModelEngine:
             while pending and pending[0].logprob >= bound and yielded < n:
                 yield pending.pop(0)
                 yielded += 1
+                first_at = first_at or search.steps
             if yielded >= n:
                 if spare is not None:
                     spare.extend(pending)
@@ -581,8 +593,11 @@ class ModelEngine:
         index = self.index
         missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
+        multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
 
         def judge(text: str) -> float | None:
+            if not sendable(text, multiline=multiline):
+                return None  # drives the terminal (a newline only from a multi-line input typed)
             if text in side.proposals:
                 return 0.0  # judged with the history's (`_history_side`)
             if not balanced(text) or missing(text):
@@ -696,8 +711,8 @@ class ModelEngine:
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
         for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd):
-                continue  # half a command (an open quote or bracket): never shown
+            if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
+                continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
                 if find_secret(cmd) is not None or (
                     self.weights.vocabulary and self._made_up(cmd, typed, cwd)

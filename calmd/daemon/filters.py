@@ -1,6 +1,17 @@
-"""What is never suggested: junk lines and lines the model made up where it should not have.
+"""What is never suggested: lines that drive the terminal, junk lines, and lines the model made up
+where it should not have.
 
-Three checks, cheap enough to run on every candidate of every keystroke (microseconds each):
+- `terminal_safe`: no C0 or C1 control character (ESC, BEL, CR, NUL, U+009B ...): a candidate is
+  drawn by the shell as ghost text and inserted into the line, and a control character there
+  drives the terminal instead of being drawn (an OSC sets its title or clipboard, a CSI clears
+  it, CR hides what comes before) or runs a second command (a newline). A multi-line entry the
+  user wrote (a `for` loop over several lines) keeps its newlines only for a shell that draws
+  it as lines (zsh, `multiline` in the request): docs/protocol.md. The daemon checks it where
+  history proposals are pooled, in the judge of the model's lines, and on every candidate it
+  sends (calmd/daemon/server.py), whatever the engine did; the model cannot write one at all
+  (calmd/model/generate.py masks those bytes).
+
+Three more checks, cheap enough to run on every candidate of every keystroke (microseconds each):
 
 - `balanced`: quotes and brackets close. A line with an open quote or bracket (`git commit -m
   "fix main`, `awk '{print $1}`) is half a command: Enter would leave the shell waiting for more.
@@ -47,6 +58,109 @@ _PLAIN_WORD = re.compile(r"[a-z][a-z0-9_-]*\Z")  # a subcommand-like word (not a
 _FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*\Z")  # `-x`, `-xzf`, `--long` (value cut off)
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {")", "]", "}"}
+
+
+# --------------------------------------------------------------------------- the terminal
+
+# C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F): what a terminal acts on instead of drawing; and
+# lone surrogates (bytes that were not UTF-8), which no terminal draws either.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_OR_BACKSLASH = re.compile("[\\\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_NAMED_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e", "\\": "\\\\"}
+
+
+# What a suggestion may hold at most: what a shell can send back as its input (the protocol's
+# limit). A 64 KiB command is stored as it was run, but never drawn as ghost text.
+MAX_SUGGESTION_BYTES = 4096
+
+
+def sendable(text: str, *, multiline: bool = False) -> bool:
+    """Whether `text` may leave the daemon as a candidate: `terminal_safe`, and no longer than
+    MAX_SUGGESTION_BYTES."""
+    return (
+        len(text) <= MAX_SUGGESTION_BYTES
+        and (len(text.encode("utf-8", "surrogatepass")) <= MAX_SUGGESTION_BYTES)
+        and terminal_safe(text, multiline=multiline)
+    )
+
+
+def terminal_safe(text: str, *, multiline: bool = False) -> bool:
+    """Whether `text` holds no control character. With `multiline`, a multi-line entry's newlines
+    are allowed (`continued_lines`: a `for` loop written over three lines, for a shell that draws
+    it as such); no other control character is, nor a newline that starts a second command."""
+    if multiline and "\n" in text:
+        return _CONTROL_BUT_NEWLINE.search(text) is None and continued_lines(text)
+    return _CONTROL.search(text) is None
+
+
+# Compound commands: while one is open, a newline continues it (the shell asks for more, PS2).
+_OPENS = frozenset({"for", "while", "until", "select", "if", "case", "{"})
+_CLOSES = frozenset({"done", "fi", "esac", "}"})
+_SEGMENT = re.compile(r"[;&|()]+")  # what starts a new command within a line
+_RESERVED = frozenset({"do", "then", "else", "elif", "!", "time"})  # before the command a segment runs
+_HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+
+
+@functools.lru_cache(maxsize=4096)
+def continued_lines(text: str) -> bool:
+    """Whether every newline of `text` continues one command, as a shell reads it: inside an
+    open quote or bracket, a `for`/`while`/`if`/`case`/`{` not yet closed or a here-document, or
+    after a line that ends with `\\`, `|`, `&&` or `||`. `touch a<newline>rm -rf x` is two
+    commands, the second hidden below the first: no. Lines are not blank."""
+    lines = text.split("\n")
+    if not all(line.strip() for line in lines):
+        return False
+    depth = 0
+    heredocs: list[str] = []
+    for i, line in enumerate(lines[:-1]):
+        if heredocs:
+            if line.strip() == heredocs[0]:
+                heredocs.pop(0)
+            if heredocs:
+                continue
+        else:
+            heredocs += _HEREDOC.findall(line)
+            depth += _compound_depth(line.split(" #", 1)[0])
+        end = line.rstrip()
+        if heredocs or depth > 0 or end.endswith(("\\", "|", "&&", "||")):
+            continue
+        if not balanced("\n".join(lines[: i + 1])):
+            continue  # an open quote or bracket: the string or the group goes on
+        return False
+    return True
+
+
+def _compound_depth(line: str) -> int:
+    """Compound commands `line` opens less those it closes: reserved words where a command starts
+    (`for` in `echo for` is an argument)."""
+    depth = 0
+    for segment in _SEGMENT.split(line):
+        for word in segment.split():
+            if word in _OPENS:
+                depth += 1
+            elif word in _CLOSES:
+                depth -= 1
+            elif word not in _RESERVED:
+                break
+    return depth
+
+
+def visible(text: str) -> str:
+    """`text` as a command line prints a candidate: each control character written as an escape
+    (`\\e`, `\\n`, `\\x07`, `\\u009b`), never raw. A text that holds one has its backslashes
+    doubled too, so that the escapes cannot be mistaken for what was typed; any other is as it is."""
+    if _CONTROL.search(text) is None:
+        return text
+
+    def escape(found: re.Match[str]) -> str:
+        c = found.group(0)
+        named = _NAMED_CONTROLS.get(c)
+        if named is not None:
+            return named
+        return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}"
+
+    return _CONTROL_OR_BACKSLASH.sub(escape, text)
 
 
 # --------------------------------------------------------------------------- quotes and brackets
@@ -271,12 +385,11 @@ def cut_off(cmd: str, vocab: Vocabulary, user: UserVocabulary | None = None) -> 
               if offset + pos == len(words) - 1 and key and token and not key.endswith(" .")]  # fmt: skip
     cut = False
     for key, token in at_end:
-        known = set(vocab.known.get(key, frozenset()))
-        if user is not None:
-            known |= user.known.get(key, set())
-        if token in known:
+        corpus = vocab.known.get(key, frozenset())
+        mine = user.known.get(key, set()) if user is not None else set()
+        if token in corpus or token in mine:
             return False
-        cut = cut or any(k.startswith(token) and k != token for k in known)
+        cut = cut or any(k.startswith(token) for k in itertools.chain(corpus, mine))
     return cut
 
 

@@ -278,6 +278,7 @@ class CompleteRequest:
     min_confidence: float | None = None  # the shell's CALM_MIN_CONFIDENCE: replaces the ghost
     # rule's fitted thresholds (calmd/daemon/ghost.py); None: as fitted
     drawn: str | None = None  # the line the shell shows as ghost text now: the incumbent
+    multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
 
 
 @dataclass(frozen=True)
@@ -410,11 +411,7 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'ctx.completions' must be a list of strings", rid)
         ctx["completions"] = list(comps)
     session = _str(msg, "session", rid, limit=256)
-    early = msg.get("early", False)
-    if early is None:
-        early = False
-    if not isinstance(early, bool):
-        raise ProtocolError("bad_field", "'early' must be true or false", rid)
+    early, multiline = _bool(msg, "early", rid), _bool(msg, "multiline", rid)
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
     min_confidence = msg.get("min_confidence")
     if min_confidence is not None:
@@ -424,7 +421,16 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
         min_confidence = float(min_confidence)
     drawn = _str(msg, "drawn", rid) if msg.get("drawn") is not None else None
-    return CompleteRequest(rid, ctx, n, session, history_given, early, path, min_confidence, drawn)
+    return CompleteRequest(rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline)
+
+
+def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
+    value = msg.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ProtocolError("bad_field", f"{key!r} must be true or false", rid)
+    return value
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:

@@ -44,7 +44,7 @@ import numpy as np
 
 from calmd import paths
 from calmd.atomic import read_json
-from calmd.daemon.filters import UserVocabulary
+from calmd.daemon.filters import UserVocabulary, terminal_safe
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 
@@ -288,6 +288,7 @@ class HistoryIndex:
     ) -> None:  # fmt: skip
         index = len(self.commands)
         prev_index = self._session_tail.get(session, -1)
+        plain = terminal_safe(cmd)  # no carry-over heads from a multi-line entry (its words span lines)
         self.commands.append(cmd)
         self.session_prev.append(prev_index)
         self.session_next.append(-1)
@@ -298,7 +299,7 @@ class HistoryIndex:
             self.follows_last[prev] = cmd
             self.follows_word[first_word(prev)][cmd] += 1
             self.word_transitions[first_word(prev)][first_word(cmd)] += 1
-            carry = split_carry(prev, cmd)
+            carry = split_carry(prev, cmd) if plain and terminal_safe(prev) else None
             if carry is not None:
                 self.carry_patterns[carry[0]][carry[1]] += 1
             prev2_index = self.session_prev[prev_index]
@@ -340,7 +341,7 @@ class HistoryIndex:
         if cmd not in self.succeeded:
             self.succeeded.add(cmd)
             self.vocabulary.add(cmd)
-        words = cmd.split()
+        words = cmd.split() if plain else []
         if words:
             self.word_count[words[0]] += 1
             self._top_heads.pop(words[0], None)
@@ -369,12 +370,15 @@ class HistoryIndex:
 
     def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
-        sync starts at the newest `limit` commands: memory stays bounded for huge histories.
+        sync starts at the newest `limit` commands: memory stays bounded for huge histories; so
+        does a sync after an import added more than `limit` (it starts again from the newest).
         Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it."""
         generation = store.generation()
         if generation != getattr(self, "_generation", generation):
             self.__init__(self.prior)  # type: ignore[misc]  # forget everything, then re-read what remains
         self._generation = generation
+        if self.last_id and store.more_after(self.last_id, limit):
+            self.__init__(self.prior)  # type: ignore[misc]  # an import added more than it holds
         if self.last_id == 0:
             self.last_id = store.newest_after(limit)
         added = 0
@@ -415,8 +419,8 @@ class HistoryIndex:
         CARRY_WORDS likeliest first words and their CARRY_HEADS_PER_WORD most frequent heads are
         looked at, so a keystroke stays cheap (under a millisecond on a 50,000-command index)."""
         words = prev.split()
-        if len(words) < 2:
-            return []
+        if len(words) < 2 or not terminal_safe(prev):
+            return []  # a multi-line entry's words joined by spaces make no command
         transitions = self.word_transitions.get(words[0], Counter())
         typed_word, _, _ = prefix.partition(" ")
         if " " in prefix:  # the first word is typed out

@@ -53,6 +53,7 @@ import numpy as np
 
 from calmd import paths
 from calmd.atomic import read_json
+from calmd.daemon.filters import terminal_safe
 from calmd.daemon.protocol import SEARCH_MODES as MODES
 from calmd.daemon.protocol import ForgetRequest, SearchRequest
 from calmd.daemon.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker
@@ -505,10 +506,13 @@ class SearchIndex:
         self.text.arrays()
 
     def shown(self, i: int) -> bool:
-        """Whether command `i` may be shown: what the store would store today (calmd/history/secrets.py)."""
+        """Whether command `i` may be shown: what the store would store today (calmd/history/secrets.py),
+        and nothing that drives a terminal (no control character but a multi-line command's
+        newlines: calmd/daemon/filters.py, the rule every candidate follows)."""
         found = self._shown.get(i)
         if found is None:
-            found = self._shown[i] = query.shown(self.texts[i])
+            text = self.texts[i]
+            found = self._shown[i] = query.shown(text) and terminal_safe(text.replace("\n", " "))
         return found
 
     @staticmethod

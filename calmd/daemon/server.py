@@ -52,6 +52,7 @@ from watchfiles import awatch  # imported before `ready`: 60 ms that would delay
 
 from calmd import __version__, paths
 from calmd.daemon.disk import Disk
+from calmd.daemon.filters import sendable
 from calmd.daemon.frames import SessionFrames
 from calmd.daemon.protocol import (
     PROTOCOL_VERSION,
@@ -71,7 +72,7 @@ from calmd.daemon.protocol import (
 from calmd.daemon.scheduler import FairScheduler, Job
 from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
-from calmd.errors import DiskFull
+from calmd.errors import CalmError, DiskFull
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
@@ -227,7 +228,11 @@ def bind_socket(path: Path) -> socket.socket:
     if path.exists() or path.is_symlink():
         st = path.lstat()
         if not stat.S_ISSOCK(st.st_mode):
-            raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a socket"
+            raise RuntimeError(
+                f"{path} is {what}: refusing to replace it; give the socket's own path with --socket "
+                "(or CALMD_SOCKET), e.g. a calmd.sock inside that folder"
+            )
         if st.st_uid != os.getuid():
             raise RuntimeError(f"{path} belongs to uid {st.st_uid}; refusing to connect to it or replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -470,6 +475,9 @@ class Server:
         self._prefetch: dict[str, Job] = {}
         self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
         self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
+        self.withheld = 0  # candidates the last gate held back (control characters)
+        self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
+        self._import_stop = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -485,9 +493,6 @@ class Server:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.trainer.clean_leftovers()
-        if self.config.import_shell_history:
-            await asyncio.to_thread(self.history.import_shell_histories, Path.home())
-            await asyncio.to_thread(import_first_start, self.history)  # fish's, once
         await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
@@ -502,12 +507,25 @@ class Server:
         self.search.start()  # built in the background: a search waits for it only until it is
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
+        if self.config.import_shell_history:
+            # After `ready`, in batches (the store's lock is free between two): however large the
+            # files, the daemon answers from the start (docs/history.md, "Importing").
+            self._import = asyncio.ensure_future(asyncio.to_thread(self._first_imports))
         try:
             await self.should_exit.wait()
         finally:
             await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+    def _first_imports(self) -> None:
+        """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
+        read whole (calmd/history/fish.py): in batches, stopped by `_import_stop`."""
+        history = self.history
+        assert history is not None
+        history.import_shell_histories(Path.home(), self._import_stop)
+        if not self._import_stop.is_set():
+            import_first_start(history, stop=self._import_stop)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -526,6 +544,7 @@ class Server:
         await asyncio.sleep(SHUTDOWN_READ_GRACE_S)
         log.info("shutting down: answering %d in-flight requests", len(self._inflight))
         trainer_stopped = asyncio.ensure_future(self.trainer.stop(max(0.0, timeout * 0.6)))
+        self._import_stop.set()  # it stops after its batch; the next start goes on from there
         # a hung model never answers: leave time for the rest
         while self._inflight and time.monotonic() < deadline - 1.0:
             await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic() - 1.0))
@@ -537,6 +556,8 @@ class Server:
             self.search.close()
         self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
+        if self._import is not None:
+            await asyncio.wait([self._import], timeout=max(0.0, deadline - time.monotonic() - 0.3))
         if self.history is not None:
             # under its lock, which a hung worker may hold: do not wait past the deadline
             closing = asyncio.ensure_future(asyncio.to_thread(self.history.close))
@@ -634,8 +655,9 @@ class Server:
             stop_event=self.should_exit,
         ):
             del changes
-            current = self._weights_id()
-            if current is not None and current != self.loaded_id:
+            # a new file, or none any more (`calm rollback` with no previous weights moved it
+            # aside): the packaged model serves then
+            if self._weights_id() != self.loaded_id:
                 await self.reload()
 
     def _weights_id(self) -> FileId | None:
@@ -773,10 +795,8 @@ class Server:
                 self.search.touch()
             if self.config.prefetch and request.session:
                 self._start_prefetch(request.session)
-        if result.stored and self.config.train_threshold and self._trainer_idle():
-            pending = self.history.counter("recorded_since_train")
-            if pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load:
-                await self.start_training("threshold")
+        if result.stored and self.config.train_threshold and not self.trainer.busy:
+            await self.start_training("threshold", wanted=self._training_due)
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
 
     async def _history_search(
@@ -850,12 +870,16 @@ class Server:
 
     # -- background training ----------------------------------------------------------------------
 
-    def _trainer_idle(self) -> bool:
-        return not self.trainer.running
+    def _training_due(self) -> bool:
+        """Enough new commands since the last run, and a machine that is not busy."""
+        assert self.history is not None
+        pending = self.history.counter("recorded_since_train")
+        return pending >= self.config.train_threshold and os.getloadavg()[0] < self.config.train_max_load
 
-    async def start_training(self, why: str) -> dict[str, Any]:
-        """A background run (calmd/daemon/trainer.py); the count of new commands restarts with it."""
-        result = await self.trainer.start(why)
+    async def start_training(self, why: str, wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """A background run (calmd/daemon/trainer.py), when `wanted()` says it is due (decided
+        and started in one step there); the count of new commands restarts with it."""
+        result = await self.trainer.start(why, wanted)
         if result.get("started"):
             assert self.history is not None
             try:
@@ -885,7 +909,7 @@ class Server:
         if request.history_given:  # the client's own history: the daemon cannot guess the next
             self._last_request.pop(request.session, None)
         else:
-            fields = {k: v for k, v in request.ctx.items() if k not in ("input", "history")}
+            fields = {k: v for k, v in ctx.items() if k not in ("input", "history")}
             self._last_request[request.session] = (fields, request.n)
             if len(self._last_request) > 256:
                 self._last_request.pop(next(iter(self._last_request)))
@@ -899,6 +923,8 @@ class Server:
         if engine is None:  # serve() loads a model before it accepts: a bug, answered `internal`
             raise RuntimeError("no model is loaded")
         ctx = dict(request.ctx)
+        if request.multiline:  # the engine ranks (and picks the ghost) among what may be sent
+            ctx["multiline"] = True
         if not request.history_given and self.history is not None:
             ctx["history"] = self._recent_history(request.session)
         if request.path is not None:
@@ -910,6 +936,8 @@ class Server:
         early_sent: list[bool] = []
 
         def emit(attempt: int, candidate: str, score: float, confidence: float, ghost: bool) -> None:
+            if not self._terminal_safe(candidate, request):
+                return
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
                 return
             if not first:
@@ -922,6 +950,8 @@ class Server:
             # the rerun's is dropped if it did. It does not count as delivered, so the job can
             # still be preempted (the early proposal comes from the history alone).
             if early_sent or attempt != job.attempt or job.cancelled.is_set():
+                return
+            if not self._terminal_safe(candidate, request):
                 return
             early_sent.append(True)
             conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3),
@@ -967,6 +997,16 @@ class Server:
         else:
             conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
 
+    def _terminal_safe(self, candidate: str, request: CompleteRequest) -> bool:
+        """The last gate before a candidate leaves: nothing that drives a terminal and nothing over
+        4 KiB, whatever the engine proposed (calmd/daemon/filters.py `sendable`); a multi-line entry
+        only for a client that draws it as lines. What it holds back is counted, never logged (it
+        is the user's history)."""
+        if sendable(candidate, multiline=request.multiline):
+            return True
+        self.withheld += 1
+        return False
+
     # -- status ------------------------------------------------------------------------------------
 
     def _disk_status(self) -> dict[str, Any]:
@@ -981,6 +1021,24 @@ class Server:
                              self.trainer.last_disk_full) if t is not None]  # fmt: skip
         return {"path": str(folder), "free_bytes": free, "total_bytes": total,
                 "last_full": max(times) if times else None}  # fmt: skip
+
+    def _history_status(self) -> dict[str, Any]:
+        store = self.history
+        if store is None:
+            return {"commands": 0, "dropped_secrets": 0, "since_last_training": 0, "import": None}
+        return {
+            "commands": store.count(),
+            "dropped_secrets": store.counter("dropped_secrets"),
+            "since_last_training": store.counter("recorded_since_train"),
+            # the first start's import of ~/.bash_history and ~/.zsh_history, and the files any
+            # import refused (not a history) or could not read
+            "import": {
+                "running": self._import is not None and not self._import.done(),
+                "refused": store.counter("import_refused"),
+                "last_refused": store.note("last_import_refused"),
+                "failures": store.counter("import_failures"),
+            },
+        }
 
     def status(self) -> dict[str, Any]:
         engine = self.engine.describe() if self.engine else {}
@@ -997,17 +1055,14 @@ class Server:
             "last_reload_error": self.last_reload_error,
             "requests": self.requests,
             "errors": self.errors,
+            "withheld_candidates": self.withheld,
             "latency_ms": {
                 "first_p50": self.first_ms.percentile(50),
                 "first_p99": self.first_ms.percentile(99),
                 "done_p50": self.done_ms.percentile(50),
                 "done_p99": self.done_ms.percentile(99),
             },
-            "history": {
-                "commands": self.history.count() if self.history else 0,
-                "dropped_secrets": self.history.counter("dropped_secrets") if self.history else 0,
-                "since_last_training": self.history.counter("recorded_since_train") if self.history else 0,
-            },
+            "history": self._history_status(),
             "training": self.trainer.status(self.config.train_threshold),
             "prefetch": dict(self.prefetch_stats),
             "disk": self._disk_status(),
@@ -1060,6 +1115,10 @@ def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
         log.error("%s", exc)
         print(f"calmd: {exc}", flush=True)
         return EXIT_ALREADY_RUNNING
+    except (OSError, RuntimeError, CalmError) as exc:  # a bad path or file: one line, no traceback
+        log.error("startup failed: %s", exc)
+        print(f"calmd: startup failed: {exc}", flush=True)
+        return EXIT_STARTUP_FAILURE
     except Exception as exc:
         log.exception("startup failed")
         print(f"calmd: startup failed: {exc}", flush=True)

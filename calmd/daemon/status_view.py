@@ -38,6 +38,7 @@ def status_table(status: dict[str, Any]) -> Table:
         ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),
+        ("import", _import_line(hist.get("import") or {})),
         ("training", _training_line(status.get("training") or {})),
         ("disk", _disk_line(status.get("disk") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),
@@ -89,4 +90,16 @@ def _training_line(training: dict[str, object]) -> str:
     threshold = training.get("threshold")
     if threshold:
         parts.append(f"next after {threshold} new commands")
+    return "; ".join(parts)
+
+
+def _import_line(imported: dict[str, Any]) -> str:
+    """The first start's import, and the history files imports refused or could not read."""
+    parts = ["importing ~/.bash_history and ~/.zsh_history" if imported.get("running") else "idle"]
+    refused, failures = imported.get("refused") or 0, imported.get("failures") or 0
+    if refused:
+        last = f" (last: {imported['last_refused']})" if imported.get("last_refused") else ""
+        parts.append(f"{refused} file{'s' * (refused != 1)} refused as not a shell history{last}")
+    if failures:
+        parts.append(f"{failures} could not be read (the daemon's log says which)")
     return "; ".join(parts)

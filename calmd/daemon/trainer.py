@@ -6,7 +6,10 @@ and tells `status` what it is doing or why it ended.
   parent exits (PR_SET_PDEATHSIG), then checks that the parent is still the daemon (it may have
   died in between); the run also checks at every step (`--parent-pid`).
 - One run per CALM_HOME: the run holds `training.lock`; the daemon starts none while anyone holds
-  it (another daemon's run, a run started by hand) and reports who does.
+  it (another daemon's run, a run started by hand) and reports who does; and one run per daemon,
+  whatever the burst: deciding to start and starting are one step (`start`).
+- No leftover: when the daemon sees its run end (a kill during evaluation), it removes what the
+  run left (its candidate weights, its temp files), as it does at its own start.
 - `status` tells a running run from a dead one by the lock, not by what `training.json` last
   said: a run killed mid-way left `training` there, and shows as `interrupted`. A failed run
   shows as `failed` with its reason, also when it could not write one (a full disk): the exit
@@ -103,11 +106,28 @@ class Trainer:
         self._watch: asyncio.Task[None] | None = None
         self._last: tuple[int, int] | None = None  # (pid, exit code) of the daemon's last run
         self.last_disk_full: float | None = None
+        self._starting = False  # between the decision to start a run and its process existing
+        self.started = 0  # runs this daemon started
 
     @property
     def running(self) -> bool:
         """This daemon's run is alive."""
         return self._proc is not None and self._proc.returncode is None
+
+    @property
+    def busy(self) -> bool:
+        """A run of this daemon is alive, or being started."""
+        return self._starting or self.running
+
+    def clean_after(self, pid: int) -> list[str]:
+        """Once this daemon's run `pid` has ended (a kill in evaluation left its 6 MB candidate):
+        what it left, unless another run (someone else's) already holds the lock."""
+        if background.lock_holder(self.data_dir) is not None:
+            return []
+        removed = background.remove_run_files(self.data_dir, pid)
+        if removed:
+            log.info("removed what the ended training run (pid %d) left: %s", pid, ", ".join(removed))
+        return removed
 
     def clean_leftovers(self) -> list[str]:
         """At the daemon's start: what killed runs left, unless a run (someone else's) is live."""
@@ -118,25 +138,36 @@ class Trainer:
             log.info("removed what killed training runs left: %s", ", ".join(removed))
         return removed
 
-    async def start(self, why: str) -> dict[str, Any]:
-        if self.running:
+    async def start(self, why: str, wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Start a run unless one is alive or being started, or `wanted()` (the daemon's threshold
+        and load rule) says there is no need. The decision and the claim are one step: nothing is
+        awaited between the check and `_starting`, so a burst of callers (205 records in one
+        write) starts one run, not one per record that saw no run yet."""
+        if self.busy:
             return {"ok": True, "started": False, "reason": "a training run is in progress"}
+        if wanted is not None and not wanted():
+            return {"ok": True, "started": False, "reason": "not due"}
         holder = background.lock_holder(self.data_dir)
         if holder is not None:
             return {"ok": True, "started": False,
                     "reason": f"a training run (pid {holder}) already works on {self.data_dir}"}  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        argv = [sys.executable, "-m", "calmd.training.background", "--data-dir", str(self.data_dir),
-                "--weights", str(self.weights_path), "--parent-pid", str(os.getpid()),
-                *self.extra_args]  # fmt: skip
-        log_fd = _open_log(self.data_dir)
+        self._starting = True
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv, env=env, stdout=log_fd, stderr=log_fd, stdin=asyncio.subprocess.DEVNULL,
-                preexec_fn=child_setup(os.getpid()),
-            )  # fmt: skip
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            argv = [sys.executable, "-m", "calmd.training.background", "--data-dir", str(self.data_dir),
+                    "--weights", str(self.weights_path), "--parent-pid", str(os.getpid()),
+                    *self.extra_args]  # fmt: skip
+            log_fd = _open_log(self.data_dir)
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *argv, env=env, stdout=log_fd, stderr=log_fd, stdin=asyncio.subprocess.DEVNULL,
+                    preexec_fn=child_setup(os.getpid()),
+                )  # fmt: skip
+            finally:
+                os.close(log_fd)
         finally:
-            os.close(log_fd)
+            self._starting = False
+        self.started += 1
         log.info("training started (%s): pid %d", why, self._proc.pid)
         self._watch = asyncio.ensure_future(self._await(self._proc))
         return {"ok": True, "started": True, "pid": self._proc.pid}
@@ -144,6 +175,8 @@ class Trainer:
     async def _await(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         self._last = (proc.pid, code)
+        if code != background.EXIT_LOCKED:  # a run that never held the lock wrote nothing
+            self.clean_after(proc.pid)
         info = self._state()
         reason = (info.get("last_result") or {}).get("reason", "?")
         log.info("training finished (exit %d): %s", code, reason)
@@ -171,7 +204,7 @@ class Trainer:
                 await asyncio.wait_for(proc.wait(), 1.0)
 
     def status(self, threshold: int) -> dict[str, Any]:
-        return {**self._state(), "threshold": threshold}
+        return {**self._state(), "threshold": threshold, "runs_started": self.started}
 
     def _state(self) -> dict[str, Any]:
         info = background.read_status(self.data_dir)

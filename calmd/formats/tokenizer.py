@@ -515,9 +515,13 @@ class StopConditions:
 
 
 def parse_stop_conditions(line: str) -> StopConditions:
-    """`"| ; && ||"` -> patterns; duplicates removed, order kept."""
+    """`"| ; && ||"` -> patterns; duplicates removed, order kept. Separated by spaces, as the
+    specification says: only U+0020 separates (str.split() would also split on \x1c-\x1f, \x85,
+    \xa0 and the other Unicode spaces, which a pattern may hold)."""
     patterns: list[bytes] = []
-    for word in line.split():
+    for word in line.split(" "):
+        if not word:
+            continue
         raw = to_bytes(word)
         if raw not in patterns:
             patterns.append(raw)

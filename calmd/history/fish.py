@@ -24,16 +24,23 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
-from calmd.errors import CalmError
-from calmd.history.store import HistoryStore, ImportResult
+from calmd.history.store import (  # the checks and bounds bash's and zsh's imports are held to
+    MAX_IMPORT_BYTES,
+    HistoryStore,
+    ImportResult,
+    NotAHistory,
+    _open_regular,
+    refusal,
+)
 
 log = logging.getLogger("calmd.history.fish")
 
 CMD, WHEN = b"- cmd: ", b"  when: "
-MAX_FILE_BYTES = 1 << 30  # a history file is megabytes; a gigabyte is not one
 
 
 def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> Path:
@@ -85,53 +92,80 @@ def parse_fish_history(raw: bytes) -> Iterator[tuple[float | None, str]]:
 
 
 def _position(text: str | None) -> tuple[float, int]:
-    """(newest `when` imported, entries with that `when` imported), from the store's mark."""
+    """(newest `when` imported, entries with that `when` imported), from the store's mark
+    (`fish:<when>:<count>`, and `:done` after the last entry of an import that was not stopped)."""
     if text and text.startswith("fish:"):
         try:
-            when, count = text[len("fish:") :].split(":")
+            when, count = text[len("fish:") :].split(":")[:2]
             return float(when), int(count)
         except ValueError:
             pass
     return float("-inf"), 0
 
 
-def import_fish_history(store: HistoryStore, path: str | os.PathLike[str]) -> ImportResult:
-    """Import the entries of a fish history file that the previous import of it did not read."""
+def import_fish_history(
+    store: HistoryStore, path: str | os.PathLike[str], *, max_bytes: int = MAX_IMPORT_BYTES,
+    stop: threading.Event | None = None,
+) -> ImportResult:  # fmt: skip
+    """Import the entries of a fish history file that the previous import of it did not read.
+
+    Held to what bash's and zsh's imports are (calmd/history/store.py `import_file`): a regular
+    file only; refused whole (NotAHistory) when it is not a history (NUL runs, binary data); at
+    most its newest `max_bytes` read (fish keeps 256,000 entries at most: a few MB); committed in
+    batches, the new entries in time order so that each batch's mark is where the next import
+    (or this one, stopped by `stop`) goes on."""
     p = Path(path).expanduser()
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise CalmError(f"{p}: {p.stat().st_size} bytes is too large for a fish history")
-    raw = p.read_bytes()
+    with _open_regular(p) as f:
+        fd = f.fileno()
+        st = os.fstat(fd)
+        region = max(0, st.st_size - max_bytes)
+        reason = refusal(fd, region, st.st_size)
+        raw = os.pread(fd, st.st_size - region, region) if reason is None else b""
+    if reason is not None:
+        raise NotAHistory(f"{p}: not a shell history ({reason}); nothing was imported from it")
+    if region:  # cut inside an entry: the first whole one starts at a `- cmd:` line
+        at = raw.find(b"\n" + CMD)
+        raw = raw[at + 1 :] if at >= 0 else b""
     if raw.strip() and not is_fish_history(raw):
-        raise CalmError(f"{p}: not a fish history (no `- cmd:` entry first)")
+        raise NotAHistory(f"{p}: not a fish history (no `- cmd:` entry first); give fish's fish_history")
     last, seen = _position(store.import_position(p))
     entries = list(parse_fish_history(raw))
-    stamps = [when if when is not None else float("-inf") for when, _ in entries]  # no time: oldest
-    new: list[tuple[float | None, str]] = []
+    new: list[tuple[float, float | None, str]] = []
     at_last = 0
-    for stamp, entry in zip(stamps, entries, strict=True):
+    for when, cmd in entries:
+        stamp = float("-inf") if when is None else when  # an entry without a time: the oldest
         if stamp < last:
             continue
         if stamp == last:
             at_last += 1
             if at_last <= seen:
                 continue
-        new.append(entry)
-    newest = max(stamps, default=last)
-    newest = max(newest, last)
-    mark = f"fish:{newest}:{sum(1 for s in stamps if s == newest) if newest != last else max(seen, at_last)}"
-    return store.import_entries(p, "fish", new, position=mark)
+        new.append((stamp, when, cmd))
+    new.sort(key=lambda entry: entry[0])  # stable: file order within a second
+    marked: list[tuple[float | None, str, str]] = []
+    count = 0
+    for i, (stamp, when, cmd) in enumerate(new):
+        count = count + 1 if i and stamp == new[i - 1][0] else (seen + 1 if stamp == last else 1)
+        marked.append((when, cmd, f"fish:{stamp}:{count}" + (":done" if i == len(new) - 1 else "")))
+    return replace(store.import_entries(p, "fish", marked, st.st_mtime, stop), skipped_bytes=region)
 
 
-def import_first_start(store: HistoryStore, path: Path | None = None) -> ImportResult | None:
+def import_first_start(
+    store: HistoryStore, path: Path | None = None, stop: threading.Event | None = None
+) -> ImportResult | None:
     """What the daemon does at start for a fish user, as it imports ~/.bash_history and
-    ~/.zsh_history at its first start: import fish's history file once (a file it never read).
-    A file that cannot be read is logged (its path and the error's type, never its text); this
-    never fails."""
+    ~/.zsh_history at its first start: import fish's history file while it was never read
+    whole (an import stopped by `stop` goes on at the next start). A file that cannot be read or
+    is not a history is logged (its path and why, never its text); this never fails."""
     p = path or default_path()
     try:
-        if not p.is_file() or store.import_position(p) is not None:
+        mark = store.import_position(p)
+        if not p.is_file() or (mark is not None and mark.endswith(":done")):
             return None
-        result = import_fish_history(store, p)
+        result = import_fish_history(store, p, stop=stop)
+    except NotAHistory as exc:
+        log.warning("did not import %s", exc)
+        return None
     except Exception as exc:  # the daemon starts whatever the file holds
         log.warning("could not import %s: %s", p, type(exc).__name__)
         return None

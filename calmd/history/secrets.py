@@ -32,7 +32,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-DETECTOR_VERSION = 2
+DETECTOR_VERSION = 3  # 3: credential files, `config set`, token prefixes at any length, forget
 
 # --------------------------------------------------------------------------- 1. token formats
 
@@ -48,7 +48,7 @@ TOKEN_FORMATS: tuple[tuple[str, str, str], ...] = (
     ("github-token", "v1.", r"v1\.[0-9a-f]{40}"),
     ("gitlab-token", "gl", r"gl(?:pat|dt|rt|ptt|cbt|soat|ft|imt|agent|oas)-[A-Za-z0-9_-]{20,}"),
     ("gitlab-token", "GR1348941", r"GR1348941[A-Za-z0-9_-]{20}"),
-    ("slack-token", "xox", r"xox[abposer]-[0-9A-Za-z-]{10,}"),
+    ("slack-token", "xox", r"xox[abposer]-(?=[0-9A-Za-z-]*\d)[0-9A-Za-z-]{10,}"),  # digits: team and user ids
     ("slack-token", "xapp-", r"xapp-\d-[A-Z0-9]+-\d+-[a-z0-9]+"),
     (
         "slack-webhook",
@@ -341,7 +341,11 @@ _VALUE = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s'"&;|),])+"""
 _HINT = re.compile(r"pass|pwd|secret|token|key|auth|cred|psk|cookie|bearer|://|sig=|appid")
 ASSIGNMENT = re.compile(rf"""(?:^|[\s;&|(,'"{{])([A-Za-z_][A-Za-z0-9_.-]*)=({_VALUE})""")
 OPTION = re.compile(rf"(?:^|\s)--?([A-Za-z][A-Za-z0-9_.-]*[A-Za-z])(?:=|\s+(?=[^\s-]))({_VALUE})")
-URL_CREDENTIALS = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://([^\s/:@'"]*):([^\s/@'"]+)@[^\s'"]""")
+# (a scheme starts where no scheme character precedes it: tried at every `a` of a long run of
+# letters, it cost quadratic time, 5 s for 64 KiB)
+URL_CREDENTIALS = re.compile(
+    r"""(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://([^\s/:@'"]*):([^\s/@'"]+)@[^\s'"]"""
+)
 QUERY_PARAM = re.compile(r"""[?&;]([A-Za-z_][A-Za-z0-9_.-]*)=([^&\s'"#]+)""")
 JSON_FIELD = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:\s*(?:"([^"]*)"|'([^']*)')""")
 HEADER = re.compile(
@@ -600,6 +604,37 @@ def _helm(args: Sequence[str]) -> bool:
     return False
 
 
+def _written_value(raw: str) -> str | None:
+    """The value of a shell word that sets a secret, unless it is an expansion (`$VAR`, `$(...)`,
+    a backquote): single quotes keep anything literal, and a password may start with `/` or `@`."""
+    if raw.startswith(("$", '"$', "`", '"`')):
+        return None
+    return _unquote(raw) or None
+
+
+def _config_set(args: Sequence[str]) -> bool:
+    """`aws configure set NAME VALUE`, `npm|pnpm|yarn|pip config set NAME VALUE`, `poetry config
+    NAME VALUE`, `git config [--global] NAME VALUE`: a value given to a name that says password,
+    secret or token (the name's last part: `default.aws_secret_access_key`, `//host/:_authToken`)."""
+    words = [w for w in args[1:] if not w.startswith("-")]
+    for verb in ("set", "configure", "config"):
+        if verb in words[:3]:
+            rest = words[words.index(verb) + 1 :]
+            if rest and rest[0] == "set":
+                rest = rest[1:]
+            if len(rest) < 2:
+                continue
+            key = _unquote(rest[0])
+            if key.startswith("http-basic.") and len(rest) >= 3 and _written_value(rest[2]):
+                return True  # poetry's `http-basic.REPO USER PASSWORD`
+            name = re.split(r"[.:/]", key.rstrip("=").rstrip("/"))[-1] or key
+            kind = name_kind(name) or ("password" if name.lower() in ("_auth", "_password") else None)
+            value = _written_value(rest[1])
+            if kind is not None and value and (kind == "password" or len(value) >= 8):
+                return True
+    return False
+
+
 def _names(spaced: str) -> list[str]:
     return spaced.split()
 
@@ -623,6 +658,7 @@ _IMPACKET_TOOLS = (
 )
 _IMPACKET = [f"impacket-{t}" for t in _IMPACKET_TOOLS.split()] + [f"{t}.py" for t in _IMPACKET_TOOLS.split()]
 _ORACLE = _names("sqlplus sqlldr expdp impdp exp imp")
+_CONFIG_TOOLS = frozenset(_names("aws npm pnpm yarn bun pip pip3 poetry git gh"))
 
 # tool name -> (rule, check of the tool's argument words)
 TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
@@ -684,6 +720,24 @@ def _tool_rule(cmd: str) -> str | None:
         rule, check = entry
         if check(words[i:end]):
             return rule
+    return None
+
+
+def _config_rule(cmd: str) -> str | None:
+    """A tool's own setting of a secret (`_config_set`); git and npm are everywhere, so the tool
+    words are looked at only in commands that say `config`/`configure`."""
+    if "config" not in cmd:
+        return None
+    words = _WORD.findall(cmd)
+    judged = -1  # words up to here were judged with the tool before them (each segment once)
+    for i, word in enumerate(words):
+        if i > judged and word.rsplit("/", 1)[-1] in _CONFIG_TOOLS:
+            end = i + 1
+            while end < len(words) and words[end] not in _SEPARATORS:
+                end += 1
+            if _config_set(words[i:end]):
+                return "config-set-secret"
+            judged = end
     return None
 
 
@@ -759,6 +813,169 @@ def _random_string_rule(cmd: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- 5. credential files
+
+# A credential written into a file made to hold one: the file named anywhere in the command (an
+# `>>` redirection, `tee -a`, a here-document, `sed -i`) and a line of its credential form with a
+# literal value. (file pattern, credential line pattern: group 1 is the secret)
+_CREDENTIAL_FILES: tuple[tuple[str, re.Pattern[str], re.Pattern[str]], ...] = (
+    ("netrc", re.compile(r"[._]netrc\b"), re.compile(r"\b(?:password|passwd|account)\s+(\S+)")),
+    (
+        "aws-credentials",
+        re.compile(r"\.aws/credentials\b|\.aws/config\b|\.boto\b|\.s3cfg\b"),
+        re.compile(
+            r"\b(?:aws_secret_access_key|aws_session_token|aws_security_token|secret_key)"
+            r"\s*=\s*([^\s'\"]+)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "pgpass",
+        re.compile(r"\.pgpass\b"),  # host:port:database:user:password
+        re.compile(r"(?:^|[\s'\"])[^\s:'\"]+:[^\s:]*:[^\s:]*:[^\s:]+:([^\s'\"]+)"),
+    ),
+    ("git-credentials", re.compile(r"\.git-credentials\b"), re.compile(r"://[^\s:/@'\"]*:([^\s@'\"]+)@")),
+    (
+        "npmrc",
+        re.compile(r"\.npmrc\b|\.yarnrc"),
+        re.compile(r"(?:_authToken|_auth|_password|npmAuthToken)[\s'\"]*[=:]\s*['\"]?([^\s'\"]+)"),
+    ),
+    ("pypirc", re.compile(r"\.pypirc\b"), re.compile(r"\bpassword\s*[=:]\s*([^\s'\"]+)")),
+    (
+        "docker-config",
+        re.compile(r"\.docker/config\.json|\bconfig\.json\b"),
+        re.compile(
+            r"\\?[\"'](?:auth|identitytoken|registrytoken|password)\\?[\"']\s*:\s*\\?[\"']([^\"'\\]+)"
+        ),
+    ),
+    (
+        "mysql-config",
+        re.compile(r"\.my\.cnf\b|\.mylogin\.cnf\b"),
+        re.compile(r"\bpassword\s*=\s*([^\s'\"]+)"),
+    ),
+)
+
+
+def _credential_file_rule(cmd: str) -> str | None:
+    # printf and `echo -e` write lines as `\n`: read them as the file will hold them
+    text = cmd.replace("\\n", "\n").replace("\\t", "\t")
+    quoted_spans: list[tuple[int, int]] | None = None
+    for name, file_pattern, line_pattern in _CREDENTIAL_FILES:
+        if not file_pattern.search(text):
+            continue
+        for found in itertools.islice(line_pattern.finditer(text), 16):  # a real command has a few
+            if quoted_spans is None:
+                quoted_spans = _single_quoted(text)
+            quoted = any(a <= found.start(1) < b for a, b in quoted_spans)  # then `$x` is no expansion
+            value = (found.group(1) if quoted else _unquote(found.group(1))).strip("'\"").rstrip("\\")
+            if _CONVERSION.fullmatch(value) and "printf" in text:  # the secret is printf's argument
+                if _printf_argument_literal(text, found.start(1)):
+                    return f"credential-file:{name}"
+                continue
+            if not value or file_pattern.search(value) or value.startswith(("{{", "${")):
+                continue  # `grep password ~/.netrc` names the file; `{{ .Password }}`, npm's `${X}`
+            if quoted or not value.startswith(("$", "`")):
+                return f"credential-file:{name}"  # a random password may well start with `/` or `@`
+    return None
+
+
+def _single_quoted(text: str) -> list[tuple[int, int]]:
+    """The spans of a command line that lie inside single quotes, as the shell reads it."""
+    spans: list[tuple[int, int]] = []
+    start = -1
+    double = False
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if start >= 0:
+            if c == "'":
+                spans.append((start, i))
+                start = -1
+        elif c == "\\":
+            i += 1
+        elif c == '"':
+            double = not double
+        elif c == "'" and not double:
+            start = i + 1
+        i += 1
+    if start >= 0:
+        spans.append((start, n))
+    return spans
+
+
+_CONVERSION = re.compile(r"%[-+ #0-9.]*[a-zA-Z]")
+
+
+def _printf_argument_literal(text: str, at: int) -> bool:
+    """Whether the argument that `printf FORMAT ARG...` puts at offset `at` of its format (the
+    n-th conversion, `%s`) is a literal value (not `$VAR`, not a path)."""
+    for found in re.finditer(r"\bprintf\s+(?:-v\s+\S+\s+)?('[^']*'|\"(?:[^\"\\]|\\.)*\"|\S+)", text):
+        start, end = found.span(1)
+        if not start <= at < end:
+            continue
+        index = len(_CONVERSION.findall(text[start:at].replace("%%", "")))
+        args = _WORD.findall(text[end:])
+        for arg in args:
+            if arg in _SEPARATORS or arg.startswith((">", "<", "|")):
+                return False
+            if index == 0:
+                return _written_value(arg) is not None
+            index -= 1
+    return False
+
+
+# --------------------------------------------------------------------------- 7. token prefixes
+
+# Prefixes services put on their tokens: a word that starts with one and goes on with a generated
+# string is a token whatever its length (the token formats above fix lengths; a new or unusual
+# length still starts with the prefix).
+_TOKEN_PREFIXES = (
+    "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "gldt-", "glrt-", "glptt-", "glsoat-",
+    "xoxb-", "xoxp-", "xoxa-", "xoxe-", "xoxs-", "xoxr-", "xapp-", "sk_live_", "rk_live_", "sk_test_",
+    "rk_test_", "whsec_", "npm_", "pypi-AgE", "sk-ant-", "sk-proj-", "sk-svcacct-", "sk-admin-", "sk-or-v1-",
+    "hf_", "dckr_pat_", "dckr_oat_", "GOCSPX-", "ya29.", "shpat_", "shpss_", "shpca_", "shppa_", "dop_v1_",
+    "doo_v1_", "dor_v1_", "hvs.", "hvb.", "hvr.", "lin_api_", "lin_oauth_", "PMAK-", "ATATT3", "ATBB",
+    "tskey-auth-", "tskey-api-", "tskey-client-", "sntrys_", "sntryu_", "glsa_", "glc_", "pscale_tkn_",
+    "pscale_pw_", "gsk_", "r8_", "figd_", "sbp_", "ntn_", "pplx-", "xai-", "xkeysib-", "bkua_", "CCIPAT_",
+    "rubygems_", "fo1_", "AGE-SECRET-KEY-1", "nfp_", "HRKU-", "AKCp", "sq0atp-", "sq0csp-", "dp.pt.",
+    "dp.st.", "AIza",
+)  # fmt: skip
+_BY_LENGTH = tuple(sorted(_TOKEN_PREFIXES, key=len, reverse=True))  # the longest that fits wins
+_TOKENISH = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z0-9_.+-]{19,}")  # a prefix and 16 more, at least
+
+
+def _prefix_rule(cmd: str) -> str | None:
+    for found in _TOKENISH.finditer(cmd):
+        word = found.group(0)
+        if not word.startswith(_BY_LENGTH):
+            continue
+        prefix = next(p for p in _BY_LENGTH if word.startswith(p))
+        body = word[len(prefix) :].rstrip(".")
+        if len(body) < 16:
+            continue
+        digits = sum(c.isdigit() for c in body)
+        mixed = any(c.isupper() for c in body) and any(c.islower() for c in body)
+        generated = digits >= 2 or (mixed and (digits or len(body) >= 20))  # not a word like `mode_enabled`
+        if generated and shannon_entropy(body) >= ENTROPY_BITS:
+            return "token-prefix"
+    return None
+
+
+# --------------------------------------------------------------------------- `calm forget`
+
+# `calm forget PATTERN` in any form: after a wrapper (sudo, env, command, ssh host ...), an
+# assignment (`CALM_HOME=x calm forget`), a path or quotes (`/usr/bin/calm`, `\calm`, `"calm"`),
+# a substitution (`$(calm forget x)`), options before the verb (`calm --no-color forget`).
+_FORGET = re.compile(
+    r"""(?:^|[\s;&|(`'"/\\=])calm['"]?(?:\s|\\\n)+(?:-\S*(?:\s|\\\n)+)*['"]?forget(?:['"]|\s|\\|$)"""
+)
+
+
+def forget_command(cmd: str) -> bool:
+    """Whether `cmd` runs `calm forget`: never stored (its argument is what the user wants gone)."""
+    return "forget" in cmd and _FORGET.search(cmd) is not None
+
+
 # --------------------------------------------------------------------------- the detector
 
 
@@ -768,6 +985,17 @@ def find_secret(cmd: str) -> str | None:
     if len(cmd) < 6:
         return None
     rule = _token_rule(cmd)
-    if rule is None and _HINT.search(cmd.lower()):
+    lowered = cmd.lower()
+    if rule is None and _HINT.search(lowered):
         rule = _named_value_rule(cmd)
-    return rule or _tool_rule(cmd) or _piped_rule(cmd) or _random_string_rule(cmd)
+    if rule is None and _CREDENTIAL_HINT.search(lowered):
+        rule = _credential_file_rule(cmd)
+    return (
+        rule or _tool_rule(cmd) or _config_rule(cmd) or _piped_rule(cmd) or _prefix_rule(cmd)
+        or _random_string_rule(cmd)
+    )  # fmt: skip
+
+
+_CREDENTIAL_HINT = re.compile(
+    r"netrc|\.aws/|\.boto|s3cfg|pgpass|git-credentials|npmrc|yarnrc|pypirc|config\.json|my\.cnf|mylogin"
+)

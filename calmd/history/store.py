@@ -28,22 +28,31 @@ import logging
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from calmd import paths
-from calmd.errors import DiskFull
+from calmd.errors import CalmError, DiskFull
 from calmd.history.context import HISTORY_FRAMES, context_rows
 from calmd.history.frames import COMP_ITEMS, clean_env
-from calmd.history.secrets import DETECTOR_VERSION, find_secret
+from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
 
 log = logging.getLogger("calmd.history.store")
 
 MAX_COMMAND_CHARS = 1 << 16  # as the protocol's `record` limit: longer is not a command worth keeping
+# Importing history files (`import_file`): read a chunk at a time, stored in batches, at most the
+# newest MAX_IMPORT_BYTES of a file; an entry longer than MAX_ENTRY_BYTES is skipped unread.
+IMPORT_CHUNK = 1 << 20
+IMPORT_BATCH = 2000  # commands per transaction: the store's lock is free between two
+MAX_IMPORT_BYTES = 16 << 20  # 0.5-0.8 million commands, more than shells keep (HISTSIZE): ~20 s
+VERDICT_CACHE = 100_000  # distinct commands whose check an import remembers
+MAX_ENTRY_BYTES = 4 * MAX_COMMAND_CHARS  # the most bytes 64 Ki characters take in UTF-8
+FORMAT_SNIFF_BYTES = 65536
 # Files built from the store's rows, under its folder (calmd/training/background.py writes them): removed
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
@@ -122,6 +131,8 @@ class ImportResult:
     dropped_secrets: int
     skipped: int  # empty, leading-space or over-long entries
     undecodable: int = 0  # entries kept with U+FFFD for bytes that were not UTF-8 (or NULs)
+    skipped_bytes: int = 0  # the oldest part of a file over the import bound, left out
+    complete: bool = True  # False: stopped after a batch; the next import goes on from there
 
 
 @dataclass(frozen=True)
@@ -153,9 +164,6 @@ def _only_escapes(text: str) -> bool:
     return all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
 
 
-_FORGET_COMMAND = re.compile(r"\s*(?:\S*/)?calm\s+forget(?:\s|$)")
-
-
 def _like_prefix(prefix: str) -> str:
     """A LIKE pattern (ESCAPE '\\') matching strings that start with `prefix`. LIKE ignores ASCII
     case, so callers re-check with str.startswith."""
@@ -170,8 +178,16 @@ class HistoryStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if self.path.is_dir():
+            raise CalmError(f"{self.path}: a folder, not a history store; give its history.sqlite3")
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:
+            raise CalmError(
+                f"{self.path}: SQLite cannot open it as a history store ({exc}); give a history.sqlite3 "
+                "calm wrote, or a new path"
+            ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
         self._db.execute("PRAGMA busy_timeout=5000")
         # Deleted rows are overwritten with zeros, not left in free pages (forget, re-scans).
@@ -230,6 +246,11 @@ class HistoryStore:
         with self._lock:
             return int(self._meta_get(key) or 0)
 
+    def note(self, key: str) -> str | None:
+        """A text kept in `meta` (`last_import_refused`: which file and why, never its text)."""
+        with self._lock:
+            return self._meta_get(key)
+
     def generation(self) -> int:
         """A number bumped whenever rows are deleted (a re-scan, `calm forget`), by any process:
         an in-memory copy of the history built at another generation is stale."""
@@ -245,7 +266,9 @@ class HistoryStore:
             scanned = int(self._meta_get("detector_version") or 0)
         if scanned >= DETECTOR_VERSION:
             return 0
-        dropped = self._delete_matching(lambda cmd: find_secret(cmd) is not None, counter="dropped_secrets")
+        dropped = self._delete_matching(
+            lambda cmd: find_secret(cmd) is not None or forget_command(cmd), counter="dropped_secrets"
+        )
         with self._lock:
             self._meta_set("detector_version", str(DETECTOR_VERSION))
         if dropped:
@@ -324,7 +347,7 @@ class HistoryStore:
             return RecordResult(False, "leading-space")
         if len(cmd) > MAX_COMMAND_CHARS:
             return RecordResult(False, "too-long")
-        if _FORGET_COMMAND.match(cmd):
+        if forget_command(cmd):
             return RecordResult(False, "forget-command")  # its argument is what the user wants gone
         rule = find_secret(cmd)
         if rule:
@@ -468,6 +491,12 @@ class HistoryStore:
             row = self._db.execute(sql, (n,)).fetchone()
         return int(row[0]) if row else 0
 
+    def more_after(self, after: int, n: int) -> bool:
+        """Whether more than `n` commands have a row id above `after` (costs at most n steps)."""
+        with self._lock:
+            sql = "SELECT 1 FROM commands WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"
+            return self._db.execute(sql, (after, n)).fetchone() is not None
+
     def in_cwd(self, cwd: str, *, prefix: str = "", limit: int = 20) -> list[str]:
         """Distinct commands run in `cwd` that start with `prefix`, most recent first."""
         with self._lock:
@@ -480,43 +509,129 @@ class HistoryStore:
 
     # -- importing -------------------------------------------------------------------------------
 
-    def import_file(self, path: str | os.PathLike[str], fmt: str = "auto") -> ImportResult:
+    def import_file(
+        self,
+        path: str | os.PathLike[str],
+        fmt: str = "auto",
+        *,
+        max_bytes: int = MAX_IMPORT_BYTES,
+        stop: threading.Event | None = None,
+    ) -> ImportResult:
         """Import a bash or zsh history file, from where the previous import of it stopped.
-        Bytes that are not UTF-8 never fail an import: they are kept as U+FFFD and counted."""
+
+        Streamed: the file is read in chunks and committed in batches of IMPORT_BATCH commands,
+        each with the position it reached (an import that is stopped or killed goes on from there
+        next time), so memory does not grow with the file and the store's lock is free between
+        batches. At most the newest `max_bytes` of what is new are read (older commands are left
+        out and counted in `skipped_bytes`): the time an import takes is bounded too. A file that
+        is not a shell history (NUL runs or holes, binary data, records like /etc/passwd) is
+        refused whole (NotAHistory), counted in `meta` `import_refused`. Bytes that are not UTF-8
+        never fail an import: they are kept as U+FFFD and counted. `stop` ends it after a batch."""
         p = Path(path).expanduser()
-        raw = p.read_bytes()
-        key = f"imported:{p.resolve()}"
-        with self._lock:
-            state = self._meta_get(key)
-        start = 0
-        if state:
-            done, _, head = state.partition(":")
-            # Continue only if the file still starts with what was read (not truncated/rewritten).
-            if int(done) <= len(raw) and raw[: min(64, int(done))].hex() == head:
-                start = int(done)
-        kind = detect_format(raw) if fmt == "auto" else fmt
-        entries = list(parse_history(raw[start:], kind))
-        imported = dropped = skipped = undecodable = 0
-        base_ts = p.stat().st_mtime
-        session, source = f"import:{p.name}", f"import:{kind}"
-        with self._write_transaction():  # one transaction: all of the file or none of it
-            for i, (ts, text) in enumerate(entries):
-                cmd, replaced = clean_text(text)
-                verdict = self.check(cmd)
-                # Files without timestamps keep their order, one microsecond apart before mtime.
-                stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
-                self._store(verdict, cmd, None, "", "", session, stamp, source)
+        if fmt not in ("auto", "bash", "zsh"):
+            raise ValueError(f"unknown history format {fmt!r} (auto, bash or zsh)")
+        with _open_regular(p) as f:
+            fd = f.fileno()
+            st = os.fstat(fd)
+            size = st.st_size
+            head = os.pread(fd, FORMAT_SNIFF_BYTES, 0)
+            key = f"imported:{p.resolve()}"
+            with self._lock:
+                state = self._meta_get(key)
+            start = 0
+            if state:
+                done, _, fingerprint = state.partition(":")
+                # Continue only if the file still starts with what was read (not truncated/rewritten).
+                if done.isdigit() and int(done) <= size and head[: min(64, int(done))].hex() == fingerprint:
+                    start = int(done)
+            kind = detect_format(head, p.name) if fmt == "auto" else fmt
+            multiline = kind == "bash" and _bash_timestamped(head)
+            result = ImportResult(str(p), kind, 0, 0, 0)
+            if start >= size:
+                return result
+            region = max(start, size - max_bytes)  # what is read: the newest max_bytes at most
+            reason = refusal(fd, region, size)
+            skipped_bytes = 0
+            if reason is None and region > start:
+                begin = _entry_start(fd, region, size, kind, multiline)
+                skipped_bytes, start = begin - start, begin
+            if reason is not None:
+                with self._lock:
+                    self._meta_add("import_refused", 1)
+                    self._meta_set("last_import_refused", f"{p}: {reason}")
+                raise NotAHistory(
+                    f"{p}: not a shell history ({reason}); nothing was imported from it. Check that it "
+                    "is the file you meant; a history has one command per line"
+                )
+            return self._import_entries(
+                fd, key, head, start, size, kind, multiline, st.st_mtime, stop,
+                ImportResult(str(p), kind, 0, 0, 0, skipped_bytes=skipped_bytes), p.name,
+            )  # fmt: skip
+
+    def _import_entries(
+        self, fd: int, key: str, head: bytes, start: int, size: int, kind: str, multiline: bool,
+        mtime: float, stop: threading.Event | None, result: ImportResult, name: str,
+    ) -> ImportResult:  # fmt: skip
+        """Read the entries of [start, size) and store them batch by batch (see import_file)."""
+        counts = {"imported": 0, "dropped": 0, "skipped": 0, "undecodable": 0}
+        session, source = f"import:{name}", f"import:{kind}"
+        fingerprint = head[:64].hex()
+        batch: list[tuple[Any, ...]] = []
+        tally = dict.fromkeys(counts, 0)
+        position = start
+        complete = True
+        verdicts: dict[str, RecordResult] = {}
+
+        def flush() -> None:
+            with self._write_transaction():
+                if batch:
+                    self._db.executemany(
+                        "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env) "
+                        "VALUES (?, ?, '', '', ?, NULL, ?, '', '')",
+                        batch,
+                    )
+                self._meta_add("recorded_since_train", tally["imported"])
+                self._meta_add("dropped_secrets", tally["dropped"])
+                self._meta_add("undecodable", tally["undecodable"])
+                self._meta_set(key, f"{position}:{fingerprint}")
+            for name in counts:
+                counts[name] += tally[name]
+                tally[name] = 0
+            batch.clear()
+
+        for ts, raw, end in read_entries(fd, start, size, kind, multiline=multiline):
+            position = end
+            if raw is None:  # longer than any command: skipped unread
+                tally["skipped"] += 1
+            else:
+                cmd, replaced = clean_text(_text(raw))
+                verdict = verdicts.get(cmd)
+                if verdict is None:  # a history repeats itself: each distinct command is checked once
+                    if len(verdicts) >= VERDICT_CACHE:
+                        verdicts.clear()
+                    verdict = verdicts[cmd] = self.check(cmd)
                 if verdict.stored:
-                    imported += 1
-                    undecodable += replaced
+                    # Without timestamps the file's order is kept: one microsecond per byte before mtime.
+                    stamp = ts if ts is not None else mtime - (size - end) * 1e-6
+                    batch.append((stamp, session, cmd, source))
+                    tally["imported"] += 1
+                    tally["undecodable"] += replaced
                 elif verdict.reason.startswith("secret:"):
-                    dropped += 1
+                    tally["dropped"] += 1
                 else:
-                    skipped += 1
-            if undecodable:
-                self._meta_add("undecodable", undecodable)
-            self._meta_set(key, f"{len(raw)}:{raw[:64].hex()}")
-        return ImportResult(str(p), kind, imported, dropped, skipped, undecodable)
+                    tally["skipped"] += 1
+            if sum(tally.values()) - tally["undecodable"] >= IMPORT_BATCH:
+                flush()
+                if stop is not None and stop.is_set():
+                    complete = False
+                    break
+        else:
+            position = size
+        if complete or any(tally.values()):
+            flush()
+        return replace(result, imported=counts["imported"], dropped_secrets=counts["dropped"],
+                       skipped=counts["skipped"], undecodable=counts["undecodable"],
+                       complete=complete)  # fmt: skip
 
     def import_position(self, path: Path) -> str | None:
         """Where the last import of `path` stopped, as its importer wrote it (None: never read)."""
@@ -524,36 +639,53 @@ class HistoryStore:
             return self._meta_get(f"imported:{path.resolve()}")
 
     def import_entries(
-        self, path: Path, kind: str, entries: Sequence[tuple[float | None, str]], *, position: str
-    ) -> ImportResult:
-        """Store the commands another parser read from a history file (calmd/history/fish.py),
-        checked and counted as `import_file` does, in one transaction with `position`, that
-        parser's own mark of where it stopped (`import_position` gives it back)."""
-        imported = dropped = skipped = undecodable = 0
-        base_ts = path.stat().st_mtime
+        self, path: Path, kind: str, entries: Sequence[tuple[float | None, str, str]], mtime: float,
+        stop: threading.Event | None = None,
+    ) -> ImportResult:  # fmt: skip
+        """Store the commands another parser read from a history file (calmd/history/fish.py):
+        (timestamp or None, command, that parser's mark of where the import is after it), checked
+        and counted as `import_file`'s, committed in batches of IMPORT_BATCH, each with the mark of
+        its last entry (`import_position` gives it back: a stopped or killed import goes on from
+        there). Entries without a timestamp keep their order, a microsecond apart before `mtime`."""
+        key = f"imported:{path.resolve()}"
         session, source = f"import:{path.name}", f"import:{kind}"
-        with self._write_transaction():  # all of it or none of it
-            for i, (ts, text) in enumerate(entries):
-                cmd, replaced = clean_text(text)
-                verdict = self.check(cmd)
-                stamp = ts if ts is not None else base_ts - (len(entries) - i) * 1e-6
-                self._store(verdict, cmd, None, "", "", session, stamp, source)
-                if verdict.stored:
-                    imported += 1
-                    undecodable += replaced
-                elif verdict.reason.startswith("secret:"):
-                    dropped += 1
-                else:
-                    skipped += 1
-            if undecodable:
-                self._meta_add("undecodable", undecodable)
-            self._meta_set(f"imported:{path.resolve()}", position)
-        return ImportResult(str(path), kind, imported, dropped, skipped, undecodable)
+        counts = dict.fromkeys(("imported", "dropped", "skipped", "undecodable"), 0)
+        verdicts: dict[str, RecordResult] = {}
+        complete = True
+        for first in range(0, len(entries), IMPORT_BATCH):
+            batch = entries[first : first + IMPORT_BATCH]
+            tally = dict.fromkeys(counts, 0)
+            with self._write_transaction():  # a batch and its mark: all of it or none of it
+                for i, (ts, text, _) in enumerate(batch, first):
+                    cmd, replaced = clean_text(text)
+                    verdict = verdicts.get(cmd)
+                    if verdict is None:
+                        if len(verdicts) >= VERDICT_CACHE:
+                            verdicts.clear()
+                        verdict = verdicts[cmd] = self.check(cmd)
+                    stamp = ts if ts is not None else mtime - (len(entries) - i) * 1e-6
+                    self._store(verdict, cmd, None, "", "", session, stamp, source)
+                    if verdict.stored:
+                        tally["imported"] += 1
+                        tally["undecodable"] += replaced
+                    else:
+                        tally["dropped" if verdict.reason.startswith("secret:") else "skipped"] += 1
+                if tally["undecodable"]:
+                    self._meta_add("undecodable", tally["undecodable"])
+                self._meta_set(key, batch[-1][2])
+            for name in counts:
+                counts[name] += tally[name]
+            if stop is not None and stop.is_set() and first + IMPORT_BATCH < len(entries):
+                complete = False
+                break
+        return ImportResult(str(path), kind, counts["imported"], counts["dropped"], counts["skipped"],
+                            counts["undecodable"], complete=complete)  # fmt: skip
 
-    def import_shell_histories(self, home: Path) -> ShellImport:
+    def import_shell_histories(self, home: Path, stop: threading.Event | None = None) -> ShellImport:
         """The daemon's first start: import ~/.bash_history and ~/.zsh_history once. A file that
-        cannot be read or parsed is logged (its path and the error's type, never its text) and
-        counted in `import_failures`, and the others are still imported: this never fails."""
+        cannot be read or is not a history is logged (its path and why, never its text) and
+        counted (`import_failures`, `import_refused`), and the other is still imported: this never
+        fails. Stopped (`stop`) before it is done, it goes on from where it was at the next start."""
         outcome = ShellImport()
         if self.counter("first_start_done"):
             return outcome
@@ -562,7 +694,11 @@ class HistoryStore:
             try:
                 if not path.is_file():
                     continue
-                result = self.import_file(path)
+                result = self.import_file(path, stop=stop)
+            except NotAHistory as exc:
+                log.warning("did not import %s", exc)
+                outcome.failures.append((str(path), "NotAHistory"))
+                continue
             except Exception as exc:  # one bad file must not stop the daemon or the other file
                 reason = type(exc).__name__ + (f" ({exc.strerror})" if isinstance(exc, OSError) else "")
                 log.warning("could not import %s: %s", path, reason)
@@ -572,9 +708,12 @@ class HistoryStore:
                 continue
             outcome.results.append(result)
             log.info(
-                "imported %d commands from %s (%d dropped as credentials, %d with undecodable bytes)",
+                "imported %d commands from %s (%d dropped as credentials, %d with undecodable bytes%s)",
                 result.imported, path, result.dropped_secrets, result.undecodable,
+                f", the oldest {result.skipped_bytes:,} bytes left out" if result.skipped_bytes else "",
             )  # fmt: skip
+            if not result.complete:
+                return outcome  # stopped: the next start goes on
         with self._lock:
             self._meta_set("first_start_done", "1")
         return outcome
@@ -583,13 +722,98 @@ class HistoryStore:
 # --------------------------------------------------------------------------- history file formats
 
 _ZSH_EXTENDED = re.compile(rb"^: *(\d+):(\d+);", re.MULTILINE)
+NUL_RUN = b"\0" * 8  # a real history may hold a stray NUL (a paste); never eight in a row
+BINARY_SHARE = 0.25  # of a chunk's bytes: control characters and bytes that are not UTF-8
+_CONTROLS = bytes(b for b in range(32) if b not in b"\t\n\r") + b"\x7f"
+# A line of colon-separated fields whose first has no space: /etc/passwd, /etc/group, /etc/shadow.
+_RECORD_LINE = re.compile(rb"[^\s:#]+(?::[^:\n]*){3,}")
 
 
-def detect_format(raw: bytes) -> str:
-    """`zsh` when most entries look like `: <epoch>:<duration>;cmd`, else `bash`."""
-    head = raw[:65536]
-    lines = head.count(b"\n") + 1
-    return "zsh" if len(_ZSH_EXTENDED.findall(head)) * 2 >= lines else "bash"
+class NotAHistory(CalmError):
+    """A file refused by an import: not a shell history (nothing of it is imported)."""
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading, refused unless it is a regular file: a FIFO would block the
+    reader (opened non-blocking, then switched back), a folder or a device is no history."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except IsADirectoryError:
+        fd = -1
+    mode = os.fstat(fd).st_mode if fd >= 0 else stat.S_IFDIR
+    if not stat.S_ISREG(mode):
+        if fd >= 0:
+            os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise NotAHistory(f"{path}: a folder, not a history file; give the file inside it")
+        raise NotAHistory(f"{path}: not a regular file (a FIFO, a socket or a device); give a history file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def check_history_file(path: Path) -> None:
+    """NotAHistory (one line saying why) unless `path` is a regular file that reads as a shell
+    history (`refusal` over its newest MAX_IMPORT_BYTES); OSError when it cannot be read."""
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        reason = refusal(f.fileno(), max(0, size - MAX_IMPORT_BYTES), size)
+    if reason is not None:
+        raise NotAHistory(f"{path}: not a shell history ({reason}); give a bash or zsh history file")
+
+
+def refusal(fd: int, start: int, end: int) -> str | None:
+    """Why the bytes [start, end) of a file are not a shell history, or None. Reads them once, a
+    chunk at a time; a sparse file's holes are found without reading them (SEEK_HOLE)."""
+    try:
+        hole = os.lseek(fd, start, os.SEEK_HOLE)
+    except OSError:  # a file system that cannot tell: the chunks are read all the same
+        hole = end
+    if hole < end:
+        return f"a hole of NUL bytes at byte {hole:,}, as a crash or a full disk can leave a file"
+    position = start
+    sample = b""
+    while position < end:
+        chunk = os.pread(fd, min(IMPORT_CHUNK, end - position), position)
+        if not chunk:
+            break
+        nul = chunk.find(NUL_RUN)
+        if nul >= 0:
+            at = position + nul
+            return f"a run of NUL bytes at byte {at:,}, as a crash or a full disk can leave a file"
+        nuls = chunk.count(0)
+        if nuls > max(1, len(chunk) // 1000):  # a stray NUL is a paste; one in a thousand bytes is data
+            return f"NUL bytes all through it ({nuls:,} from byte {position:,}): binary data, not text"
+        if len(chunk) >= 64:
+            controls = len(chunk) - len(chunk.translate(None, _CONTROLS))
+            undecodable = chunk.decode("utf-8", "replace").count("\ufffd")
+            if controls + undecodable > BINARY_SHARE * len(chunk):
+                return f"binary data at byte {position:,}, not text"
+        if not sample:
+            sample = chunk[:FORMAT_SNIFF_BYTES]
+        position += len(chunk)
+    lines = [line for line in sample.split(b"\n")[:1000] if line.strip() and not _is_bash_timestamp(line)]
+    records = sum(1 for line in lines if _RECORD_LINE.fullmatch(line.rstrip(b"\r")))
+    if len(lines) >= 3 and records >= 0.9 * len(lines):
+        return "lines of colon-separated fields, like /etc/passwd, not commands"
+    return None
+
+
+def detect_format(raw: bytes, name: str = "") -> str:
+    """`zsh` when most entries look like `: <epoch>:<duration>;cmd` (lines that continue the one
+    before, which ends in a backslash, are not entries), or when a file of neither kind is named
+    for zsh (`.zsh_history`, `zhistory`: zsh's plain format); else `bash`."""
+    head = raw[:FORMAT_SNIFF_BYTES]
+    lines = head.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    entries = sum(1 for i, line in enumerate(lines) if i == 0 or not lines[i - 1].endswith(b"\\"))
+    extended = len(_ZSH_EXTENDED.findall(head))
+    if extended and extended * 2 >= entries:
+        return "zsh"
+    named = name.lower()
+    if "zsh" in named or "zhist" in named:
+        return "zsh" if not any(_is_bash_timestamp(line) for line in lines[:100]) else "bash"
+    return "bash"
 
 
 def unmetafy(raw: bytes) -> bytes:
@@ -612,41 +836,169 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def parse_history(raw: bytes, kind: str) -> Iterator[tuple[float | None, str]]:
-    """(timestamp or None, command) pairs, oldest first.
+def _is_bash_timestamp(line: bytes) -> bool:
+    """`#<digits>`: the time of the next entry (bash with HISTTIMEFORMAT set, readline's rule)."""
+    return line[:1] == b"#" and line[1:2].isdigit()
 
-    bash: one command per line; `#<epoch>` lines (HISTTIMEFORMAT) give the next command's time.
-    zsh: `: <epoch>:<duration>;cmd` (extended) or plain lines; a line ending in a backslash
-    continues the command on the next line (zsh writes embedded newlines that way).
+
+def _bash_timestamped(head: bytes) -> bool:
+    """A bash history that starts with a timestamp delimits its entries by timestamps: the lines
+    between two are one entry (a multi-line command, with `shopt -s lithist`), as readline reads
+    it (history_multiline_entries)."""
+    return _is_bash_timestamp(head.split(b"\n", 1)[0])
+
+
+Entry = tuple[float | None, bytes | None, int]  # (timestamp, command bytes or None: too long, end offset)
+
+
+def _lines(fd: int, start: int, end: int) -> Iterator[tuple[bytes | None, int]]:
+    """(line without its newline or None when it is longer than MAX_ENTRY_BYTES, offset after
+    it) for the bytes [start, end) of `fd`, read a chunk at a time. A CR before the newline is
+    dropped (a file that went through Windows); a last line without a newline counts."""
+    carry = b""
+    base = start  # the file offset where `carry` begins
+    dropping = False  # inside a line too long to keep: skip to its newline
+    position = start
+    while position < end:
+        chunk = os.pread(fd, min(IMPORT_CHUNK, end - position), position)
+        if not chunk:
+            break
+        position += len(chunk)
+        parts = (carry + chunk).split(b"\n")
+        carry = parts.pop()
+        for part in parts:
+            after = base + len(part) + 1
+            if dropping:
+                dropping = False
+                yield None, after
+            else:
+                yield (part[:-1] if part.endswith(b"\r") else part), after
+            base = after
+        if len(carry) > MAX_ENTRY_BYTES:
+            dropping = True
+            base += len(carry)
+            carry = b""
+    if dropping:
+        yield None, position
+    elif carry:
+        yield (carry[:-1] if carry.endswith(b"\r") else carry), base + len(carry)
+
+
+def read_entries(fd: int, start: int, end: int, kind: str, *, multiline: bool = False) -> Iterator[Entry]:
+    """The entries of a history file's bytes [start, end), oldest first, as the shell reads them.
+
+    bash: one command per line; `#<epoch>` lines (HISTTIMEFORMAT) time the next command; in a file
+    that starts with one, the lines up to the next timestamp are one entry (`multiline`).
+    zsh: `: <epoch>:<duration>;cmd` (extended) or plain lines (a leading `:` escaped as `\\:`);
+    a line ending in a backslash goes on on the next line (a newline of the command); a command
+    that ends in a backslash was written with a space after it, which is dropped; metafied bytes
+    are decoded. An entry longer than MAX_ENTRY_BYTES comes as None (skipped, never read whole).
     """
     if kind not in ("bash", "zsh"):
         raise ValueError(f"unknown history format {kind!r} (bash or zsh)")
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if b"\r" in raw:  # a file that went through Windows: CRLF line ends
-        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-    if kind == "bash":
-        stamp: float | None = None
-        for line in lines:
-            if line.startswith(b"#") and line[1:].isdigit():
-                stamp = float(line[1:])
-                continue
-            yield stamp, _text(line)
-            stamp = None
-        return
-    i = 0
-    while i < len(lines):
-        line = unmetafy(lines[i])
-        ts: float | None = None
-        match = _ZSH_EXTENDED.match(line)
-        if match:
-            ts = float(match.group(1))
-            line = line[match.end() :]
-        parts = [line]
-        while parts[-1].endswith(b"\\") and i + 1 < len(lines):
-            parts[-1] = parts[-1][:-1]
-            i += 1
-            parts.append(unmetafy(lines[i]))
-        i += 1
-        yield ts, _text(b"\n".join(parts))
+    lines = _lines(fd, start, end)
+    yield from (_zsh_entries(lines) if kind == "zsh" else _bash_entries(lines, multiline))
+
+
+def _bash_entries(lines: Iterator[tuple[bytes | None, int]], multiline: bool) -> Iterator[Entry]:
+    stamp: float | None = None
+    pending: list[bytes] | None = None  # the lines of the entry being read (multi-line files)
+    pending_ts: float | None = None
+    pending_end = 0
+    too_long = False
+    for line, end in lines:
+        if line is not None and _is_bash_timestamp(line):
+            if pending is not None:
+                yield pending_ts, None if too_long else b"\n".join(pending), pending_end
+                pending, too_long = None, False
+            digits = re.match(rb"#(\d{1,12})", line)
+            stamp = float(digits.group(1)) if digits else None
+            continue
+        if multiline and pending is not None:
+            if line is None or too_long or sum(map(len, pending)) + len(line) > MAX_ENTRY_BYTES:
+                too_long = True
+            else:
+                pending.append(line)
+            pending_end = end
+            continue
+        if pending is not None:
+            yield pending_ts, None if too_long else b"\n".join(pending), pending_end
+            too_long = False
+        if line is None:
+            pending, too_long = [], True
+        else:
+            pending = [line]
+        pending_ts, pending_end, stamp = stamp, end, None
+        if not multiline:
+            yield pending_ts, None if too_long else b"\n".join(pending), pending_end
+            pending, too_long = None, False
+    if pending is not None:
+        yield pending_ts, None if too_long else b"\n".join(pending), pending_end
+
+
+def _zsh_entries(lines: Iterator[tuple[bytes | None, int]]) -> Iterator[Entry]:
+    parts: list[bytes] = []
+    size = 0
+    too_long = False
+    end = 0
+    for line, end in lines:
+        if line is None or too_long or size + len(line) > MAX_ENTRY_BYTES:
+            too_long = True
+            line = b""
+        if line.endswith(b"\\"):
+            parts.append(line[:-1])  # the backslash stood for a newline of the command
+            size += len(line)
+            continue
+        parts.append(line)
+        raw = None if too_long else _zsh_entry(b"\n".join(parts))
+        yield (None if raw is None else raw[0]), (None if raw is None else raw[1]), end
+        parts, size, too_long = [], 0, False
+    if parts:  # a continuation cut by the end of the file
+        raw = None if too_long else _zsh_entry(b"\n".join(parts))
+        yield (None if raw is None else raw[0]), (None if raw is None else raw[1]), end
+
+
+def _zsh_entry(raw: bytes) -> tuple[float | None, bytes]:
+    """One joined zsh entry -> (timestamp, command bytes)."""
+    trimmed = raw.rstrip(b" ")
+    if trimmed != raw and trimmed.endswith(b"\\"):
+        raw = raw[:-1]  # zsh writes a space after a command that ends in a backslash
+    raw = unmetafy(raw)
+    match = _ZSH_EXTENDED.match(raw)
+    if match:
+        return float(match.group(1)), raw[match.end() :]
+    if raw.startswith(b"\\:"):
+        raw = raw[1:]  # a plain line that starts with `:` is written `\:`
+    return None, raw
+
+
+def _entry_start(fd: int, offset: int, end: int, kind: str, multiline: bool) -> int:
+    """The offset of the first entry that starts at or after `offset`: the start of a line that
+    follows a line not ending in a backslash (zsh), a timestamp line (a multi-line bash file),
+    any line (bash); `end` when there is none."""
+    prev_end: int | None = None  # offset after the line before (the first one read is partial)
+    prev_line: bytes | None = None
+    for line, after in _lines(fd, max(0, offset - 1), end):
+        if prev_end is not None:
+            if kind == "bash" and multiline:
+                begins = line is not None and _is_bash_timestamp(line)
+            else:
+                begins = kind == "bash" or prev_line is None or not prev_line.endswith(b"\\")
+            if begins:
+                return prev_end
+        prev_end, prev_line = after, line
+    return end
+
+
+def parse_history(raw: bytes, kind: str) -> Iterator[tuple[float | None, str]]:
+    """(timestamp or None, command) pairs of a whole history file in memory, oldest first, as
+    `read_entries` reads them (entries too long to be commands left out)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        f.write(raw)
+        f.flush()
+        multiline = kind == "bash" and _bash_timestamped(raw[:FORMAT_SNIFF_BYTES])
+        for ts, cmd, _ in read_entries(f.fileno(), 0, len(raw), kind, multiline=multiline):
+            if cmd is not None:
+                yield ts, _text(cmd)

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from calmd import paths
+from calmd.atomic import keep_copy
 from calmd.errors import FormatError
 from calmd.formats.cwgt import FLAG_TIED, CwgtHeader, Metadata, read_cwgt, write_cwgt
 from calmd.model.mamba import CalmModel, ModelConfig
@@ -90,9 +92,14 @@ def save_model(
     defaults: GenerationDefaults | None = None,
     ewc: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
 ) -> Path:
-    """Write `model` atomically as CWGT v5; `ewc` is (fisher diagonal, anchor weights), flat."""
+    """Write `model` atomically as CWGT v5; `ewc` is (fisher diagonal, anchor weights), flat.
+    A `shell.cwgt` it replaces (weights a daemon serves: `calm train` in place, `calm init -o ...
+    --force`) is kept as `shell.prev.cwgt` first, so that `calm rollback` undoes the change."""
     arrays = model.to_named_arrays()
-    return write_cwgt(path, header_for(model.cfg, defaults), arrays, metadata or Metadata(), ewc=ewc)
+    target = Path(path)
+    if target.name == paths.WEIGHTS and target.is_file():
+        keep_copy(target, paths.prev_weights_path(target))
+    return write_cwgt(target, header_for(model.cfg, defaults), arrays, metadata or Metadata(), ewc=ewc)
 
 
 @dataclass

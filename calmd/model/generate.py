@@ -43,6 +43,11 @@ from calmd.formats.tokenizer import (
 from calmd.model.checkpoint import GenerationDefaults, LoadedModel
 from calmd.model.mamba import CalmModel, InferenceState
 
+# The bytes a candidate never holds: C0 controls (newline, ESC, BEL, CR, NUL ...) and DEL; and
+# the second bytes of a C1 control's UTF-8 form (after 0xC2), U+0080-U+009F (U+009B is a CSI).
+CONTROL_BYTES = (*range(0x20), 0x7F)
+C1_SECOND_BYTES = slice(0x80, 0xA0)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -132,10 +137,28 @@ class Generator:
         self.beam_width = beam_width
         self.cache = PrefixCache()
         vocab = loaded.model.cfg.vocab_size
-        # Inside a command only bytes and EOS may follow: special tokens never appear there.
+        # Inside a command only bytes and EOS may follow: special tokens never appear there. Nor
+        # do the bytes of a control character (calmd/daemon/filters.py terminal_safe): C0 and
+        # DEL are single bytes, masked always; a C1 character (U+0080-U+009F, 0xC2 0x80-0x9F in
+        # UTF-8) is masked after a 0xC2 (`_after_c2`). A stray 0x80-0x9F decodes to U+FFFD.
         self._forbidden = torch.ones(vocab, dtype=torch.bool)
         self._forbidden[:BYTE_TOKENS] = False
         self._forbidden[Special.EOS] = False
+        self._control = torch.zeros(vocab, dtype=torch.bool)
+        self._control[list(CONTROL_BYTES)] = True
+        self._forbidden |= self._control
+        self._after_c2 = torch.zeros(vocab, dtype=torch.bool)
+        self._after_c2[C1_SECOND_BYTES] = True
+
+    def mask_controls(self, logits: Tensor, outputs: Sequence[bytes | bytearray]) -> Tensor:
+        """`logits` (rows, V) with the second byte of a C1 character masked in the rows whose
+        output so far ends with its first byte (0xC2). The caller masks `_forbidden` itself."""
+        rows = [i for i, out in enumerate(outputs) if out[-1:] == b"\xc2"]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        logits[rows] = logits[rows].masked_fill(self._after_c2, -math.inf)
+        return logits
 
     # -- context --------------------------------------------------------------------------------
 
@@ -357,8 +380,9 @@ class Generator:
         steps = [0] * n
         assert opts.max_tokens is not None
         for _ in range(opts.max_tokens):
-            if not raw:
-                logits = logits.masked_fill(self._forbidden, -math.inf)
+            # --raw lets special tokens through (EOS alone ends a line), never a control byte
+            logits = logits.masked_fill(self._control if raw else self._forbidden, -math.inf)
+            logits = self.mask_controls(logits, [m.output for m in matchers])
             token = sample_next(logits, opts, gen)  # (n,)
             logp = F.log_softmax(logits.float(), -1).gather(-1, token[:, None])[:, 0]
             for i in range(n):
@@ -428,6 +452,7 @@ class BeamSearch:
                 self.state, torch.tensor(self.tokens, dtype=torch.long), self.rows
             )
         logp = F.log_softmax(self.logits.float(), dim=-1).masked_fill(self.gen._forbidden, -math.inf)
+        logp = self.gen.mask_controls(logp, [m.output for m in self.matchers])
         total = (torch.tensor(self.scores)[:, None] + logp).reshape(-1)  # (live * V)
         top_scores, top_index = torch.topk(total, min(2 * self.width, total.numel()))
         vocab = logp.shape[1]

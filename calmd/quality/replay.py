@@ -54,10 +54,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from calmd import paths
-from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.frames import served_completions, word_start
 from calmd.history.reconstruct import Reconstruction
@@ -79,15 +78,23 @@ class Tally:
     # queries whose command line the user had run before: what a perfect history ranker scores
     seen: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     saved: float = 0.0  # sum over typed commands of the fraction of keystrokes saved
-    saved_shown: float = 0.0  # the same when only ghosts at or above the threshold are shown
+    saved_drawn: float = 0.0  # the same with the ghosts the shell draws (calmd's rule; baselines: always)
     typed: int = 0
     chars: int = 0  # characters of the commands typed out
     keys_lines: int = 0  # keys pressed by the whole-line-accepting user (Enter not counted)
     keys_words: int = 0  # keys pressed by the word-accepting user
-    keys_words_shown: int = 0  # the same accepting only the ghosts shown
-    # calmd's top candidate per query: (confidence, right), for coverage and precision
-    tops: dict[int, list[tuple[float, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
-    threshold: float = DEFAULT_MIN_CONFIDENCE
+    keys_lines_drawn: int = 0  # the same two users with only the ghosts drawn
+    keys_words_drawn: int = 0
+    # what the shell did at the keystrokes the drawn-ghost users pressed (calmd): requests sent
+    # (typing along a ghost sends none), early lines drawn, and drawn lines replaced within the
+    # keystroke by the final answer, of which the new line was the command / the old one was
+    requests: int = 0
+    early_drawn: int = 0
+    replaced: int = 0
+    replaced_better: int = 0
+    replaced_worse: int = 0
+    # calmd's top candidate per query: (confidence, right, drawn), for coverage and precision
+    tops: dict[int, list[tuple[float, bool, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
     ms_first: list[float] = field(default_factory=list)  # per query (calmd): to the first candidate
     ms_done: list[float] = field(default_factory=list)  # ... and to the last
     runs: int = 0  # background training runs (with training)
@@ -105,12 +112,18 @@ class Tally:
             self.seen[k] += other.seen[k]
             self.tops[k] += other.tops[k]
         self.saved += other.saved
-        self.saved_shown += other.saved_shown
+        self.saved_drawn += other.saved_drawn
         self.typed += other.typed
         self.chars += other.chars
         self.keys_lines += other.keys_lines
         self.keys_words += other.keys_words
-        self.keys_words_shown += other.keys_words_shown
+        self.keys_lines_drawn += other.keys_lines_drawn
+        self.keys_words_drawn += other.keys_words_drawn
+        self.requests += other.requests
+        self.early_drawn += other.early_drawn
+        self.replaced += other.replaced
+        self.replaced_better += other.replaced_better
+        self.replaced_worse += other.replaced_worse
         self.ms_first += other.ms_first
         self.ms_done += other.ms_done
         self.runs += other.runs
@@ -127,6 +140,9 @@ class Tally:
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
             "keystrokes_saved_lines": 1 - self.keys_lines / self.chars if self.chars else None,
             "keystrokes_saved_words": 1 - self.keys_words / self.chars if self.chars else None,
+            "keystrokes_saved_drawn": self.saved_drawn / self.typed if self.typed else None,
+            "keystrokes_saved_lines_drawn": 1 - self.keys_lines_drawn / self.chars if self.chars else None,
+            "keystrokes_saved_words_drawn": 1 - self.keys_words_drawn / self.chars if self.chars else None,
             "typed_characters": self.chars,
             **self._shown_json(),
             "typed_commands": self.typed,
@@ -143,13 +159,14 @@ class Tally:
         return {"comp_filled": self.comp_filled / queries if queries else None,
                 "comp_held_the_word": self.comp_right / self.comp_filled}  # fmt: skip
 
-    def coverage_precision(self, threshold: float) -> dict[int, tuple[float | None, float | None]]:
-        """Per k: the share of queries whose top candidate is shown (confidence >= threshold) and
-        the share of those that are right."""
+    def coverage_precision(self, threshold: float | None) -> dict[int, tuple[float | None, float | None]]:
+        """Per k: the share of queries whose top candidate would be shown at `threshold`
+        (confidence >= it; None: the ghost the rule draws) and the share of those that are right."""
         out: dict[int, tuple[float | None, float | None]] = {}
         for k in KS:
             tops = self.tops[k]
-            shown = [right for conf, right in tops if conf >= threshold]
+            shown = [right for conf, right, drawn in tops
+                     if (drawn if threshold is None else conf >= threshold)]  # fmt: skip
             out[k] = (len(shown) / len(tops) if tops else None, sum(shown) / len(shown) if shown else None)
         return out
 
@@ -168,17 +185,20 @@ class Tally:
     def _shown_json(self) -> dict[str, Any]:
         if not any(self.tops.values()):
             return {}
-        at = self.coverage_precision(self.threshold)
+        at = self.coverage_precision(None)
+        keys = self.requests or 1
         return {
-            "threshold": self.threshold,
-            "coverage": {k: at[k][0] for k in KS},
+            "coverage": {k: at[k][0] for k in KS},  # of the drawn ghosts: the rule's
             "precision": {k: at[k][1] for k in KS},
-            "keystrokes_saved_shown": self.saved_shown / self.typed if self.typed else None,
-            "keystrokes_saved_words_shown": 1 - self.keys_words_shown / self.chars if self.chars else None,
-            "sweep": {
+            "sweep": {  # a single confidence threshold in place of the rule, for comparison
                 str(t): {k: list(v) for k, v in self.coverage_precision(t).items()} for t in THRESHOLDS
             },
-        }
+            "ghosts": {
+                "requests": self.requests, "early_drawn": self.early_drawn, "replaced": self.replaced,
+                "replaced_share": self.replaced / keys, "replaced_by_the_command": self.replaced_better,
+                "replaced_the_command": self.replaced_worse,
+            },
+        }  # fmt: skip
 
 
 class PastOnly:
@@ -226,11 +246,6 @@ class PastOnly:
         return suggest
 
 
-def _keystrokes_saved(cmd: str, suggest: Any) -> float:
-    """Fraction of keystrokes saved typing `cmd` and accepting the first correct top-1."""
-    return 1 - keys_whole_line(cmd, suggest) / len(cmd) if cmd else 0.0
-
-
 Suggest = Callable[[str], "str | None"]  # typed prefix -> the top suggestion (a whole line) or None
 
 
@@ -249,6 +264,33 @@ def next_word(rest: str) -> str:
     start = len(rest) - len(rest.lstrip(" "))
     end = rest.find(" ", start)
     return rest if end < 0 else rest[: end + 1]
+
+
+Request = Callable[[str, "str | None"], "str | None"]  # (buffer, line drawn now) -> line drawn after
+
+
+def keys_with_ghosts(cmd: str, request: Request, words: bool) -> int:
+    """Keys to enter `cmd` with the ghosts a zsh client draws: `request(typed, drawn)` is the line
+    drawn after the request every change of the buffer sends (None: nothing), `drawn` the line
+    shown until then when it still extends the buffer (the user typed along it, or took a word
+    of it: the daemon keeps it unless it is clearly beaten). The user accepts the ghost when it
+    is the whole command (one key), else (`words`) its next word when the command continues with
+    it, else types one character. Enter is not counted."""
+    typed, keys = "", 0
+    ghost: str | None = None
+    while len(typed) < len(cmd):
+        keys += 1
+        still = ghost if ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed) else None
+        ghost = request(typed, still)
+        if ghost == cmd:
+            return keys
+        if words and ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed):
+            word = next_word(ghost[len(typed) :])
+            if cmd.startswith(word, len(typed)):
+                typed += word
+                continue
+        typed = cmd[: len(typed) + 1]
+    return keys
 
 
 def keys_word_by_word(cmd: str, suggest: Suggest) -> int:
@@ -313,7 +355,7 @@ class ReplayConfig:
     typing_positions: int = 15  # of the sampled positions, how many are typed out for keystrokes
     weights: dict[str, float] = field(default_factory=dict)  # RankWeights overrides, to measure ideas
     train_every: int = 0  # with training: a background run after every N replayed commands (0: never)
-    min_confidence: float = DEFAULT_MIN_CONFIDENCE  # a ghost is shown at or above this
+    min_confidence: float | None = None  # one threshold in place of the ghost rule's (CALM_MIN_CONFIDENCE)
     models: dict[str, Path] = field(default_factory=dict)  # several models: system name -> weights
     comp: bool = False  # also replay each model with COMP and ENV from the reconstructed disk
 
@@ -359,18 +401,40 @@ def comp_frames(prefix: str, disk: Reconstruction, commands: Sequence[str], engi
 Frames = Callable[[str], dict[str, Any]]  # typed prefix -> more context fields for the query
 
 
+class Answer(NamedTuple):
+    """What a zsh client gets for one keystroke: the early line (text, confidence, drawn) and the
+    candidates (text, confidence, drawn), the drawn one first."""
+
+    early: tuple[str, float, bool] | None
+    candidates: list[tuple[str, float, bool]]
+
+    @property
+    def top(self) -> str | None:
+        return self.candidates[0][0] if self.candidates else None
+
+    @property
+    def drawn(self) -> str | None:
+        return self.candidates[0][0] if self.candidates and self.candidates[0][2] else None
+
+    @property
+    def early_drawn(self) -> str | None:
+        return self.early[0] if self.early is not None and self.early[2] else None
+
+
 class _Ours:
     """One calmd system of the replay: an engine on the shared store, timed per query. Its engine
     session is the system's name, so that systems sharing an engine keep their own caches (the
-    prefix cache, the answer typing through continues); `frames` adds context fields per query."""
+    prefix cache, the answer typing through continues); `frames` adds context fields per query.
+    Every request is the zsh client's (`"early": true`, the ghost rule as fitted unless
+    `min_conf` replaces its thresholds, as CALM_MIN_CONFIDENCE does)."""
 
     def __init__(
         self, system: str, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None,
-        min_conf: float, frames: Frames | None = None,
+        min_conf: float | None, frames: Frames | None = None,
     ) -> None:  # fmt: skip
         self.session, self.engine, self.store, self.tally = system, engine, store, tally
         self.rows, self.min_conf, self.frames = rows, min_conf, frames
-        self.cache: dict[str, tuple[str, float] | None] = {}  # prefix -> top-1, for the command typed out
+        self.cache: dict[str, Answer] = {}  # prefix -> answer, for the command typed out
         self.never = threading.Event()
 
     def context(self, prefix: str) -> dict[str, Any]:
@@ -379,23 +443,31 @@ class _Ours:
         ctx: dict[str, Any] = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
         return {**ctx, **self.frames(prefix)} if self.frames is not None else ctx
 
-    def ask(self, prefix: str, n: int, target: str | None = None) -> list[tuple[str, float]]:
+    def ask(self, prefix: str, n: int, target: str | None = None, drawn: str | None = None) -> Answer:
         ctx = self.context(prefix)
         engine, rows = self.engine, self.rows
-        if rows is None or target is None:
-            return [(s.text, s.confidence) for s in engine.complete(ctx, n, self.session, self.never)]
-        engine.explained_early = None
-        got = list(engine.complete(ctx, n, self.session, self.never, lambda text, conf: None, explain=True))
-        for s in got:
-            rows.candidate.append(s.features)
-            rows.candidate_right.append(s.text == target)
-        if engine.explained_early is not None:
-            text, row = engine.explained_early
-            rows.early.append(row)
-            rows.early_right.append(text == target)
-        return [(s.text, s.confidence) for s in got]
+        early: list[tuple[str, float, bool]] = []
 
-    def timed(self, prefix: str, n: int, target: str) -> list[tuple[str, float]]:
+        def on_early(text: str, confidence: float, drawn: bool) -> None:
+            early.append((text, confidence, drawn))
+
+        explain = rows is not None and target is not None
+        if explain:
+            engine.explained_early = None
+        got = list(engine.complete(ctx, n, self.session, self.never, on_early, explain=explain,
+                                   min_confidence=self.min_conf, drawn=drawn))  # fmt: skip
+        if explain:
+            assert rows is not None
+            for s in got:
+                rows.candidate.append(s.features)
+                rows.candidate_right.append(s.text == target)
+            if engine.explained_early is not None:
+                text, row = engine.explained_early
+                rows.early.append(row)
+                rows.early_right.append(text == target)
+        return Answer(early[0] if early else None, [(s.text, s.confidence, s.ghost) for s in got])
+
+    def timed(self, prefix: str, n: int, target: str) -> Answer:
         """`ask`, with the time to the first candidate and to the last in the tally."""
         if self.rows is not None:  # explained requests cost more: not the daemon's latency
             return self.ask(prefix, n, target)
@@ -403,45 +475,79 @@ class _Ours:
         if self.frames is not None and ctx.get("completions"):  # calmd+comp: what COMP knew
             self.tally.comp_filled += 1
             self.tally.comp_right += _completes(prefix, target, ctx["completions"])
-        got: list[tuple[str, float]] = []
+        got: list[tuple[str, float, bool]] = []
+        early: list[tuple[str, float, bool]] = []
         t0 = time.perf_counter()
         first = None
-        for s in self.engine.complete(ctx, n, self.session, self.never):
+        for s in self.engine.complete(ctx, n, self.session, self.never, lambda *e: early.append(e),
+                                      min_confidence=self.min_conf):  # fmt: skip
             if first is None:
                 first = time.perf_counter() - t0
-            got.append((s.text, s.confidence))
+            got.append((s.text, s.confidence, s.ghost))
         done = time.perf_counter() - t0
         self.tally.ms_first.append((first if first is not None else done) * 1e3)
         self.tally.ms_done.append(done * 1e3)
-        return got
+        return Answer(early[0] if early else None, got)
 
-    def top1(self, prefix: str) -> tuple[str, float] | None:
-        if prefix not in self.cache:
-            got = self.ask(prefix, 1)
-            self.cache[prefix] = got[0] if got else None
-        return self.cache[prefix]
+    def answer(self, prefix: str, drawn: str | None = None) -> Answer:
+        key = f"{prefix}\0{drawn or ''}"
+        if key not in self.cache:
+            self.cache[key] = self.ask(prefix, 5, drawn=drawn)
+        return self.cache[key]
 
     def accepted(self, prefix: str) -> str | None:
-        got = self.top1(prefix)
-        return got[0] if got else None
+        """The first candidate, drawn or not (calmd's top candidate whatever its confidence)."""
+        return self.answer(prefix).top
 
-    def accepted_shown(self, prefix: str) -> str | None:
-        got = self.top1(prefix)
-        return got[0] if got and got[1] >= self.min_conf else None
+    def drawn(self, prefix: str, shown: str | None) -> str | None:
+        """What a request for `prefix` draws while `shown` is drawn (None: nothing); the tally
+        counts the lines drawn before the answer (`shown`, else the early one) that it replaced."""
+        answer = self.answer(prefix, shown)
+        tally = self.tally
+        tally.requests += 1
+        before = shown
+        early = answer.early_drawn
+        if before is None and early is not None and early.startswith(prefix) and len(early) > len(prefix):
+            tally.early_drawn += 1
+            before = early
+        if before is not None and answer.drawn != before:
+            tally.replaced += 1
+            tally.replaced_better += answer.drawn == self.target
+            tally.replaced_worse += before == self.target
+        return answer.drawn
+
+    target: str | None = None  # the command being typed out (for `drawn`'s tally)
+
+    def states(self, cmd: str, n: int = 5) -> dict[str, Any]:
+        """Every prefix of `cmd` asked in order, as a user typing it character by character: the
+        early proposal and the `n` candidates of each (what calmd/quality/fit_ghost.py fits on)."""
+        out: list[dict[str, Any]] = []
+        for typed in range(len(cmd)):
+            early: list[tuple[str, float, bool]] = []
+            ctx = self.context(cmd[:typed])
+            got = list(self.engine.complete(ctx, n, self.session, self.never,
+                                            lambda *e, to=early: to.append(e)))  # fmt: skip
+            ranked = sorted(got, key=lambda s: s.score, reverse=True)  # before the rule put a line first
+            out.append({"early": list(early[0][:2]) if early else None,
+                        "cands": [[s.text, s.confidence, round(s.score, 4)] for s in ranked]})  # fmt: skip
+        return {"cmd": cmd, "states": out}
 
 
 SESSION = "replay"
 
 
 def replay_user(
-    path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None
-) -> dict[str, Tally]:
+    path: Path, cfg: ReplayConfig, engine_factory: Any, rows: Rows | None = None,
+    states: list[dict[str, Any]] | None = None,
+) -> dict[str, Tally]:  # fmt: skip
     """Replay one user's history; with `rows`, also collect the engine's suggestions and early
-    proposals with their calibration features. With several models (`cfg.models`), each answers
-    every query in turn, on the same store (its own engine and caches)."""
+    proposals with their calibration features; with `states`, every prefix of each typed-out
+    command as the first calmd system answers it (`_Ours.states`). With several models
+    (`cfg.models`), each answers every query in turn, on the same store (its own engine and
+    caches)."""
     commands = read_history(path)
     models = cfg.systems()
-    tallies = {s: Tally(threshold=cfg.min_confidence) for s in cfg.all_systems()}
+    tallies = {s: Tally() for s in cfg.all_systems()}
     if len(commands) <= cfg.warmup:
         return tallies
     rng = random.Random(f"{cfg.seed}:{path.stem}")
@@ -483,8 +589,9 @@ def replay_user(
                     answers: dict[str, list[str]] = {}
                     for system, one in ours.items():
                         got = one.timed(prefix, 5, cmd)
-                        answers[system] = [text for text, _ in got]
-                        tallies[system].tops[k].append((got[0][1], got[0][0] == cmd) if got else (0.0, False))
+                        answers[system] = [text for text, _, _ in got.candidates]
+                        first = got.candidates[0] if got.candidates else ("", 0.0, False)
+                        tallies[system].tops[k].append((first[1], first[0] == cmd, first[2]))
                     for system in BASELINES:
                         answers[system] = past.suggest(system, prefix)
                     for system, texts in answers.items():
@@ -494,9 +601,14 @@ def replay_user(
                         t.top1[k] += bool(texts) and texts[0] == cmd
                         t.top5[k] += cmd in texts[:5]
                 if i in typed_out:
+                    if states is not None:
+                        collector = next(iter(ours.values()))
+                        collector.cache.clear()
+                        states.append({"user": path.stem, **collector.states(cmd)})
                     for system, one in ours.items():
                         one.cache.clear()  # the store is the same while one command is typed out
-                        type_out(tallies[system], cmd, one.accepted, one.accepted_shown)
+                        one.target = cmd
+                        type_out(tallies[system], cmd, one.accepted, one.drawn)
                     for system in BASELINES:
                         type_out(tallies[system], cmd, past.top1(system))
             store.record(cmd, exit=0, session=SESSION, ts=start_ts + 60 * i)  # no exit codes in the files
@@ -521,8 +633,11 @@ def replay_user(
     return tallies
 
 
-def type_out(tally: Tally, cmd: str, suggest: Suggest, suggest_shown: Suggest | None = None) -> None:
-    """The simulated users type `cmd` out with `suggest`'s top suggestions (calmd/quality/replay.py)."""
+def type_out(tally: Tally, cmd: str, suggest: Suggest, drawn: Request | None = None) -> None:
+    """The simulated users type `cmd` out with `suggest`'s top suggestions, and again with only
+    the ghosts a shell draws: `drawn` answers a request as calmd's zsh client sends them
+    (`keys_with_ghosts`); without it the system draws its top suggestion at every key (the
+    baselines)."""
     if not cmd:
         return
     tally.typed += 1
@@ -530,10 +645,15 @@ def type_out(tally: Tally, cmd: str, suggest: Suggest, suggest_shown: Suggest | 
     keys = keys_whole_line(cmd, suggest)
     tally.keys_lines += keys
     tally.saved += 1 - keys / len(cmd)
-    tally.keys_words += keys_word_by_word(cmd, suggest)
-    if suggest_shown is not None:
-        tally.saved_shown += _keystrokes_saved(cmd, suggest_shown)
-        tally.keys_words_shown += keys_word_by_word(cmd, suggest_shown)
+    words = keys_word_by_word(cmd, suggest)
+    tally.keys_words += words
+    if drawn is None:
+        keys_drawn, words_drawn = keys, words
+    else:
+        keys_drawn, words_drawn = keys_with_ghosts(cmd, drawn, False), keys_with_ghosts(cmd, drawn, True)
+    tally.keys_lines_drawn += keys_drawn
+    tally.saved_drawn += 1 - keys_drawn / len(cmd)
+    tally.keys_words_drawn += words_drawn
 
 
 def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
@@ -556,7 +676,7 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
     from calmd.daemon.engine import ModelEngine, RankWeights
 
     systems = cfg.all_systems()
-    totals = {s: Tally(threshold=cfg.min_confidence) for s in systems}
+    totals = {s: Tally() for s in systems}
     per_user: dict[str, Any] = {}
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
@@ -586,22 +706,24 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """Top-1 per k, top-5 at k = 0 and the keystrokes saved (whole line: mean per command as
-    before, and micro-averaged; word by word: micro-averaged) per system; then the ceiling and
-    each calmd system's top-1 as a share of it."""
-    head = f"{'system':<36}" + "".join(f"{'k=' + str(k):>8}" for k in KS)
-    lines = [head + f"{'top5 k=0':>10}{'saved':>8}{'line':>8}{'word':>8}{'ms p50/p99':>14}"]
+    """Top-1 per k and top-5 at k = 0; keystrokes saved by the whole-line and the word-by-word
+    user, first with every system's top suggestion whatever its confidence, then with only what
+    the shell draws (calmd: its ghost rule; the baselines draw theirs always); then the ceiling,
+    each calmd system's top-1 as a share of it, and what calmd's ghosts did."""
+    head = f"{'system':<36}" + "".join(f"{'k=' + str(k):>7}" for k in KS)
+    lines = [head + f"{'top5':>7}{'line':>7}{'word':>7}{'drawn:':>8}{'line':>6}{'word':>7}{'ms p50/p99':>14}"]
 
-    def pct(v: float | None) -> str:
-        return f"{(v or 0) * 100:>7.1f}%"
+    def pct(v: float | None, width: int = 6) -> str:
+        return f"{(v or 0) * 100:>{width}.1f}%"
 
     for system, t in result["totals"].items():
         top1 = "".join(pct(t["top1"][k]) for k in KS)
-        saved = pct(t["keystrokes_saved"]) + pct(t.get("keystrokes_saved_lines"))
+        saved = pct(t.get("keystrokes_saved_lines")) + pct(t.get("keystrokes_saved_words"))
+        drawn = " " * 8 + pct(t.get("keystrokes_saved_lines_drawn"), 5)
+        drawn += pct(t.get("keystrokes_saved_words_drawn"))
         ms = t.get("latency_ms")
         timing = f"{ms['done_p50']:>7.1f}/{ms['done_p99']:<6.1f}" if ms else ""
-        lines.append(f"{system:<36}{top1}{pct(t['top5'][0]):>10}{saved}{pct(t.get('keystrokes_saved_words'))}"
-                     f"{timing}")  # fmt: skip
+        lines.append(f"{system:<36}{top1}{pct(t['top5'][0])}{saved}{drawn}{timing}")
     # the same for every system: the share of queries whose command had been run before
     first = next(iter(result["totals"].values()))
     seen = first["seen_before"]
@@ -610,16 +732,21 @@ def format_table(result: dict[str, Any]) -> str:
         if system.startswith("calmd"):
             share = "".join(pct(t["top1"][k] / seen[k] if seen[k] else None) for k in KS)
             lines.append(f"{(system + ' top-1 / ceiling'):<36}{share}")
-    ours = result["totals"].get("calmd")
+    ours = result["totals"].get("calmd") or next(
+        (t for s, t in result["totals"].items() if s.startswith("calmd")), None
+    )
     if ours is not None and "coverage" in ours:
-        at = f"confidence >= {ours['threshold']:g}"
-        lines.append(f"{'calmd coverage (' + at + ')':<36}" + "".join(pct(ours["coverage"][k]) for k in KS))
-        lines.append(f"{'calmd precision (' + at + ')':<36}" + "".join(pct(ours["precision"][k]) for k in KS))
-        saved = ours["keystrokes_saved_shown"]
-        if saved is not None:
-            words = ours.get("keystrokes_saved_words_shown") or 0.0
-            lines.append(f"calmd keystrokes saved accepting only the ghosts shown: {saved * 100:.1f}% "
-                         f"(whole lines), {words * 100:.1f}% (word by word)")  # fmt: skip
+        for name, key in (("calmd ghost drawn (coverage)", "coverage"),
+                          ("calmd ghost right (precision)", "precision")):  # fmt: skip
+            lines.append(f"{name:<36}" + "".join(pct(ours[key][k]) for k in KS))
+        g = ours["ghosts"]
+        lines.append(
+            f"calmd ghosts while typing out: {g['requests']} requests, {g['early_drawn']} early lines drawn, "
+            f"{g['replaced']} replaced within the keystroke ({g['replaced_share'] * 100:.1f}% of requests; "
+            f"the new line was the command {g['replaced_by_the_command']} times, the old one "
+            f"{g['replaced_the_command']})"
+        )
+    lines.append("line / word: keystrokes saved taking the top suggestion always; drawn: only what is drawn")
     if any("latency_ms" in t for t in result["totals"].values()):
         lines.append("ms p50/p99: in-process request -> last of 5 candidates at the sampled queries")
     return "\n".join(lines)

@@ -144,14 +144,17 @@ class CalmClient:
 
     def complete(
         self, text: str, *, n: int = 5, session: str = "", early: bool = False,
-        min_confidence: float | None = None, **ctx: Any,
+        min_confidence: float | None = None, multiline: bool = False, **ctx: Any,
     ) -> Iterator[dict[str, Any]]:  # fmt: skip
         """Stream candidate replies (`candidate`, `score`, `confidence`, `ghost`), the drawn one
-        first, then the `done` reply; with `early`, the history's best line (`early`) before them."""
+        first, then the `done` reply; with `early`, the history's best line (`early`) before them.
+        `multiline`: the caller can show a multi-line entry as lines (docs/protocol.md)."""
         fields = {"input": text, **{k: v for k, v in ctx.items() if v is not None}}
         extra: dict[str, Any] = {"early": True} if early else {}
         if min_confidence is not None:
             extra["min_confidence"] = min_confidence
+        if multiline:
+            extra["multiline"] = True
         for message in self.replies(self.send("complete", n=n, session=session, ctx=fields, **extra)):
             if "error" in message:
                 raise DaemonError(message["error"].get("code", "?"), message["error"].get("message", ""))

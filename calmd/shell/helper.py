@@ -40,7 +40,6 @@ Without `--format 2` (a hook from before it, whose helper was restarted by an up
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import logging
 import os
@@ -321,6 +320,12 @@ class Helper:
         self.path = os.environ.get("PATH", "")  # the shell's, as it started this helper
         self.path_sent = False  # on this connection
         self.drawn = ""  # the line the shell was last told to draw: the next request's incumbent
+        # zsh draws a multi-line entry as lines (ghost text, then the buffer): it may be offered
+        # one. bash inserts it whole into the line, where a newline is a second command: never.
+        self.multiline = shell == "zsh"
+        from calmd.daemon.filters import sendable
+
+        self.sendable = sendable
 
     # -- shell side ------------------------------------------------------------------------------
 
@@ -447,6 +452,8 @@ class Helper:
                     extra["min_confidence"] = q.min_confidence
                 if len(self.drawn) > len(q.input) and self.drawn.startswith(q.input):
                     extra["drawn"] = self.drawn  # the user typed along it: it stays unless beaten
+                if self.multiline:
+                    extra["multiline"] = True
                 if not self.path_sent and self.path:
                     extra["path"] = self.path[:8192]
                     self.path_sent = True
@@ -474,6 +481,7 @@ class Helper:
             if (
                 self.line_format >= 2
                 and isinstance(text, str)
+                and self.sendable(text, multiline=self.multiline)
                 and len(text) > len(active.input)
                 and text.startswith(active.input)
                 and not active.candidates
@@ -484,6 +492,9 @@ class Helper:
             return
         if "candidate" in message:
             candidate = str(message["candidate"])
+            # an older daemon sent control characters too: none reaches the shell
+            if not self.sendable(candidate, multiline=self.multiline):
+                return
             if candidate and candidate not in active.candidates:
                 confident = active.is_drawn(message)
                 active.candidates.append(candidate)
@@ -628,8 +639,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_enable(args: argparse.Namespace) -> int:
     flag = disabled_flag()
-    with contextlib.suppress(FileNotFoundError):
+    try:
         flag.unlink()
+    except FileNotFoundError:
+        print("calm: suggestions are on already (they were not disabled)")
+        return 0
     print(f"calm: suggestions enabled (removed {flag})")
     return 0
 

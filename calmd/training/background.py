@@ -31,7 +31,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import signal
 import time
 import traceback
@@ -40,7 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
-from calmd.atomic import atomic_write, exchange, fsync_dir, read_regular_file, remove_stale_temp_files
+from calmd.atomic import (
+    atomic_write,
+    exchange,
+    fsync_dir,
+    keep_copy,
+    read_regular_file,
+    remove_stale_temp_files,
+)
 from calmd.errors import CalmError, DiskFull
 from calmd.history.store import HistoryStore
 from calmd.training.datasets import DatasetOptions, write_history_dataset
@@ -188,6 +194,32 @@ def clean_leftovers(data_dir: Path) -> list[str]:
     return removed
 
 
+def candidate_path(data_dir: Path, pid: int) -> Path:
+    """Where run `pid` writes the weights it trained, before the not-worse check swaps them in."""
+    return data_dir / f".shell.candidate.{pid}.cwgt"
+
+
+def remove_run_files(data_dir: Path, pid: int) -> list[str]:
+    """What the ended run `pid` left: its candidate weights (and the candidate's temp file), the
+    temp files of its datasets and of training.json. Only call it once that run is gone and no
+    other holds the lock. Other processes' temp files in the data dir (a hook file being
+    written) are left alone."""
+    removed: list[str] = []
+    candidate = candidate_path(data_dir, pid)
+    doomed = [candidate, *data_dir.glob(f".{candidate.name}.*.tmp"),
+              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp")]  # fmt: skip
+    work = paths.training_dir(data_dir)
+    if work.is_dir() and not work.is_symlink():
+        doomed += [p for p in work.iterdir() if p.name.startswith(".") and p.suffix in (".tmp", ".tokens")]
+    for path in doomed:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(str(path.relative_to(data_dir)))
+    return removed
+
+
 def _check_parent(parent_pid: int | None) -> None:
     if parent_pid is not None and os.getppid() != parent_pid:
         raise RunStopped(f"the daemon (pid {parent_pid}) is gone")
@@ -197,7 +229,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
     """One training run; returns (and writes) its result. Whatever ends it early is written as
     its result too: `interrupted` (stopped) or `failed` with the reason (a full disk says so)."""
     started = time.time()
-    candidate = opts.data_dir / f".shell.candidate.{os.getpid()}.cwgt"
+    candidate = candidate_path(opts.data_dir, os.getpid())
     try:
         result = _run_stages(opts, started, candidate)
     except BaseException as exc:
@@ -279,21 +311,16 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
 def swap_in(candidate: Path, weights: Path) -> None:
     """Rename `candidate` over `weights`, keeping the replaced file as `shell.prev.cwgt` for `calm
     rollback`. Renames only: `weights` holds a complete file at every instant."""
-    prev = paths.prev_weights_path(weights)
     if weights.exists():
-        keep = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
-        keep.unlink(missing_ok=True)
-        try:
-            os.link(weights, keep)  # the same file under a second name: no copy
-        except OSError:
-            shutil.copyfile(weights, keep)  # a file system without hard links
-        os.replace(keep, prev)
+        keep_copy(weights, paths.prev_weights_path(weights))  # the same file under a second name
     os.replace(candidate, weights)
     fsync_dir(weights.parent)
 
 
 def rollback(weights: Path) -> Path:
-    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev).
+    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev); with
+    no previous file, move the weights aside to it: the packaged model serves (`serving_weights`),
+    and the next rollback brings them back.
 
     Atomic: one renameat2(RENAME_EXCHANGE) swaps the two files, so each name holds a complete
     file at every instant and a crash leaves either the old pair or the swapped one. Where the
@@ -303,12 +330,23 @@ def rollback(weights: Path) -> Path:
     from calmd.model.checkpoint import load_model
 
     prev = paths.prev_weights_path(weights)
-    if not prev.exists():
-        raise CalmError(f"{prev} does not exist: nothing to roll back to")
+    for path in (weights, prev):
+        if path.exists() and not path.is_file():
+            raise CalmError(f"{path} is not a weight file (a folder?); give the weights with --weights FILE")
+    if not prev.exists() and not weights.exists():
+        raise CalmError(f"neither {weights} nor {prev} exists: the packaged model serves already")
     with TrainingLock(weights.parent) as lock:
         if not lock.acquire():
             holder = lock_holder(weights.parent)
             raise CalmError(f"a training run (pid {holder}) is in progress: roll back after it ends")
+        if not prev.exists():
+            if weights.name != paths.WEIGHTS:  # only serving weights give way to the packaged model
+                raise CalmError(f"{prev} does not exist: nothing to roll back to")
+            # Nothing replaced yet: back to the packaged model, keeping these weights as the
+            # previous ones, so that the next rollback brings them back.
+            os.replace(weights, prev)
+            fsync_dir(weights.parent)
+            return weights
         load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
         if not weights.exists():
             os.replace(prev, weights)

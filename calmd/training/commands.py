@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from calmd import paths
+from calmd.arguments import number, whole
 
 # Flags of `calm train`, one per TrainConfig field (checked by a test): field -> (flags, kwargs).
 TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -22,29 +23,34 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "dataset": (("-d", "--dataset"), {"metavar": "DATASET", "help": "CTDS file (yours)"}),
     "output": (("-o", "--output"), {"metavar": "OUT",
                "help": "where to write the model (default: the input model, in place)"}),
-    "epochs": (("--epochs",), {"type": int, "help": "passes over the training set (3)"}),
-    "lr": (("--lr",), {"type": float, "help": "learning rate (1e-3 untrained, 1e-4 fine-tuning)"}),
+    "epochs": (("--epochs",), {"type": whole(1, 100_000), "help": "passes over the training set (3)"}),
+    "lr": (("--lr",), {"type": number(0, 10, above=True),
+           "help": "learning rate (1e-3 untrained, 1e-4 fine-tuning)"}),
     "lr_schedule": (("--lr-schedule",), {"choices": ["constant", "cosine"],
                     "help": "constant, or cosine with a 2%% warm-up (constant)"}),
     "optimizer": (("--optimizer",), {"choices": ["adam", "adamw", "sgd"], "help": "adamw"}),
-    "weight_decay": (("--weight-decay",), {"type": float, "help": "on weight matrices (0.01)"}),
-    "batch_size": (("--batch-size",), {"type": int, "help": "sequences per step, all ranks (16)"}),
-    "seed": (("--seed",), {"type": int, "help": "initialisation, split, shuffling (0)"}),
-    "grad_clip": (("--grad-clip",), {"type": float, "help": "max gradient norm, 0 = off (1.0)"}),
-    "val_fraction": (("--val-fraction",), {"type": float, "help": "held-out share (0.05)"}),
-    "threads": (("--threads",), {"type": int, "help": "torch threads, 0 = default"}),
-    "ewc_lambda": (("--ewc-lambda",), {"type": float,
+    "weight_decay": (("--weight-decay",), {"type": number(0, 10), "help": "on weight matrices (0.01)"}),
+    "batch_size": (("--batch-size",), {"type": whole(1, 65536),
+                   "help": "sequences per step, all ranks (16)"}),
+    "seed": (("--seed",), {"type": whole(0, 2**32 - 1), "help": "initialisation, split, shuffling (0)"}),
+    "grad_clip": (("--grad-clip",), {"type": number(0, 10**6), "help": "max gradient norm, 0 = off (1.0)"}),
+    "val_fraction": (("--val-fraction",), {"type": number(0, 0.99), "help": "held-out share (0.05)"}),
+    "threads": (("--threads",), {"type": whole(0, 1024), "help": "torch threads, 0 = default"}),
+    "ewc_lambda": (("--ewc-lambda",), {"type": number(0, 10**9),
                    "help": "EWC strength against the input model's Fisher, 0 = off (100)"}),
-    "ewc_gamma": (("--ewc-gamma",), {"type": float,
+    "ewc_gamma": (("--ewc-gamma",), {"type": number(0, 1),
                   "help": "weight of the input model's Fisher in the stored one (0.5)"}),
-    "fisher_samples": (("--fisher-samples",), {"type": int,
+    "fisher_samples": (("--fisher-samples",), {"type": whole(0, 1_000_000),
                        "help": "sequences for the Fisher estimate, 0 = store none (128)"}),
-    "max_steps": (("--max-steps",), {"type": int, "help": "stop after N optimizer steps, 0 = all epochs"}),
-    "max_minutes": (("--max-minutes",), {"type": float, "help": "wall-clock budget, 0 = none"}),
-    "plot": (("--plot",), {"metavar": "PNG", "help": "write the loss curve as a PNG"}),
+    "max_steps": (("--max-steps",), {"type": whole(0, 10**9),
+                  "help": "stop after N optimizer steps, 0 = all epochs"}),
+    "max_minutes": (("--max-minutes",), {"type": number(0, 10**6), "help": "wall-clock budget, 0 = none"}),
+    "plot": (("--plot",), {"metavar": "FILE", "help": "draw the loss curve (training, held-out, "
+             "learning rate) as a PNG, or an SVG for FILE.svg; needs pip install 'calmd[plot]'"}),
     "checkpoint": (("--checkpoint",), {"metavar": "PATH", "help": "save the run's state here every "
                    "--checkpoint-every steps and when --max-minutes ends it (for --resume)"}),
-    "checkpoint_every": (("--checkpoint-every",), {"type": int, "help": "steps between checkpoints (200)"}),
+    "checkpoint_every": (("--checkpoint-every",), {"type": whole(1, 10**9),
+                         "help": "steps between checkpoints (200)"}),
     "resume": (("--resume",), {"action": "store_true", "default": None,
                "help": "continue the run saved in --checkpoint (same settings): the same model as "
                "one uninterrupted run"}),
@@ -89,7 +95,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = args.model or paths.weights_path()
+    model = args.model or paths.serving_weights()  # yours, else the packaged model (as `calm generate`)
     dataset = args.dataset or paths.dataset_path()
     result, total = evaluate_files(
         model, dataset, limit=args.limit, seed=args.seed, raw=args.raw, batch_size=args.batch_size

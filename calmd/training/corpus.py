@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calmd import paths
+from calmd.errors import CalmError
 from calmd.formats.tokenizer import Example, HistoryEntry
 from calmd.history.context import HISTORY_FRAMES
 from calmd.history.frames import VocabularyFollowers, comp_cut, completions, context_frames
@@ -48,6 +49,17 @@ def held_out(user_id: str) -> bool:
     """One user in five, fixed by the id alone: never in the default model's corpus, nor in the
     fits of the ranker, the calibration and the vocabulary."""
     return hashlib.sha256(user_id.encode()).digest()[0] % 5 == 0
+
+
+def check_data(data: Path) -> None:
+    """CalmError unless `data` is the shared data folder: tldr pages and public histories (a fresh
+    clone has no ../shared beside it)."""
+    users = data / "histories" / "users"
+    if not data.is_dir() or not (data / "tldr").is_dir() or not any(users.glob("*.txt")):
+        raise CalmError(
+            f"{data}: not the shared data folder (it needs tldr/ and histories/users/*.txt): the "
+            "corpus is built from it; give its folder with --data"
+        )
 
 
 def history_users(data: Path) -> list[Path]:

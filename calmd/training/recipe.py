@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from calmd import paths
+from calmd.arguments import Parser, number, run_tool, whole
 from calmd.atomic import atomic_write
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
@@ -35,6 +36,7 @@ from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_seque
 from calmd.history.context import HISTORY_FRAMES
 from calmd.training.corpus import (
     DEFAULT_DATA,
+    check_data,
     comp_sources,
     held_out,
     history_examples,
@@ -42,6 +44,8 @@ from calmd.training.corpus import (
     read_history,
     tldr_examples,
 )
+
+PROG = "python -m calmd.training.recipe"
 
 
 def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Iterator[Example]:
@@ -76,34 +80,35 @@ def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calmd.training.recipe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
     parser.add_argument("--output", type=Path, default=paths.PACKAGE_DATA / "default.cwgt")
     parser.add_argument(
         "--steps",
-        type=int,
+        type=whole(1, 10**9),
         default=4800,
         help="optimizer steps of 32 sequences, at most one epoch (default 4800: the whole corpus once, "
         "4725 steps, about 22 min on 2 cores)",
     )
     parser.add_argument(
         "--steps-minutes-cap",
-        type=float,
+        type=number(0, 10**6),
         default=0.0,
         help="stop earlier if the steps take longer than this many minutes (default 0: never; a cap "
         "makes the model depend on the machine's speed: its state is saved, and --resume finishes it)",
     )
-    parser.add_argument("--size", default="nano")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--size", default="nano", choices=("nano", "micro", "mini"))
+    parser.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    parser.add_argument("--threads", type=whole(1, 1024), default=2)
     parser.add_argument("--resume", action="store_true",
                         help="continue the run interrupted in --work (same options)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from calmd.training.train import TrainConfig, train
 
+    if not (args.resume and (args.work / "corpus.ctds").exists()):
+        check_data(args.data)
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "corpus.ctds"
@@ -166,4 +171,4 @@ Training: {summary}
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

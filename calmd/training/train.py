@@ -64,7 +64,7 @@ from calmd.formats.cwgt import Metadata
 from calmd.formats.tokenizer import Special
 from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
 from calmd.model.mamba import SIZES, CalmModel, flatten, supervised_nll
-from calmd.training.plot import write_loss_png
+from calmd.training.plot import check_available, write_loss_plot
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DEFAULT_LR_NEW = 1e-3  # from random weights
@@ -94,7 +94,7 @@ class TrainConfig:
     fisher_samples: int = 128  # sequences for the Fisher estimate; 0: store no EWC block
     max_steps: int = 0  # stop after this many optimizer steps; 0: run all epochs
     max_minutes: float = 0.0  # wall-clock budget for the optimizer steps; 0: none
-    plot: str | None = None  # write the loss curve as a PNG here
+    plot: str | None = None  # draw the loss curve here: PNG, or SVG for a name ending in .svg (matplotlib)
     checkpoint: str | None = None  # the run's state (weights, optimizer, batch order, step) is saved here
     checkpoint_every: int = 200  # optimizer steps between checkpoints (and one when the run stops)
     resume: bool = False  # continue the run saved in --checkpoint: the same model as one uninterrupted run
@@ -561,6 +561,8 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
     0). `on_step(step, loss)` is called after every optimizer step. With `cfg.checkpoint` the run's
     state is saved every `checkpoint_every` steps and when the time budget ends it; `cfg.resume`
     continues such a run, and gives the same model as one uninterrupted run of the same steps."""
+    if cfg.plot:
+        check_available()  # before the training, not after it: how to install matplotlib
     device = _device(cfg.device)
     dist = init_distributed(device)
     if cfg.threads:
@@ -704,7 +706,9 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         ewc_block = (fisher_flat, flatten(model)) if fisher_flat is not None else None
         save_model(out, model, start.metadata, defaults=start.defaults, ewc=ewc_block)  # atomic
         if cfg.plot:
-            write_loss_png(Path(cfg.plot), result.losses, result.val_losses)
+            lrs = [lr_at(cfg, lr, s, total_steps) for s in range(len(result.losses))]
+            write_loss_plot(Path(cfg.plot), result.losses, result.val_losses, lrs,
+                            title=f"calm train: {out.name}")  # fmt: skip
     if dist.world > 1:
         torch.distributed.barrier()
         if dist.owned:

@@ -1,0 +1,101 @@
+"""The ghost rule (calmd/daemon/ghost.py): one decision for every shell, fitted on replays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calmd.daemon.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
+from calmd.errors import FormatError
+from calmd.quality.fit_ghost import fit, simulate
+
+
+def test_buckets_are_the_empty_prompt_and_how_much_is_typed() -> None:
+    assert [bucket(t) for t in ("", "g", "gi", "git", "git ", "git sta", "git stat", "git status")] == [
+        "empty", "k1", "k2", "k2", "k4", "k4", "k8", "k8",
+    ]  # fmt: skip
+
+
+def rule(final: dict[str, float] | None = None, margin: float = 0.0) -> GhostRule:
+    table = {**dict.fromkeys(BUCKETS, 0.3), **(final or {})}
+    return GhostRule(table, table, margin)
+
+
+def test_the_top_line_is_drawn_when_sure_enough_for_its_context() -> None:
+    strict_empty = rule({"empty": 0.6})
+    candidates = [("git status", 0.5, -1.0), ("git stash", 0.4, -1.5)]
+    assert strict_empty.choose("git s", candidates) == 0
+    assert strict_empty.choose("", candidates) is None  # the empty prompt asks for more
+    assert strict_empty.choose("git s", [("git status", 0.1, -1.0)]) is None
+    assert strict_empty.choose("git s", []) is None
+
+
+def test_the_line_drawn_already_stays_unless_clearly_beaten() -> None:
+    candidates = [("git stash", 0.5, -1.0), ("git status", 0.4, -1.6)]
+    assert rule(margin=1.0).choose("git st", candidates, incumbent="git status") == 1  # 0.6 nats: kept
+    assert rule(margin=0.5).choose("git st", candidates, incumbent="git status") == 0  # beaten
+    # the incumbent on top stays drawn even below the threshold: it is on the screen already
+    assert rule({"k4": 0.9}).choose("git st", [("git status", 0.2, -1.0)], "git status") == 0
+    # an incumbent the answer no longer holds is gone
+    assert rule(margin=9.0).choose("git st", candidates, incumbent="git stage") == 0
+
+
+def test_the_shells_threshold_replaces_every_fitted_one() -> None:
+    fitted = rule({"empty": 0.9, "k1": 0.0})
+    forced = fitted.overridden(0.5)
+    assert set(forced.final.values()) == {0.5} and set(forced.early.values()) == {0.5}
+    assert forced.margin == fitted.margin
+    assert fitted.overridden(None) is fitted
+    assert GhostRule.uniform(0.0).choose("", [("ls", 0.0, -9.0)]) == 0  # 0: every top line drawn
+
+
+def test_a_rule_round_trips_and_a_bad_file_is_a_clear_error(tmp_path: Path) -> None:
+    fitted = GhostRule(dict.fromkeys(BUCKETS, 0.1), dict.fromkeys(BUCKETS, 0.2), 1.5, {"fitted_on": "x"})
+    assert GhostRule.from_json(json.loads(json.dumps(fitted.to_json()))) == fitted
+    with pytest.raises(FormatError, match=r"ghost\.json: not a ghost rule"):
+        GhostRule.from_json({"final": {"empty": 0.1}}, "ghost.json")
+    with pytest.raises(FormatError, match="not a ghost rule"):
+        GhostRule.from_json({"final": dict.fromkeys(BUCKETS, "x"), "early": {}}, "ghost.json")
+
+
+def test_the_packaged_rule_is_fitted_and_says_how() -> None:
+    assert packaged_rule_path().exists(), "python -m calmd.quality.fit_ghost writes it"
+    packaged = packaged_rule()
+    assert packaged.info["command"] == "python -m calmd.quality.fit_ghost"
+    assert all(0.0 <= t <= 1.01 for t in [*packaged.final.values(), *packaged.early.values()])
+    # the empty prompt, where a wrong line is all there is to read, is no less strict than typing
+    assert packaged.final["empty"] >= max(packaged.final[b] for b in BUCKETS if b != "empty")
+
+
+def states(cmd: str, lines: dict[int, list[tuple[str, float, float]]], early: str | None = None) -> dict:
+    """A typed-out command as fit_ghost collects it: per prefix, the candidates best first."""
+    return {
+        "user": "u", "cmd": cmd,
+        "states": [{"early": [early, 0.9] if early else None, "cands": [list(c) for c in lines.get(i, [])]}
+                   for i in range(len(cmd))],
+    }  # fmt: skip
+
+
+def test_the_simulated_user_takes_words_and_lines_of_what_is_drawn() -> None:
+    # the empty prompt proposes the command with a wrong message: "git ", "commit ", "-m " taken
+    wrong = ("git commit -m fix", 0.2, -2.0)
+    item = states("git commit -m wip", {i: [wrong] for i in range(15)})  # while it extends the line
+    drawn_always = simulate([item], GhostRule.uniform(0.0))
+    assert drawn_always.keys == 3 + 3 and drawn_always.chars == 17  # three words, then w, i, p typed
+    never = simulate([item], GhostRule.uniform(0.5))
+    assert never.keys == 17 and never.wrong == dict.fromkeys(BUCKETS, 0)
+    assert drawn_always.wrong["k8"] == 1  # "w" typed past the wrong message (then it no longer fits)
+
+
+def test_the_fit_draws_where_drawing_pays() -> None:
+    # right lines at low confidence after one character: drawing them saves keys; wrong lines on
+    # the empty prompt at the same confidence: drawing them is only noise
+    items = [
+        states(f"make target{i}", {0: [(f"ls -la{i}", 0.05, -3.0)], 1: [(f"make target{i}", 0.05, -3.0)]})
+        for i in range(20)
+    ]
+    rule, outcome = fit(items)
+    assert rule.final["k1"] <= 0.05 < rule.final["empty"]
+    assert outcome.saved == pytest.approx(1 - 2 * 20 / sum(len(i["cmd"]) for i in items))

@@ -1,0 +1,259 @@
+"""History files read as the shells write them, streamed, and refused when they are no history
+(issue 23). The files are written by a real zsh (`fc -W`) and a real bash (`history -w`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from calmd.history.store import IMPORT_BATCH, HistoryStore, NotAHistory, parse_history
+from calmd.shell.client import CalmClient
+from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
+from tests.tools import need
+
+LOOP = 'for f in *.log; do\n  gzip "$f"\ndone'
+# What the user typed, as zsh keeps it: a multi-line loop, a command that ends in a backslash,
+# one that starts with a colon, UTF-8, bytes zsh metafies (0x83-0x9f: here a C1 CSI and 0x83).
+ZSH_COMMANDS = [
+    "git commit -m fix",
+    LOOP,
+    "echo ends with backslash\\",
+    ": a colon first",
+    "echo café €",
+    "echo \u009b\u0083",
+    "kubectl logs web-1",
+]
+
+
+def zsh_writes(path: Path, commands: list[str], *, extended: bool) -> bytes:
+    """`commands` added to a real zsh's history and written by `fc -W` to `path`."""
+    need("zsh")
+    script = ("setopt extendedhistory; " if extended else "") + (
+        f"HISTFILE={path}; HISTSIZE=1000; SAVEHIST=1000; "
+        + "; ".join(f"print -rs -- ${i}" for i in range(1, len(commands) + 1))
+        + "; fc -W"
+    )
+    subprocess.run(["zsh", "-f", "-i", "-c", script, "zsh", *commands], stdin=subprocess.DEVNULL,
+                   capture_output=True, check=True, timeout=30)  # fmt: skip
+    return path.read_bytes()
+
+
+def bash_writes(path: Path, commands: list[str], *, timestamps: bool) -> bytes:
+    """`commands` added to a real bash's history (lithist: multi-line entries keep their
+    newlines) and written by `history -w` to `path`."""
+    need("bash")
+    env = {**os.environ, "HISTFILE": str(path)}
+    env.pop("HISTTIMEFORMAT", None)
+    script = ('HISTTIMEFORMAT="%F %T "; ' if timestamps else "") + (
+        "shopt -s lithist cmdhist; history -c; "
+        + "; ".join(f'history -s -- "${i}"' for i in range(1, len(commands) + 1))
+        + "; history -w; HISTFILE="  # and nothing more written at exit
+    )
+    subprocess.run(["bash", "--norc", "-i", "-c", script, "bash", *commands], stdin=subprocess.DEVNULL,
+                   env=env, capture_output=True, check=True, timeout=30)  # fmt: skip
+    return path.read_bytes()
+
+
+def imported(tmp_path: Path, path: Path) -> list[str]:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    try:
+        store.import_file(path)
+        return [r.cmd for r in store.all_rows()]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("extended", [True, False], ids=["extended", "plain"])
+def test_a_real_zsh_history_reads_back_as_typed(tmp_path: Path, extended: bool) -> None:
+    raw = zsh_writes(tmp_path / ".zsh_history", ZSH_COMMANDS, extended=extended)
+    assert b"\\\n" in raw and b"\x83" in raw  # continuation lines and metafied bytes, as zsh wrote
+    assert b"backslash\\ \n" in raw  # ... and the space after a final backslash
+    got = imported(tmp_path, tmp_path / ".zsh_history")
+    assert got == ZSH_COMMANDS
+    times = [ts for ts, _ in parse_history(raw, "zsh")]
+    assert all(ts is not None for ts in times) if extended else all(ts is None for ts in times)
+
+
+def test_a_real_bash_history_with_timestamps_keeps_multi_line_entries(tmp_path: Path) -> None:
+    commands = ["ls -la", LOOP, "#not a time: a comment line the user ran", "git status"]
+    raw = bash_writes(tmp_path / ".bash_history", commands, timestamps=True)
+    assert raw.startswith(b"#") and raw.count(b"\n#1") == 3
+    assert imported(tmp_path, tmp_path / ".bash_history") == commands
+    assert all(ts is not None for ts, _ in parse_history(raw, "bash"))
+
+
+def test_a_bash_history_without_timestamps_is_one_command_per_line(tmp_path: Path) -> None:
+    """bash itself reads such a file line by line (a multi-line entry comes back as its lines)."""
+    raw = bash_writes(tmp_path / ".bash_history", ["ls", LOOP], timestamps=False)
+    assert raw == ("ls\n" + LOOP + "\n").encode()
+    # its indented line is one that starts with a space: never stored (ignorespace)
+    assert imported(tmp_path, tmp_path / ".bash_history") == ["ls", "for f in *.log; do", "done"]
+
+
+def test_a_multi_line_zsh_entry_is_not_glued_to_other_commands(tmp_path: Path) -> None:
+    """The defect: after importing a zsh history that ends in a multi-line `for` loop, `calmd
+    complete "git co"` offered `git commit f in *.log; do gzip "$f" done`."""
+    need("zsh")
+    history = ["git commit -m fix", "git checkout main", "kubectl logs web-1", "kubectl get pods", LOOP]
+    zsh_writes(tmp_path / ".zsh_history", history, extended=True)
+    with running_daemon(tmp_path, engine="model", weights=False) as daemon, CalmClient(daemon.socket) as c:
+        wait_imported(c)
+        for typed in ("git co", "kubectl lo", "ls "):
+            out = subprocess.run([str(BIN / "calmd"), "complete", "-n", "8", typed], env=daemon_env(tmp_path),
+                                 capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+            lines = out.stdout.splitlines()
+            assert lines and not [line for line in lines if "gzip" in line or " in *.log" in line], lines
+        found = [m["candidate"] for m in c.complete("for", n=5, multiline=True) if "candidate" in m]
+        assert found[0] == LOOP  # the loop itself, whole, for a shell that draws it as lines
+
+
+# --------------------------------------------------------------------------- not a history
+
+
+def sparse(path: Path, size: int, head: bytes = b"") -> Path:
+    """A file of `size` bytes that is mostly a hole (NULs on reading), as a crash can leave one."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return path
+
+
+def passwd_like(path: Path) -> Path:
+    users = ["root:x:0:0:root:/root:/bin/bash", "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin"]
+    users += [f"user{i}:x:{1000 + i}:{1000 + i}:User {i},,,:/home/user{i}:/bin/zsh" for i in range(22)]
+    path.write_text("\n".join(users) + "\n")
+    return path
+
+
+def binary(path: Path) -> Path:
+    path.write_bytes(bytes(range(256)) * 64 + os.urandom(1 << 16))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: sparse(p, 64 << 20, b"ls\ngit status\n"), "a hole of NUL bytes"),
+        (lambda p: p.write_bytes(b"ls\n" + b"\0" * 100_000 + b"make\n") and p, "a run of NUL bytes"),
+        (binary, "binary data"),
+        (lambda p: p.write_bytes(Path(shutil.which("ls") or "/bin/ls").read_bytes()) and p, "NUL bytes"),
+        (passwd_like, "colon-separated fields"),
+    ],
+    ids=["sparse", "nul-run", "random", "executable", "passwd"],
+)
+def test_a_file_that_is_no_history_is_refused_whole(tmp_path: Path, make: object, why: str) -> None:
+    path = make(tmp_path / ".bash_history")  # type: ignore[operator]
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    store.record("kept", session="s")
+    with pytest.raises(NotAHistory) as refused:
+        store.import_file(path)
+    message = str(refused.value)
+    assert why in message and str(path) in message and "\n" not in message
+    assert [r.cmd for r in store.all_rows()] == ["kept"]  # nothing of it
+    assert store.counter("import_refused") == 1
+    store.close()
+
+
+def test_calm_import_refuses_with_one_line_and_imports_the_other_files(tmp_path: Path) -> None:
+    bad = passwd_like(tmp_path / "passwd")
+    good = tmp_path / ".bash_history"
+    good.write_text("ls\nmake\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
+    out = subprocess.run([str(BIN / "calm"), "import", str(bad), str(fifo), str(tmp_path), str(good)],
+                         env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert out.returncode == 1
+    errors = out.stderr.splitlines()
+    assert len(errors) == 3 and all(line.startswith("calm: error: ") for line in errors), errors
+    assert "not a shell history" in errors[0] and "FIFO" in errors[1] and "folder" in errors[2]
+    assert f"{good}: 2 commands imported" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_the_daemon_refuses_a_crashed_history_and_says_so(tmp_path: Path) -> None:
+    """A 1 GB sparse ~/.bash_history (a crash's NULs): the daemon is ready at once, ~/.zsh_history
+    is still imported, and `calmd status` counts the refusal and names the file."""
+    sparse(tmp_path / ".bash_history", 1 << 30, b"ls\n")
+    (tmp_path / ".zsh_history").write_text(": 1700000000:0;make test\n")
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        status = wait_imported(c)
+        assert status["history"]["commands"] == 1
+        assert status["history"]["import"]["refused"] == 1
+        assert ".bash_history: a hole of NUL bytes" in status["history"]["import"]["last_refused"]
+        shown = subprocess.run([str(BIN / "calmd"), "status"], env=daemon_env(tmp_path),
+                               capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+        assert "1 file refused as not a shell history" in " ".join(shown.split())
+    assert "did not import" in daemon.read_output()
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_an_import_stopped_after_a_batch_goes_on_where_it_was(tmp_path: Path) -> None:
+    path = tmp_path / ".bash_history"
+    n = IMPORT_BATCH * 2 + 10
+    path.write_text("".join(f"echo {i}\n" for i in range(n)))
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    stop = threading.Event()
+    stop.set()  # as the daemon's shutdown does: the import ends after its first batch
+    first = store.import_file(path, stop=stop)
+    assert not first.complete and first.imported == IMPORT_BATCH
+    rest = store.import_file(path)
+    assert rest.complete and first.imported + rest.imported == n
+    assert [r.cmd for r in store.all_rows()] == [f"echo {i}" for i in range(n)]  # none twice, in order
+    store.close()
+
+
+def test_only_the_newest_part_of_a_huge_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / ".zsh_history"
+    entries = [f": {1700000000 + i}:0;echo {i}\\\n  and more {i}\n" for i in range(5000)]
+    path.write_text("".join(entries))
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    result = store.import_file(path, max_bytes=20_000)
+    cmds = [r.cmd for r in store.all_rows()]
+    assert 0 < len(cmds) < 5000 and result.skipped_bytes > 0
+    assert cmds[-1] == "echo 4999\n  and more 4999"  # the newest, whole
+    assert all(c.startswith("echo ") and "\n  and more " in c for c in cmds)  # never half an entry
+    store.close()
+
+
+def test_a_line_with_no_end_is_skipped_unread(tmp_path: Path) -> None:
+    path = tmp_path / ".bash_history"
+    with open(path, "wb") as f:
+        f.write(b"ls\n")
+        f.write(b"y" * (8 << 20))  # 8 MiB without a newline: no command
+        f.write(b"\nmake\n")
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    result = store.import_file(path)
+    assert [r.cmd for r in store.all_rows()] == ["ls", "make"] and result.skipped == 1
+    store.close()
+
+
+def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -> None:
+    """kill -9 in the middle of the first start's import (the daemon answers meanwhile): the next
+    start imports the rest, each command once, in order."""
+    n = 200_000
+    (tmp_path / ".bash_history").write_text("".join(f"echo line-{i}\n" for i in range(n)))
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        while (status := c.status()["status"])["history"]["commands"] < 2 * IMPORT_BATCH:
+            assert status["history"]["import"]["running"], "the import ended before it could be killed"
+            time.sleep(0.01)
+        assert any("candidate" in m for m in c.complete("echo", n=1))  # it serves while it imports
+        daemon.proc.kill()
+        daemon.proc.wait()
+        assert status["history"]["import"]["running"]
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    stored_before = store.count()
+    store.close()
+    assert 0 < stored_before < n
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        assert wait_imported(c, timeout=120)["history"]["commands"] == n
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    assert [r.cmd for r in store.all_rows()] == [f"echo line-{i}" for i in range(n)]
+    store.close()

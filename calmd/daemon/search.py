@@ -114,9 +114,9 @@ class _Column:
         return self.data[: self.n]
 
 
-def parse_query(query: str) -> list[bytes]:
+def parse_query(text: str) -> list[bytes]:
     """The terms of a query, lowercased UTF-8 (the matching is by bytes; the first MAX_TERMS)."""
-    terms = [t.lower().encode("utf-8", "replace")[:MAX_TERM_BYTES] for t in query.split()]
+    terms = [t.lower().encode("utf-8", "replace")[:MAX_TERM_BYTES] for t in text.split()]
     return [t for t in terms if t][:MAX_TERMS]
 
 

@@ -1,3 +1,3 @@
 """calmd: the server, its wire protocol, the fair scheduler, the completion engine and the history
-ranker, the trainer's supervisor.
+ranker, the history search, the trainer's supervisor.
 """

@@ -57,10 +57,12 @@ from calmd.daemon.frames import SessionFrames
 from calmd.daemon.protocol import (
     PROTOCOL_VERSION,
     CompleteRequest,
+    ForgetRequest,
     FrameError,
     FrameReader,
     ProtocolError,
     RecordRequest,
+    SearchRequest,
     SimpleRequest,
     decode_frame,
     error_reply,
@@ -68,9 +70,11 @@ from calmd.daemon.protocol import (
     reply,
 )
 from calmd.daemon.scheduler import FairScheduler, Job
+from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
 from calmd.errors import CalmError, DiskFull
 from calmd.history.context import HISTORY_FRAMES
+from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
 
 log = logging.getLogger("calmd")
@@ -446,6 +450,7 @@ class Server:
         self.first_ms = LatencyStats()
         self.done_ms = LatencyStats()
         self.history: HistoryStore | None = None
+        self.search: SearchService | None = None  # `search` and `forget`, on a thread of their own
         self.should_exit = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
         self.scheduler = FairScheduler(self._pool)  # completions reach the pool only through it
@@ -498,20 +503,29 @@ class Server:
         await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
         if self._weights_id() != self.loaded_id:  # changed between the load and the watch
             await self.reload()
+        self.search = SearchService(self.history)
+        self.search.start()  # built in the background: a search waits for it only until it is
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:
             # After `ready`, in batches (the store's lock is free between two): however large the
             # files, the daemon answers from the start (docs/history.md, "Importing").
-            self._import = asyncio.ensure_future(
-                asyncio.to_thread(self.history.import_shell_histories, Path.home(), self._import_stop)
-            )
+            self._import = asyncio.ensure_future(asyncio.to_thread(self._first_imports))
         try:
             await self.should_exit.wait()
         finally:
             await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+    def _first_imports(self) -> None:
+        """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
+        read whole (calmd/history/fish.py): in batches, stopped by `_import_stop`."""
+        history = self.history
+        assert history is not None
+        history.import_shell_histories(Path.home(), self._import_stop)
+        if not self._import_stop.is_set():
+            import_first_start(history, stop=self._import_stop)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -538,6 +552,8 @@ class Server:
             conn.close()
         scheduler.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.search is not None:
+            self.search.close()
         self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
         if self._import is not None:
@@ -731,6 +747,8 @@ class Server:
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
         self.scheduler.cancel_owner(connection)
+        if self.search is not None:
+            self.search.drop(connection)
 
     async def _dispatch(self, message: Any, conn: Connection) -> None:
         """Answer one decoded request (replies are written as they come; `Connection` does the flow
@@ -741,6 +759,8 @@ class Server:
                 await self._complete(request, conn)
             elif isinstance(request, RecordRequest):
                 conn.send(reply(request.id, **await self._record(request)))
+            elif isinstance(request, SearchRequest | ForgetRequest):
+                conn.send(reply(request.id, **await self._history_search(request, conn)))
             else:
                 conn.send(reply(request.id, **await self._simple(request)))
         except ProtocolError as exc:
@@ -767,14 +787,31 @@ class Server:
             ts=request.ts,
             comp=self.frames.for_record(request.session, request.cmd, request.cwd),
             env=request.env,
+            duration=request.duration,
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too
+            if self.search is not None:
+                self.search.touch()
             if self.config.prefetch and request.session:
                 self._start_prefetch(request.session)
         if result.stored and self.config.train_threshold and not self.trainer.busy:
             await self.start_training("threshold", wanted=self._training_due)
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    async def _history_search(
+        self, request: SearchRequest | ForgetRequest, conn: Connection
+    ) -> dict[str, Any]:
+        """`search` (ranked with the session's latest commands as context) and `forget`
+        (calmd/daemon/search.py, on the search's own thread)."""
+        if self.search is None:  # serve() starts it before it accepts: a bug, answered `internal`
+            raise RuntimeError("the history search is not running")
+        if isinstance(request, ForgetRequest):
+            outcome = await self.search.forget(request)
+            self._recent_cache.clear()
+            return outcome
+        history = [h["cmd"] for h in self._recent_history(request.session)]
+        return await self.search.search(request, history, conn)
 
     def _start_prefetch(self, session: str) -> None:
         """Prepare the session's next empty prompt in the background, as soon as its command is
@@ -1030,6 +1067,7 @@ class Server:
             "prefetch": dict(self.prefetch_stats),
             "disk": self._disk_status(),
             "context": self.disk.describe(),
+            "search": self.search.describe() if self.search is not None else {"ready": False},
         }
 
 

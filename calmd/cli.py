@@ -20,6 +20,7 @@ from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
 from calmd.daemon.config import ServerConfig
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.shell import helper as shell_helper  # imports nothing heavy: the CLI's parsers name its commands
+from calmd.shell import history_view, search_ui  # idem (`calm history` and `calm stats`; `calm search`)
 from calmd.training import commands as training_commands  # idem (torch is imported by the handlers)
 from calmd.training.options import DatasetOptions
 
@@ -271,7 +272,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Each file in turn; one that is not a history (or cannot be read) is reported on one line
-    and the others are still imported; exit 1 when any was refused."""
+    and the others are still imported; exit 1 when any was refused. fish's history is told apart
+    by its first entry (or --format fish) and read by calmd/history/fish.py."""
+    from calmd.history.fish import import_fish_history, is_fish_history
     from calmd.history.store import HistoryStore, NotAHistory
 
     if args.max_mib <= 0:
@@ -281,7 +284,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         for name in args.files:
             try:
-                result = store.import_file(name, args.format, max_bytes=int(args.max_mib * (1 << 20)))
+                max_bytes = int(args.max_mib * (1 << 20))
+                if args.format == "fish" or (args.format == "auto" and _starts_like(name, is_fish_history)):
+                    result = import_fish_history(store, name, max_bytes=max_bytes)
+                else:
+                    result = store.import_file(name, args.format, max_bytes=max_bytes)
             except (NotAHistory, OSError) as exc:
                 detail = (
                     exc if isinstance(exc, NotAHistory) else f"{name}: cannot read: {exc.strerror or exc}"
@@ -308,6 +315,24 @@ def cmd_import(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 1 if refused else 0
+
+
+def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
+    """Whether a regular file's first 4 KiB pass `check`; False for anything else (a FIFO is
+    opened without waiting for a writer, and never read) or what cannot be read: the import
+    then says why."""
+    import stat
+
+    try:
+        fd = os.open(Path(name).expanduser(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and check(os.pread(fd, 4096, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- calm forget
@@ -455,6 +480,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         read_cwgt(m)  # a file that is no CWGT: said now, not after the warm-up
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
+    if args.search:
+        return replay_search(files, args)
     model = models[0] if models else paths.serving_weights()
     from calmd.suggest.engine import RankWeights
 
@@ -466,6 +493,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
+    if args.json:
+        replay.write_json(result, Path(args.json))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def replay_search(files: list[Path], args: argparse.Namespace) -> int:
+    """`calm replay --search`: the history search's ranking against recency and frequency."""
+    from calmd.quality import replay
+
+    cfg = replay.ReplayConfig(model=Path(), positions=args.positions, warmup=args.warmup, seed=args.seed)
+    result = replay.replay_search(files, cfg, progress=not args.quiet)
+    print(replay.format_search_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
         print(f"wrote {args.json}")
@@ -539,13 +579,40 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="also read every weight and check it is finite")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("import", help="import bash or zsh history files into the history store")
+    p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["auto", "bash", "zsh"], default="auto")
+    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.add_argument("--max-mib", type=number(0, 1 << 20, above=True), default=16, metavar="MIB",
                    help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "search",
+        help="search the whole history, ranked by calmd (what Ctrl-R opens in zsh, bash and fish)",
+        description=search_ui.parser().description,
+    )
+    search_ui.add_arguments(p)
+    p.set_defaults(func=search_ui.cmd_search)
+
+    p = sub.add_parser(
+        "history",
+        help="list and search the commands calmd stored (filters: folder, session, status, time, text)",
+        description="The stored commands, oldest first: `time  status  folder  command` per line, "
+        "or JSON Lines (--json), or the command lines alone (--commands). Read-only; safe while calmd runs.",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--commands", action="store_true", help="print the command lines alone")
+    p.set_defaults(func=history_view.cmd_history)
+
+    p = sub.add_parser(
+        "stats",
+        help="top commands and subcommands, per folder, failure rate, busiest hours",
+        description="Tables of the stored commands (the same filters as `calm history`).",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.set_defaults(func=history_view.cmd_stats)
 
     p = sub.add_parser(
         "forget",
@@ -634,6 +701,9 @@ def calm_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-confidence", type=_probability, metavar="P",
                    help="draw a ghost at this confidence or more, in place of the fitted ghost rule "
                    "(as the shells' CALM_MIN_CONFIDENCE)")  # fmt: skip
+    p.add_argument("--search", action="store_true",
+                   help="replay history searches instead (Ctrl-R: the first word or a fragment of a "
+                   "command run before) and rank the right line: calmd, recency, frequency")  # fmt: skip
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_replay)
@@ -937,7 +1007,7 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.set_defaults(func=cmd_install_systemd)
 
-    p = sub.add_parser("init", help="print the shell hook to eval in ~/.zshrc or ~/.bashrc")
+    p = sub.add_parser("init", help="print the shell hook (for ~/.zshrc, ~/.bashrc, fish's config.fish)")
     p.add_argument("shell", choices=shell_helper.SHELLS)
     p.set_defaults(func=shell_helper.cmd_init)
     p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
@@ -946,8 +1016,20 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
     p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
     p.add_argument("--shell", choices=shell_helper.SHELLS, help="the hook file to rewrite when calmd changes")
-    p.set_defaults(func=shell_helper.cmd_shell_helper)
+    p.add_argument("--spool", metavar="DIR",
+                   help="read requests from files in DIR and answer through DIR/reply (fish, which "
+                   "cannot keep a pipe open: calmd/shell/spool.py)")  # fmt: skip
+    p.set_defaults(func=cmd_shell_helper)
     return parser
+
+
+def cmd_shell_helper(args: argparse.Namespace) -> int:
+    """The per-shell helper: fish's (request files, `--spool`) or bash's and zsh's (pipes)."""
+    if args.spool:
+        from calmd.shell import spool
+
+        return spool.cmd_fish_helper(args)
+    return shell_helper.cmd_shell_helper(args)
 
 
 def calmd_main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ HOOK_FILE = "calm.{shell}"  # `calmd init`'s output, sourced by the setup line
 DATA_FILES = (
     HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, DATASET,
     TRAINING_STATUS, TRAINING_LOG, TRAINING_LOCK, HELPER_LOG, HELPER_LOG + ".old", DISABLED_FLAG,
-    HOOK_FILE.format(shell="zsh"), HOOK_FILE.format(shell="bash"),
+    HOOK_FILE.format(shell="zsh"), HOOK_FILE.format(shell="bash"), HOOK_FILE.format(shell="fish"),
 )  # fmt: skip
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
 

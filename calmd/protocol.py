@@ -24,6 +24,7 @@ MAX_MESSAGE_DEPTH = 16
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
+DURATION_MAX = 1e9  # seconds a command ran: 31 years
 # The error codes of docs/protocol.md; no reply carries any other.
 ERROR_CODES = frozenset(
     {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
@@ -32,6 +33,11 @@ MAX_CANDIDATES = 32
 MAX_INPUT_BYTES = 4096
 MAX_LIST_ITEMS = 256  # history/completions lists sent by a client; the template caps them at 15
 MAX_PATH_BYTES = 8192  # a shell's PATH
+# The history search (`search`, `forget`; calmd/daemon/search.py): a query is what fits on a line,
+# and a reply holds at most MAX_SEARCH_RESULTS lines (the screen's worth `calm search` asks for).
+MAX_QUERY_BYTES = 1024
+MAX_SEARCH_RESULTS = 100
+SEARCH_MODES = ("global", "folder", "session", "success")
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
 # calmd/suggest/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;
@@ -285,6 +291,27 @@ class RecordRequest:
     git: str = ""
     ts: float | None = None
     env: str = ""  # the active environment, short form (calmd/suggest/frames.py: short_env)
+    duration: float | None = None  # seconds the command ran
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """`search`: the history's commands matching `query`, best first (calmd/suggest/search.py)."""
+
+    id: int
+    query: str = ""
+    mode: str = "global"
+    n: int = 20
+    session: str = ""
+    cwd: str = ""
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """`forget`: delete every run of exactly `cmd` from the history, for good (the search's delete key)."""
+
+    id: int
+    cmd: str
 
 
 @dataclass(frozen=True)
@@ -296,7 +323,7 @@ class SimpleRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Request = CompleteRequest | RecordRequest | SimpleRequest
+Request = CompleteRequest | RecordRequest | SearchRequest | ForgetRequest | SimpleRequest
 SIMPLE_OPS = frozenset({"status", "reload", "train", "shutdown"})
 
 
@@ -340,6 +367,10 @@ def parse_request(msg: Any) -> Request:
         return _parse_complete(msg, rid)
     if op == "record":
         return _parse_record(msg, rid)
+    if op == "search":
+        return _parse_search(msg, rid)
+    if op == "forget":
+        return _parse_forget(msg, rid)
     if op in SIMPLE_OPS:
         return SimpleRequest(rid, op)
     raise ProtocolError("unknown_op", f"unknown op {op!r}", rid)
@@ -413,6 +444,13 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TS_MAX  # NaN fails too
     ):
         raise ProtocolError("bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0e}", rid)
+    duration = msg.get("duration")
+    if duration is not None and (
+        isinstance(duration, bool)
+        or not isinstance(duration, int | float)
+        or not 0 <= duration <= DURATION_MAX  # NaN fails too
+    ):
+        raise ProtocolError("bad_field", f"'duration' must be seconds, 0 to {DURATION_MAX:.0e}", rid)
     return RecordRequest(
         id=rid,
         cmd=_str(msg, "cmd", rid, limit=1 << 16),
@@ -422,7 +460,30 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         git=_str(msg, "git", rid, limit=256),
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
+        duration=None if duration is None else float(duration),
     )
+
+
+def _parse_search(msg: dict[str, Any], rid: int) -> SearchRequest:
+    mode = msg.get("mode", "global")
+    if mode is None:
+        mode = "global"
+    if mode not in SEARCH_MODES:
+        raise ProtocolError("bad_field", f"'mode' must be one of {', '.join(SEARCH_MODES)}", rid)
+    return SearchRequest(
+        id=rid,
+        query=_str(msg, "query", rid, limit=MAX_QUERY_BYTES),
+        mode=mode,
+        n=_int(msg.get("n", 20), "n", rid, 0, MAX_SEARCH_RESULTS),
+        session=_str(msg, "session", rid, limit=256),
+        cwd=_str(msg, "cwd", rid),
+    )
+
+
+def _parse_forget(msg: dict[str, Any], rid: int) -> ForgetRequest:
+    if not isinstance(msg.get("cmd"), str) or not msg["cmd"]:
+        raise ProtocolError("bad_field", "'cmd' (the whole command line to forget) is required", rid)
+    return ForgetRequest(rid, _str(msg, "cmd", rid, limit=1 << 16))
 
 
 def reply(request_id: int | None, **fields: Any) -> dict[str, Any]:

@@ -260,7 +260,10 @@ _calm_precmd() {
     if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
       _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
       _calm_esc "$_CALM_CMD"
-      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\n'
+      # how long it ran, from microseconds (bash has no floating point)
+      local -i took=$(( 10#${EPOCHREALTIME//[!0-9]/} - 10#${_CALM_TS//[!0-9]/} ))
+      local took_s; printf -v took_s "%d.%06d" $(( took / 1000000 )) $(( took % 1000000 ))
+      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\t'"$took_s"$'\n'
     fi
     _CALM_CMD=
   fi
@@ -311,3 +314,45 @@ _calm_install() {
 
 # Read at the top level: inside a function bash shows no DEBUG trap.
 _calm_install "$(trap -p DEBUG)"
+
+# --------------------------------------------------------------------------- history search (Ctrl-R)
+
+# CALM_SEARCH_KEY (Ctrl-R) opens `calm search` (calmd/shell/search_ui.py) over the whole history,
+# ranked by calmd; it prints `run` or `edit` and the line chosen. A `bind -x` function cannot run
+# a readline command, so the key is a macro of two hidden keys: the first runs _calm_search, which
+# binds the second to what must follow: accept-line (Enter in the search), nothing (Tab, Esc), or
+# reverse-search-history, bash's own search, when no daemon answers (status 3) or the search
+# cannot start: Ctrl-R never waits on a daemon that is not there. CALM_SEARCH=0 leaves the key alone.
+: "${CALM_SEARCH=1}"
+: "${CALM_SEARCH_KEY=\C-r}"
+_CALM_SEARCH_RUN='\C-x\C-_\C-s' _CALM_SEARCH_THEN='\C-x\C-_\C-t'
+
+_calm_search() {
+  local out status
+  out=$("${_CALM_SEARCH[@]}" --session "$_CALM_SESSION" -- "$READLINE_LINE" 2>/dev/null </dev/tty)
+  status=$?
+  case $status in
+    0)
+      READLINE_LINE=${out#*$'\n'}
+      READLINE_POINT=${#READLINE_LINE}
+      if [[ ${out%%$'\n'*} == run ]]; then _calm_then accept-line; else _calm_then redraw-current-line; fi
+      ;;
+    1) _calm_then redraw-current-line ;;  # Esc: the line as it was
+    *) _calm_then reverse-search-history ;;
+  esac
+}
+
+# What the macro's second key does this time.
+_calm_then() {
+  local km
+  for km in emacs vi-insert; do bind -m "$km" "\"$_CALM_SEARCH_THEN\": $1"; done
+}
+
+if (( CALM_SEARCH )) && [[ -n $CALM_SEARCH_KEY && -n ${_CALM_SEARCH-} ]]; then
+  for _calm_km in emacs vi-insert; do
+    bind -m "$_calm_km" -x "\"$_CALM_SEARCH_RUN\": _calm_search"
+    bind -m "$_calm_km" "\"$_CALM_SEARCH_THEN\": redraw-current-line"
+    bind -m "$_calm_km" "\"$CALM_SEARCH_KEY\": \"$_CALM_SEARCH_RUN$_CALM_SEARCH_THEN\""
+  done
+  unset _calm_km
+fi

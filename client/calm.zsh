@@ -550,7 +550,7 @@ _calm_precmd() {
       local cmd cwd
       _calm_esc $_CALM_CMD; cmd=$REPLY
       _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
-      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd"
+      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
     fi
   fi
   # The environment (ENV frame), when it changed: after the record, which was typed before it did.
@@ -610,3 +610,48 @@ fi
 preexec_functions=(${preexec_functions:#_calm_preexec} _calm_preexec)
 chpwd_functions=(${chpwd_functions:#_calm_cwd} _calm_cwd)
 precmd_functions=(_calm_precmd ${precmd_functions:#_calm_precmd})  # first: it needs $?
+
+# --------------------------------------------------------------------------- history search (Ctrl-R)
+
+# CALM_SEARCH_KEY (Ctrl-R) opens `calm search` (calmd/shell/search_ui.py) over the whole history,
+# ranked by calmd; it prints `run` or `edit` and the line chosen. When no daemon answers (its
+# status 3) or it cannot start, the key does what it did before calm (zsh's own search): Ctrl-R
+# never waits on a daemon that is not there. CALM_SEARCH=0 leaves the key alone.
+(( ${+CALM_SEARCH} ))     || typeset -g CALM_SEARCH=1
+(( ${+CALM_SEARCH_KEY} )) || typeset -g CALM_SEARCH_KEY='^R'
+typeset -gA _CALM_SEARCH_ORIG=()  # keymap -> the widget the key had before
+
+_calm_search() {
+  emulate -L zsh
+  local out
+  out=$($_CALM_SEARCH --session $_CALM_SESSION -- $BUFFER 2>/dev/null </dev/tty)
+  case $? in
+    0)
+      BUFFER=${out#*$'\n'}
+      CURSOR=$#BUFFER
+      zle reset-prompt
+      [[ ${out%%$'\n'*} == run ]] && zle accept-line
+      ;;
+    1) zle reset-prompt ;;  # Esc: the line as it was
+    *) zle ${_CALM_SEARCH_ORIG[$KEYMAP]:-${_CALM_SEARCH_ORIG[main]:-history-incremental-search-backward}} ;;
+  esac
+  return 0
+}
+
+_calm_search_setup() {
+  (( CALM_SEARCH )) && [[ -n $CALM_SEARCH_KEY && -n ${_CALM_SEARCH-} ]] || return 0
+  zle -N _calm_search
+  local km w
+  local -a old
+  # what the key does now in each keymap (main: emacs or viins, as $KEYMAP names it in a widget)
+  _calm_capture eval 'for km in main emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done' ||
+    REPLY=$(for km in main emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY; done)
+  old=("${(@f)REPLY}")
+  for km in main emacs viins; do
+    w=${${(z)old[1]}[2]}
+    shift old
+    [[ $w == _calm_search || $w == undefined-key || -z $w ]] || _CALM_SEARCH_ORIG[$km]=$w
+  done
+  for km in emacs viins; do bindkey -M $km -- $CALM_SEARCH_KEY _calm_search; done
+}
+_calm_search_setup

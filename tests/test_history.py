@@ -66,7 +66,7 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
     store.close()
     con = sqlite3.connect(path)
     assert "prev_cmd" not in {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     con.close()
 
 
@@ -93,9 +93,28 @@ def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None
     store.close()
     con = sqlite3.connect(path)
     assert {"comp", "env"} <= {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     con.close()
     assert [r.comp for r in HistoryStore(path).all_rows()] == [(), ("notes.md",)]  # opened again: as it was
+
+
+def test_a_version_3_history_gains_duration_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    store = HistoryStore(path)
+    store.record("make", session="a", exit=0)
+    store.close()
+    con = sqlite3.connect(path)  # as calmd with schema 3 left it: no duration column, no ts index
+    con.executescript("ALTER TABLE commands DROP COLUMN duration; DROP INDEX commands_ts;"
+                      "UPDATE meta SET value = '3' WHERE key = 'schema_version';")  # fmt: skip
+    con.close()
+    store = HistoryStore(path)
+    store.record("sleep 2", session="a", exit=0, duration=2.004)
+    assert [(r.cmd, r.duration) for r in store.all_rows()] == [("make", None), ("sleep 2", 2.004)]
+    store.close()
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+    assert "commands_ts" in {row[1] for row in con.execute("PRAGMA index_list(commands)")}
+    con.close()
 
 
 def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:

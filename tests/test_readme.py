@@ -61,6 +61,10 @@ def test_the_readme_tools_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "train.txt").write_text(TRAIN_TXT)
     history = ["git status", "mysql -u me -phunter2 shop", "git commit -m x"]
     (tmp_path / ".zsh_history").write_text("".join(f": 170000000{i}:0;{c}\n" for i, c in enumerate(history)))
+    fish = tmp_path / ".local" / "share" / "fish"
+    fish.mkdir(parents=True)
+    entries = (f"- cmd: {c}\n  when: 170000001{i}\n" for i, c in enumerate(history))
+    (fish / "fish_history").write_text("".join(entries))
     env = {**daemon_env(tmp_path), "PATH": f"{BIN}:/usr/bin:/bin", "NO_COLOR": "1"}
     serve = subprocess.Popen(shlex.split(lines[0][0]), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)  # fmt: skip

@@ -405,11 +405,14 @@ def test_the_cli_registers_the_shell_commands() -> None:
     from calmd.cli import calm_parser, calmd_parser
 
     assert calmd_parser().parse_args(["init", "zsh"]).func is shell_helper.cmd_init
-    assert calmd_parser().parse_args(["shell-helper", "--session", "s"]).func is shell_helper.cmd_shell_helper
+    from calmd.cli import cmd_shell_helper  # bash's and zsh's helper, or fish's with --spool
+
+    assert calmd_parser().parse_args(["shell-helper", "--session", "s"]).func is cmd_shell_helper
     assert calm_parser().parse_args(["enable"]).func is shell_helper.cmd_enable
     assert calm_parser().parse_args(["disable"]).func is shell_helper.cmd_disable
+    assert calmd_parser().parse_args(["init", "fish"]).func is shell_helper.cmd_init
     with pytest.raises(SystemExit):
-        calmd_parser().parse_args(["init", "fish"])
+        calmd_parser().parse_args(["init", "tcsh"])
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,8 @@ def test_no_ghost_in_isearch_on_recalled_lines_or_after_a_paste(
     zsh-syntax-highlighting defines zle-isearch-update itself: calm then hooks it through
     add-zle-hook-widget."""
     record(daemon, "echo hello-from-calm-only")
-    with zsh_terminal(home, **plugin_rc(order)) as term:
+    # zsh's own Ctrl-R (incremental search): calm's history search would take the key
+    with zsh_terminal(home, CALM_SEARCH="0", **plugin_rc(order)) as term:
         term.wait_for("^PROMPT>")
         term.type("echo hello")
         term.send("Enter")

@@ -212,12 +212,37 @@ def bash_terminal(
     return Terminal(["bash", "--noprofile", "--rcfile", str(rc), "-i"], shell_env(home, **env), cwd=home)
 
 
+def fish_terminal(
+    home: Path, *, before: str = "", after: str = "", setup: str | None = None, **env: str
+) -> Terminal:
+    """An interactive fish that reads only our config (`XDG_CONFIG_HOME` in `home`, no system
+    config: `--no-config` would skip ours too): the prompt, `before`, the calm hook, `after`."""
+    need("fish", "tmux")
+    env.setdefault("CALM_MIN_CONFIDENCE", TEST_MIN_CONFIDENCE)
+    if setup is None:
+        setup = f"source {shlex.quote(str(init_script('fish', home)))}"
+    config = home / "config" / "fish"
+    config.mkdir(parents=True, exist_ok=True)
+    prompt = "function fish_prompt; printf '%s' " + shlex.quote(PROMPT) + "; end"
+    greeting = "set -g fish_greeting ''"
+    (config / "config.fish").write_text(f"{prompt}\n{greeting}\nfunction fish_right_prompt; end\n"
+                                        f"{before}\n{setup}\n{after}\n")  # fmt: skip
+    # fish's first start would otherwise parse every man page in the background (its completions)
+    (home / "fish-data" / "fish" / "generated_completions").mkdir(parents=True, exist_ok=True)
+    fish_env = {"XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "fish-data"),
+                "fish_history": "calm_test", **env}  # fmt: skip
+    return Terminal(["fish", "-i"], shell_env(home, **fish_env), cwd=home)
+
+
 # The setup lines of docs/shells.md: source the hook file `calmd init` leaves in the data dir,
 # and run `calmd init` only when it is not there.
 DATA_DIR = "${CALM_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/calm}"
 SETUP_LINES = {
     "zsh": f'source {DATA_DIR}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"',
     "bash": f'eval "$(cat "{DATA_DIR}/calm.bash" 2>/dev/null || calmd init bash)"',
+    "fish": "source (set -q CALM_HOME; and echo $CALM_HOME; or echo (set -q XDG_DATA_HOME;"
+    " and echo $XDG_DATA_HOME; or echo ~/.local/share)/calm)/calm.fish 2>/dev/null;"
+    " or calmd init fish | source",
 }
 
 

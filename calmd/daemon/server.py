@@ -36,10 +36,12 @@ from watchfiles import awatch  # imported before `ready`: 60 ms that would delay
 from calmd import __version__, paths
 from calmd.daemon.config import ServerConfig
 from calmd.daemon.scheduler import FairScheduler
+from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
 from calmd.errors import CalmError
+from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
 from calmd.protocol import PROTOCOL_VERSION
 
@@ -116,20 +118,29 @@ class Server:
         await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
         if self._weights_id() != self.loaded_id:  # changed between the load and the watch
             await self.reload()
+        self.service.search = SearchService(self.history)
+        self.service.search.start()  # built in the background: a search waits for it only until it is
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:
             # After `ready`, in batches (the store's lock is free between two): however large the
             # files, the daemon answers from the start (docs/history.md, "Importing").
-            self._import = asyncio.ensure_future(
-                asyncio.to_thread(self.history.import_shell_histories, Path.home(), self._import_stop)
-            )
+            self._import = asyncio.ensure_future(asyncio.to_thread(self._first_imports))
         try:
             await self.should_exit.wait()
         finally:
             await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+    def _first_imports(self) -> None:
+        """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
+        read whole (calmd/history/fish.py): in batches, stopped by `_import_stop`."""
+        history = self.history
+        assert history is not None
+        history.import_shell_histories(Path.home(), self._import_stop)
+        if not self._import_stop.is_set():
+            import_first_start(history, stop=self._import_stop)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -156,6 +167,8 @@ class Server:
         self.listener.close_all()
         scheduler.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.service.search is not None:
+            self.service.search.close()
         self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
         if self._import is not None:
@@ -326,6 +339,7 @@ class Server:
             "prefetch": dict(self.service.prefetch_stats),
             "disk": self._disk_status(),
             "context": self.disk.describe(),
+            "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
         }
 
 

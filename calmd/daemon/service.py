@@ -1,5 +1,6 @@
 """The daemon's service: what each request means. `complete` (a keystroke), `record` (an executed
-command), the prefetch after a record, and the training trigger; `status`, `reload` and
+command), the prefetch after a record, the training trigger, `search` and `forget` (the history
+search, calmd/daemon/search.py); `status`, `reload` and
 `shutdown` go to the server that wires the service to its transport (calmd/daemon/server.py).
 
 - completions run on one worker thread, off the event loop, so that `status` and `record` stay
@@ -28,14 +29,17 @@ from typing import Any, Protocol
 
 from calmd.daemon.comp_state import SessionComp
 from calmd.daemon.scheduler import FairScheduler, Job
+from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import Connection
 from calmd.errors import DiskFull
 from calmd.history.store import HistoryStore
 from calmd.protocol import (
     CompleteRequest,
+    ForgetRequest,
     ProtocolError,
     RecordRequest,
+    SearchRequest,
     SimpleRequest,
     parse_request,
     reply,
@@ -119,6 +123,7 @@ class Service:
         self.prefetch = prefetch
         self.engine: Engine | None = None
         self.history: HistoryStore | None = None
+        self.search: SearchService | None = None  # `search` and `forget`, on a thread of their own
         self.disk = Disk()  # COMP's listings and the disk check (calmd/suggest/disk.py)
         self.comp = SessionComp(self.disk)
         self.first_ms = LatencyStats()
@@ -144,6 +149,8 @@ class Service:
                 await self.complete(request, conn)
             elif isinstance(request, RecordRequest):
                 conn.send(reply(request.id, **await self.record(request)))
+            elif isinstance(request, SearchRequest | ForgetRequest):
+                conn.send(reply(request.id, **await self.history_search(request, conn)))
             else:
                 conn.send(reply(request.id, **await self.simple(request)))
         except ProtocolError as exc:
@@ -159,6 +166,8 @@ class Service:
 
     def connection_closed(self, conn: Connection) -> None:
         self.scheduler.cancel_owner(conn)
+        if self.search is not None:
+            self.search.drop(conn)
 
     async def simple(self, request: SimpleRequest) -> dict[str, Any]:
         if request.op == "status":
@@ -187,14 +196,35 @@ class Service:
             ts=request.ts,
             comp=self.comp.for_record(request.session, request.cmd, request.cwd),
             env=request.env,
+            duration=request.duration,
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too
+            if self.search is not None:
+                self.search.touch()
             if self.prefetch and request.session:
                 self._start_prefetch(request.session)
         if result.stored and self.train_threshold and not self.trainer.busy:
             await self.start_training("threshold", wanted=self._training_due)
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
+
+    # -- the history search ------------------------------------------------------------------------
+
+    async def history_search(
+        self, request: SearchRequest | ForgetRequest, conn: Connection
+    ) -> dict[str, Any]:
+        """`search` (ranked with the session's latest commands as context) and `forget`
+        (calmd/daemon/search.py, on the search's own thread)."""
+        if self.search is None:  # the server starts it before it accepts: a bug, answered `internal`
+            raise RuntimeError("the history search is not running")
+        if isinstance(request, ForgetRequest):
+            outcome = await self.search.forget(request)
+            self._recent_cache.clear()
+            return outcome
+        history = [h["cmd"] for h in self.recent_history(request.session)]
+        return await self.search.search(request, history, conn)
+
+    # -- the prefetch ------------------------------------------------------------------------------
 
     def _start_prefetch(self, session: str) -> None:
         """Prepare the session's next empty prompt in the background, as soon as its command is

@@ -39,6 +39,7 @@ def status_table(status: dict[str, Any]) -> Table:
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),
         ("import", _import_line(hist.get("import") or {})),
+        ("search", _search_line(status.get("search") or {})),
         ("training", _training_line(status.get("training") or {})),
         ("disk", _disk_line(status.get("disk") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),
@@ -91,6 +92,16 @@ def _training_line(training: dict[str, object]) -> str:
     if threshold:
         parts.append(f"next after {threshold} new commands")
     return "; ".join(parts)
+
+
+def _search_line(search: dict[str, Any]) -> str:
+    """The history search (Ctrl-R): its index, and what it answered."""
+    if not search.get("ready"):
+        return "index being built"
+    last = search.get("last_ms")
+    timing = f", the last {last:.1f} ms" if last is not None else ""
+    indexed = f"{search.get('commands', 0):,} commands ({search.get('distinct', 0):,} distinct) indexed"
+    return f"{indexed}; {search.get('searches', 0)} searches{timing}; {search.get('forgotten', 0)} forgotten"
 
 
 def _import_line(imported: dict[str, Any]) -> str:

@@ -56,7 +56,8 @@ FORMAT_SNIFF_BYTES = 65536
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
-SCHEMA_VERSION = 3  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV)
+SCHEMA_VERSION = 4  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
+# 4: duration (seconds the command ran, when the shell said)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -70,11 +71,13 @@ CREATE TABLE IF NOT EXISTS commands (
     exit     INTEGER,
     source   TEXT NOT NULL DEFAULT 'shell',
     comp     TEXT NOT NULL DEFAULT '',
-    env      TEXT NOT NULL DEFAULT ''
+    env      TEXT NOT NULL DEFAULT '',
+    duration REAL
 );
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
 CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
 CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
+CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -93,11 +96,12 @@ class HistoryRow:
     # calmd/suggest/frames.py): what the datasets put in the example's frames.
     comp: tuple[str, ...] = ()
     env: str = ""
+    duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
 
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
-        rid, ts, session, cwd, git, cmd, code, source, comp, env = row
-        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env)
+        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration = row
+        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration)
 
 
 def _comp_items(text: str) -> tuple[str, ...]:
@@ -212,6 +216,8 @@ class HistoryStore:
                 for column in ("comp", "env"):
                     if column not in columns:
                         self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+            if version < 4 and "duration" not in columns:  # older records: how long they ran is unknown
+                self._db.execute("ALTER TABLE commands ADD COLUMN duration REAL")
             self._meta_set("schema_version", str(SCHEMA_VERSION))
 
     def close(self) -> None:
@@ -279,11 +285,21 @@ class HistoryStore:
         pattern behind `match` is not written anywhere."""
         return self._delete_matching(match)
 
+    def forget_command(self, cmd: str) -> int:
+        """Delete every run of exactly `cmd`, for good (the history search's delete key): what
+        `forget` does, with the rows found through the `cmd` index instead of a scan of all."""
+        with self._lock:
+            doomed = [rid for (rid,) in self._db.execute("SELECT id FROM commands WHERE cmd = ?", (cmd,))]
+        return self._delete_ids(doomed)
+
     def _delete_matching(self, match: Callable[[str], bool], *, counter: str = "") -> int:
-        """Delete the matching rows and every trace of them: deleted cells are zeroed
-        (secure_delete); the WAL, which still holds the pages as they were, is checkpointed and
-        truncated; the datasets built from the old rows are removed; the generation is bumped."""
-        doomed = [row.id for row in self.all_rows() if match(row.cmd)]
+        """Delete the matching rows and every trace of them (`_delete_ids`)."""
+        return self._delete_ids([row.id for row in self.all_rows() if match(row.cmd)], counter=counter)
+
+    def _delete_ids(self, doomed: list[int], *, counter: str = "") -> int:
+        """Delete these rows and every trace of them: deleted cells are zeroed (secure_delete);
+        the WAL, which still holds the pages as they were, is checkpointed and truncated; the
+        datasets built from the old rows are removed; the generation is bumped."""
         if not doomed:
             return 0
         with self._write_transaction(immediate=True):
@@ -349,16 +365,18 @@ class HistoryStore:
         source: str = "shell",
         comp: Sequence[str] = (),
         env: str = "",
+        duration: float | None = None,
     ) -> RecordResult:
         """Store one command (unless `check` refuses it) with its context: `comp` and `env` are the
-        COMP items and ENV text of the context it was typed in; they pass the secret checks too."""
+        COMP items and ENV text of the context it was typed in; they pass the secret checks too.
+        `duration`: the seconds it ran, when the shell measured them."""
         cmd, replaced = clean_text(cmd)
         cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
         extra = (_comp_text(comp), clean_env(clean_text(env)[0]))
         with self._write_transaction():
             stamp = time.time() if ts is None else ts
-            self._store(verdict, cmd, exit, cwd, git, session, stamp, source, extra)
+            self._store(verdict, cmd, exit, cwd, git, session, stamp, source, extra, duration=duration)
             if replaced and verdict.stored:
                 self._meta_add("undecodable", 1)
         return verdict
@@ -407,7 +425,7 @@ class HistoryStore:
 
     def _store(
         self, verdict: RecordResult, cmd: str, exit: int | None, cwd: str, git: str, session: str, ts: float,
-        source: str, extra: tuple[str, str] = ("", ""),
+        source: str, extra: tuple[str, str] = ("", ""), *, duration: float | None = None,
     ) -> None:  # fmt: skip
         """Insert under the lock, inside the caller's transaction (`extra`: comp, env as stored)."""
         if not verdict.stored:
@@ -415,9 +433,9 @@ class HistoryStore:
                 self._meta_add("dropped_secrets", 1)
             return
         self._db.execute(
-            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ts, session, cwd, git, cmd, exit, source, *extra),
+            "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env, duration) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ts, session, cwd, git, cmd, exit, source, *extra, duration),
         )
         self._meta_add("recorded_since_train", 1)
 
@@ -431,7 +449,7 @@ class HistoryStore:
         with self._lock:
             return [HistoryRow.from_db(row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration"
 
     def recent(self, *, limit: int, session: str | None = None, others: bool = False) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first: of every session, of `session` alone, or
@@ -604,6 +622,54 @@ class HistoryStore:
         return replace(result, imported=counts["imported"], dropped_secrets=counts["dropped"],
                        skipped=counts["skipped"], undecodable=counts["undecodable"],
                        complete=complete)  # fmt: skip
+
+    def import_position(self, path: Path) -> str | None:
+        """Where the last import of `path` stopped, as its importer wrote it (None: never read)."""
+        with self._lock:
+            return self._meta_get(f"imported:{path.resolve()}")
+
+    def import_entries(
+        self, path: Path, kind: str, entries: Sequence[tuple[float | None, str, str]], mtime: float,
+        stop: threading.Event | None = None,
+    ) -> ImportResult:  # fmt: skip
+        """Store the commands another parser read from a history file (calmd/history/fish.py):
+        (timestamp or None, command, that parser's mark of where the import is after it), checked
+        and counted as `import_file`'s, committed in batches of IMPORT_BATCH, each with the mark of
+        its last entry (`import_position` gives it back: a stopped or killed import goes on from
+        there). Entries without a timestamp keep their order, a microsecond apart before `mtime`."""
+        key = f"imported:{path.resolve()}"
+        session, source = f"import:{path.name}", f"import:{kind}"
+        counts = dict.fromkeys(("imported", "dropped", "skipped", "undecodable"), 0)
+        verdicts: dict[str, RecordResult] = {}
+        complete = True
+        for first in range(0, len(entries), IMPORT_BATCH):
+            batch = entries[first : first + IMPORT_BATCH]
+            tally = dict.fromkeys(counts, 0)
+            with self._write_transaction():  # a batch and its mark: all of it or none of it
+                for i, (ts, text, _) in enumerate(batch, first):
+                    cmd, replaced = clean_text(text)
+                    verdict = verdicts.get(cmd)
+                    if verdict is None:
+                        if len(verdicts) >= VERDICT_CACHE:
+                            verdicts.clear()
+                        verdict = verdicts[cmd] = self.check(cmd)
+                    stamp = ts if ts is not None else mtime - (len(entries) - i) * 1e-6
+                    self._store(verdict, cmd, None, "", "", session, stamp, source)
+                    if verdict.stored:
+                        tally["imported"] += 1
+                        tally["undecodable"] += replaced
+                    else:
+                        tally["dropped" if verdict.reason.startswith("secret:") else "skipped"] += 1
+                if tally["undecodable"]:
+                    self._meta_add("undecodable", tally["undecodable"])
+                self._meta_set(key, batch[-1][2])
+            for name in counts:
+                counts[name] += tally[name]
+            if stop is not None and stop.is_set() and first + IMPORT_BATCH < len(entries):
+                complete = False
+                break
+        return ImportResult(str(path), kind, counts["imported"], counts["dropped"], counts["skipped"],
+                            counts["undecodable"], complete=complete)  # fmt: skip
 
     def import_shell_histories(self, home: Path, stop: threading.Event | None = None) -> ShellImport:
         """The daemon's first start: import ~/.bash_history and ~/.zsh_history once. A file that

@@ -1,1 +1,2 @@
-"""Measuring suggestions: `calm replay` over real histories, and the offline fit of the history ranker."""
+"""Measuring suggestions and the search: `calm replay` over real histories, and the offline fits of
+the history and search rankers."""

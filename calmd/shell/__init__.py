@@ -1,3 +1,3 @@
-"""The shells' side: the per-shell helper and the `calmd init` hooks, and the small socket client (no
-torch).
+"""The shells' side: the per-shell helper and the `calmd init` hooks (zsh, bash, fish), the small
+socket client, `calm search`'s terminal UI and `calm history`/`calm stats` (no torch).
 """

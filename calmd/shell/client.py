@@ -40,7 +40,7 @@ class ProtocolMismatch(RuntimeError):
     """The daemon speaks another protocol version (restart it after an upgrade)."""
 
 
-TERMINAL_KEYS = ("done", "ok", "error", "status")
+TERMINAL_KEYS = ("done", "ok", "error", "status", "results")
 
 
 class CalmClient:
@@ -165,6 +165,15 @@ class CalmClient:
 
     def status(self) -> dict[str, Any]:
         return self.call("status")
+
+    def search(self, query: str, *, mode: str = "global", n: int = 20, session: str = "",
+               cwd: str = "") -> dict[str, Any]:  # fmt: skip
+        """The history's best `n` commands for `query` (`results`, `matches`): docs/protocol.md."""
+        return self.call("search", query=query, mode=mode, n=n, session=session, cwd=cwd)
+
+    def forget(self, cmd: str) -> dict[str, Any]:
+        """Delete every run of exactly `cmd` from the history, for good (`forgotten`: how many)."""
+        return self.call("forget", cmd=cmd)
 
     def reload(self) -> dict[str, Any]:
         return self.call("reload")

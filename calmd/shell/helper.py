@@ -9,7 +9,8 @@ Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab 
 separated by tabs). The hooks start the helper with `--format 2`:
 
     shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
-                      r <exit> <cwd> <git> <ts> <cmd>            record an executed command
+                      r <exit> <cwd> <git> <ts> <cmd> [<secs>]   record an executed command (and
+                                                                 how long it ran; ts empty: then)
                       e <virtualenv> <conda env>                 the environment changed
     helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
 
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +63,7 @@ from calmd.protocol import MAX_CANDIDATES, MAX_PATH_BYTES
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
 
-SHELLS = ("zsh", "bash")
+SHELLS = ("zsh", "bash", "fish")
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
 PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
@@ -121,14 +123,31 @@ def init_script(shell: str, socket: str | None = None) -> str:
     from calmd import __version__
 
     helper = [sys.executable, "-m", "calmd", "shell-helper", "--shell", shell]
+    search = [sys.executable, "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
     if socket:
         helper += ["--socket", socket]
-    head = [
-        f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)",
-        "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
-        f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
-    ]
+        search += ["--socket", socket]
+    comment = f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)"
+    if shell == "fish":
+        head = [
+            comment,
+            "set -g _CALM_HELPER " + " ".join(fish_quote(w) for w in helper),
+            "set -g _CALM_SEARCH " + " ".join(fish_quote(w) for w in search),
+            f"set -g _CALM_DISABLED_FILE {fish_quote(str(disabled_flag()))}",
+        ]
+    else:
+        head = [
+            comment,
+            "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
+            "_CALM_SEARCH=(" + " ".join(shlex.quote(w) for w in search) + ")",
+            f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
+        ]
     return "\n".join(head) + "\n" + script_path(shell).read_text()
+
+
+def fish_quote(word: str) -> str:
+    """`word` as one fish word: single quotes, in which fish reads only \\ and \' as escapes."""
+    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def hook_file(shell: str) -> Path:
@@ -166,6 +185,15 @@ class Complete:
     min_confidence: float | None = None  # None: the default threshold
 
 
+def parse_duration(text: str) -> float | None:
+    """Seconds from the shell (`1.25`), else None; within what the protocol takes."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1e9 else None
+
+
 def parse_confidence(text: str) -> float | None:
     """A threshold from the shell: a number in [0, 1], else None (the default)."""
     try:
@@ -183,11 +211,12 @@ class Record:
     git: str
     ts: float | None
     env: str = ""  # the short form of the environment the command was typed in
+    duration: float | None = None  # seconds it ran, when the shell measured it
 
     def fields(self, session: str) -> dict[str, Any]:
         """The `record` request's fields besides `cmd`, unset ones left out."""
         fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
-                  "env": self.env}  # fmt: skip
+                  "env": self.env, "duration": self.duration}  # fmt: skip
         return {k: v for k, v in fields.items() if v is not None and v != ""}
 
 
@@ -212,10 +241,14 @@ def parse_request(line: str) -> Complete | Record | Env | None:
             threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
             cwd, git = unescape(parts[3]), unescape(parts[4])
             return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
-        if parts[0] == "r" and len(parts) == 6:
+        if parts[0] == "r" and len(parts) in (6, 7):  # 7: with the seconds it ran
             exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+            duration = parse_duration(parts[6]) if len(parts) == 7 else None
             ts = float(parts[4]) if parts[4] else None
-            return Record(unescape(parts[5]), exit_code, unescape(parts[2]), unescape(parts[3]), ts)
+            if ts is None and duration is not None:  # the shell had no clock: it started that long ago
+                ts = time.time() - duration
+            cwd, git = unescape(parts[2]), unescape(parts[3])
+            return Record(unescape(parts[5]), exit_code, cwd, git, ts, duration=duration)
     except ValueError:
         pass
     log.warning("ignoring a malformed request: %.200r", line)
@@ -324,16 +357,20 @@ class Helper:
         self.inbuf += chunk
         *lines, self.inbuf = self.inbuf.split(b"\n")
         for raw in lines:
-            request = parse_request(raw.decode("utf-8", "replace"))
-            log.debug("shell: %r", request)
-            if isinstance(request, Record):
-                request.env = self.env
-                self.backlog.append(request)
-            elif isinstance(request, Env):
-                self.env = request.short()
-            elif isinstance(request, Complete):
-                self.queued = request  # one still queued is superseded: the shell waits for the newest
+            self.take(raw)
         return True
+
+    def take(self, raw: bytes) -> None:
+        """One line from the shell."""
+        request = parse_request(raw.decode("utf-8", "replace"))
+        log.debug("shell: %r", request)
+        if isinstance(request, Record):
+            request.env = self.env
+            self.backlog.append(request)
+        elif isinstance(request, Env):
+            self.env = request.short()
+        elif isinstance(request, Complete):
+            self.queued = request  # one still queued is superseded: the shell waits for the newest
 
     # -- daemon side -----------------------------------------------------------------------------
 
@@ -557,6 +594,15 @@ def reopen_stdin_read_only() -> None:
 
 
 def cmd_shell_helper(args: argparse.Namespace) -> int:
+    """The helper of a bash or zsh shell (pipes); fish's is calmd/shell/spool.py's."""
+    return serve_shell(args, Helper)
+
+
+HelperFactory = Callable[..., Helper]  # (session, socket path, **options) -> the helper to run
+
+
+def serve_shell(args: argparse.Namespace, make: HelperFactory) -> int:
+    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`)."""
     # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
@@ -565,14 +611,8 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
     socket_arg = getattr(args, "socket", None)
     socket = Path(socket_arg) if socket_arg else paths.socket_path()
     session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = Helper(
-        session,
-        socket,
-        autostart=args.autostart,
-        line_format=args.format,
-        shell=args.shell,
-        socket_arg=socket_arg,
-    )
+    helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
+                  socket_arg=socket_arg)  # fmt: skip
     try:
         return helper.run()
     except (BrokenPipeError, KeyboardInterrupt):

@@ -1,0 +1,223 @@
+"""The history search on a 100,000-command history (issue 26: at most 20 ms per keystroke): the
+search index in process, the daemon's `search` op over its socket, and what the shell waits for
+when Ctrl-R opens `calm search`, all in one run.
+
+The history is the newest --commands commands of the public histories of ../shared/data/histories
+(or a synthetic one), with synthetic context: 13 folders, a session every 200 commands, one
+command in 7 failing. It is written to a fresh store, which a real `calmd serve` (the packaged
+model) reads. Each of --lines lines from the newest part is searched the way a user types in the
+search: its first word, then the rest of the line, one character at a time, each prefix one
+search (the UI asks at every key), in the global and in the folder mode.
+
+    python bench/search_latency.py [--commands 100000] [--lines 40] [--starts 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from calmd.history import query
+from calmd.history.store import HistoryStore
+from calmd.shell.client import CalmClient
+from calmd.suggest.search import Context, SearchIndex
+
+HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
+MODES = ("global", "folder")
+
+
+def history(limit: int) -> list[str]:
+    from calmd.training.corpus import read_history
+
+    files = sorted(HISTORIES.glob("*.txt")) if HISTORIES.is_dir() else []
+    commands = [c for f in files for c in read_history(f)]
+    i = 0
+    while len(commands) < limit:  # synthetic: habits with changing arguments
+        commands += [f"mkdir dir{i % 500}", f"cd dir{i % 500}", "git status", f"vim file{i % 97}.py"]
+        i += 1
+    return commands[-limit:]
+
+
+def fill(path: Path, commands: list[str]) -> None:
+    store = HistoryStore(path)
+    start = time.time() - 60 * len(commands)
+    with store._write_transaction():  # one transaction: the bench's set-up, not what it measures
+        for i, cmd in enumerate(commands):
+            verdict = store.check(cmd)
+            store._store(verdict, cmd, 1 if i % 7 == 0 else 0, f"/home/user/p{i % 13}", "", f"s{i // 200}",
+                         start + 60 * i, "shell")  # fmt: skip
+    store.close()
+
+
+def typed(lines: list[str]) -> list[str]:
+    """The queries a user types to find each line: its first word, then on character by character."""
+    out = []
+    for line in lines:
+        words = line.split()
+        start = len(words[0]) if words else 1
+        out += [line[:k] for k in range(1, min(len(line), start + 12) + 1)]
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def row(name: str, ms: list[float]) -> str:
+    return (f"{name:<34}{len(ms):>7}{statistics.median(ms):>9.2f}{pct(ms, 0.9):>9.2f}{pct(ms, 0.99):>9.2f}"
+            f"{max(ms):>9.2f}")  # fmt: skip
+
+
+def in_process(db: Path, queries: list[str], context: tuple[str, ...]) -> list[tuple[str, list[float]]]:
+    conn = query.open_read_only(db)
+    started = time.perf_counter()
+    index = SearchIndex()
+    index.sync(conn)
+    index.prepare()
+    print(
+        f"index of {len(index):,} commands ({len(index.texts):,} distinct) built in "
+        f"{time.perf_counter() - started:.2f} s (the daemon does it at start, on a thread of its own)"
+    )
+    out = []
+    for mode in MODES:
+        ctx = Context("/home/user/p3", "s1", context)
+        ms = []
+        for q in queries:
+            t = time.perf_counter()
+            index.search(q, mode, ctx, 30)
+            ms.append((time.perf_counter() - t) * 1e3)
+        out.append((f"in process, {mode}", ms))
+    conn.close()
+    return out
+
+
+def daemon(
+    home: Path, queries: list[str], runs: int
+) -> tuple[list[tuple[str, list[float]]], list[float], list[float]]:
+    run = home / "run"
+    run.mkdir(mode=0o700)
+    sock = run / "calm" / "calmd.sock"
+    env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
+           "CALMD_SOCKET": str(sock)}  # fmt: skip
+    log = open(home / "calmd.log", "wb")  # noqa: SIM115 - closed with the daemon
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "calmd"), "serve", "--no-import"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with CalmClient(sock, timeout=2) as c:
+                    if c.status()["status"]["search"]["ready"]:
+                        break
+            except Exception:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (home / "calmd.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"calmd did not start, or its search did not get ready:\n{tail}")
+            time.sleep(0.05)
+        out = []
+        with CalmClient(sock, timeout=30) as c:
+            for mode in MODES:
+                ms, inside = [], []
+                for q in queries:
+                    t = time.perf_counter()
+                    reply = c.search(q, mode=mode, n=30, session="s1", cwd="/home/user/p3")
+                    ms.append((time.perf_counter() - t) * 1e3)
+                    inside.append(float(reply["ms"]))
+                out.append((f"through the socket, {mode}", ms))
+                out.append(("  of which in the daemon's search", inside))
+        ui, bare = starts(env, sock, runs)
+        return out, ui, bare
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        log.close()
+
+
+def starts(env: dict[str, str], sock: Path, runs: int) -> tuple[list[float], list[float]]:
+    """Ctrl-R to the first frame: `calm search` on a pseudo-terminal, until its header is drawn
+    (it has connected and has the daemon's first answer); beside it, a bare Python start."""
+    argv = [sys.executable, "-m", "calmd.shell.search_ui", "--socket", str(sock), "git"]
+    ui, bare = [], []
+    for _ in range(runs):
+        ui.append(first_frame(argv, env))
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare.append((time.perf_counter() - t) * 1e3)
+    return ui, bare
+
+
+def first_frame(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal, as a shell's
+        os.execve(argv[0], argv, env)
+    seen = b""
+    try:
+        while b"calm search" not in seen:
+            ready, _, _ = select.select([fd], [], [], 10)
+            if not ready:
+                raise SystemExit("calm search drew nothing")
+            seen += os.read(fd, 65536)
+        elapsed = (time.perf_counter() - started) * 1e3
+        os.write(fd, b"\x1b")  # Esc: leave
+        while True:
+            ready, _, _ = select.select([fd], [], [], 5)
+            if not ready:
+                break
+            try:
+                if not os.read(fd, 65536):
+                    break
+            except OSError:
+                break
+    finally:
+        os.waitpid(pid, 0)
+        os.close(fd)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--commands", type=int, default=100_000, help="commands in the history")
+    parser.add_argument("--lines", type=int, default=40, help="lines searched for, typed key by key")
+    parser.add_argument("--starts", type=int, default=10, help="calm search starts timed")
+    args = parser.parse_args()
+    commands = history(args.commands)
+    lines = commands[-args.lines * 50 :: 50][: args.lines]
+    queries = typed(lines)
+    home = Path(tempfile.mkdtemp(prefix="calm-search-bench-"))
+    try:
+        (home / "data").mkdir(mode=0o700)
+        db = home / "data" / "history.sqlite3"
+        fill(db, commands)
+        print(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed); load "
+              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        results = in_process(db, queries, tuple(commands[-5:]))
+        remote, ui, bare = daemon(home, queries, args.starts)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"\n{'per keystroke (ms)':<34}{'n':>7}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
+    for name, ms in results + remote:
+        print(row(name, ms))
+    first, python = statistics.median(ui), statistics.median(bare)
+    print(
+        f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
+        f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})"
+    )
+    worst = max(pct(ms, 0.9) for name, ms in remote if name.startswith("through"))
+    verdict = "met" if worst <= 20 else "NOT met"
+    print(f"budget: 20 ms per keystroke; through the socket p90 {worst:.1f} ms: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""Read-only questions to the history store: `calm history`, `calm stats`, and the lean rows the
+daemon's search index reads (calmd/suggest/search.py).
+
+The store is opened on a connection of its own, read-only (SQLite's `mode=ro`): it never writes,
+never migrates and never takes the write lock, so it is safe while the daemon records (WAL: a
+reader sees the last committed state and neither waits for the writer nor holds it up). A store
+from a newer calmd (a schema this one does not know) is refused with a clear error rather than
+misread. The filters are SQL over the store's indexes; what SQL cannot say (a regular
+expression) is a function registered on the connection.
+
+Nothing here shows what the store would refuse. Every row passed the credential detector when it
+was stored, and the store is re-scanned when a newer detector comes (the daemon's next start);
+until then (the store's `detector_version` is older than this calmd's), every row read passes
+`HistoryStore.check` again, and one it flags is skipped, never printed. (Checking each row always
+would cost 50 microseconds a row: 5 s for 100,000 commands.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import math
+import re
+import sqlite3
+import urllib.parse
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from calmd.errors import CalmError
+from calmd.history.secrets import DETECTOR_VERSION
+from calmd.history.store import SCHEMA_VERSION, HistoryStore
+
+BATCH = 20_000  # rows the search index reads per round trip
+TOP = 10  # rows in each of `calm stats`'s tables
+
+
+class NoHistory(CalmError):
+    """There is no history store at the path (nothing recorded or imported yet)."""
+
+
+def open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the store at `path`; NoHistory when there is none, CalmError for
+    a file that is not a calmd history or is newer than this calmd."""
+    if not path.is_file():
+        raise NoHistory(f"{path}: no history yet (start calmd, or run `calm import FILE`)")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    # autocommit: no statement ever opens a transaction that would outlive it (an open read would
+    # hold up the checkpoint after the daemon's next deletion)
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("PRAGMA busy_timeout=5000")  # a checkpoint after `calm forget` holds readers briefly
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise CalmError(f"{path}: not a calmd history store ({exc})") from None
+    version = int(row[0]) if row else 0
+    if version > SCHEMA_VERSION:
+        db.close()
+        raise CalmError(
+            f"{path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION}): upgrade calm"
+        )
+    db.create_function("calm_regexp", 2, _regexp, deterministic=True)
+    return db
+
+
+def _regexp(pattern: str, text: str) -> bool:
+    return _compiled(pattern).search(text) is not None
+
+
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    found = _PATTERNS.get(pattern)
+    if found is None:
+        if len(_PATTERNS) > 16:
+            _PATTERNS.clear()
+        found = _PATTERNS[pattern] = re.compile(pattern)
+    return found
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class Entry(NamedTuple):
+    """One executed command as `calm history` shows it (a tuple: 100,000 of them are made)."""
+
+    id: int
+    ts: float
+    session: str
+    cwd: str
+    git: str
+    cmd: str
+    exit: int | None
+    source: str
+    duration: float | None  # seconds it ran, when the shell said
+
+    @property
+    def failed(self) -> bool:
+        """The shell reported a non-zero status (imported commands carry none: never failed)."""
+        return self.exit is not None and self.exit != 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them)."""
+        return {"id": self.id, "ts": round(self.ts, 3), "time": _iso(self.ts), "cmd": self.cmd,
+                "exit": self.exit, "duration": None if self.duration is None else round(self.duration, 3),
+                "cwd": self.cwd,
+                "git": self.git, "session": self.session, "source": self.source}  # fmt: skip
+
+
+ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration"
+
+
+def rows_after(db: sqlite3.Connection, after: int, limit: int = BATCH) -> list[tuple[Any, ...]]:
+    """(id, ts, session, cwd, git, cmd, exit) of up to `limit` rows with an id above `after`,
+    oldest first: what the daemon's search index reads, as plain tuples (a HistoryRow per row
+    costs five times as much on 100,000 commands)."""
+    sql = "SELECT id, ts, session, cwd, git, cmd, exit FROM commands WHERE id > ? ORDER BY id LIMIT ?"
+    return db.execute(sql, (after, limit)).fetchall()
+
+
+def newest_after(db: sqlite3.Connection, n: int) -> int:
+    """The row id after which the newest `n` commands lie (0 when there are no more than n)."""
+    row = db.execute("SELECT id FROM commands ORDER BY id DESC LIMIT 1 OFFSET ?", (n,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def generation(db: sqlite3.Connection) -> int:
+    """The store's deletion counter (HistoryStore.generation): rows were deleted when it moved."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def shown(cmd: str) -> bool:
+    """Whether a stored command may be shown: what the store would store today."""
+    return HistoryStore.check(cmd).stored
+
+
+def scanned_by_this_detector(db: sqlite3.Connection) -> bool:
+    """Whether every row has passed this calmd's credential detector (stored or re-scanned by it)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'detector_version'").fetchone()
+    return row is not None and int(row[0]) >= DETECTOR_VERSION
+
+
+# --------------------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """What `calm history` and `calm stats` select (every field optional; all of them must hold)."""
+
+    cwd: str | None = None  # run in this folder
+    below: bool = False  # ... or in a folder under it
+    session: str | None = None
+    exit: int | None = None  # this exact status
+    failed: bool | None = None  # True: a non-zero status; False: 0 or no status (imported)
+    since: float | None = None  # seconds since the epoch, inclusive
+    until: float | None = None  # exclusive
+    pattern: str = ""  # a substring of the command (case-sensitive), or with `regex` a Python regex
+    regex: bool = False
+    limit: int = 0  # only the newest `limit` (0: all)
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if self.cwd is not None:
+            folder = self.cwd.rstrip("/") or "/"
+            if self.below:
+                clauses.append("(cwd = ? OR substr(cwd, 1, ?) = ?)")
+                inside = folder if folder.endswith("/") else folder + "/"
+                args += [folder, len(inside), inside]
+            else:
+                clauses.append("cwd = ?")
+                args.append(folder)
+        if self.session is not None:
+            clauses.append("session = ?")
+            args.append(self.session)
+        if self.exit is not None:
+            clauses.append("exit = ?")
+            args.append(self.exit)
+        if self.failed is True:
+            clauses.append("exit IS NOT NULL AND exit != 0")
+        elif self.failed is False:
+            clauses.append("(exit IS NULL OR exit = 0)")
+        if self.since is not None:
+            clauses.append("ts >= ?")
+            args.append(self.since)
+        if self.until is not None:
+            clauses.append("ts < ?")
+            args.append(self.until)
+        if self.pattern:
+            if self.regex:
+                try:
+                    _compiled(self.pattern)
+                except re.error as exc:
+                    raise CalmError(
+                        f"--regex: {self.pattern!r} is not a valid regular expression: {exc}"
+                    ) from None
+                clauses.append("calm_regexp(?, cmd)")
+            else:
+                clauses.append("instr(cmd, ?) > 0")
+            args.append(self.pattern)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+def select(db: sqlite3.Connection, filt: HistoryFilter) -> Iterator[Entry]:
+    """The commands `filt` selects, in time order (with a limit: the newest `limit` of them)."""
+    return map(Entry._make, rows(db, filt, ENTRY_COLUMNS))
+
+
+def ordered(filt: HistoryFilter, columns: str, extra: Sequence[Any] = ()) -> tuple[str, list[Any]]:
+    """SQL and its arguments for `columns` of the rows `filt` selects, in time order; `extra`: the
+    values of the `?` in `columns` (which come first in the statement)."""
+    where, args = filt.where()
+    sql = f"SELECT {columns} FROM commands{where} ORDER BY ts, id"
+    args = [*extra, *args]
+    if filt.limit:
+        newest = f"SELECT {columns}, ts AS t_, id AS i_ FROM commands{where} ORDER BY ts DESC, id DESC " \
+            "LIMIT ?"  # fmt: skip
+        sql = f"SELECT * FROM ({newest}) ORDER BY t_, i_"
+        args.append(filt.limit)
+    return sql, args
+
+
+def rows(db: sqlite3.Connection, filt: HistoryFilter, columns: str) -> Iterator[tuple[Any, ...]]:
+    """The `columns` (which hold `cmd`) of the commands `filt` selects, in time order. Read whole
+    at once (the index on `ts` keeps the sort cheap), never as they are printed: a read left open
+    while `calm history | less` waits would hold up the checkpoint of the daemon's next deletion."""
+    sql, args = ordered(filt, columns)
+    cursor = iter(db.execute(sql, args).fetchall())
+    if scanned_by_this_detector(db):
+        if filt.limit:
+            width = len(columns.split(","))
+            return (row[:width] for row in cursor)
+        return cursor
+    at = [c.strip() for c in columns.split(",")].index("cmd")
+    width = len(columns.split(","))
+    return (row[:width] for row in cursor if shown(row[at]))
+
+
+# --------------------------------------------------------------------------- times
+
+
+_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hour|hours|d|day|days|w|week|weeks)\s*(?:ago)?\Z")
+_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400,
+          "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800}  # fmt: skip
+
+
+def parse_when(text: str, now: float) -> float:
+    """A point in time from the command line, as seconds since the epoch: `30m`, `2h`, `3d`,
+    `1w` (that long ago), `today`, `yesterday`, a local date or time in ISO form (`2025-11-24`,
+    `2025-11-24 13:00`), or seconds since the epoch. CalmError names what is accepted."""
+    value = text.strip().lower()
+    match = _RELATIVE.match(value)
+    if match:
+        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    midnight = dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if value == "today":
+        return midnight.timestamp()
+    if value == "yesterday":
+        return (midnight - dt.timedelta(days=1)).timestamp()
+    if re.fullmatch(r"\d{9,11}(\.\d+)?", value):
+        return float(value)
+    try:
+        return dt.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise CalmError(
+            f"{text!r} is not a time: give e.g. 30m, 2h, 3d, 1w (ago), today, yesterday, "
+            "2025-11-24, '2025-11-24 13:00' or seconds since the epoch"
+        ) from None
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).isoformat(timespec="seconds")
+
+
+@functools.lru_cache(maxsize=4096)
+def _minute(minute: int) -> str:
+    return dt.datetime.fromtimestamp(minute * 60).strftime("%Y-%m-%d %H:%M")
+
+
+def local_time(ts: float) -> str:
+    """`2025-11-24 13:02:11`, local time. The minute's text is kept (every time zone's offset is
+    whole minutes): a history of 100,000 lines formats a few thousand minutes, not 100,000 times."""
+    whole = math.floor(ts)
+    return f"{_minute(whole // 60)}:{whole % 60:02d}"
+
+
+def short_path(path: str, home: str) -> str:
+    """`path` with the home folder written `~`."""
+    if home and home != "/" and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")) :]
+    return path
+
+
+def one_line(cmd: str) -> str:
+    """A multi-line command on one line: newlines written `\\n`, tabs `\\t` (for plain output)."""
+    if "\n" in cmd or "\t" in cmd:
+        return cmd.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return cmd
+
+
+PLAIN_COLUMNS = "ts, exit, cwd, cmd"
+
+
+def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
+    """`time  status  folder  command` per (ts, exit, cwd, cmd) row (`rows(db, filt, PLAIN_COLUMNS)`),
+    status blank when unknown. One tight loop with the minutes' and folders' text kept: 100,000
+    lines in a fraction of a second."""
+    folders: dict[str, str] = {}
+    minutes: dict[int, str] = {}
+    statuses: dict[int | None, str] = {}
+    seconds = [f":{s:02d}  " for s in range(60)]
+    for ts, code, cwd, cmd in rows:
+        whole = int(ts)
+        minute = minutes.get(whole // 60)
+        if minute is None:
+            minute = minutes[whole // 60] = _minute(whole // 60)
+        status = statuses.get(code)
+        if status is None:
+            status = statuses[code] = f"{'' if code is None else code:>3}  "
+        folder = folders.get(cwd)
+        if folder is None:
+            folder = folders[cwd] = short_path(cwd, home) or "-"
+        if "\n" in cmd or "\t" in cmd:
+            cmd = one_line(cmd)
+        yield f"{minute}{seconds[whole % 60]}{status}{folder}  {cmd}"
+
+
+def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
+    """One JSON object per ENTRY_COLUMNS row (`Entry.to_json`), as SQLite's json_object writes it."""
+    encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    for row in rows:
+        yield encode(Entry._make(row).to_json())
+
+
+# The same lines made by SQLite, a few times faster on 100,000 rows than formatting them in Python
+# (history_lines): what `calm history` runs when every row has passed this calmd's credential detector.
+_ONE_LINE_SQL = ("CASE WHEN instr(cmd, char(10)) OR instr(cmd, char(9)) THEN replace(replace(replace(cmd, "
+                 "'\\', '\\\\'), char(10), '\\n'), char(9), '\\t') ELSE cmd END")  # fmt: skip
+_PLAIN_SQL = (
+    "strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
+    "printf('%3s', coalesce(exit, '')) || '  ' || "
+    "CASE WHEN cwd = '' THEN '-' "
+    "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
+    "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL
+)
+_JSON_SQL = ("json_object('id', id, 'ts', round(ts, 3), "
+             "'time', strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime'), 'cmd', cmd, "
+             "'exit', exit, 'duration', round(duration, 3), 'cwd', cwd, 'git', git, "
+             "'session', session, 'source', source)")  # fmt: skip
+
+
+def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: str = "") -> list[str]:
+    """The lines of `calm history` in `form` (`plain`, `json` or `commands`), read whole at once."""
+    assert form in ("plain", "json", "commands"), form
+    if scanned_by_this_detector(db):
+        home = "" if home in ("", "/") else home.rstrip("/")
+        expr, extra = {"plain": (_PLAIN_SQL, [home] * 5), "json": (_JSON_SQL, []),
+                       "commands": (_ONE_LINE_SQL, [])}[form]  # fmt: skip
+        try:
+            sql, args = ordered(filt, expr, extra)
+            return [line for (line, *_) in db.execute(sql, args).fetchall()]
+        except sqlite3.OperationalError as exc:  # an SQLite without json_object: Python writes it
+            if "json_object" not in str(exc):
+                raise
+    if form == "json":
+        return list(json_lines(rows(db, filt, ENTRY_COLUMNS)))
+    if form == "commands":
+        return [one_line(cmd) for (cmd,) in rows(db, filt, "cmd")]
+    return list(plain_lines(rows(db, filt, PLAIN_COLUMNS), home))
+
+
+def plain_line(entry: Entry, home: str) -> str:
+    return next(plain_lines([(entry.ts, entry.exit, entry.cwd, entry.cmd)], home))
+
+
+# --------------------------------------------------------------------------- stats
+
+
+_PLAIN = re.compile(r"[a-z][a-z0-9_:-]*\Z")
+
+
+@dataclass
+class Stats:
+    """What `calm stats` shows, computed from the selected commands in one pass."""
+
+    commands: int = 0
+    distinct: int = 0
+    with_status: int = 0  # runs whose exit status is known (recorded by a hook, not imported)
+    failed: int = 0  # ... of which non-zero
+    first_ts: float | None = None
+    last_ts: float | None = None
+    top_commands: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, runs, failed, known
+    top_subcommands: list[tuple[str, int]] = field(default_factory=list)
+    folders: list[tuple[str, int, list[tuple[str, int]]]] = field(default_factory=list)  # folder, runs, top
+    hours: list[int] = field(default_factory=lambda: [0] * 24)  # runs per local hour of the day
+    weekdays: list[int] = field(default_factory=lambda: [0] * 7)  # Monday first
+
+    @property
+    def failure_rate(self) -> float | None:
+        return self.failed / self.with_status if self.with_status else None
+
+    def busiest_hours(self, n: int = 3) -> list[int]:
+        return sorted((h for h in range(24) if self.hours[h]), key=lambda h: (-self.hours[h], h))[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "commands": self.commands, "distinct": self.distinct, "with_status": self.with_status,
+            "failed": self.failed, "failure_rate": self.failure_rate,
+            "first": None if self.first_ts is None else _iso(self.first_ts),
+            "last": None if self.last_ts is None else _iso(self.last_ts),
+            "top_commands": [{"command": c, "runs": n, "failed": f, "with_status": k}
+                             for c, n, f, k in self.top_commands],
+            "top_subcommands": [{"command": c, "runs": n} for c, n in self.top_subcommands],
+            "folders": [{"folder": d, "runs": n, "top": [{"command": c, "runs": m} for c, m in top]}
+                        for d, n, top in self.folders],
+            "hours": self.hours, "busiest_hours": self.busiest_hours(), "weekdays": self.weekdays,
+        }  # fmt: skip
+
+
+STATS_COLUMNS = "ts, cwd, cmd, exit"
+
+
+def most_common(counts: Counter[str], n: int) -> list[tuple[str, int]]:
+    """The `n` largest counts, ties in name order (the same whichever order they were counted in)."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def busiest_folders(
+    per_folder: dict[str, Counter[str]], n: int
+) -> list[tuple[str, int, list[tuple[str, int]]]]:
+    """The `n` folders with the most runs (ties in name order), each with its 3 top commands."""
+    runs = {folder: sum(counts.values()) for folder, counts in per_folder.items()}
+    busiest = sorted(runs, key=lambda d: (-runs[d], d))[:n]
+    return [(d, runs[d], most_common(per_folder[d], 3)) for d in busiest]
+
+
+def command_and_next(cmd: str) -> tuple[str, str | None]:
+    """The command's name (its first word after `VAR=value` assignments) and the word after it."""
+    words = cmd.split()
+    at = 0
+    while at < len(words) and "=" in words[at].split("/", 1)[0] and not words[at].startswith(("=", "-")):
+        at += 1  # `FOO=1 make`: the command is make
+    if at >= len(words):
+        return "", None
+    return words[at], words[at + 1] if at + 1 < len(words) else None
+
+
+def compute_stats(
+    entries: Iterable[tuple[Any, ...]], takes_subcommands: Callable[[str], bool], *, top: int = TOP,
+    folders: int = 5,
+) -> Stats:  # fmt: skip
+    """The tables of `calm stats`, in one pass over (ts, cwd, cmd, exit) rows (`rows(db, filt,
+    STATS_COLUMNS)`: 100,000 of them, so the loop does little per row). Counting in SQL instead
+    (GROUP BY the first word, the second, the folder, the hour) was measured 6 times slower: the
+    words are cut by nested substr/instr that SQLite evaluates again at each use."""
+    stats = Stats()
+    names: Counter[str] = Counter()
+    name_failed: Counter[str] = Counter()
+    name_known: Counter[str] = Counter()
+    subs: Counter[str] = Counter()
+    by_folder: Counter[tuple[str, str]] = Counter()
+    distinct: set[str] = set()
+    hours = [0] * (24 * 7)
+    # the local hour and weekday of each quarter of an hour since the epoch (every time zone's
+    # offset is a whole number of quarters): one datetime per quarter, not one per command
+    hour_of: dict[int, int] = {}
+    taking: dict[str, bool] = {}
+    first_ts = last_ts = None
+    for ts, cwd, cmd, code in entries:
+        distinct.add(cmd)
+        name, following = command_and_next(cmd)
+        names[name] += 1
+        if code is not None:
+            name_known[name] += 1
+            if code != 0:
+                name_failed[name] += 1
+        if following is not None:
+            takes = taking.get(name)
+            if takes is None:
+                takes = taking[name] = bool(name) and takes_subcommands(name)
+            if takes and _PLAIN.match(following):
+                subs[f"{name} {following}"] += 1
+        if cwd:
+            by_folder[(cwd, name)] += 1
+        if first_ts is None or ts < first_ts:
+            first_ts = ts
+        if last_ts is None or ts > last_ts:
+            last_ts = ts
+        quarter = math.floor(ts / 900)
+        hour = hour_of.get(quarter)
+        if hour is None:
+            when = dt.datetime.fromtimestamp(quarter * 900)
+            hour = hour_of[quarter] = when.hour + 24 * when.weekday()
+        hours[hour] += 1
+    stats.commands = sum(names.values())
+    stats.with_status = sum(name_known.values())
+    stats.failed = sum(name_failed.values())
+    stats.first_ts, stats.last_ts = first_ts, last_ts
+    stats.hours = [sum(hours[h + 24 * d] for d in range(7)) for h in range(24)]
+    stats.weekdays = [sum(hours[24 * d : 24 * d + 24]) for d in range(7)]
+    stats.distinct = len(distinct)
+    stats.top_commands = [(n, c, name_failed[n], name_known[n]) for n, c in most_common(names, top)]
+    stats.top_subcommands = most_common(subs, top)
+    per_folder: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    for (folder, name), n in by_folder.items():
+        per_folder[folder][name] += n
+    stats.folders = busiest_folders(per_folder, folders)
+    return stats
+
+
+def percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def hour_bars(hours: Sequence[int], width: int = 30) -> list[str]:
+    """One text bar per hour of the day, scaled to the busiest."""
+    peak = max(hours) or 1
+    return ["█" * round(width * n / peak) for n in hours]

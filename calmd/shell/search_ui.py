@@ -1,0 +1,596 @@
+"""`calm search`: the history search's terminal UI, which Ctrl-R opens in zsh, bash and fish.
+
+    python -m calmd.shell.search_ui [--session ID] [--cwd DIR] [--mode MODE] [--] [QUERY...]
+
+The shell waits for it, so it starts lean: the standard library, msgpack and the socket client,
+nothing else (no numpy, no rich; about what `python -c pass` costs plus 20 ms). It asks the
+daemon's `search` op (docs/protocol.md) at every keystroke and draws the answer; the daemon does
+the matching and the ranking (calmd/suggest/search.py). Drawn by hand with ANSI escapes on the
+alternate screen, as McFly and atuin draw theirs (no TUI library: none of the maintained ones
+starts in the few milliseconds a Ctrl-R may take, see docs/shells.md), so the shell's screen
+comes back exactly as it was.
+
+It never blocks the shell: with no daemon listening, or one that does not answer the first
+search within FIRST_ANSWER_S, it exits at once with UNAVAILABLE, before it touches the terminal,
+and the hook opens the shell's own search instead. Once drawn, it never waits for the daemon:
+keys are read while answers are awaited, only the answer to the newest query is drawn, and a
+daemon that goes away is said on the status line (Esc still leaves).
+
+Keys: typing edits the query (Backspace, Ctrl-W, Ctrl-U, Left/Right, Home/End); Up/Down
+(Ctrl-P/Ctrl-N), PageUp/PageDown move; Enter runs the line, Tab puts it on the prompt to edit, Esc
+(Ctrl-G, Ctrl-C) gives the prompt back as it was; Ctrl-R switches the filter mode (global, this
+folder, this session, successful only); Ctrl-D deletes every run of the line from the history,
+for good, after a y/n (the `forget` op: HistoryStore.forget_command, `calm forget`'s path).
+
+Output, for the hook: `run` or `edit`, a newline and the command on stdout, exit 0; nothing and
+exit CANCELLED after Esc; nothing and exit UNAVAILABLE when the shell's own search should open.
+Nothing secret is drawn: the daemon never sends a line its credential detector flags, and the
+query itself is neither stored nor logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import signal
+import sys
+import termios
+import time
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmd.protocol import MAX_SEARCH_RESULTS, SEARCH_MODES
+
+CHOSEN, CANCELLED, UNAVAILABLE = 0, 1, 3
+FIRST_ANSWER_S = 1.0  # the daemon's first answer, at most; else the shell's own search opens
+CONNECT_TIMEOUT_S = 0.5
+ESC_WAIT_S = 0.03  # a lone Esc byte is the Esc key unless more of a sequence follows this soon
+KEYS = "Enter run · Tab edit · Esc cancel · Ctrl-R mode · Ctrl-D delete"
+MODE_NAMES = {"global": "all", "folder": "this folder", "session": "this session", "success": "succeeded"}
+
+# Escape sequences of the keys the UI knows (xterm and its imitators, both cursor-key modes).
+SEQUENCES = {
+    "\x1b[A": "up", "\x1bOA": "up", "\x1b[B": "down", "\x1bOB": "down",
+    "\x1b[C": "right", "\x1bOC": "right", "\x1b[D": "left", "\x1bOD": "left",
+    "\x1b[H": "home", "\x1bOH": "home", "\x1b[1~": "home", "\x1b[7~": "home",
+    "\x1b[F": "end", "\x1bOF": "end", "\x1b[4~": "end", "\x1b[8~": "end",
+    "\x1b[5~": "pageup", "\x1b[6~": "pagedown", "\x1b[3~": "delete-char",
+}  # fmt: skip
+CONTROL = {
+    "\r": "run", "\n": "run", "\t": "edit", "\x1b": "cancel", "\x07": "cancel", "\x03": "cancel",
+    "\x7f": "backspace", "\x08": "backspace", "\x17": "kill-word", "\x15": "kill-line",
+    "\x01": "home", "\x05": "end", "\x02": "left", "\x06": "right", "\x10": "up", "\x0e": "down",
+    "\x12": "mode", "\x04": "forget",
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- text on a terminal
+
+
+def cells(ch: str) -> int:
+    """Terminal cells a character takes: 2 for wide East Asian ones, 0 for combining marks."""
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def visible(text: str) -> str:
+    """`text` safe to draw on one line: newlines as `↵`, tabs as a space, other control
+    characters (an escape sequence stored in the history) as `�`."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("↵")
+        elif ch == "\t":
+            out.append(" ")
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029":
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def clip(text: str, width: int) -> str:
+    """The start of `text` that fits in `width` cells (`…` ends it when cut)."""
+    if sum(cells(c) for c in text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    out, total = [], 0
+    for ch in text:
+        if total + cells(ch) > width - 1:  # the last cell is the `…`
+            break
+        out.append(ch)
+        total += cells(ch)
+    return "".join(out) + "…"
+
+
+def clip_left(text: str, width: int) -> str:
+    """The end of `text` that fits in `width` cells (`…` starts it when cut): for folders."""
+    if sum(cells(c) for c in text) <= width:
+        return text
+    out, total = [], 1
+    for ch in reversed(text):
+        total += cells(ch)
+        if total > width:
+            break
+        out.append(ch)
+    return "…" + "".join(reversed(out))
+
+
+def ago(ts: float, now: float) -> str:
+    """How long ago, in a few characters: `now`, `42s`, `5m`, `3h`, `2d`, `6w`, `4mo`, `2y`."""
+    s = max(0.0, now - ts)
+    for limit, unit, label in ((60, 1, "s"), (3600, 60, "m"), (86400, 3600, "h"), (14 * 86400, 86400, "d"),
+                               (60 * 86400, 7 * 86400, "w"), (730 * 86400, 30 * 86400, "mo")):  # fmt: skip
+        if s < limit:
+            return "now" if label == "s" and s < 1 else f"{int(s // unit)}{label}"
+    return f"{int(s // (365 * 86400))}y"
+
+
+def home_short(path: str, home: str) -> str:
+    if home and home != "/" and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")) :]
+    return path
+
+
+def highlight_spans(text: str, query: str) -> list[tuple[int, int]]:
+    """Where the query's terms occur in `text` as typed (first occurrence each, any case)."""
+    lowered = text.lower()
+    spans = []
+    for term in query.lower().split():
+        at = lowered.find(term)
+        if at >= 0:
+            spans.append((at, at + len(term)))
+    return spans
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class State:
+    """What the UI shows: the query being edited, the mode, the answer, the selection."""
+
+    query: str
+    mode: str = "global"
+    cursor: int = -1  # in the query; -1: at its end
+    results: list[dict[str, Any]] = field(default_factory=list)
+    matches: int = 0
+    selected: int = 0
+    top: int = 0  # the first result drawn (scrolling)
+    status: str = ""  # a message on the status line (replaces the keys' help)
+    confirm: str = ""  # the line awaiting a y/n to be deleted
+    waiting: bool = False  # a search is on its way
+
+    def __post_init__(self) -> None:
+        if self.cursor < 0:
+            self.cursor = len(self.query)
+
+    def chosen(self) -> str | None:
+        return str(self.results[self.selected]["cmd"]) if 0 <= self.selected < len(self.results) else None
+
+    def edit(self, action: str, text: str = "") -> bool:
+        """Apply an editing action to the query; True when the query changed."""
+        q, c = self.query, self.cursor
+        if action == "insert":
+            q, c = q[:c] + text + q[c:], c + len(text)
+        elif action == "backspace" and c > 0:
+            q, c = q[: c - 1] + q[c:], c - 1
+        elif action == "delete-char" and c < len(q):
+            q = q[:c] + q[c + 1 :]
+        elif action == "kill-word":
+            start = len(q[:c].rstrip()) - len(q[:c].rstrip().split(" ")[-1]) if q[:c].strip() else 0
+            q, c = q[:start] + q[c:], start
+        elif action == "kill-line":
+            q, c = q[c:], 0
+        elif action == "left":
+            c = max(0, c - 1)
+        elif action == "right":
+            c = min(len(q), c + 1)
+        elif action == "home":
+            c = 0
+        elif action == "end":
+            c = len(q)
+        changed = q != self.query
+        self.query, self.cursor = q, c
+        return changed
+
+    def move(self, delta: int, rows: int) -> None:
+        if not self.results:
+            return
+        self.selected = max(0, min(len(self.results) - 1, self.selected + delta))
+        if self.selected < self.top:
+            self.top = self.selected
+        elif self.selected >= self.top + rows:
+            self.top = self.selected - rows + 1
+
+    def next_mode(self) -> None:
+        self.mode = SEARCH_MODES[(SEARCH_MODES.index(self.mode) + 1) % len(SEARCH_MODES)]
+
+
+def parse_keys(data: str) -> Iterator[tuple[str, str]]:
+    """(action, text) for each key in what the terminal sent; text for `insert` only."""
+    i = 0
+    while i < len(data):
+        ch = data[i]
+        if ch == "\x1b" and i + 1 < len(data):
+            known = next((data[i : i + n] for n in (4, 3) if data[i : i + n] in SEQUENCES), None)
+            if known is not None:
+                yield SEQUENCES[known], ""
+                i += len(known)
+            elif data[i + 1] in "[O":  # an unknown sequence (F-keys, modified keys): skipped whole
+                j = i + 2
+                while j < len(data) and not ("@" <= data[j] <= "~"):
+                    j += 1
+                i = j + 1
+            else:  # Alt-x: skipped, never typed into the query
+                i += 2
+            continue
+        if ch in CONTROL:
+            yield CONTROL[ch], ""
+        elif ch >= " " and ch != "\x7f":
+            yield "insert", ch
+        i += 1
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+class Screen:
+    """The alternate screen of the controlling terminal, raw mode, restored on every way out."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.saved = termios.tcgetattr(fd)
+        self.color = not os.environ.get("NO_COLOR")
+
+    def __enter__(self) -> Screen:
+        mode = termios.tcgetattr(self.fd)
+        mode[0] &= ~(termios.ICRNL | termios.IXON | termios.INLCR | termios.IGNCR)  # iflag
+        mode[3] &= ~(termios.ICANON | termios.ECHO | termios.ISIG | termios.IEXTEN)  # lflag
+        mode[6][termios.VMIN], mode[6][termios.VTIME] = 1, 0
+        termios.tcsetattr(self.fd, termios.TCSADRAIN, mode)
+        self.write("\x1b[?1049h\x1b[H\x1b[2J")  # the alternate screen, cleared
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.write("\x1b[0m\x1b[?25h\x1b[?1049l")  # the shell's screen as it was
+        termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def size(self) -> tuple[int, int]:
+        try:
+            columns, lines = os.get_terminal_size(self.fd)
+        except OSError:
+            columns, lines = 80, 24
+        return max(columns, 20), max(lines, 4)
+
+    def style(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
+
+    def draw(self, state: State, now: float, home: str) -> None:
+        width, height = self.size()
+        rows = height - 3
+        out = ["\x1b[?25l\x1b[H"]
+        mode = MODE_NAMES.get(state.mode, state.mode)
+        count = f"{state.matches} match{'es' * (state.matches != 1)}" + (" …" if state.waiting else "")
+        head = f" calm search · {mode}"
+        gap = " " * max(1, width - len(head) - len(count) - 1)
+        out.append(self.style("2", clip(head + gap + count, width)))
+        out.append("\x1b[K\r\n")
+        prompt = "> "
+        shown_query = visible(state.query)
+        out.append(self.style("1", prompt) + clip(shown_query, width - len(prompt) - 1) + "\x1b[K\r\n")
+        for row in range(rows):
+            k = state.top + row
+            if k < len(state.results):
+                selected = k == state.selected
+                out.append(self._result_line(state.results[k], selected, state.query, width, now, home))
+            out.append("\x1b[K\r\n")
+        status = state.status or KEYS
+        out.append(self.style("2" if not state.status else "1", clip(status, width - 1)) + "\x1b[K")
+        cursor = len(prompt) + sum(cells(c) for c in visible(state.query[: state.cursor])) + 1
+        out.append(f"\x1b[2;{min(cursor, width)}H\x1b[?25h")
+        self.write("".join(out))
+
+    def _result_line(self, result: dict[str, Any], selected: bool, query: str, width: int, now: float,
+                     home: str) -> str:  # fmt: skip
+        when = ago(float(result.get("ts") or 0.0), now) if result.get("ts") else "?"
+        where = clip_left(home_short(str(result.get("cwd") or ""), home), 20)
+        code = result.get("exit")
+        failed = isinstance(code, int) and code != 0
+        mark = f"✗{code}" if failed else ""
+        prefix_plain = f"{'▶' if selected else ' '} {when:>4}  {where:<20}  {mark:<4} "
+        room = width - sum(cells(c) for c in prefix_plain) - 1
+        text = clip(visible(str(result.get("cmd", ""))), room)
+        body = self._highlighted(text, query, selected)
+        prefix = (f"{'▶' if selected else ' '} " + self.style("2", f"{when:>4}  {where:<20}") + "  "
+                  + self.style("31", f"{mark:<4}") + " ")  # fmt: skip
+        if selected and self.color:
+            return "\x1b[7m" + prefix_plain + text + "\x1b[0m"
+        return prefix + body if self.color else prefix_plain + text
+
+    def _highlighted(self, text: str, query: str, selected: bool) -> str:
+        if not self.color or selected:
+            return text
+        marks = [False] * len(text)
+        for start, end in highlight_spans(text, query):
+            for i in range(start, min(end, len(text))):
+                marks[i] = True
+        out, i = [], 0
+        while i < len(text):
+            j = i
+            while j < len(text) and marks[j] == marks[i]:
+                j += 1
+            out.append(self.style("1;4", text[i:j]) if marks[i] else text[i:j])
+            i = j
+        return "".join(out)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class Search:
+    """The conversation with the daemon: one search in flight is enough, only the newest counts."""
+
+    def __init__(self, client: Any, session: str, cwd: str, rows: int) -> None:
+        self.client = client
+        self.session = session
+        self.cwd = cwd
+        self.n = max(1, min(MAX_SEARCH_RESULTS, 3 * rows))
+        self.newest = -1
+        self.forgetting = -1
+        self.gone = False
+
+    def ask(self, state: State) -> None:
+        if self.gone:
+            return
+        try:
+            self.newest = self.client.send("search", query=state.query, mode=state.mode, n=self.n,
+                                           session=self.session, cwd=self.cwd)  # fmt: skip
+            state.waiting = True
+        except OSError:
+            self.gone = True
+
+    def forget(self, cmd: str) -> None:
+        try:
+            self.forgetting = self.client.send("forget", cmd=cmd)
+        except OSError:
+            self.gone = True
+
+    def take(self, state: State) -> bool:
+        """Read what the daemon sent; True when the screen changes."""
+        try:
+            messages = self.client.read_available()
+        except (OSError, ValueError, RuntimeError):
+            self.gone = True
+            state.status = "calmd went away: Esc gives the prompt back"
+            state.waiting = False
+            return True
+        changed = False
+        for message in messages:
+            rid = message.get("id")
+            if rid == self.forgetting:
+                n = int(message.get("forgotten", 0)) if "error" not in message else 0
+                state.status = f"deleted {n} run{'s' * (n != 1)} from the history" if n else "nothing deleted"
+                self.ask(state)
+                changed = True
+            elif rid == self.newest:
+                state.waiting = False
+                if "error" in message:
+                    state.status = f"calmd: {message['error'].get('message', 'error')}"
+                elif not message.get("superseded"):
+                    state.results = list(message.get("results", []))
+                    state.matches = int(message.get("matches", 0))
+                    # a new query starts at its best line; after a deletion, the next line is selected
+                    keep = state.selected if state.status.startswith("deleted") else 0
+                    state.selected = min(keep, max(0, len(state.results) - 1))
+                    state.top = min(state.top, state.selected) if keep else 0
+                changed = True
+        return changed
+
+
+def first_answer(client: Any, state: State, session: str, cwd: str, n: int) -> bool:
+    """The first search, answered within FIRST_ANSWER_S, or the shell's own search opens."""
+    deadline = time.monotonic() + FIRST_ANSWER_S
+    rid = client.send("search", query=state.query, mode=state.mode, n=n, session=session, cwd=cwd)
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([client.fileno()], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        for message in client.read_available():
+            if message.get("id") == rid:
+                if "error" in message:
+                    return False
+                state.results = list(message.get("results", []))
+                state.matches = int(message.get("matches", 0))
+                return True
+    return False
+
+
+def run(args: argparse.Namespace) -> tuple[int, str]:
+    """(exit status, what to print for the hook)."""
+    from calmd import paths
+    from calmd.shell.client import CalmClient
+
+    socket_path = args.socket or str(paths.socket_path())
+    state = State(" ".join(args.query), mode=args.mode)
+    try:
+        tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return UNAVAILABLE, ""
+    try:
+        rows = os.get_terminal_size(tty).lines - 3
+    except OSError:
+        rows = 20
+    try:
+        client = CalmClient(socket_path, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, ValueError):
+        os.close(tty)
+        return UNAVAILABLE, ""
+    search = Search(client, args.session, args.cwd, rows)
+    try:
+        if not first_answer(client, state, args.session, args.cwd, search.n):
+            return UNAVAILABLE, ""
+        with Screen(tty) as screen:
+            return interact(screen, state, search)
+    except (OSError, ValueError, RuntimeError):
+        return UNAVAILABLE, ""
+    finally:
+        client.close()
+        os.close(tty)
+
+
+def interact(screen: Screen, state: State, search: Search) -> tuple[int, str]:
+    home = os.environ.get("HOME", "")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w)
+    resized = [False]
+
+    def on_winch(signum: int, frame: Any) -> None:
+        resized[0] = True
+
+    def on_stop(signum: int, frame: Any) -> None:
+        raise SystemExit(CANCELLED)  # the terminal is restored on the way out
+
+    handlers = {signal.SIGWINCH: on_winch, signal.SIGTERM: on_stop, signal.SIGHUP: on_stop}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        screen.draw(state, time.time(), home)
+        pending = ""
+        while True:
+            fds = [screen.fd, wake_r] + ([] if search.gone else [search.client.fileno()])
+            timeout = ESC_WAIT_S if pending else None
+            try:
+                ready, _, _ = select.select(fds, [], [], timeout)
+            except InterruptedError:
+                ready = []
+            redraw = False
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 64)
+            if resized[0]:
+                resized[0] = False
+                redraw = True
+            if not search.gone and search.client.fileno() in ready:
+                redraw |= search.take(state)
+            if screen.fd in ready:
+                data = os.read(screen.fd, 4096)
+                if not data:
+                    return CANCELLED, ""
+                pending += data.decode("utf-8", "replace")
+                if pending.endswith("\x1b") or _incomplete(pending):
+                    continue  # wait ESC_WAIT_S for the rest of an escape sequence
+            if pending:
+                keys, pending = pending, ""
+                for action, text in parse_keys(keys):
+                    outcome = handle(action, text, state, search, screen.size()[1] - 3)
+                    if outcome is not None:
+                        return outcome
+                redraw = True
+            if redraw:
+                screen.draw(state, time.time(), home)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _incomplete(data: str) -> bool:
+    """Whether `data` ends inside a CSI/SS3 escape sequence (its final byte still to come)."""
+    at = data.rfind("\x1b")
+    if at < 0 or at + 1 >= len(data) or data[at + 1] not in "[O":
+        return False
+    rest = data[at + 2 :]
+    return not any("@" <= c <= "~" for c in rest) and len(rest) < 8
+
+
+def handle(action: str, text: str, state: State, search: Search, rows: int) -> tuple[int, str] | None:
+    """One key; an outcome when the UI is done."""
+    if state.confirm:
+        cmd, state.confirm = state.confirm, ""
+        if action == "insert" and text in "yY":
+            search.forget(cmd)
+            state.status = "deleting…"
+        else:
+            state.status = ""
+        return None
+    if action == "cancel":
+        return CANCELLED, ""
+    if action in ("run", "edit"):
+        chosen = state.chosen()
+        if chosen is None:
+            return (CANCELLED, "") if action == "run" and not state.query else None
+        return CHOSEN, f"{action}\n{chosen}"
+    if action in ("up", "down", "pageup", "pagedown"):
+        step = {"up": -1, "down": 1, "pageup": -rows, "pagedown": rows}[action]
+        state.move(step, rows)
+        return None
+    if action == "mode":
+        state.next_mode()
+        state.status = ""
+        search.ask(state)
+        return None
+    if action == "forget":
+        chosen = state.chosen()
+        if chosen is not None:
+            state.confirm = chosen
+            state.status = f"delete every run of `{clip(visible(chosen), 40)}` from the history for good? y/n"
+        return None
+    if state.edit(action, text):
+        state.status = ""
+        search.ask(state)
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="calm search",
+        description="Search the whole history, ranked by calmd (Ctrl-R in zsh, bash and fish). Prints "
+        "`run` or `edit` and the chosen command; exit 1 when cancelled, 3 when no daemon answers.",
+    )
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", nargs="*", metavar="QUERY", help="what to search first (the line typed so far)")
+    p.add_argument("--session", default="", help="the shell session (ranks and filters by it)")
+    p.add_argument("--cwd", default="", help="the folder the search is opened in (default: the current one)")
+    p.add_argument("--mode", choices=SEARCH_MODES, default=os.environ.get("CALM_SEARCH_MODE") or "global",
+                   help="the filter to start in (default $CALM_SEARCH_MODE, else global)")  # fmt: skip
+    p.add_argument("--socket", metavar="PATH", help="the daemon's socket (default: $CALMD_SOCKET, ...)")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    if args.mode not in SEARCH_MODES:  # from $CALM_SEARCH_MODE
+        args.mode = "global"
+    if not args.cwd:
+        with contextlib.suppress(OSError):
+            args.cwd = os.getcwd()
+    status, out = run(args)
+    if out:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return cmd_search(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""fish without a terminal: its history file (calmd/history/fish.py) and the helper's transport
+for it (calmd/shell/spool.py), driven as the hook drives them. The hook itself runs in a real
+fish in tmux: test_shell_fish.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calmd.cli import calm_main
+from calmd.errors import CalmError
+from calmd.history.fish import import_first_start, import_fish_history, is_fish_history, parse_fish_history
+from calmd.history.store import HistoryStore
+from calmd.shell import helper as shell_helper
+from tests.daemon import Daemon, running_daemon
+from tests.tmux import history_rows, shell_env
+from tests.tools import need
+
+# What fish 3.6 wrote for these lines (tests/test_shell_fish.py makes fish write one too).
+FISH_HISTORY = b"""- cmd: echo 'a\\\\b'  # back\\\\slash
+  when: 1700000000
+- cmd: echo one\\necho two
+  when: 1700000001
+- cmd: vim src/main.rs
+  when: 1700000001
+  paths:
+    - src/main.rs
+- cmd: export GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789
+  when: 1700000002
+- cmd:  ls -la
+  when: 1700000003
+- cmd: caf\xc3\xa9 \xff
+  when: 1700000004
+"""
+
+
+def test_the_format_fish_writes_is_read_entry_by_entry() -> None:
+    entries = list(parse_fish_history(FISH_HISTORY))
+    assert entries[:3] == [
+        (1700000000.0, "echo 'a\\b'  # back\\slash"),
+        (1700000001.0, "echo one\necho two"),  # a multi-line command is one entry
+        (1700000001.0, "vim src/main.rs"),  # its paths are not commands
+    ]
+    assert len(entries) == 6
+    assert is_fish_history(FISH_HISTORY) and not is_fish_history(b": 1700000000:0;ls\n")
+    # what is not an entry is passed over: fish 1's format, a line cut short, junk before the first
+    odd = b"# 1600000000\nls\n- cmd: pwd\n  when: soon\n  something: else\n- cmd: date\n  when: 1700000009"
+    assert list(parse_fish_history(odd)) == [(None, "pwd"), (1700000009.0, "date")]
+    assert list(parse_fish_history(b"- cmd: a\\\\nb\\x\n")) == [(None, "a\\nb\\x")]  # \\ then n; \x stays
+
+
+def test_import_keeps_what_was_read_and_takes_only_the_new_runs(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    path = tmp_path / "fish_history"
+    path.write_bytes(FISH_HISTORY)
+    result = import_fish_history(store, path)
+    # the token never stored; the line starting with a space neither (fish's own habit too)
+    assert (result.imported, result.dropped_secrets, result.skipped, result.undecodable) == (4, 1, 1, 1)
+    rows = list(store.all_rows())
+    assert [r.cmd for r in rows] == ["echo 'a\\b'  # back\\slash", "echo one\necho two", "vim src/main.rs",
+                                     "café \ufffd"]  # fmt: skip
+    assert [r.ts for r in rows][:2] == [1700000000.0, 1700000001.0] and rows[0].source == "import:fish"
+    assert import_fish_history(store, path).imported == 0  # nothing new
+    # fish rewrote the file: older duplicates gone, `vim` run again, a new command; merged order
+    path.write_bytes(b"- cmd: echo one\\necho two\n  when: 1700000001\n"
+                     b"- cmd: vim src/main.rs\n  when: 1700000001\n"
+                     b"- cmd: caf\xc3\xa9 \xff\n  when: 1700000004\n"
+                     b"- cmd: vim src/main.rs\n  when: 1700000050\n"
+                     b"- cmd: cargo build\n  when: 1700000050\n")  # fmt: skip
+    again = import_fish_history(store, path)
+    assert again.imported == 2
+    assert [r.cmd for r in store.all_rows()][-2:] == ["vim src/main.rs", "cargo build"]
+    path.write_bytes(path.read_bytes() + b"- cmd: cargo test\n  when: 1700000050\n")  # same second
+    assert import_fish_history(store, path).imported == 1
+    assert import_fish_history(store, path).imported == 0
+    store.close()
+
+
+def test_a_file_that_is_not_fish_is_refused_and_calm_import_tells_them_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    bash = tmp_path / "bash_history"
+    bash.write_text("ls\ngit status\n")
+    with pytest.raises(CalmError, match="not a fish history"):
+        import_fish_history(store, bash)
+    store.close()
+    fish = tmp_path / "fish_history"
+    fish.write_bytes(FISH_HISTORY)
+    db = str(tmp_path / "cli.sqlite3")
+    assert calm_main(["import", "--db", db, str(fish), str(bash)]) == 0
+    out = capsys.readouterr().out
+    assert "4 commands imported (fish format), 1 dropped as credentials" in out
+    assert "2 commands imported (bash format)" in out and "history: 6 commands" in out
+    assert calm_main(["import", "--db", db, "--format", "fish", str(bash)]) == 1
+    assert "not a fish history" in capsys.readouterr().err
+    # held to what bash's and zsh's imports are: no FIFO waited on, no binary file read as commands
+    os.mkfifo(tmp_path / "fifo")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"- cmd: ls\n" + bytes(range(256)) * 64)
+    assert calm_main(["import", "--db", db, "--format", "fish", str(tmp_path / "fifo"), str(binary)]) == 1
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "binary data" in err
+
+
+@pytest.mark.slow  # a daemon or helper process
+def test_the_daemon_imports_fish_history_once_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "xdg"
+    (data / "fish").mkdir(parents=True)
+    (data / "fish" / "fish_history").write_bytes(FISH_HISTORY)
+    with running_daemon(tmp_path, env={"XDG_DATA_HOME": str(data)}):
+        pass
+    rows = history_rows(tmp_path)
+    assert len(rows) == 4
+    assert [r.cmd for r in rows][:2] == ["echo 'a\\b'  # back\\slash", "echo one\necho two"]
+    with running_daemon(tmp_path, env={"XDG_DATA_HOME": str(data)}):
+        pass
+    assert len(history_rows(tmp_path)) == 4  # not twice
+    store = HistoryStore(tmp_path / "other.sqlite3")
+    assert import_first_start(store, tmp_path / "none") is None
+    broken = tmp_path / "broken"
+    broken.write_bytes(b"not fish at all")
+    assert import_first_start(store, broken) is None and store.count() == 0  # logged, never raised
+    store.close()
+
+
+# --------------------------------------------------------------------------- the helper's transport
+
+
+class SpoolHelper:
+    """`calmd shell-helper --spool DIR`, written to and read from as the fish hook does."""
+
+    def __init__(self, home: Path, daemon: Daemon | None = None) -> None:
+        need("timeout")
+        self.folder = home / "spool"
+        self.folder.mkdir(mode=0o700)
+        self.seq = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "calmd", "shell-helper", "--format", "2", "--session", "fish-test",
+             "--shell", "fish", "--spool", str(self.folder)],
+            stdin=subprocess.DEVNULL, env=shell_env(home, CALM_DEBUG="1"),
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not (self.folder / "reply").exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "the helper did not start"
+            time.sleep(0.02)
+
+    def write(self, *lines: str, partial: bool = False) -> Path:
+        self.seq += 1
+        path = self.folder / str(self.seq)
+        path.write_text("\n".join(lines) + ("" if partial else "\n"))
+        return path
+
+    def ask(self, text: str, timeout: float = 3.0) -> list[str]:
+        """A `c` line and the answer, read as the hook reads it (`timeout cat reply`)."""
+        seq = self.seq + 1
+        self.write("\t".join(["c", str(seq), "5", "/tmp", "", "0", shell_helper.escape(text)]))
+        out = subprocess.run(["timeout", str(timeout), "cat", str(self.folder / "reply")],
+                             capture_output=True, timeout=timeout + 5)  # fmt: skip
+        fields = out.stdout.decode().split("\0")
+        assert fields[-1] == "" and fields[0] == str(seq) and fields[1] == "1", fields
+        return fields[3:-1]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.mark.slow  # a daemon or helper process
+def test_requests_as_files_answers_through_the_fifo(tmp_path: Path) -> None:
+    with running_daemon(tmp_path) as d:
+        helper = SpoolHelper(tmp_path, d)
+        try:
+            assert stat_mode(helper.folder) == 0o700
+            # records in order, one with its duration (ts: now minus it), one multi-line
+            helper.write("r\t0\t/src\tmain\t\tgit status\t1.500",
+                         "r\t2\t/src\t\t1700000000.5\tmake\\nmake test")  # fmt: skip
+            started = time.time()
+            assert helper.ask("git st")[0] == "git status"  # recorded before the request is answered
+            rows = history_rows(tmp_path)
+            assert [(r.cmd, r.exit, r.cwd, r.git, r.duration) for r in rows] == [
+                ("git status", 0, "/src", "main", 1.5), ("make\nmake test", 2, "/src", "", None)]  # fmt: skip
+            assert started - 1.5 - 5 < rows[0].ts <= started - 1.4 and rows[1].ts == 1700000000.5
+            assert [p.name for p in helper.folder.iterdir()] == ["reply"]  # read and removed
+            # a file still being written waits, and the ones after it too
+            part = helper.write("r\t0\t/src\t\t\techo late", partial=True)
+            helper.write("r\t0\t/src\t\t\techo later")
+            time.sleep(0.3)
+            assert [r.cmd for r in history_rows(tmp_path)][-1] == "make\nmake test"
+            with part.open("a") as f:
+                f.write("\n")
+            assert "echo later" in helper.ask("echo")
+            assert [r.cmd for r in history_rows(tmp_path)][-2:] == ["echo late", "echo later"]
+            # an answer nobody reads any more is dropped, never left for the next key
+            helper.write("\t".join(["c", str(helper.seq + 1), "5", "/tmp", "", "0", "xyz"]))
+            time.sleep(0.5)
+            assert helper.ask("abc")[0] == "abcmmit"
+        finally:
+            helper.close()
+
+
+@pytest.mark.slow  # a daemon or helper process
+def test_without_a_daemon_the_answer_is_empty_at_once(tmp_path: Path) -> None:
+    helper = SpoolHelper(tmp_path)
+    try:
+        started = time.monotonic()
+        assert helper.ask("git st") == []
+        assert time.monotonic() - started < 2.5
+    finally:
+        helper.close()
+
+
+@pytest.mark.slow  # a daemon or helper process
+def test_the_helper_goes_with_its_shell_and_removes_its_folder(tmp_path: Path) -> None:
+    """The fish hook starts it as a background job; when fish exits, it notices (its parent
+    changes) and cleans up."""
+    need("timeout")
+    folder = tmp_path / "spool"
+    folder.mkdir(mode=0o700)
+    argv = [sys.executable, "-m", "calmd", "shell-helper", "--format", "2", "--spool", str(folder)]
+    shell = subprocess.Popen(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!; sleep 1', "sh", *argv],
+                             stdout=subprocess.PIPE, text=True, env=shell_env(tmp_path))  # fmt: skip
+    assert shell.stdout is not None
+    pid = int(shell.stdout.readline())
+    shell.wait(timeout=10)
+    shell.stdout.close()
+    deadline = time.monotonic() + 15
+    while folder.exists() or os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, "the helper outlived its shell"
+        time.sleep(0.1)
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_fish_hook_is_baked_with_fish_quoting(tmp_path: Path) -> None:
+    text = shell_helper.init_script("fish", socket="/run/it's here/calmd.sock")
+    head = text.splitlines()[:4]
+    assert head[1].startswith("set -g _CALM_HELPER ")
+    assert "'--socket' '/run/it\\'s here/calmd.sock'" in head[1]
+    assert head[2].startswith("set -g _CALM_SEARCH ") and "'calmd.shell.search_ui'" in head[2]
+    assert shell_helper.fish_quote("a\\b'c") == "'a\\\\b\\'c'"
+    if need_fish():
+        word = shell_helper.fish_quote("\\x'")
+        script = f"printf '%s\\n' {word}"
+        out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=30)
+        assert out.stdout == "\\x'\n"
+
+
+def need_fish() -> bool:
+    need("fish")
+    return True

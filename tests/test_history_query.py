@@ -1,0 +1,225 @@
+"""`calm history` and `calm stats` (calmd/history/query.py, calmd/shell/history_view.py): the store
+read-only, its filters, the tables, run from the command line as a user would."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from calmd.cli import calm_main
+from calmd.errors import CalmError
+from calmd.history import query
+from calmd.history.store import HistoryStore
+
+NOW = dt.datetime(2025, 11, 24, 15, 0).timestamp()
+HOUR = 3600.0
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> Path:
+    """A store as the shells leave it: folders, sessions, statuses, times."""
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    rows = [
+        ("git status", "/src/app", "s1", 0, NOW - 50 * HOUR),
+        ("git commit -m 'first draft'", "/src/app", "s1", 0, NOW - 49 * HOUR),
+        ("make test", "/src/app", "s1", 2, NOW - 26 * HOUR),
+        ("make test", "/src/app/sub", "s2", 0, NOW - 3 * HOUR),
+        ("git push origin main", "/src/app", "s2", 0, NOW - 2 * HOUR),
+        ("docker compose up -d", "/srv/web", "s2", 1, NOW - 1 * HOUR),
+        ("echo one\ntwo", "/srv/web", "s2", 0, NOW - 0.5 * HOUR),
+    ]
+    for cmd, cwd, session, code, ts in rows:
+        assert store.record(cmd, exit=code, cwd=cwd, session=session, ts=ts).stored
+    store.record("ls", ts=NOW - 100 * HOUR, session="import:.bash_history")  # imported: no status, folder
+    store.close()
+    return tmp_path / "data" / "history.sqlite3"
+
+
+def commands(db: Path, **fields: object) -> list[str]:
+    conn = query.open_read_only(db)
+    try:
+        return [e.cmd for e in query.select(conn, query.HistoryFilter(**fields))]  # type: ignore[arg-type]
+    finally:
+        conn.close()
+
+
+def test_filters_select_what_they_say(filled: Path) -> None:
+    assert commands(filled)[0] == "ls" and len(commands(filled)) == 8  # oldest first
+    assert commands(filled, cwd="/src/app") == ["git status", "git commit -m 'first draft'", "make test",
+                                                "git push origin main"]  # fmt: skip
+    assert commands(filled, cwd="/src/app/", below=True)[-2:] == ["make test", "git push origin main"]
+    assert "make test" in commands(filled, cwd="/src", below=True)
+    assert commands(filled, cwd="/src/ap", below=True) == []  # a folder, not a prefix of its name
+    assert commands(filled, session="s1") == ["git status", "git commit -m 'first draft'", "make test"]
+    assert commands(filled, exit=2) == ["make test"]
+    assert commands(filled, failed=True) == ["make test", "docker compose up -d"]
+    succeeded = commands(filled, failed=False)
+    assert "ls" in succeeded and "docker compose up -d" not in succeeded
+    assert commands(filled, since=NOW - 2.5 * HOUR) == ["git push origin main", "docker compose up -d",
+                                                        "echo one\ntwo"]  # fmt: skip
+    window = commands(filled, since=NOW - 3.5 * HOUR, until=NOW - 1.5 * HOUR)
+    assert window == ["make test", "git push origin main"]
+    gits = ["git status", "git commit -m 'first draft'", "git push origin main"]
+    assert commands(filled, pattern="git ") == gits
+    assert commands(filled, pattern="GIT") == []  # case-sensitive, like calm forget
+    assert commands(filled, pattern=r"^git (status|push)", regex=True) == [gits[0], gits[2]]
+    assert commands(filled, limit=2) == ["docker compose up -d", "echo one\ntwo"]  # the newest two
+    assert commands(filled, pattern="git", limit=1) == ["git push origin main"]
+    with pytest.raises(CalmError, match="not a valid regular expression"):
+        commands(filled, pattern="(", regex=True)
+
+
+def test_times_are_read_as_a_user_writes_them() -> None:
+    assert query.parse_when("30m", NOW) == NOW - 1800
+    assert query.parse_when("2h ago", NOW) == NOW - 7200
+    assert query.parse_when("1w", NOW) == NOW - 7 * 86400
+    assert query.parse_when("today", NOW) == dt.datetime(2025, 11, 24).timestamp()
+    assert query.parse_when("yesterday", NOW) == dt.datetime(2025, 11, 23).timestamp()
+    assert query.parse_when("2025-11-20", NOW) == dt.datetime(2025, 11, 20).timestamp()
+    assert query.parse_when("2025-11-20 13:30", NOW) == dt.datetime(2025, 11, 20, 13, 30).timestamp()
+    assert query.parse_when("1763798400", NOW) == 1763798400.0
+    for bad in ("soon", "3 fortnights", "2025-13-01", ""):
+        with pytest.raises(CalmError, match="is not a time"):
+            query.parse_when(bad, NOW)
+
+
+def test_stats_count_commands_subcommands_folders_failures_hours(filled: Path) -> None:
+    conn = query.open_read_only(filled)
+    takes = {"git", "docker"}.__contains__
+    stats = query.compute_stats(query.rows(conn, query.HistoryFilter(), query.STATS_COLUMNS), takes)
+    assert stats.top_commands[-1][0] == "ls"  # ties: in name order
+    conn.close()
+    assert (stats.commands, stats.distinct) == (8, 7)
+    assert stats.top_commands[0] == ("git", 3, 0, 3)
+    assert ("make", 2, 1, 2) in stats.top_commands and ("ls", 1, 0, 0) in stats.top_commands
+    subs = [("docker compose", 1), ("git commit", 1), ("git push", 1), ("git status", 1)]  # ties by name
+    assert stats.top_subcommands == subs
+    assert (stats.with_status, stats.failed) == (7, 2) and stats.failure_rate == pytest.approx(2 / 7)
+    folder, runs, top = stats.folders[0]
+    assert (folder, runs, top[0]) == ("/src/app", 4, ("git", 3))
+    assert sum(stats.hours) == 8 and sum(stats.weekdays) == 8
+    hour = dt.datetime.fromtimestamp(NOW - 0.5 * HOUR).hour
+    assert stats.hours[hour] >= 1 and len(stats.busiest_hours()) == 3
+    assert query.command_and_next("FOO=1 BAR=2 make -j4") == ("make", "-j4")
+    assert query.command_and_next("git") == ("git", None) and query.command_and_next("A=1") == ("", None)
+
+
+def test_the_store_is_read_only_and_never_shows_what_the_store_refuses(filled: Path) -> None:
+    with sqlite3.connect(filled) as raw:  # as an older calmd stored it, before its detector knew
+        raw.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+        secret = "mysql -u root -phunter2xyz"
+        raw.execute("INSERT INTO commands (ts, cmd, exit) VALUES (?, ?, 0)", (NOW, secret))
+    assert not any("hunter2" in c for c in commands(filled))
+    conn = query.open_read_only(filled)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        conn.execute("DELETE FROM commands")
+    # a reader in the middle of its rows holds no lock: a writer, even one that deletes (the
+    # re-scan by this calmd's detector, with its WAL checkpoint), never waits for it
+    rows = query.select(conn, query.HistoryFilter())
+    first = next(rows)
+    started = time.monotonic()
+    store = HistoryStore(filled)
+    assert store.rescanned == 1
+    assert store.record("echo written meanwhile", exit=0, session="s3", ts=NOW).stored
+    store.close()
+    assert time.monotonic() - started < 2
+    assert first.cmd == "ls" and "echo written meanwhile" not in [e.cmd for e in rows]
+    assert "echo written meanwhile" in commands(filled)
+    conn.close()
+
+
+def test_a_missing_or_newer_store_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(query.NoHistory, match="no history yet"):
+        query.open_read_only(tmp_path / "none.sqlite3")
+    (tmp_path / "junk.sqlite3").write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(CalmError, match="not a calmd history store"):
+        query.open_read_only(tmp_path / "junk.sqlite3")
+    store = HistoryStore(tmp_path / "new.sqlite3")
+    store.close()
+    with sqlite3.connect(tmp_path / "new.sqlite3") as raw:
+        raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(CalmError, match="schema 99 is newer"):
+        query.open_read_only(tmp_path / "new.sqlite3")
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def test_calm_history_prints_lines_json_or_commands(filled: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("HOME", "/src")
+    assert calm_main(["history", "--db", str(filled), "--cwd", "/src/app", "--below", "make"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith("  2  ~/app  make test") and lines[1].endswith("  0  ~/app/sub  make test")
+    assert lines[0][:19] == dt.datetime.fromtimestamp(NOW - 26 * HOUR).strftime("%Y-%m-%d %H:%M:%S")
+    assert calm_main(["history", "--db", str(filled), "--json", "--failed"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [d["cmd"] for d in docs] == ["make test", "docker compose up -d"]
+    assert docs[1]["exit"] == 1 and docs[1]["cwd"] == "/srv/web" and docs[1]["session"] == "s2"
+    since = dt.datetime.fromtimestamp(NOW - HOUR).isoformat(sep=" ")
+    assert calm_main(["history", "--db", str(filled), "--commands", "--since", since]) == 0
+    out = capsys.readouterr().out
+    assert "echo one\\ntwo" in out.splitlines()  # one line per command
+    monkeypatch.chdir(Path("/"))
+    assert calm_main(["history", "--db", str(filled), "--cwd"]) == 0  # the current folder: none here
+    assert capsys.readouterr().out == ""
+    assert calm_main(["history", "--db", str(filled), "--since", "someday"]) == 1
+    assert "is not a time" in capsys.readouterr().err
+    assert calm_main(["history", "--db", str(filled), "--below"]) == 1
+    assert calm_main(["history", "--db", str(filled.parent / "none.sqlite3")]) == 1
+    assert "no history yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calm_main(["history", "--db", str(filled), "--failed", "--succeeded"])
+
+
+def test_calm_stats_prints_tables_and_json(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert calm_main(["--no-color", "stats", "--db", str(filled)]) == 0
+    out = capsys.readouterr().out
+    assert "8 commands, 7 distinct" in out and "28.6% failed (2 of the 7 runs with a known status)" in out
+    for title in ("top commands", "top subcommands", "busiest folders", "busiest hours"):
+        assert title in out
+    assert "git commit" in out and "docker compose" in out  # git and docker take subcommands
+    assert calm_main(["stats", "--db", str(filled), "--json", "--cwd", "/srv/web"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["commands"] == 2 and doc["failed"] == 1 and doc["top_commands"][0]["runs"] == 1
+    assert calm_main(["--no-color", "stats", "--db", str(filled), "nothing-like-this"]) == 0
+    assert "no commands match" in capsys.readouterr().out
+
+
+def test_sqlite_writes_the_lines_python_writes(filled: Path) -> None:
+    """`calm history` has SQLite make its lines (fast), and Python when rows must be checked one by
+    one (a store not yet re-scanned by this calmd's detector): the same lines either way."""
+    store = HistoryStore(filled)
+    for cmd in ("printf 'a\\tb\\\\n'\nsecond line", 'echo "quoted" \\ é 漢', "echo \x01 control"):
+        store.record(cmd, exit=-1, cwd="/src", session="s3", ts=NOW - 0.25, duration=1.23456)
+    store.record("ls", exit=0, cwd="/src/application", session="s3", ts=NOW)  # not under /src/app
+    store.close()
+    filters = [query.HistoryFilter(), query.HistoryFilter(limit=3), query.HistoryFilter(pattern="echo"),
+               query.HistoryFilter(cwd="/src/app", below=True, failed=False)]  # fmt: skip
+
+    def lines() -> list[list[str]]:
+        conn = query.open_read_only(filled)
+        forms = ("plain", "json", "commands")
+        out = [query.history_lines(conn, f, form, home) for f in filters for form in forms
+               for home in ("/src/app", "/", "")]  # fmt: skip
+        conn.close()
+        return out
+
+    by_sqlite = lines()
+    with sqlite3.connect(filled) as raw:
+        raw.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+    by_python = lines()
+    assert by_sqlite == by_python
+    plain = by_sqlite[0]
+    # the command's own backslashes doubled, its newline written \n: one line, read back unambiguously
+    assert any(line.endswith("  -1  /src  printf 'a\\\\tb\\\\\\\\n'\\nsecond line") for line in plain)
+    assert any("  ~/sub  make test" in line for line in plain)
+    assert any("  /src/application  ls" in line for line in plain)
+    doc = json.loads(by_sqlite[3][-2])
+    assert doc["duration"] == 1.235 and doc["exit"] == -1 and doc["cmd"] == "echo \x01 control"

@@ -1,4 +1,4 @@
-"""`calmd serve`'s configuration: a frozen dataclass whose defaults are the flags' (calmd/cli.py
+"""`calmd serve`'s configuration: a frozen dataclass whose defaults are the flags' (calmd/cli/daemon.py
 SERVE_FLAGS takes them from here). Light to import: the CLI builds its parser from it."""
 
 from __future__ import annotations

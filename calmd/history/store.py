@@ -520,7 +520,7 @@ class HistoryStore:
         p = Path(path).expanduser()
         if fmt not in ("auto", "bash", "zsh"):
             raise ValueError(f"unknown history format {fmt!r} (auto, bash or zsh)")
-        with _open_regular(p) as f:
+        with open_regular(p) as f:
             fd = f.fileno()
             st = os.fstat(fd)
             size = st.st_size
@@ -723,7 +723,7 @@ class NotAHistory(CalmError):
     """A file refused by an import: not a shell history (nothing of it is imported)."""
 
 
-def _open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path) -> BinaryIO:
     """`path` opened for reading, refused unless it is a regular file: a FIFO would block the
     reader (opened non-blocking, then switched back), a folder or a device is no history."""
     try:
@@ -744,7 +744,7 @@ def _open_regular(path: Path) -> BinaryIO:
 def check_history_file(path: Path) -> None:
     """NotAHistory (one line saying why) unless `path` is a regular file that reads as a shell
     history (`refusal` over its newest MAX_IMPORT_BYTES); OSError when it cannot be read."""
-    with _open_regular(path) as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         reason = refusal(f.fileno(), max(0, size - MAX_IMPORT_BYTES), size)
     if reason is not None:

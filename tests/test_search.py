@@ -215,7 +215,7 @@ def test_the_packaged_search_ranker_loads_and_bad_files_are_refused(tmp_path: Pa
         ({**data, "w2": [1.0]}, "shape"),
         ({**data, "b2": float("nan")}, "not finite"),
         ({**data, "scale": [0.0] * len(SEARCH_FEATURES)}, "positive"),
-        ({k: v for k, v in data.items() if k != "mean"}, "bad weights"),
+        ({k: v for k, v in data.items() if k != "mean"}, "missing field .mean."),
     ):
         with pytest.raises(FormatError, match=message):
             SearchRanker.from_json(broken, "r.json")

@@ -600,21 +600,7 @@ class Ranker:
             raise FormatError(
                 f"{source}: features differ from this calmd's (python -m calmd.quality.fit_ranker refits)"
             )
-        f = len(FEATURES)
-        try:
-            arrays = {k: np.asarray(need(k), dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
-            b2 = float(need("b2"))
-        except (TypeError, ValueError) as exc:
-            raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
-        hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
-        expected = {"mean": (f,), "scale": (f,), "w1": (f, hidden), "b1": (hidden,), "w2": (hidden,)}
-        for key, shape in expected.items():
-            if arrays[key].shape != shape:
-                raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
-        if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
-            raise FormatError(f"{source}: weights are not finite")
-        if (arrays["scale"] <= 0).any():
-            raise FormatError(f"{source}: field 'scale' must be positive")
+        arrays, b2 = read_scorer_weights(data, len(FEATURES), source)
         prior = CarryPrior.from_json(need("carry_prior"), source)
         return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
                    dict(data.get("info", {})), prior)  # fmt: skip
@@ -622,6 +608,32 @@ class Ranker:
     @classmethod
     def load(cls, path: Path) -> Ranker:
         return cls.from_json(read_json(path, "ranker"), str(path))
+
+
+def read_scorer_weights(
+    data: dict[str, Any], features: int, source: str
+) -> tuple[dict[str, np.ndarray], float]:
+    """The arrays of a fitted scorer file (the history ranker's, the search ranker's):
+    standardisation (mean, scale), one tanh hidden layer (w1, b1), a linear output (w2, b2),
+    checked for presence, shape, finiteness and a positive scale. FormatError names the field."""
+    try:
+        arrays = {k: np.asarray(data[k], dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
+        b2 = float(data["b2"])
+    except KeyError as exc:
+        raise FormatError(f"{source}: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
+    hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
+    shapes = {"mean": (features,), "scale": (features,), "w1": (features, hidden), "b1": (hidden,),
+              "w2": (hidden,)}  # fmt: skip
+    for key, shape in shapes.items():
+        if arrays[key].shape != shape:
+            raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
+    if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
+        raise FormatError(f"{source}: weights are not finite")
+    if (arrays["scale"] <= 0).any():
+        raise FormatError(f"{source}: field 'scale' must be positive")
+    return arrays, b2
 
 
 def packaged_ranker_path() -> Path:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from calmd.errors import FormatError
 from calmd.history import query
 from calmd.protocol import SEARCH_MODES as MODES
 from calmd.suggest.filters import terminal_safe
-from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker
+from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker, read_scorer_weights
 
 SEARCH_RANKER_VERSION = 1
 SEARCH_LIMIT = 500_000  # the newest commands searched (memory: about 60 bytes each, plus the text)
@@ -325,21 +324,7 @@ class SearchRanker:
             raise FormatError(
                 f"{source}: features differ from this calmd's (python -m calmd.quality.fit_search refits)"
             )
-        f = len(SEARCH_FEATURES)
-        try:
-            arrays = {k: np.asarray(data[k], dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
-            b2 = float(data["b2"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"{source}: bad weights: {exc}") from exc
-        hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
-        shapes = {"mean": (f,), "scale": (f,), "w1": (f, hidden), "b1": (hidden,), "w2": (hidden,)}
-        for key, shape in shapes.items():
-            if arrays[key].shape != shape:
-                raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
-        if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
-            raise FormatError(f"{source}: weights are not finite")
-        if (arrays["scale"] <= 0).any():
-            raise FormatError(f"{source}: field 'scale' must be positive")
+        arrays, b2 = read_scorer_weights(data, len(SEARCH_FEATURES), source)
         return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
                    dict(data.get("info") or {}))  # fmt: skip
 

@@ -4,7 +4,7 @@
 
 Builds a scratch directory of `--entries` names (files and folders, 1 in 10 hidden) and types
 lines into it one byte at a time (`vim file_0…`, `cd dir_0…`, `git co…`, `ls -…`, `pyth…`), as the
-daemon does for each keystroke: `SessionFrames.fill` (calmd/daemon/frames.py) with the real `Disk`,
+daemon does for each keystroke: `SessionComp.fill` (calmd/daemon/comp_state.py) with the real `Disk`,
 the packaged vocabulary and a PATH of the machine. Prints, in the same run:
 - per keystroke with the listing cached (every keystroke but the first in a folder), p50 / p99;
 - the same in a folder of 100 entries, and the ratio (what the size of the folder costs);
@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calmd.daemon.disk import Disk, _list
-from calmd.daemon.filters import packaged_vocabulary
-from calmd.daemon.frames import SessionFrames
-from calmd.history.frames import VocabularyFollowers
+from calmd.daemon.comp_state import SessionComp
+from calmd.suggest.disk import Disk, _list
+from calmd.suggest.filters import packaged_vocabulary
+from calmd.suggest.frames import VocabularyFollowers
 
 LINES = ["vim file_0042.txt", "cd dir_0123/", "git commit -m x", "ls -la", "python3 file_0999.py",
          "cat .hidden_0001", "cp file_0001.txt dir_0002/", "make"]  # fmt: skip
@@ -49,9 +49,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def keystrokes(
-    folder: Path, frames: SessionFrames, followers: VocabularyFollowers, rounds: int
-) -> list[float]:
+def keystrokes(folder: Path, frames: SessionComp, followers: VocabularyFollowers, rounds: int) -> list[float]:
     times: list[float] = []
     for _ in range(rounds):
         for line in LINES:
@@ -78,7 +76,7 @@ def main() -> None:
         vocab = packaged_vocabulary()
         followers = VocabularyFollowers({}, vocab.known, static=1)
         disk = Disk(ttl=3600.0)  # the bench measures the cached path; the ttl check is separate below
-        frames = SessionFrames(disk)
+        frames = SessionComp(disk)
         frames.set_path("bench", os.environ.get("PATH", ""))
         disk.commands(os.environ.get("PATH", ""))
         for _ in range(200):  # the PATH is read in the background

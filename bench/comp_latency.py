@@ -6,8 +6,8 @@ The same engine (the packaged model, five history commands recorded) answers the
 bench/latency.py's commands twice, alternating request by request so that both see the same
 machine state:
 - "without": what the daemon did before issue 15 (no COMP, no disk check);
-- "with": the daemon's path now: `SessionFrames.fill` (COMP from the real folder) and the
-  engine's disk check and COMP proposals (calmd/daemon/disk.py). No ENV: an ENV frame changes
+- "with": the daemon's path now: `SessionComp.fill` (COMP from the real folder) and the
+  engine's disk check and COMP proposals (calmd/suggest/disk.py). No ENV: an ENV frame changes
   what the model predicts, and so how long its beams run, which is not what this measures.
 Both in a folder that exists (with the files the commands name and 200 others: COMP changes at
 each keystroke of a file name) and in one that does not (no COMP: the cost of the checks alone).
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from latency import COMMANDS, HISTORY, pct, real_cwd
 
 from calmd import paths
-from calmd.daemon.disk import Disk
-from calmd.daemon.engine import ModelEngine
-from calmd.daemon.frames import SessionFrames
+from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
+from calmd.suggest.disk import Disk
+from calmd.suggest.engine import ModelEngine
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
         engine = ModelEngine(args.model)
         engine.attach_history(store)
         disk = Disk()
-        frames = SessionFrames(disk)
+        frames = SessionComp(disk)
         never = threading.Event()
         times: dict[tuple[str, bool], list[float]] = {}
         for cwd, name in ((str(folder), "real folder"), ("/home/user/project", "missing folder")):

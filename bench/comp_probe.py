@@ -9,7 +9,7 @@
    (needs ../shared/data), typed out whole, with 5 history frames: the probability of the end of
    line with no COMP frame (an alias, a shell that sent no PATH, a slow disk) and with COMP as the
    daemon serves a word typed on: computed when the word is begun and kept while an item still
-   extends it (calmd/daemon/frames.py). The tldr page names and the vocabulary stand in for PATH.
+   extends it (calmd/daemon/comp_state.py). The tldr page names and the vocabulary stand in for PATH.
 docs/quality.md ("COMP") quotes the figures.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from calmd import paths
-from calmd.history.frames import context_frames, served_completions
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator
+from calmd.suggest.frames import context_frames, served_completions
 from calmd.training.corpus import DEFAULT_DATA, comp_sources, held_out, history_users
 
 # (typed input, COMP items as the daemon would list them, the meant line, the history before it)

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
-from calmd.daemon.disk import Disk
-from calmd.daemon.engine import ModelEngine
-from calmd.daemon.frames import SessionFrames
+from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
+from calmd.suggest.disk import Disk
+from calmd.suggest.engine import ModelEngine
 
 COMMANDS = [
     "git status", "git commit -m 'fix the parser'", "ls -la", "cd ..", "docker ps -a", "make test",
@@ -111,7 +111,7 @@ def interleaved(c: CalmClient, model: Path, db: Path, commands: list[str]) -> tu
     engine.attach_history(HistoryStore(db))
     disk = Disk()  # the daemon's COMP and disk check (issue 15): the same work on both sides
     engine.attach_disk(disk)
-    frames = SessionFrames(disk)
+    frames = SessionComp(disk)
     never = threading.Event()
     history = [{"cmd": h, "exit": 0} for h in HISTORY]
     remote, local = [], []

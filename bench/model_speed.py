@@ -188,10 +188,10 @@ def candidate_speed(quick: bool) -> None:
 def keystroke_speed(quick: bool) -> None:
     """What /work/notes/prof/newuser.py profiled: every keystroke of `git commit -m wip` in a
     real folder with COMP, for a user with no history, each round a new session."""
-    from calmd.daemon.disk import Disk
-    from calmd.daemon.engine import ModelEngine
-    from calmd.daemon.frames import SessionFrames
+    from calmd.daemon.comp_state import SessionComp
     from calmd.history.store import HistoryStore
+    from calmd.suggest.disk import Disk
+    from calmd.suggest.engine import ModelEngine
 
     rounds = 4 if quick else 10
     line = "git commit -m wip"
@@ -204,7 +204,7 @@ def keystroke_speed(quick: bool) -> None:
             engine.attach_history(HistoryStore(Path(tmp) / f"history-{fused}.sqlite3"))
             disk = Disk()
             engine.attach_disk(disk)
-            sides[fused] = (engine, SessionFrames(disk))
+            sides[fused] = (engine, SessionComp(disk))
         times: dict[bool, list[float]] = {True: [], False: []}
         for r in range(rounds + 1):  # round 0 warms up (first model run, the folder's listing)
             for fused in (True, False):

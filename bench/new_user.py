@@ -139,8 +139,10 @@ def main() -> None:
             d.stop()
         shutil.rmtree(old_tree, ignore_errors=True)
     load = max(load, os.getloadavg()[0])
-    print(f"`{LINE}` typed {args.rounds} times in a real folder, each a new session; request -> done, "
-          f"ms; load average up to {load:.2f} on {os.cpu_count()} cores\n")
+    print(
+        f"`{LINE}` typed {args.rounds} times in a real folder, each a new session; request -> done, "
+        f"ms; load average up to {load:.2f} on {os.cpu_count()} cores\n"
+    )
     print(f"{'':<16}{'search-answered':>24}{'every keystroke':>26}")
     print(f"{'':<16}{'p50':>9}{'p90':>9}{'n':>6}{'p50':>11}{'p90':>9}{'n':>6}")
     new = report("this tree", times["this tree"])

@@ -1,6 +1,6 @@
 """The history ranker's cost per keystroke, with and without carry-over candidates, in one run.
 
-What the daemon does for each keystroke before the model runs (calmd/daemon/engine.py): the pool of
+What the daemon does for each keystroke before the model runs (calmd/suggest/engine.py): the pool of
 history commands extending the input, their features and the network's scores. The index holds
 the newest --commands commands of the public histories of ../shared/data/histories (or a
 synthetic history when absent); each query replays a real "previous command, next command" pair
@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from calmd.daemon.ranking import HistoryIndex, packaged_ranker
+from calmd.suggest.ranking import HistoryIndex, packaged_ranker
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 KS = (0, 1, 2, 4, 8)

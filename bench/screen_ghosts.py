@@ -202,8 +202,10 @@ def main() -> None:
     results = {config: run(config, chosen, args.pace) for config in ("calm", "zsh-autosuggestions")}
     load = max(load, os.getloadavg()[0])
     keys = sum(len(lines) and sum(len(c) for c in lines) for _, lines in chosen)
-    print(f"{len(chosen)} held-out users, {sum(len(x) for _, x in chosen)} commands, {keys} keys at "
-          f"{args.pace * 1000:.0f} ms a key; load average up to {load:.2f}\n")
+    print(
+        f"{len(chosen)} held-out users, {sum(len(x) for _, x in chosen)} commands, {keys} keys at "
+        f"{args.pace * 1000:.0f} ms a key; load average up to {load:.2f}\n"
+    )
     rows = [
         ("ghost drawn at the next key", "drawn", "keystrokes"),
         ("... and it is the line typed", "right", "keystrokes"),
@@ -214,14 +216,18 @@ def main() -> None:
     print(f"{'':<38}{'calm':>16}{'zsh-autosuggestions':>22}")
     for name, num, den in rows:
         cells = "".join(
-            f"{t[num]:>8}/{t[den]:<5}{(t[num] / t[den] * 100 if t[den] else 0):>5.1f}%"
-            .rjust(16 if i == 0 else 22) for i, t in enumerate(results.values())
+            f"{t[num]:>8}/{t[den]:<5}{(t[num] / t[den] * 100 if t[den] else 0):>5.1f}%".rjust(
+                16 if i == 0 else 22
+            )
+            for i, t in enumerate(results.values())
         )
         print(f"{name:<38}{cells}")
     for config, t in results.items():
         if t["replaced"]:
-            print(f"{config}: of {t['replaced']} replacements, the new line was the one typed "
-                  f"{t['replaced by the line typed']} times, the old one {t['replaced the line typed']}")
+            print(
+                f"{config}: of {t['replaced']} replacements, the new line was the one typed "
+                f"{t['replaced by the line typed']} times, the old one {t['replaced the line typed']}"
+            )
 
 
 if __name__ == "__main__":

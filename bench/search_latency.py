@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from calmd.daemon.search import Context, SearchIndex
 from calmd.history import query
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
+from calmd.suggest.search import Context, SearchIndex
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 MODES = ("global", "folder")
@@ -84,8 +84,10 @@ def in_process(db: Path, queries: list[str], context: tuple[str, ...]) -> list[t
     index = SearchIndex()
     index.sync(conn)
     index.prepare()
-    print(f"index of {len(index):,} commands ({len(index.texts):,} distinct) built in "
-          f"{time.perf_counter() - started:.2f} s (the daemon does it at start, on a thread of its own)")
+    print(
+        f"index of {len(index):,} commands ({len(index.texts):,} distinct) built in "
+        f"{time.perf_counter() - started:.2f} s (the daemon does it at start, on a thread of its own)"
+    )
     out = []
     for mode in MODES:
         ctx = Context("/home/user/p3", "s1", context)
@@ -208,8 +210,10 @@ def main() -> None:
     for name, ms in results + remote:
         print(row(name, ms))
     first, python = statistics.median(ui), statistics.median(bare)
-    print(f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
-          f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})")
+    print(
+        f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
+        f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})"
+    )
     worst = max(pct(ms, 0.9) for name, ms in remote if name.startswith("through"))
     verdict = "met" if worst <= 20 else "NOT met"
     print(f"budget: 20 ms per keystroke; through the socket p90 {worst:.1f} ms: {verdict}")

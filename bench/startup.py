@@ -117,7 +117,8 @@ def main() -> None:
     medians = {name: summary(name, values) for name, values in results.items()}
     if args.baseline:
         (new_ready, new_answer, new_first), (old_ready, old_answer, old_first) = (
-            medians["this tree"], medians["baseline"]
+            medians["this tree"],
+            medians["baseline"],
         )
         print(f"this tree / baseline, medians: ready {new_ready / old_ready:.3f}x, "
               f"first status {new_answer / old_answer:.3f}x, "

@@ -41,7 +41,7 @@ NEW_USER_LINE = "git commit -m wip"
 
 def search_engine(path: Path) -> Any:
     """The engine as shipped, except that it searches at every keystroke (the `before`)."""
-    from calmd.daemon.engine import ModelEngine, RankWeights
+    from calmd.suggest.engine import ModelEngine, RankWeights
 
     return ModelEngine(paths.serving_weights(path), RankWeights(typing_through=0))
 

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import real_cwd
 
 from calmd import paths
-from calmd.daemon.disk import Disk
-from calmd.daemon.engine import ModelEngine
-from calmd.daemon.frames import SessionFrames
+from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.model import generate, mamba
+from calmd.suggest.disk import Disk
+from calmd.suggest.engine import ModelEngine
 
 LINE = "git commit -m wip"
 spent: dict[str, float] = defaultdict(float)
@@ -71,7 +71,7 @@ def main() -> None:
     engine.attach_history(store)
     disk = Disk()
     engine.attach_disk(disk)
-    frames = SessionFrames(disk)
+    frames = SessionComp(disk)
     engine.warm_up(cwd)
     timed(generate.Generator, "prepare", "prefill (context + input)")
     timed(generate.Generator, "end_probability", "end-of-line probability")
@@ -102,8 +102,10 @@ def main() -> None:
                 totals.append(total)
     load = max(load, os.getloadavg()[0])
     stages = sorted({k for d in per_key for k in d}, key=lambda k: -sum(d.get(k, 0) for d in per_key))
-    print(f"{len(totals)} search-answered keystrokes of `{LINE}` in a real folder; load average up to "
-          f"{load:.2f}\n")
+    print(
+        f"{len(totals)} search-answered keystrokes of `{LINE}` in a real folder; load average up to "
+        f"{load:.2f}\n"
+    )
     print(f"{'stage':<36}{'mean ms':>9}{'share':>8}")
     mean_total = statistics.mean(totals) * 1e3
     rows = []
@@ -120,8 +122,10 @@ def main() -> None:
     accounted = sum(m for s, m in rows if s != "beam: model steps (kernel)")
     rest = mean_total - accounted
     print(f"{'the rest (ranking, calibration, ...)':<36}{rest:>9.2f}{rest / mean_total:>8.0%}")
-    print(f"{'whole keystroke':<36}{mean_total:>9.2f}   p50 {statistics.median(totals) * 1e3:.2f}, "
-          f"p90 {sorted(totals)[int(0.9 * len(totals))] * 1e3:.2f}")
+    print(
+        f"{'whole keystroke':<36}{mean_total:>9.2f}   p50 {statistics.median(totals) * 1e3:.2f}, "
+        f"p90 {sorted(totals)[int(0.9 * len(totals))] * 1e3:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,14 +9,18 @@ a value outside it is one line that says what to give instead. Nothing here impo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 
 from calmd.errors import CalmError
 
 INT64_MAX = (1 << 63) - 1
+# A config dataclass's flags: field -> (the flag's names, argparse's keywords but its default)
+Flags = Mapping[str, tuple[tuple[str, ...], dict[str, Any]]]
+C = TypeVar("C")
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,3 +77,20 @@ def run_tool(prog: str, main: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def add_flags(parser: argparse.ArgumentParser | Any, config: type[Any], flags: Flags) -> None:
+    """One flag per field of the frozen dataclass `config`, with the field's default: a default is
+    written once, in the dataclass that travels with what it configures, and the help says it."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name, (names, keywords) in flags.items():
+        assert name in defaults and defaults[name] is not dataclasses.MISSING, f"{config.__name__}.{name}"
+        kw = {"dest": name, **keywords, "default": defaults[name]}
+        if kw.get("action") != "store_true" and "help" in kw:
+            kw["help"] = f"{kw['help']} (default {defaults[name]})"
+        parser.add_argument(*names, **kw)
+
+
+def config_from(config: type[C], args: argparse.Namespace, flags: Flags, **more: Any) -> C:
+    """The dataclass `config` from the parsed flags of `add_flags` (and fields given in `more`)."""
+    return config(**{name: getattr(args, name) for name in flags}, **more)

@@ -250,7 +250,7 @@ _calm_pre_redraw() {
   fi
   # Typed along a ghost from the answer to the latest request: it just gets shorter at once (the
   # path of most keys, hence written out here), and the daemon is asked again with it as the line
-  # drawn, which it keeps unless it has a clearly better one (calmd/daemon/ghost.py). A candidate
+  # drawn, which it keeps unless it has a clearly better one (calmd/suggest/ghost.py). A candidate
   # the user cycled to is theirs: typing along it asks nothing. Anything else asks again, also
   # typing along a ghost from an older answer while a newer request is on its way.
   if (( _CALM_IDX && _CALM_LIST_SEQ == _CALM_SEQ )) && [[ -n $_CALM_SHOWN && $BUFFER == $before?* ]]; then

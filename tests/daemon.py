@@ -65,7 +65,10 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     """An environment with its own HOME, data dir, runtime dir (0700, as logind makes it) and socket."""
     run = home / "run"
     run.mkdir(mode=0o700, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALM", "LISTEN_"))}
+    # Nothing of the developer's session: calm's variables, systemd's, and the active Python or
+    # conda environment (the shells would record it as the ENV frame the tests expect empty).
+    foreign = ("CALM", "LISTEN_", "CONDA_", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
                 "CALMD_SOCKET": str(run / "calm" / "calmd.sock")})  # fmt: skip
     # The compiled scan kernel is built once per machine, not once per test home.

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgpack
 
-from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE, PROTOCOL_VERSION
+from calmd.protocol import DEFAULT_MIN_CONFIDENCE, PROTOCOL_VERSION
 
 # Either side of the default threshold, whatever value the daemon side gives it.
 SURE = round(min(1.0, DEFAULT_MIN_CONFIDENCE + 0.1), 3)

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from calmd.daemon.ghost import GhostRule
-from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
 from calmd.formats.cwgt import read_cwgt
 from calmd.history.store import HistoryStore
+from calmd.protocol import DEFAULT_MIN_CONFIDENCE
+from calmd.suggest.ghost import GhostRule
 
 SUFFIXES = ["mmit", "mmand", "nfig", "py", "unt"]
 NOTHING = "no-calm"  # an input holding this gets no candidates

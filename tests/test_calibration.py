@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.daemon.calibration import (
+from calmd.errors import FormatError
+from calmd.quality.fit_calibration import fit_head, isotonic, main, reliability
+from calmd.suggest.calibration import (
     EARLY_FEATURES,
     FEATURES,
     Calibrator,
     candidate_row,
     packaged_calibrator,
 )
-from calmd.errors import FormatError
-from calmd.quality.fit_calibration import fit_head, isotonic, main, reliability
 from calmd.training.corpus import held_out
 
 

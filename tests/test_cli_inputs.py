@@ -253,3 +253,27 @@ def test_install_systemd_says_what_to_do_without_a_user_bus(tmp_path: Path) -> N
                                 text=True, timeout=60)  # fmt: skip
     assert no_systemd.returncode == 1 and "systemctl is not installed" in no_systemd.stderr
     assert shutil.which("calmd", path=str(BIN))
+
+
+def test_config_flags_are_the_dataclass_fields_with_their_defaults() -> None:
+    """One flag per field: `calmd serve` and `calm dataset` read their defaults from the frozen
+    dataclass that travels with what they configure, so `--help` and the code cannot disagree."""
+    import dataclasses
+
+    from calmd.arguments import config_from
+    from calmd.cli import DATASET_FLAGS, SERVE_FLAGS, calm_parser, calmd_parser
+    from calmd.daemon.config import ServerConfig
+    from calmd.training.options import DatasetOptions
+
+    serve = calmd_parser().parse_args(["serve"])
+    given = {"socket_path": Path("s"), "data_dir": Path("d"), "weights_path": Path("w")}
+    assert config_from(ServerConfig, serve, SERVE_FLAGS, **given) == ServerConfig(**given)
+    serve = calmd_parser().parse_args(["serve", "--train-threshold", "7", "--graceful-timeout", "2.5"])
+    config = config_from(ServerConfig, serve, SERVE_FLAGS, **given)
+    assert (config.train_threshold, config.graceful_timeout) == (7, 2.5)
+    dataset = calm_parser().parse_args(["dataset", "--max-dup", "9", "--include-failed"])
+    options = config_from(DatasetOptions, dataset, DATASET_FLAGS)
+    assert options == dataclasses.replace(DatasetOptions(), max_dup=9, include_failed=True)
+    assert set(DATASET_FLAGS) == {f.name for f in dataclasses.fields(DatasetOptions)}
+    help_text = calm_parser()._subparsers._group_actions[0].choices["dataset"].format_help()  # type: ignore[union-attr]
+    assert f"(default {DatasetOptions().max_dup})" in help_text

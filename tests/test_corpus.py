@@ -7,7 +7,7 @@ import random
 import pytest
 
 from calmd.formats.tokenizer import HistoryEntry
-from calmd.history.frames import VocabularyFollowers
+from calmd.suggest.frames import VocabularyFollowers
 from calmd.training.corpus import (
     CompSources,
     comp_dropped,

@@ -60,8 +60,14 @@ def test_search_answers_ranked_lines_with_their_latest_run(tmp_path: Path) -> No
         assert "git stash pop" in texts(c.search("stash"))
         status = c.status()["status"]["search"]
         assert status["ready"] and status["commands"] == 6 and status["searches"] >= 10
-        table = subprocess.run([str(BIN / "calmd"), "--no-color", "status"], capture_output=True, text=True,
-                               env={**daemon_env(tmp_path), "COLUMNS": "300"}, timeout=30, check=True).stdout
+        table = subprocess.run(
+            [str(BIN / "calmd"), "--no-color", "status"],
+            capture_output=True,
+            text=True,
+            env={**daemon_env(tmp_path), "COLUMNS": "300"},
+            timeout=30,
+            check=True,
+        ).stdout
         row = r"search\s+│\s+6 commands \(5 distinct\) indexed; \d+ searches, the last [\d.]+ ms; 0 forgotten"
         assert re.search(row, table), table
 

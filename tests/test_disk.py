@@ -1,4 +1,4 @@
-"""The daemon's disk reads for COMP and the disk check (calmd/daemon/disk.py): bounded in time,
+"""The daemon's disk reads for COMP and the disk check (calmd/suggest/disk.py): bounded in time,
 never on network mounts, fresh after a command ran."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from calmd.daemon import disk as disk_module
-from calmd.daemon.disk import Disk, missing_argument
-from calmd.history.frames import completions
+from calmd.suggest import disk as disk_module
+from calmd.suggest.disk import Disk, missing_argument
+from calmd.suggest.frames import completions
 
 
 def test_listing_marks_directories_and_follows_invalidation(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from calmd import paths
-from calmd.daemon.engine import ModelEngine, RankWeights, Suggestion
-from calmd.daemon.ghost import GhostRule
 from calmd.history.store import HistoryStore
 from calmd.model.generate import Candidate
+from calmd.suggest.context import recent_context
+from calmd.suggest.engine import ModelEngine, RankWeights, Suggestion
+from calmd.suggest.ghost import GhostRule
 from tests.builders import month_old_history
 from tests.tiny_model import CONTEXT
 
@@ -26,7 +27,7 @@ def engine() -> ModelEngine:
 
 def ask(engine: ModelEngine, store: HistoryStore, typed: str, n: int = 5, **ctx: object) -> list[Suggestion]:
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
     return list(engine.complete({"input": typed, "history": history, **ctx}, n, "s", threading.Event()))
 
 
@@ -122,7 +123,7 @@ def test_early_is_the_histories_best_proposal(engine: ModelEngine, store: Histor
     assert engine.early({"input": "git", "history": []}, "s") is None  # nothing recorded yet
     for _ in range(20):
         record(store, ("vim main.c", 0), ("make", 0), ("./main", 0))
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
     early = engine.early({"input": "", "history": history}, "s")
     assert early is not None and early[0] == "vim main.c" and 0.5 < early[1] <= 1.0
 
@@ -257,7 +258,7 @@ def test_a_line_that_failed_every_time_is_never_sent(engine: ModelEngine, store:
 
 def ask_in(engine: ModelEngine, store: HistoryStore, typed: str, **ctx: object) -> list[Suggestion]:
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
     found = engine.complete({"input": typed, "history": history, **ctx}, 5, "s", threading.Event())
     return list(found)
 
@@ -300,7 +301,7 @@ def test_one_line_is_drawn_at_most_and_it_comes_first(
     assert not any(s.ghost for s in ask(engine, store, "git st"))
     # the shell's CALM_MIN_CONFIDENCE replaces the rule: 0 draws the top line
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
     forced = list(engine.complete({"input": "git st", "history": history}, 5, "s", threading.Event(),
                                   min_confidence=0.0))  # fmt: skip
     assert forced[0].ghost
@@ -313,7 +314,7 @@ def test_the_line_on_the_screen_stays_unless_clearly_beaten(
     and comes first; with none, the best line replaces it."""
     record(store, *[("git status", 0)] * 5, ("git stash", 0), ("ls", 0))
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
 
     def answer(drawn: str) -> list[Suggestion]:
         ctx = {"input": "git sta", "history": history}
@@ -340,7 +341,7 @@ def test_the_search_stops_soon_after_its_best_line_is_final(
     the others (Shift-Tab's), then sends what it has: the drawn line is the same, sooner."""
     record(store, ("git status", 0), ("make test", 0), ("ls -la", 0))
     engine.attach_history(store)
-    history = [{"cmd": r.cmd, "exit": r.exit} for r in store.recent(session="s")]
+    history = [{"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, "s")]
     steps: list[int] = []
     real_step = engine.generator.model.step
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from calmd.daemon.filters import (
+from calmd.errors import FormatError
+from calmd.quality.fit_vocabulary import build, edits, main
+from calmd.suggest.filters import (
     UserVocabulary,
     Vocabulary,
     balanced,
@@ -18,8 +20,6 @@ from calmd.daemon.filters import (
     repeats_word,
     segments,
 )
-from calmd.errors import FormatError
-from calmd.quality.fit_vocabulary import build, edits, main
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,14 @@
-"""The context frames (calmd/history/frames.py) and the file-system reconstruction that feeds COMP
-in the corpus and the replay (calmd/history/reconstruct.py)."""
+"""The context frames (calmd/suggest/frames.py) and the file-system reconstruction that feeds COMP
+in the corpus and the replay (calmd/suggest/reconstruct.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from calmd.daemon.disk import Disk
-from calmd.daemon.frames import SessionFrames
+from calmd.daemon.comp_state import SessionComp
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Special, build_sequence, parse_sequence
-from calmd.history.frames import (
+from calmd.suggest.disk import Disk
+from calmd.suggest.frames import (
     COMP_ITEMS,
     VocabularyFollowers,
     clean_env,
@@ -19,7 +19,7 @@ from calmd.history.frames import (
     served_completions,
     short_env,
 )
-from calmd.history.reconstruct import Reconstruction, named_paths
+from calmd.suggest.reconstruct import Reconstruction, named_paths
 from calmd.training.corpus import CompSources, history_examples
 
 
@@ -138,7 +138,7 @@ def test_served_completions_are_what_the_daemon_serves_a_user_typing_byte_by_byt
 
     disk = Disk(budget=5.0)  # no keystroke may go without its listing here
     try:
-        frames = SessionFrames(disk)
+        frames = SessionComp(disk)
         cwd = str(tmp_path)
         for cmd in ["vim notes.md", "cd build", "cd bi", "git status --short", "ls no", "vim m", "make "]:
             for end in range(1, len(cmd) + 1):

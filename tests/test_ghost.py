@@ -1,4 +1,4 @@
-"""The ghost rule (calmd/daemon/ghost.py): one decision for every shell, fitted on replays."""
+"""The ghost rule (calmd/suggest/ghost.py): one decision for every shell, fitted on replays."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from calmd.daemon.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.errors import FormatError
 from calmd.quality.fit_ghost import fit, simulate
+from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 
 
 def test_buckets_are_the_empty_prompt_and_how_much_is_typed() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from calmd.daemon.ranking import HistoryIndex
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
-from calmd.history.context import HISTORY_FRAMES, ContextTracker
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
 from calmd.shell.client import CalmClient
+from calmd.suggest.context import HISTORY_FRAMES, ContextTracker, recent_context
+from calmd.suggest.ranking import HistoryIndex
 from calmd.training.datasets import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
 from tests.tools import shared_data
@@ -30,7 +30,7 @@ def test_record_and_filters(store: HistoryStore) -> None:
     assert not verdict.stored and verdict.reason == "secret:password-option"
     assert store.count() == 1
     assert store.counter("dropped_secrets") == 1
-    (row,) = store.recent()
+    (row,) = store.recent(limit=5)
     assert (row.cmd, row.exit, row.cwd, row.git, row.session) == ("git status", 0, "/p", "main", "s1")
     assert row.source == "shell"
     # nothing of the dropped commands reached the file
@@ -121,9 +121,9 @@ def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:
     for i in range(5):
         store.record(f"a{i}", session="A", ts=100 + i)
         store.record(f"b{i}", session="B", ts=200 + i)
-    assert [r.cmd for r in store.recent(session="A", limit=3)] == ["a2", "a3", "a4"]
+    assert [r.cmd for r in recent_context(store, "A", 3)] == ["a2", "a3", "a4"]
     # all five of A last (nearest the prediction), after the newest two of the others
-    assert [r.cmd for r in store.recent(session="A", limit=7)] == ["b3", "b4", "a0", "a1", "a2", "a3", "a4"]
+    assert [r.cmd for r in recent_context(store, "A", 7)] == ["b3", "b4", "a0", "a1", "a2", "a3", "a4"]
     assert [r.cmd for r in store.recent(limit=2)] == ["a4", "b4"]
 
 
@@ -450,7 +450,7 @@ def test_datasets_see_the_context_the_daemon_reads_from_the_store(tmp_path: Path
     sessions = ["a", "b", "c", "import"]
     for i in range(300):
         session = rng.choice(sessions[: 1 + i // 40])  # sessions appear one after another
-        served = [r.id for r in store.recent(session=session, limit=frames)]
+        served = [r.id for r in recent_context(store, session, frames)]
         trained = [r.id for r in tracker.before(session)]  # type: ignore[attr-defined]
         assert trained == served, (i, session)
         store.record(f"cmd {i}", session=session, exit=0)

@@ -192,7 +192,6 @@ def test_calm_stats_prints_tables_and_json(filled: Path, capsys: pytest.CaptureF
     assert "no commands match" in capsys.readouterr().out
 
 
-
 def test_sqlite_writes_the_lines_python_writes(filled: Path) -> None:
     """`calm history` has SQLite make its lines (fast), and Python when rows must be checked one by
     one (a store not yet re-scanned by this calmd's detector): the same lines either way."""

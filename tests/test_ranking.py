@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmd.daemon.ranking import (
+from calmd.errors import FormatError
+from calmd.history.store import HistoryStore
+from calmd.quality.fit_ranker import Query, fit, replay_queries, top1
+from calmd.suggest.ranking import (
     FEATURES,
     POOL_FOLLOWERS,
     POOL_RECENT,
@@ -19,9 +22,6 @@ from calmd.daemon.ranking import (
     packaged_ranker,
     split_carry,
 )
-from calmd.errors import FormatError
-from calmd.history.store import HistoryStore
-from calmd.quality.fit_ranker import Query, fit, replay_queries, top1
 
 
 def feature(rows: np.ndarray, j: int, name: str) -> float:

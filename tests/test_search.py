@@ -1,4 +1,4 @@
-"""The history search's index (calmd/daemon/search.py): matching, filter modes, ranking, secrets,
+"""The history search's index (calmd/suggest/search.py): matching, filter modes, ranking, secrets,
 following the store; and its replay (`calm replay --search`). The daemon's `search` op is tested
 over a real socket in test_daemon_search.py, the terminal UI in the shells' tests."""
 
@@ -15,7 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calmd.cli import calm_main
-from calmd.daemon.search import (
+from calmd.errors import FormatError
+from calmd.history import query
+from calmd.history.store import HistoryStore
+from calmd.quality.replay import follow_cd, search_query
+from calmd.suggest.search import (
     FAILED_PENALTY,
     SEARCH_FEATURES,
     Context,
@@ -24,10 +28,6 @@ from calmd.daemon.search import (
     packaged_search_ranker,
     parse_query,
 )
-from calmd.errors import FormatError
-from calmd.history import query
-from calmd.history.store import HistoryStore
-from calmd.quality.replay import follow_cd, search_query
 
 
 def index_of(*rows: str | tuple[str, dict[str, object]]) -> SearchIndex:
@@ -179,8 +179,10 @@ def test_a_line_the_detector_flags_is_never_shown(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "history.sqlite3")
     store.record("curl -s https://example.com", exit=0, session="s")
     with sqlite3.connect(store.path) as raw:  # as an older calmd stored it
-        raw.execute("INSERT INTO commands (ts, cmd, exit) VALUES (1, ?, 0)",
-                    ("curl -u admin:hunter2x9 https://example.com",))
+        raw.execute(
+            "INSERT INTO commands (ts, cmd, exit) VALUES (1, ?, 0)",
+            ("curl -u admin:hunter2x9 https://example.com",),
+        )
     db = query.open_read_only(store.path)
     index = SearchIndex()
     index.sync(db)
@@ -213,7 +215,7 @@ def test_the_packaged_search_ranker_loads_and_bad_files_are_refused(tmp_path: Pa
         ({**data, "w2": [1.0]}, "shape"),
         ({**data, "b2": float("nan")}, "not finite"),
         ({**data, "scale": [0.0] * len(SEARCH_FEATURES)}, "positive"),
-        ({k: v for k, v in data.items() if k != "mean"}, "bad weights"),
+        ({k: v for k, v in data.items() if k != "mean"}, "missing field .mean."),
     ):
         with pytest.raises(FormatError, match=message):
             SearchRanker.from_json(broken, "r.json")

@@ -8,12 +8,9 @@ autosuggestion. Its helper reads request files and answers through a FIFO (calmd
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +20,6 @@ from calmd.shell.client import CalmClient
 from tests.daemon import Daemon
 from tests.tmux import (
     ELSEWHERE,
-    SETUP_LINES,
     Terminal,
     assert_quiet,
     calm_cli,
@@ -199,21 +195,3 @@ def spool_of(term: Terminal) -> Path:
     found = re.search(r"--spool (\S+)", out)
     assert found, out
     return Path(found.group(1))
-
-
-def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
-    """The first start has no hook file: the line runs `calmd init fish`, which leaves one; the
-    next starts source it without starting Python (calmd is not even on the PATH then)."""
-    hook = home / "data" / "calm.fish"
-    bin_dir = str(Path(sys.executable).parent)
-    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
-    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
-    assert not hook.exists() and shutil.which("calmd", path=without_calmd) is None
-    for path in (with_calmd, without_calmd):
-        with fish_terminal(home, setup=SETUP_LINES["fish"], PATH=path) as term:
-            term.wait_for("^PROMPT>")
-            term.type(f"echo set-up {len(path)}")
-            term.send("Enter")
-            wait_recorded(home, f"echo set-up {len(path)}")
-            assert_quiet(term.screen())
-        assert hook.exists() and stat.S_IMODE(hook.stat().st_mode) == 0o600

@@ -274,7 +274,7 @@ def test_helper_applies_the_confidence_threshold(home: Path) -> None:
     with FakeDaemon.at_home(home, script):
         helper = HelperProcess(home, "--format", "2")
         try:
-            # The default threshold (calmd.daemon.protocol): nothing sure enough comes early, no
+            # The default threshold (calmd.protocol): nothing sure enough comes early, no
             # duplicate, and the list says which candidate may be shown unasked.
             helper.complete2(1, "x")
             assert helper.until_final(1) == ([], ("01", ["x-a", "x-b"]))

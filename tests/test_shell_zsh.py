@@ -3,12 +3,8 @@ history prefix matches first, then `input + suffix` candidates: mmit, mmand, nfi
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +18,9 @@ from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import (
-    SETUP_LINES,
     assert_quiet,
     autosuggestions,
-    calm_cli,
-    helper_log,
-    history_rows,
     record,
-    wait_helper_read,
     wait_recorded,
     zsh_terminal,
 )
@@ -290,102 +281,14 @@ def test_empty_prompt_prediction_after_each_command(home: Path, daemon: Daemon) 
         term.wait_line(r"^PROMPT> after true", escapes=True)
 
 
-def test_cwd_and_branch_recorded_as_the_line_was_typed(home: Path, daemon: Daemon) -> None:
-    """A `cd` line is stored with the folder (and branch) it was typed in, like every line."""
-    need("git")
-    proj = home / "proj"
-    proj.mkdir()
-    for path, branch in ((home, "trunk"), (proj, "feature")):
-        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+def test_a_multi_line_command_is_recorded_whole(home: Path, daemon: Daemon) -> None:
+    """(The exit status, folder and branch of every shell: test_shell_scenarios.py.)"""
     with zsh_terminal(home) as term:
         term.wait_for("^PROMPT>")
-        for cmd in ("cd proj", "echo in-proj", "cd .."):
+        for cmd in ('echo "multi', 'line"'):
             term.type(cmd)
             term.send("Enter")
-            wait_recorded(home, cmd)
-        rows = {r.cmd: (r.cwd, r.git) for r in history_rows(home)}
-        assert rows["cd proj"] == (str(home), "trunk")
-        assert rows["echo in-proj"] == (str(proj), "feature")
-        assert rows["cd .."] == (str(proj), "feature")
-
-
-def test_failing_command_recorded_with_its_exit_code(home: Path, daemon: Daemon) -> None:
-    with zsh_terminal(home) as term:
-        term.wait_for("^PROMPT>")
-        for cmd in ("false", "(exit 3)", 'echo "multi', 'line"'):
-            term.type(cmd)
-            term.send("Enter")
-        assert wait_recorded(home, "false").exit == 1
-        assert wait_recorded(home, "(exit 3)").exit == 3
         assert wait_recorded(home, 'echo "multi\nline"').exit == 0
-
-
-def test_leading_space_command_not_recorded(home: Path, daemon: Daemon) -> None:
-    with zsh_terminal(home) as term:
-        term.wait_for("^PROMPT>")
-        term.type(" echo secret-calm")
-        term.send("Enter")
-        term.type("echo visible-calm")
-        term.send("Enter")
-        wait_recorded(home, "echo visible-calm")
-        assert not [r for r in history_rows(home) if "secret" in r.cmd]
-
-
-def test_no_daemon_degrades_silently(home: Path) -> None:
-    with zsh_terminal(home, CALM_DEBUG="1") as term:
-        term.wait_for("^PROMPT>")
-        term.type("echo hello-calm")
-        term.send("Enter")
-        term.wait_for("^hello-calm$")
-        term.type("ech")
-        wait_helper_read(home, "ech")  # asked, and no daemon to answer
-        assert DIM not in term.line(escapes=True)
-        term.send("C-u")
-        term.type("print -r -- ok-$?")
-        term.send("Enter")
-        term.wait_for("^ok-0$")
-        assert_quiet(term.screen())
-
-
-def test_daemon_restarted_mid_session(home: Path) -> None:
-    with running_daemon(home) as daemon:
-        record(daemon, "make test")
-        term = zsh_terminal(home, CALM_DEBUG="1")
-    try:
-        term.wait_for("^PROMPT>")
-        # The daemon is gone: the shell works, nothing is shown, the record waits in the helper.
-        term.type("echo during-outage")
-        term.send("Enter")
-        term.wait_for("^during-outage$")
-        term.type("make t")
-        wait_helper_read(home, "make t")  # asked while the daemon is away
-        assert DIM not in term.line(escapes=True)
-        with running_daemon(home):
-            term.type("e")
-            term.wait_line(rf"^PROMPT> make te{GHOST}st", escapes=True)
-            assert wait_recorded(home, "echo during-outage").exit == 0
-        assert_quiet(term.screen())
-    finally:
-        term.close()
-
-
-def test_disable_and_enable_without_editing_rc_files(home: Path, daemon: Daemon) -> None:
-    with zsh_terminal(home, CALM_DEBUG="1") as term:
-        term.wait_for("^PROMPT>")
-        calm_cli(home, "disable")
-        term.send("Enter")  # the next prompt sees the flag
-        term.type("xyz")
-        term.send("C-u")
-        term.type("echo sentinel-calm")
-        term.send("Enter")
-        # Recorded (disable stops suggestions only), and its record follows on the same pipe any
-        # request the typing of xyz would have sent: the helper has read all of them by now.
-        wait_recorded(home, "echo sentinel-calm")
-        assert "input='xyz'" not in helper_log(home)
-        calm_cli(home, "enable")
-        term.send("C-u", "Enter")
-        term.type("xyz")
-        term.wait_line(rf"^PROMPT> xyz{GHOST}mmit", escapes=True)
 
 
 def test_vi_mode(home: Path, daemon: Daemon) -> None:
@@ -445,7 +348,7 @@ def test_calms_ghost_is_the_one_shown_beside_zsh_autosuggestions(
     the load order and whenever zsh-autosuggestions answers (its own history strategy, at once,
     or one that answers 0.3 s after calm); where calm has none, zsh-autosuggestions' shows."""
     plugin = need_file(autosuggestions(), "zsh-autosuggestions")
-    slow = "_zsh_autosuggest_strategy_slow() { sleep 0.3; _zsh_autosuggest_strategy_history \"$@\" }"
+    slow = '_zsh_autosuggest_strategy_slow() { sleep 0.3; _zsh_autosuggest_strategy_history "$@" }'
     load = f"source {plugin}; {slow}"
     rc = {"before": load} if order == "autosuggestions-first" else {"after": load}
     with zsh_terminal(home, ZSH_AUTOSUGGEST_STRATEGY=strategy, **rc) as term:
@@ -673,41 +576,6 @@ def test_only_sure_candidates_are_shown_but_cycling_reaches_all(home: Path) -> N
         term.wait_line(rf"^PROMPT> xyz{GHOST}-low{LINE_END}", escapes=True)
         term.send("BTab")
         term.wait_line(rf"^PROMPT> xyz{GHOST}-lower{LINE_END}", escapes=True)
-
-
-def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon) -> None:
-    """The first start has no hook file: the line runs `calmd init`, which leaves one. Later starts
-    source it and start no Python (calmd is not even on the PATH then). A hook file from an older
-    calmd is loaded, and the helper rewrites it for the next start."""
-    record(daemon, "git status")
-    hook = home / "data" / "calm.zsh"
-    assert not hook.exists()
-    bin_dir = str(Path(sys.executable).parent)
-    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
-    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
-    assert shutil.which("calmd", path=without_calmd) is None
-    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=with_calmd) as term:
-        term.wait_for("^PROMPT>")
-        term.type("git st")
-        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
-    text = hook.read_text()
-    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
-    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
-    with zsh_terminal(home, setup=SETUP_LINES["zsh"], PATH=without_calmd) as term:
-        term.wait_for("^PROMPT>")
-        term.type("git st")
-        term.wait_line(rf"^PROMPT> git st{GHOST}atus", escapes=True)
-        wait_rewritten(hook, text)
-        assert_quiet(term.screen())
-
-
-def wait_rewritten(hook: Path, text: str, timeout: float = 10.0) -> None:
-    """Until the helper has put `text` in the hook file (once it has a moment), owner-only."""
-    deadline = time.monotonic() + timeout
-    while hook.read_text() != text:
-        assert time.monotonic() < deadline, hook.read_text()[:200]
-        time.sleep(0.05)
-    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
 
 
 def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:

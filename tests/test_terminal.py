@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from calmd.daemon.filters import continued_lines, terminal_safe, visible
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator, SamplingOptions
 from calmd.shell.client import CalmClient
+from calmd.suggest.filters import continued_lines, terminal_safe, visible
 from tests.daemon import BIN, Daemon, daemon_env, running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 from tests.tmux import history_rows

@@ -241,8 +241,8 @@ SETUP_LINES = {
     "zsh": f'source {DATA_DIR}/calm.zsh 2>/dev/null || eval "$(calmd init zsh)"',
     "bash": f'eval "$(cat "{DATA_DIR}/calm.bash" 2>/dev/null || calmd init bash)"',
     "fish": "source (set -q CALM_HOME; and echo $CALM_HOME; or echo (set -q XDG_DATA_HOME;"
-            " and echo $XDG_DATA_HOME; or echo ~/.local/share)/calm)/calm.fish 2>/dev/null;"
-            " or calmd init fish | source",
+    " and echo $XDG_DATA_HOME; or echo ~/.local/share)/calm)/calm.fish 2>/dev/null;"
+    " or calmd init fish | source",
 }
 
 

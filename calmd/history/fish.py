@@ -34,7 +34,7 @@ from calmd.history.store import (  # the checks and bounds bash's and zsh's impo
     HistoryStore,
     ImportResult,
     NotAHistory,
-    _open_regular,
+    open_regular,
     refusal,
 )
 
@@ -115,7 +115,7 @@ def import_fish_history(
     batches, the new entries in time order so that each batch's mark is where the next import
     (or this one, stopped by `stop`) goes on."""
     p = Path(path).expanduser()
-    with _open_regular(p) as f:
+    with open_regular(p) as f:
         fd = f.fileno()
         st = os.fstat(fd)
         region = max(0, st.st_size - max_bytes)

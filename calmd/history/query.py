@@ -1,5 +1,5 @@
 """Read-only questions to the history store: `calm history`, `calm stats`, and the lean rows the
-daemon's search index reads (calmd/daemon/search.py).
+daemon's search index reads (calmd/suggest/search.py).
 
 The store is opened on a connection of its own, read-only (SQLite's `mode=ro`): it never writes,
 never migrates and never takes the write lock, so it is safe while the daemon records (WAL: a
@@ -342,11 +342,13 @@ def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
 # (history_lines): what `calm history` runs when every row has passed this calmd's credential detector.
 _ONE_LINE_SQL = ("CASE WHEN instr(cmd, char(10)) OR instr(cmd, char(9)) THEN replace(replace(replace(cmd, "
                  "'\\', '\\\\'), char(10), '\\n'), char(9), '\\t') ELSE cmd END")  # fmt: skip
-_PLAIN_SQL = ("strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
-              "printf('%3s', coalesce(exit, '')) || '  ' || "
-              "CASE WHEN cwd = '' THEN '-' "
-              "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
-              "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL)
+_PLAIN_SQL = (
+    "strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
+    "printf('%3s', coalesce(exit, '')) || '  ' || "
+    "CASE WHEN cwd = '' THEN '-' "
+    "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
+    "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL
+)
 _JSON_SQL = ("json_object('id', id, 'ts', round(ts, 3), "
              "'time', strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime'), 'cmd', cmd, "
              "'exit', exit, 'duration', round(duration, 3), 'cwd', cwd, 'git', git, "

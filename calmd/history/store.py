@@ -38,8 +38,7 @@ from typing import Any, BinaryIO
 
 from calmd import paths
 from calmd.errors import CalmError, DiskFull
-from calmd.history.context import HISTORY_FRAMES, context_rows
-from calmd.history.frames import COMP_ITEMS, clean_env
+from calmd.history.recorded import COMP_ITEMS, clean_env
 from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
 
 log = logging.getLogger("calmd.history.store")
@@ -94,7 +93,7 @@ class HistoryRow:
     exit: int | None
     source: str
     # The COMP items and the ENV text the context held when the command was typed (schema 3,
-    # calmd/history/frames.py): what the datasets put in the example's frames.
+    # calmd/suggest/frames.py): what the datasets put in the example's frames.
     comp: tuple[str, ...] = ()
     env: str = ""
     duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
@@ -452,25 +451,16 @@ class HistoryStore:
 
     _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration"
 
-    def recent(self, *, session: str | None = None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
-        """The latest `limit` commands, oldest first. With a session: the context a prediction in
-        that session sees (calmd/history/context.py): its latest commands, preceded (when it has
-        fewer than `limit`) by the user's latest other commands."""
+    def recent(self, *, limit: int, session: str | None = None, others: bool = False) -> list[HistoryRow]:
+        """The latest `limit` commands, oldest first: of every session, of `session` alone, or
+        (`others`) of every session but `session`. Which of them a prediction sees is the context
+        rule's (calmd/suggest/context.py `recent_context`)."""
         if not session:
-            return self._rows(f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit,))[
-                ::-1
-            ]
-        own = self._rows(
-            f"SELECT {self._COLUMNS} FROM commands WHERE session = ? ORDER BY id DESC LIMIT ?",
-            (session, limit),
-        )
-        others: list[HistoryRow] = []
-        if len(own) < limit:
-            others = self._rows(
-                f"SELECT {self._COLUMNS} FROM commands WHERE session != ? ORDER BY id DESC LIMIT ?",
-                (session, limit - len(own)),
-            )
-        return context_rows(own[::-1], others[::-1], limit)
+            rows = self._rows(f"SELECT {self._COLUMNS} FROM commands ORDER BY id DESC LIMIT ?", (limit,))
+            return rows[::-1]
+        op = "!=" if others else "="
+        sql = f"SELECT {self._COLUMNS} FROM commands WHERE session {op} ? ORDER BY id DESC LIMIT ?"
+        return self._rows(sql, (session, limit))[::-1]
 
     def all_rows(self, *, after: int = 0, batch: int = 10_000) -> Iterator[HistoryRow]:
         """Every stored command (with a row id above `after`), oldest first, read in batches."""
@@ -530,7 +520,7 @@ class HistoryStore:
         p = Path(path).expanduser()
         if fmt not in ("auto", "bash", "zsh"):
             raise ValueError(f"unknown history format {fmt!r} (auto, bash or zsh)")
-        with _open_regular(p) as f:
+        with open_regular(p) as f:
             fd = f.fileno()
             st = os.fstat(fd)
             size = st.st_size
@@ -733,7 +723,7 @@ class NotAHistory(CalmError):
     """A file refused by an import: not a shell history (nothing of it is imported)."""
 
 
-def _open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path) -> BinaryIO:
     """`path` opened for reading, refused unless it is a regular file: a FIFO would block the
     reader (opened non-blocking, then switched back), a folder or a device is no history."""
     try:
@@ -754,7 +744,7 @@ def _open_regular(path: Path) -> BinaryIO:
 def check_history_file(path: Path) -> None:
     """NotAHistory (one line saying why) unless `path` is a regular file that reads as a shell
     history (`refusal` over its newest MAX_IMPORT_BYTES); OSError when it cannot be read."""
-    with _open_regular(path) as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         reason = refusal(f.fileno(), max(0, size - MAX_IMPORT_BYTES), size)
     if reason is not None:

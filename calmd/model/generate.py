@@ -138,7 +138,7 @@ class Generator:
         self.cache = PrefixCache()
         vocab = loaded.model.cfg.vocab_size
         # Inside a command only bytes and EOS may follow: special tokens never appear there. Nor
-        # do the bytes of a control character (calmd/daemon/filters.py terminal_safe): C0 and
+        # do the bytes of a control character (calmd/suggest/filters.py terminal_safe): C0 and
         # DEL are single bytes, masked always; a C1 character (U+0080-U+009F, 0xC2 0x80-0x9F in
         # UTF-8) is masked after a 0xC2 (`_after_c2`). A stray 0x80-0x9F decodes to U+FFFD.
         self._forbidden = torch.ones(vocab, dtype=torch.bool)

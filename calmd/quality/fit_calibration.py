@@ -1,4 +1,4 @@
-"""Fit the daemon's confidence calibration (calmd/daemon/calibration.py) on the public histories:
+"""Fit the daemon's confidence calibration (calmd/suggest/calibration.py) on the public histories:
 
     python -m calmd.quality.fit_calibration [--data ../shared/data]
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from calmd import paths
 from calmd.atomic import atomic_write
-from calmd.daemon.calibration import (
+from calmd.suggest.calibration import (
     EARLY_FEATURES,
     FEATURES,
     Calibrator,

@@ -1,4 +1,4 @@
-"""Fit the ghost rule (calmd/daemon/ghost.py): which candidate the shells draw, and when none.
+"""Fit the ghost rule (calmd/suggest/ghost.py): which candidate the shells draw, and when none.
 
     python -m calmd.quality.fit_ghost [--data ../shared/data] [--states states.json] [--jobs 2]
 
@@ -10,7 +10,7 @@
 2. Fit: the word-by-word user of the replay types each command with the ghosts a rule draws; a
    rule is scored by the keystrokes it saves minus the noise it shows (`NOISE`: each drawn ghost
    the user does not take costs a fraction of a key, more on the empty prompt), and the
-   thresholds per context (`calmd.daemon.ghost.BUCKETS`) and the margin that lets a final answer
+   thresholds per context (`calmd.suggest.ghost.BUCKETS`) and the margin that lets a final answer
    replace the ghost already drawn are searched on a grid, one bucket at a time, until nothing
    changes. Deterministic for the same states.
 """
@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calmd.daemon.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.quality.replay import next_word
+from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
 
 
 def _collect_user(args: tuple[Path, Path, int, int]) -> list[dict[str, Any]]:
     path, model, positions, seed = args
-    from calmd.daemon.calibration import packaged_calibrator
-    from calmd.daemon.engine import ModelEngine
     from calmd.quality.replay import ReplayConfig, replay_user
+    from calmd.suggest.calibration import packaged_calibrator
+    from calmd.suggest.engine import ModelEngine
 
     cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed)
     calibrator = packaged_calibrator()
@@ -177,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--positions", type=int, default=20, help="typed-out commands per user")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="users replayed in parallel")
-    p.add_argument("--held-out", action="store_true",
-                   help="the held-out users instead: report the packaged rule on them (a check, no fit)")
+    p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="the held-out users instead: report the packaged rule on them (a check, no fit)",
+    )
     p.add_argument("--out", help="where the rule goes (default: the package's calmd/data/ghost.json)")
     args = p.parse_args(argv)
     cache = Path(args.states) if args.states else None
@@ -226,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(name: str, out: Outcome) -> None:
     wrong = sum(out.wrong.values())
-    print(f"{name}: {out.saved * 100:.2f}% of keys saved word by word, {wrong} keys typed past a wrong ghost "
-          f"({', '.join(f'{b} {n}' for b, n in out.wrong.items())}), {out.early} early lines drawn, "
-          f"{out.replaced} replaced ({out.replaced / max(1, out.requests) * 100:.2f}% of "
-          f"{out.requests} requests)")
+    print(
+        f"{name}: {out.saved * 100:.2f}% of keys saved word by word, {wrong} keys typed past a wrong ghost "
+        f"({', '.join(f'{b} {n}' for b, n in out.wrong.items())}), {out.early} early lines drawn, "
+        f"{out.replaced} replaced ({out.replaced / max(1, out.requests) * 100:.2f}% of "
+        f"{out.requests} requests)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fit the daemon's history ranker (calmd/daemon/ranking.py) on the public histories:
+"""Fit the daemon's history ranker (calmd/suggest/ranking.py) on the public histories:
 
     python -m calmd.quality.fit_ranker [--data ../shared/data] [--output calmd/data/ranker.json]
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from calmd.atomic import atomic_write
-from calmd.daemon.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
-from calmd.history.context import HISTORY_FRAMES
+from calmd.suggest.context import HISTORY_FRAMES
+from calmd.suggest.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
 
 # --------------------------------------------------------------------------- fitting

@@ -1,4 +1,4 @@
-"""Fit the history search's ranker (calmd/daemon/search.py) on the public histories:
+"""Fit the history search's ranker (calmd/suggest/search.py) on the public histories:
 
     python -m calmd.quality.fit_search [--data ../shared/data] [--output calmd/data/search_ranker.json]
 
@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from calmd.atomic import atomic_write
-from calmd.daemon.ranking import CarryPrior, packaged_ranker
-from calmd.daemon.search import SearchIndex, SearchRanker, packaged_search_ranker_path
 from calmd.quality.fit_ranker import Query, fit
 from calmd.quality.replay import QUERY_KINDS, SearchExample, search_examples
+from calmd.suggest.ranking import CarryPrior, packaged_ranker
+from calmd.suggest.search import SearchIndex, SearchRanker, packaged_search_ranker_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
 
 

@@ -1,4 +1,4 @@
-"""Build the vocabulary of known subcommands and flags (calmd/daemon/filters.py) from the tldr
+"""Build the vocabulary of known subcommands and flags (calmd/suggest/filters.py) from the tldr
 pages and the public histories of the training users:
 
     python -m calmd.quality.fit_vocabulary [--data ../shared/data]
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calmd.atomic import atomic_write
-from calmd.daemon.filters import Vocabulary, entries, packaged_vocabulary_path, segments, split_words
+from calmd.suggest.filters import Vocabulary, entries, packaged_vocabulary_path, segments, split_words
 from calmd.training.corpus import (
     DEFAULT_DATA,
     fill_placeholders,

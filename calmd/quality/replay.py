@@ -33,8 +33,8 @@ costs about half a minute per run on one core). Histories carry no timestamps: c
 `ts = start + 60 i` (one command a minute), which is what the recency signal sees.
 
 With `--comp`, a second calmd system, `calmd+comp`, answers the same queries with the COMP and ENV
-frames filled as the daemon fills them (calmd/history/frames.py), from a reconstruction of the
-user's disk (calmd/history/reconstruct.py: the files and folders the earlier commands created or
+frames filled as the daemon fills them (calmd/suggest/frames.py), from a reconstruction of the
+user's disk (calmd/suggest/reconstruct.py: the files and folders the earlier commands created or
 named, never those of the command being predicted) and, for the first word, the packaged
 vocabulary's commands in place of the shell's PATH. What the reconstruction cannot know is in its
 docstring and in docs/quality.md; the disk check (demoting missing paths) is not replayed, as the
@@ -57,10 +57,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from calmd import paths
-from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import served_completions, word_start
-from calmd.history.reconstruct import Reconstruction
 from calmd.history.store import HistoryStore
+from calmd.suggest.context import HISTORY_FRAMES, recent_context
+from calmd.suggest.frames import served_completions, word_start
+from calmd.suggest.reconstruct import Reconstruction
 from calmd.training.corpus import read_history
 
 KS = (0, 1, 2, 4, 8)
@@ -314,7 +314,7 @@ def keys_word_by_word(cmd: str, suggest: Suggest) -> int:
 
 @dataclass
 class Rows:
-    """The engine's suggestions at replay positions, as calibration rows (calmd/daemon/calibration.py)."""
+    """The engine's suggestions at replay positions, as calibration rows (calmd/suggest/calibration.py)."""
 
     candidate: list[Any] = field(default_factory=list)
     candidate_right: list[bool] = field(default_factory=list)
@@ -439,7 +439,7 @@ class _Ours:
 
     def context(self, prefix: str) -> dict[str, Any]:
         """What the server builds: the store's latest commands of the session (and `frames`)."""
-        recent = self.store.recent(session=SESSION, limit=HISTORY_FRAMES)
+        recent = recent_context(self.store, SESSION, HISTORY_FRAMES)
         ctx: dict[str, Any] = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
         return {**ctx, **self.frames(prefix)} if self.frames is not None else ctx
 
@@ -657,8 +657,8 @@ def type_out(tally: Tally, cmd: str, suggest: Suggest, drawn: Request | None = N
 
 
 def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> Rows:
-    """Calibration rows from replaying `files` (calmd/daemon/calibration.py fits on them)."""
-    from calmd.daemon.engine import ModelEngine, RankWeights
+    """Calibration rows from replaying `files` (calmd/suggest/calibration.py fits on them)."""
+    from calmd.suggest.engine import ModelEngine, RankWeights
 
     rows = Rows()
     started = time.monotonic()
@@ -672,8 +672,8 @@ def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> R
 
 
 def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
-    from calmd.daemon.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
-    from calmd.daemon.engine import ModelEngine, RankWeights
+    from calmd.suggest.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
+    from calmd.suggest.engine import ModelEngine, RankWeights
 
     systems = cfg.all_systems()
     totals = {s: Tally() for s in systems}
@@ -787,7 +787,7 @@ def expand(files: Iterable[str]) -> list[Path]:
 # `calm replay --search`: the user opens the history search (Ctrl-R) to run again a command they
 # ran before, and types its first word, or a distinctive fragment of it. At each sampled position
 # whose command had been run before (a search cannot find a new line), both queries are asked of
-# calmd's search (calmd/daemon/search.py: the fitted ranker over the pool, then the other matches
+# calmd's search (calmd/suggest/search.py: the fitted ranker over the pool, then the other matches
 # by recency) and of two orders of the same matches: recency (atuin's default) and frequency. The
 # figure is the rank of the command in each order (1: first). The histories carry no folders: the
 # context's folder is followed from the `cd` lines (`follow_cd`), as the shells record it (the
@@ -899,7 +899,7 @@ def search_examples(
     `features`, the pool's features for the fit)."""
     import numpy as np
 
-    from calmd.daemon.search import Context, SearchIndex
+    from calmd.suggest.search import Context, SearchIndex
 
     if len(commands) <= warmup:
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,7 @@ from typing import Any
 import msgpack
 
 from calmd import paths
-from calmd.daemon.protocol import PROTOCOL_VERSION
+from calmd.protocol import PROTOCOL_VERSION
 
 
 class DaemonNotRunning(ConnectionError):
@@ -183,3 +184,20 @@ class CalmClient:
 
     def shutdown(self) -> dict[str, Any]:
         return self.call("shutdown")
+
+
+def stop_daemon(path: str | os.PathLike[str] | None, *, timeout: float) -> tuple[int, bool]:
+    """Ask the daemon to shut down and wait up to `timeout` seconds until it is gone: (its pid,
+    whether it stopped). Gone means nothing accepts connections on the socket any more (a pid
+    may linger as a zombie of whoever started the daemon). DaemonNotRunning when none answers."""
+    with CalmClient(path, timeout=timeout) as client:
+        pid = int(client.status()["status"]["pid"])
+        client.shutdown()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            CalmClient(path, timeout=timeout).close()
+        except (DaemonNotRunning, OSError):
+            return pid, True
+        time.sleep(0.05)
+    return pid, False

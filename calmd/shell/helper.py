@@ -16,12 +16,12 @@ separated by tabs). The hooks start the helper with `--format 2`:
 
 `e` comes from the prompt hook when $VIRTUAL_ENV or $CONDA_DEFAULT_ENV changed (and once after the
 helper starts), never per keystroke; the helper sends its short form (`venv:proj`,
-calmd.history.frames.short_env) as `env` with every `complete` and with the records read after
+calmd.suggest.frames.short_env) as `env` with every `complete` and with the records read after
 it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
 daemon connection with the first `complete` (`path`), for COMP's commands.
 
 `min` is the shell's CALM_MIN_CONFIDENCE (empty: the daemon's fitted ghost rule,
-calmd/daemon/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
+calmd/suggest/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
 candidate: 1 for the one the daemon says to draw (`ghost`), so that it is shown unasked; 0 when
 only cycling should reach it (an older daemon sends no `ghost`: then 1 when the confidence reaches
 `min`, else DEFAULT_MIN_CONFIDENCE). A `c` line is answered first, at once, with the daemon's
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.atomic import atomic_write, read_regular_file
+from calmd.protocol import MAX_CANDIDATES, MAX_PATH_BYTES
 
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 SHELLS = ("zsh", "bash", "fish")
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
-MAX_CANDIDATES = 32  # the protocol's limit for `n`
 PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
 HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
@@ -226,7 +226,7 @@ class Env:
     conda_env: str
 
     def short(self) -> str:
-        from calmd.history.frames import short_env  # not at start-up: the first prompt waits for it
+        from calmd.suggest.frames import short_env  # not at start-up: the first prompt waits for it
 
         return short_env(self.virtual_env, self.conda_env)
 
@@ -294,7 +294,7 @@ class Helper:
         shell: str | None = None,
         socket_arg: str | None = None,
     ) -> None:
-        from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+        from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
         self.default_threshold = DEFAULT_MIN_CONFIDENCE
         self.line_format = line_format
@@ -323,7 +323,7 @@ class Helper:
         # zsh draws a multi-line entry as lines (ghost text, then the buffer): it may be offered
         # one. bash inserts it whole into the line, where a newline is a second command: never.
         self.multiline = shell == "zsh"
-        from calmd.daemon.filters import sendable
+        from calmd.suggest.filters import sendable
 
         self.sendable = sendable
 
@@ -455,7 +455,7 @@ class Helper:
                 if self.multiline:
                     extra["multiline"] = True
                 if not self.path_sent and self.path:
-                    extra["path"] = self.path[:8192]
+                    extra["path"] = self.path[:MAX_PATH_BYTES]
                     self.path_sent = True
                 rid = self.client.send("complete", n=q.n, session=self.session, ctx=ctx, **extra)
                 log.debug("sent complete %s as %d", q.seq, rid)

@@ -30,18 +30,31 @@ from calmd.history import query
 
 def add_filters(p: argparse.ArgumentParser) -> None:
     """The filters `calm history` and `calm stats` share (one flag per HistoryFilter field)."""
-    p.add_argument("pattern", nargs="?", default="", metavar="PATTERN",
-                   help="only commands holding this text (case-sensitive; --regex: a regular expression)")
+    p.add_argument(
+        "pattern",
+        nargs="?",
+        default="",
+        metavar="PATTERN",
+        help="only commands holding this text (case-sensitive; --regex: a regular expression)",
+    )
     p.add_argument("--regex", "-E", action="store_true", help="PATTERN is a Python regular expression")
-    p.add_argument("--cwd", nargs="?", const=".", metavar="DIR",
-                   help="only commands run in this folder (the current one when DIR is left out)")
+    p.add_argument(
+        "--cwd",
+        nargs="?",
+        const=".",
+        metavar="DIR",
+        help="only commands run in this folder (the current one when DIR is left out)",
+    )
     p.add_argument("--below", action="store_true", help="with --cwd: also in the folders under it")
     p.add_argument("--session", metavar="ID", help="only this shell session's commands (see --json)")
     status = p.add_mutually_exclusive_group()
     status.add_argument("--exit", type=int, metavar="N", help="only commands that exited with N")
     status.add_argument("--failed", action="store_true", help="only commands that failed (non-zero status)")
-    status.add_argument("--succeeded", action="store_true",
-                        help="only commands that did not fail (status 0, or none known: imported)")
+    status.add_argument(
+        "--succeeded",
+        action="store_true",
+        help="only commands that did not fail (status 0, or none known: imported)",
+    )
     p.add_argument("--since", metavar="WHEN", help="from this time on: 30m, 2h, 3d, 1w, today, 2025-11-24...")
     p.add_argument("--until", metavar="WHEN", help="before this time (same forms)")
     p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="only the newest N (0: all)")
@@ -94,10 +107,10 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def takes_subcommands() -> set[str]:
     """The commands whose second word is a subcommand (git, docker, systemctl: the packaged
-    vocabulary's judged commands, calmd/daemon/filters.py). Only its `judged` list is read: the
+    vocabulary's judged commands, calmd/suggest/filters.py). Only its `judged` list is read: the
     whole Vocabulary (every known token as a frozenset) costs 0.1 s that `calm stats` has not."""
     from calmd.atomic import read_json
-    from calmd.daemon.filters import packaged_vocabulary_path
+    from calmd.suggest.filters import packaged_vocabulary_path
 
     data = read_json(packaged_vocabulary_path(), "vocabulary")
     judged = data.get("judged") if isinstance(data, dict) else None
@@ -139,7 +152,7 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
     rate = stats.failure_rate
     of = f"{stats.failed:,} of the {stats.with_status:,} runs with a known status"
     failures = f"{100 * rate:.1f}% failed ({of})" if rate is not None else "no exit status (imported)"
-    summary = (f"{stats.commands:,} commands, {stats.distinct:,} distinct, {first} to {last}; {failures}")
+    summary = f"{stats.commands:,} commands, {stats.distinct:,} distinct, {first} to {last}; {failures}"
     tables: list[object] = [summary]
     top = Table(title="top commands", title_justify="left")
     for name, justify in (("#", "right"), ("command", "left"), ("runs", "right"), ("share", "right"),

@@ -5,7 +5,7 @@
 The shell waits for it, so it starts lean: the standard library, msgpack and the socket client,
 nothing else (no numpy, no rich; about what `python -c pass` costs plus 20 ms). It asks the
 daemon's `search` op (docs/protocol.md) at every keystroke and draws the answer; the daemon does
-the matching and the ranking (calmd/daemon/search.py). Drawn by hand with ANSI escapes on the
+the matching and the ranking (calmd/suggest/search.py). Drawn by hand with ANSI escapes on the
 alternate screen, as McFly and atuin draw theirs (no TUI library: none of the maintained ones
 starts in the few milliseconds a Ctrl-R may take, see docs/shells.md), so the shell's screen
 comes back exactly as it was.
@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calmd.daemon.protocol import MAX_SEARCH_RESULTS, SEARCH_MODES
+from calmd.protocol import MAX_SEARCH_RESULTS, SEARCH_MODES
 
 CHOSEN, CANCELLED, UNAVAILABLE = 0, 1, 3
 FIRST_ANSWER_S = 1.0  # the daemon's first answer, at most; else the shell's own search opens

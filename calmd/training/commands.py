@@ -1,6 +1,6 @@
 """`calm train` and `calm evaluate`: their flags (one per TrainConfig field) and handlers.
 
-calmd/cli.py registers them; the `calm` CLI builds its parser on every run, so this module
+calmd/cli/model.py registers them; the `calm` CLI builds its parser on every run, so this module
 imports nothing heavy: torch and the training code are imported inside the handlers.
 """
 

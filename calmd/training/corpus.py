@@ -13,10 +13,10 @@ Two sources (calmd/data/DEFAULT_MODEL.md):
 - public shell histories (one command per line, oldest first): each command becomes an example
   whose context is the user's preceding commands (HIST frames; these files have no exit codes,
   cwd or git, so those frames are absent).
-Both carry COMP and ENV frames built as the daemon builds them (calmd/history/frames.py, at the cut
+Both carry COMP and ENV frames built as the daemon builds them (calmd/suggest/frames.py, at the cut
 `comp_cut` picks; one example in `COMP_DROPPED` goes without COMP, as some keystrokes are served):
 the files and directories come from what the user's earlier commands created or
-named (calmd/history/reconstruct.py) plus what the command itself names as existing (the real disk
+named (calmd/suggest/reconstruct.py) plus what the command itself names as existing (the real disk
 has those too); for a tldr example, what it names plus a few unrelated names of `FILES` and `DIRS`.
 Commands ("PATH") are the tldr page names and the vocabulary's commands; subcommands and options
 come from the packaged vocabulary (calmd/data/vocabulary.json). ENV follows `source .../activate`
@@ -37,10 +37,10 @@ from pathlib import Path
 from calmd import paths
 from calmd.errors import CalmError
 from calmd.formats.tokenizer import Example, HistoryEntry
-from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import VocabularyFollowers, comp_cut, completions, context_frames
-from calmd.history.reconstruct import Reconstruction, named_paths
 from calmd.history.store import detect_format, parse_history
+from calmd.suggest.context import HISTORY_FRAMES
+from calmd.suggest.frames import VocabularyFollowers, comp_cut, completions, context_frames
+from calmd.suggest.reconstruct import Reconstruction, named_paths
 
 DEFAULT_DATA = paths.PACKAGE_DATA.parent.parent.parent / "shared" / "data"
 
@@ -205,7 +205,7 @@ class CompSources:
 
 def comp_sources(root: Path | None = None) -> CompSources:
     """The tldr page names under `root` (if given) and the packaged vocabulary's commands."""
-    from calmd.daemon.filters import packaged_vocabulary
+    from calmd.suggest.filters import packaged_vocabulary
 
     vocab = packaged_vocabulary()
     names = {k for k in vocab.known if " " not in k}

@@ -1,10 +1,10 @@
 """Training datasets from the history store: which commands become examples, with which context.
 
 `calm dataset --history` and the background run (calmd/training/background.py) both call
-`write_history_dataset`; each example's HIST frames come from `calmd.history.context.ContextTracker`,
+`write_history_dataset`; each example's HIST frames come from `calmd.suggest.context.ContextTracker`,
 the same rule the daemon applies when it serves, and its COMP and ENV frames are those the record
 kept (calmd/history/store.py, schema 3: what the daemon computed for it), all put together by
-`calmd.history.frames.context_frames`, so training and serving read the same frames. Records from
+`calmd.suggest.frames.context_frames`, so training and serving read the same frames. Records from
 before schema 3 have none (their examples carry empty COMP and ENV, as they were served).
 
 "Trivial" commands (dropped unless --include-trivial): a bare `ls`, `ll`, `la`, `l`, `pwd`,
@@ -16,16 +16,18 @@ loss; they still appear as context (HIST frames) of the commands that follow the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Template, build_sequence
-from calmd.history.context import HISTORY_FRAMES, ContextTracker
-from calmd.history.frames import COMP_ITEMS, context_frames
 from calmd.history.store import HistoryRow, HistoryStore
+from calmd.suggest.context import ContextTracker
+from calmd.suggest.frames import context_frames
+from calmd.training.options import DatasetOptions
+
+__all__ = ["DatasetOptions", "is_trivial", "store_examples", "write_history_dataset"]
 
 TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "history", "jobs", "fg", "bg",
                      "cd", "cd ..", "cd -", "cd ~"})  # fmt: skip
@@ -33,19 +35,6 @@ TRIVIAL = frozenset({"ls", "ll", "la", "l", "pwd", "clear", "reset", "exit", "hi
 
 def is_trivial(cmd: str) -> bool:
     return " ".join(cmd.split()) in TRIVIAL
-
-
-@dataclass(frozen=True)
-class DatasetOptions:
-    """`calm dataset` options for the shell-history path (docs/training.md)."""
-
-    max_entries: int = 0  # latest N history entries; 0: all
-    hist_frames: int = HISTORY_FRAMES
-    comp_frames: int = COMP_ITEMS  # COMP items per example (what the daemon serves; 0: none)
-    max_dup: int = 3  # a distinct command is a target at most this many times (its latest uses)
-    min_cmd_len: int = 2
-    include_failed: bool = False
-    include_trivial: bool = False
 
 
 def store_examples(store: HistoryStore, opts: DatasetOptions) -> list[tuple[dict[str, Any], str]]:

@@ -6,7 +6,7 @@
    placeholders filled, alternatives resolved, two variants each) and the public histories of
    the *training* users (each command with its preceding five as context, scrubbed of names,
    hosts and addresses, at most three times per distinct command per user). Every example
-   carries a COMP frame (and ENV where a history activated one) built by calmd/history/frames.py
+   carries a COMP frame (and ENV where a history activated one) built by calmd/suggest/frames.py
    from what the earlier commands created or named (calmd/training/corpus.py). One user in five
    (by a hash of the id, `held_out()`) is kept out of the corpus: `calm replay` reports its
    quality on them, users the model has never seen.
@@ -33,7 +33,7 @@ from calmd.atomic import atomic_write
 from calmd.errors import SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
-from calmd.history.context import HISTORY_FRAMES
+from calmd.suggest.context import HISTORY_FRAMES
 from calmd.training.corpus import (
     DEFAULT_DATA,
     check_data,
@@ -160,8 +160,8 @@ Built by `{command}`
 - Public shell histories of {len(trained_on)} of the {len(users)} users of shared/data/histories
   (their repositories are listed in that folder's manifest.tsv), scrubbed of personal names,
   hosts and addresses. The other {len(users) - len(trained_on)} users are held out for `calm replay`.
-- Every example carries a COMP frame (completion candidates, calmd/history/frames.py) built from
-  the files and directories earlier commands created or named (calmd/history/reconstruct.py),
+- Every example carries a COMP frame (completion candidates, calmd/suggest/frames.py) built from
+  the files and directories earlier commands created or named (calmd/suggest/reconstruct.py),
   and ENV where a history activated a virtualenv or conda env.
 
 Training: {summary}

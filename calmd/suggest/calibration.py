@@ -2,7 +2,7 @@
 
 The engine's scores rank candidates but are not probabilities one can threshold: a mixture
 score of -2 means "likely" after `git pus` and little on an empty prompt. The shells show
-ghost text only when the top candidate's confidence reaches `calmd.daemon.protocol.DEFAULT_MIN_CONFIDENCE`
+ghost text only when the top candidate's confidence reaches `calmd.protocol.DEFAULT_MIN_CONFIDENCE`
 (silence beats noise), so the confidence has to mean what it says: of the suggestions given
 confidence 0.7, about 70% are right.
 

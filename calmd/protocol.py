@@ -17,8 +17,8 @@ MAX_MESSAGE_BYTES = 1 << 20  # a request larger than this is refused (and the co
 # A request holds at most ~1,600 msgpack objects (256 history entries of 5, 256 completions) and
 # nests 4 deep (request > ctx > history > entry). Frames beyond these are refused before they are
 # decoded, so that neither decoding time nor the decoded objects grow with what a client declares.
-MAX_FRAME_OBJECTS = 8192
-MAX_FRAME_DEPTH = 16
+MAX_MESSAGE_OBJECTS = 8192
+MAX_MESSAGE_DEPTH = 16
 # What a shell can report as an exit status fits in a C int (zsh's `return 300` is 300, bash
 # wraps to 0-255); SQLite stores 64-bit integers, and ids are echoed back as they came.
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
@@ -40,7 +40,7 @@ MAX_SEARCH_RESULTS = 100
 SEARCH_MODES = ("global", "folder", "session", "success")
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
-# calmd/daemon/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;
+# calmd/suggest/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;
 # cycling still reaches every candidate.
 DEFAULT_MIN_CONFIDENCE = 0.5
 
@@ -59,7 +59,7 @@ class ProtocolError(Exception):
 # --------------------------------------------------------------------------- framing
 
 
-class FrameError(Exception):
+class StreamError(Exception):
     """The stream cannot go on: a frame over the size limit, or bytes that are not msgpack. The
     connection answers the requests before it, sends this error and closes."""
 
@@ -111,7 +111,7 @@ def _header(buf: bytearray, pos: int, end: int) -> tuple[int, int, int] | None:
     b = buf[pos]
     known = _HEADERS.get(b)
     if known is None:
-        raise FrameError("bad_message", f"byte 0x{b:02x} does not start a msgpack object")
+        raise StreamError("bad_message", f"byte 0x{b:02x} does not start a msgpack object")
     field_bytes, extra, kind = known
     if pos + 1 + field_bytes > end:
         return None
@@ -121,21 +121,21 @@ def _header(buf: bytearray, pos: int, end: int) -> tuple[int, int, int] | None:
     return 1 + field_bytes, 0, value if kind == _ARRAY else 2 * value
 
 
-class FrameReader:
+class MessageReader:
     """Cuts a connection's byte stream into msgpack frames (one request each) without decoding.
 
     Only headers are read: a str, bin, array or map header that declares more than the limit is
     refused as soon as the header arrives, and so is a frame whose bytes grow past it, so the
     daemon never holds more than `max_bytes` of one request. The scan resumes where the last
-    chunk ended (no rescans). Frames are then decoded one by one (`decode_frame`), so that a
+    chunk ended (no rescans). Frames are then decoded one by one (`decode_message`), so that a
     well-framed but bad message gets its own error and the stream goes on.
     """
 
     def __init__(
         self,
         max_bytes: int = MAX_MESSAGE_BYTES,
-        max_objects: int = MAX_FRAME_OBJECTS,
-        max_depth: int = MAX_FRAME_DEPTH,
+        max_objects: int = MAX_MESSAGE_OBJECTS,
+        max_depth: int = MAX_MESSAGE_DEPTH,
     ) -> None:
         self.max_bytes = max_bytes
         self.max_objects = max_objects
@@ -159,8 +159,8 @@ class FrameReader:
             self._start = 0
         self._buf += data
 
-    def next_frame(self) -> bytes | None:
-        """The next complete frame, or None until more bytes arrive. Raises FrameError when the
+    def next_message(self) -> bytes | None:
+        """The next complete frame, or None until more bytes arrive. Raises StreamError when the
         stream must close, ProtocolError (bad_message) for a frame that was skipped whole."""
         buf, end, pos, open_ = self._buf, len(self._buf), self._pos, self._open
         limit = self._start + self.max_bytes
@@ -174,12 +174,12 @@ class FrameReader:
                 head, payload, children = header
                 after = pos + head + payload
                 if after > limit or pos + head + children > limit:  # each child takes a byte at least
-                    raise FrameError("too_large", f"a request over {self.max_bytes} bytes")
+                    raise StreamError("too_large", f"a request over {self.max_bytes} bytes")
                 if after > end:
                     break
                 objects += 1
                 if objects > max_objects:
-                    raise FrameError("too_large", f"a request of more than {max_objects} msgpack objects")
+                    raise StreamError("too_large", f"a request of more than {max_objects} msgpack objects")
                 pos = after
                 if children:
                     open_.append(children)
@@ -198,7 +198,7 @@ class FrameReader:
             self._objects = objects
         self._pos = pos
         if end - self._start > self.max_bytes:
-            raise FrameError("too_large", f"a request over {self.max_bytes} bytes")
+            raise StreamError("too_large", f"a request over {self.max_bytes} bytes")
         return None
 
     def _cut(self, end: int) -> bytes:
@@ -211,8 +211,8 @@ class FrameReader:
         return frame
 
 
-def decode_frame(frame: bytes) -> Any:
-    """Decode one frame cut by FrameReader. A frame msgpack cannot turn into Python values (a list
+def decode_message(frame: bytes) -> Any:
+    """Decode one frame cut by MessageReader. A frame msgpack cannot turn into Python values (a list
     as a map key, invalid UTF-8, a bad timestamp) raises ProtocolError; the stream goes on."""
     try:
         return msgpack.unpackb(frame, raw=False, strict_map_key=True)
@@ -276,7 +276,7 @@ class CompleteRequest:
     early: bool = False  # send the history's best proposal before the model runs (an `early` reply)
     path: str | None = None  # the shell's PATH (its helper sends it once): COMP's commands
     min_confidence: float | None = None  # the shell's CALM_MIN_CONFIDENCE: replaces the ghost
-    # rule's fitted thresholds (calmd/daemon/ghost.py); None: as fitted
+    # rule's fitted thresholds (calmd/suggest/ghost.py); None: as fitted
     drawn: str | None = None  # the line the shell shows as ghost text now: the incumbent
     multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
 
@@ -290,13 +290,13 @@ class RecordRequest:
     cwd: str = ""
     git: str = ""
     ts: float | None = None
-    env: str = ""  # the active environment, short form (calmd/history/frames.py: short_env)
+    env: str = ""  # the active environment, short form (calmd/suggest/frames.py: short_env)
     duration: float | None = None  # seconds the command ran
 
 
 @dataclass(frozen=True)
 class SearchRequest:
-    """`search`: the history's commands matching `query`, best first (calmd/daemon/search.py)."""
+    """`search`: the history's commands matching `query`, best first (calmd/suggest/search.py)."""
 
     id: int
     query: str = ""
@@ -415,8 +415,10 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
     min_confidence = msg.get("min_confidence")
     if min_confidence is not None:
-        if isinstance(min_confidence, bool) or not isinstance(min_confidence, int | float) or not (
-            0.0 <= float(min_confidence) <= 1.0
+        if (
+            isinstance(min_confidence, bool)
+            or not isinstance(min_confidence, int | float)
+            or not (0.0 <= float(min_confidence) <= 1.0)
         ):
             raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
         min_confidence = float(min_confidence)

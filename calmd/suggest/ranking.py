@@ -1,6 +1,6 @@
 """The learned history ranker: which past command comes next, given what was just run and typed.
 
-The daemon's history predictor (P_hist in calmd/daemon/engine.py) ranks the user's past commands that
+The daemon's history predictor (P_hist in calmd/suggest/engine.py) ranks the user's past commands that
 extend the typed input. Hand-weighted signals (frequency x recency x "followed the previous
 command") were measured against a learned ranker in `calm replay` and lost by 4-6 points of
 top-1 (docs/quality.md), so the history side is learned:
@@ -44,9 +44,9 @@ import numpy as np
 
 from calmd import paths
 from calmd.atomic import read_json
-from calmd.daemon.filters import UserVocabulary, terminal_safe
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
+from calmd.suggest.filters import UserVocabulary, terminal_safe
 
 RANKER_VERSION = 1
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
@@ -100,7 +100,7 @@ def first_word(cmd: str) -> str:
 
 
 # git subcommands that need no repository: a line with one of them is no git line "outside a
-# repository" (calmd/daemon/engine.py `_elsewhere`)
+# repository" (calmd/suggest/engine.py `_elsewhere`)
 GIT_ANYWHERE = frozenset(
     {"clone", "init", "config", "help", "version", "--version", "--help", "-h", "ls-remote"}
 )
@@ -264,7 +264,7 @@ class HistoryIndex:
         self.last_id = 0  # the store's row id of the newest command seen
         # exit codes: runs that failed (a known non-zero status) and runs that did not (0, or
         # unknown: imported history files carry none); a command with failures and no other run
-        # never succeeded (a typo that exited 127, `(exit 3)`) and is demoted (calmd/daemon/engine.py)
+        # never succeeded (a typo that exited 127, `(exit 3)`) and is demoted (calmd/suggest/engine.py)
         self.failed: Counter[str] = Counter()
         self.not_found: set[str] = set()  # commands whose latest run exited 127
         self.missing_names: set[str] = set()  # first words "not found" that never worked (`gti`)
@@ -274,7 +274,7 @@ class HistoryIndex:
         self.vocabulary = UserVocabulary()  # subcommands and flags of the commands that succeeded
         self.succeeded: set[str] = set()  # commands with a run that did not fail (exit 0 or unknown)
         # the branch a command names and ran on (`git push origin feature/login` on feature/login):
-        # on another branch it is not drawn (calmd/daemon/engine.py `_elsewhere`)
+        # on another branch it is not drawn (calmd/suggest/engine.py `_elsewhere`)
         self.bound_branch: dict[str, str] = {}
         self.in_repo: set[str] = set()  # commands run inside a git repository (the shell said a branch)
         self.out_of_repo: set[str] = set()  # ... and outside one (the shell said a cwd and no branch)
@@ -600,21 +600,7 @@ class Ranker:
             raise FormatError(
                 f"{source}: features differ from this calmd's (python -m calmd.quality.fit_ranker refits)"
             )
-        f = len(FEATURES)
-        try:
-            arrays = {k: np.asarray(need(k), dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
-            b2 = float(need("b2"))
-        except (TypeError, ValueError) as exc:
-            raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
-        hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
-        expected = {"mean": (f,), "scale": (f,), "w1": (f, hidden), "b1": (hidden,), "w2": (hidden,)}
-        for key, shape in expected.items():
-            if arrays[key].shape != shape:
-                raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
-        if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
-            raise FormatError(f"{source}: weights are not finite")
-        if (arrays["scale"] <= 0).any():
-            raise FormatError(f"{source}: field 'scale' must be positive")
+        arrays, b2 = read_scorer_weights(data, len(FEATURES), source)
         prior = CarryPrior.from_json(need("carry_prior"), source)
         return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
                    dict(data.get("info", {})), prior)  # fmt: skip
@@ -622,6 +608,32 @@ class Ranker:
     @classmethod
     def load(cls, path: Path) -> Ranker:
         return cls.from_json(read_json(path, "ranker"), str(path))
+
+
+def read_scorer_weights(
+    data: dict[str, Any], features: int, source: str
+) -> tuple[dict[str, np.ndarray], float]:
+    """The arrays of a fitted scorer file (the history ranker's, the search ranker's):
+    standardisation (mean, scale), one tanh hidden layer (w1, b1), a linear output (w2, b2),
+    checked for presence, shape, finiteness and a positive scale. FormatError names the field."""
+    try:
+        arrays = {k: np.asarray(data[k], dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
+        b2 = float(data["b2"])
+    except KeyError as exc:
+        raise FormatError(f"{source}: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
+    hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
+    shapes = {"mean": (features,), "scale": (features,), "w1": (features, hidden), "b1": (hidden,),
+              "w2": (hidden,)}  # fmt: skip
+    for key, shape in shapes.items():
+        if arrays[key].shape != shape:
+            raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
+    if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
+        raise FormatError(f"{source}: weights are not finite")
+    if (arrays["scale"] <= 0).any():
+        raise FormatError(f"{source}: field 'scale' must be positive")
+    return arrays, b2
 
 
 def packaged_ranker_path() -> Path:

@@ -3,7 +3,7 @@
 The model's HIST frames hold the session's own latest commands, last (next to the prediction);
 when the session has run fewer than `HISTORY_FRAMES`, the user's latest commands in other shells
 come before them (docs/protocol.md, `complete`). The daemon reads them from the store for each keystroke
-(`HistoryStore.recent`), the replay does the same, and the datasets built from the history
+(`recent_context`), the replay does the same, and the datasets built from the history
 (the background run, `calm dataset`) replay the store in order with `ContextTracker`; all three
 end in `context_rows`, so that training sees what serving sees.
 """
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from calmd.history.store import HistoryRow, HistoryStore
 
 HISTORY_FRAMES = 5  # past commands in the context (the template caps HIST frames at 15)
 
@@ -31,6 +34,17 @@ def context_rows(own: Sequence[R], others: Sequence[R], frames: int = HISTORY_FR
     mine = list(own[-frames:]) if frames > 0 else []
     missing = frames - len(mine)
     return (list(others[-missing:]) if missing > 0 else []) + mine
+
+
+def recent_context(store: HistoryStore, session: str | None, limit: int = HISTORY_FRAMES) -> list[HistoryRow]:
+    """The context a prediction in `session` sees, read from the store: its latest commands,
+    preceded (when it has fewer than `limit`) by the user's latest other commands; without a
+    session, the user's latest `limit` commands."""
+    if not session:
+        return store.recent(limit=limit)
+    own = store.recent(limit=limit, session=session)
+    others = store.recent(limit=limit - len(own), session=session, others=True) if len(own) < limit else []
+    return context_rows(own, others, limit)
 
 
 class ContextTracker:

@@ -1,5 +1,5 @@
 """What the daemon reads from the disk for a keystroke: directory listings and PATH commands for the
-COMP frame (calmd/history/frames.py), and whether a candidate's `cd` target or file exists.
+COMP frame (calmd/suggest/frames.py), and whether a candidate's `cd` target or file exists.
 
 The daemon runs as the user, so it can list the shell's cwd; the shells never run a completion
 system themselves. A keystroke must not wait on a slow or remote file system, so:
@@ -29,9 +29,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from calmd.history.frames import Lister
+from calmd.suggest.frames import Lister
 
-log = logging.getLogger("calmd.daemon.disk")
+log = logging.getLogger("calmd.suggest.disk")
 T = TypeVar("T")
 
 NETWORK_FS = frozenset({
@@ -266,7 +266,7 @@ class Disk:
         return found
 
     def lister(self, cwd: str) -> Lister:
-        """A `calmd.history.frames.Lister` for directories relative to `cwd`."""
+        """A `calmd.suggest.frames.Lister` for directories relative to `cwd`."""
 
         def listing(relative: str) -> tuple[str, ...] | None:
             return self.listing(os.path.join(cwd, relative) if relative else cwd)
@@ -342,7 +342,7 @@ _UNCHECKABLE = set("$`*?[]{}~'\"\\<>=()")
 
 def missing_argument(cmd: str, cwd: str, disk: Disk) -> str | None:
     """The first `cd` target or file argument of `cmd` that does not exist relative to `cwd`
-    (calmd/daemon/engine.py drops such a line), or None: all there, or unknown in time. Only
+    (calmd/suggest/engine.py drops such a line), or None: all there, or unknown in time. Only
     the first simple command is judged (what `cd x && make` does after `cd` is not known)."""
     return check_arguments(cmd, cwd, disk)[0]
 

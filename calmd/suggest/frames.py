@@ -4,8 +4,8 @@ The daemon (serving each keystroke), the datasets built from the history store (
 run, `calm dataset`), the corpus of the packaged model and `calm replay --comp` all call
 `context_frames`, and all compute COMP with `completions`, so that training sees what serving sees.
 Only where the candidates come from differs: the daemon lists the shell's real directory
-(calmd/daemon/disk.py) and PATH; the corpus and the replay use the files earlier commands named
-(calmd/history/reconstruct.py).
+(calmd/suggest/disk.py) and PATH; the corpus and the replay use the files earlier commands named
+(calmd/suggest/reconstruct.py).
 
 COMP (calmd.md, issue 15): candidates for the word being typed, each a whole word, items in this
 order, at most `COMP_ITEMS`:
@@ -27,48 +27,24 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from calmd.history.recorded import COMP_ITEMS, ENV_MAX_BYTES, clean_env, short_env
 from calmd.history.secrets import find_secret
 
-COMP_ITEMS = 6  # items per COMP frame: each costs ~8 tokens of prefill per keystroke (the spec caps 15)
-ENV_MAX_BYTES = 64
+__all__ = ["COMP_ITEMS", "ENV_MAX_BYTES", "clean_env", "short_env"]  # with the frames they are part of
+
 MAX_SCAN = 2048  # entries of a listing looked at per keystroke, at most
 SEPARATORS = frozenset({"|", "||", "&&", ";", "&", "|&"})
 PREFIX_COMMANDS = frozenset({"sudo", "doas", "time", "nohup", "command", "exec", "nice", "builtin"})
 DIR_COMMANDS = frozenset({"cd", "pushd", "rmdir"})
-_GENERIC_VENV = frozenset({".venv", "venv", "env", ".env", "virtualenv", ".virtualenv"})
 
 # `(directory relative to the cwd, "" for the cwd) -> its sorted entries, directories ending in "/"`,
 # or None when it cannot be listed in time (no file candidates then).
 Lister = Callable[[str], "Sequence[str] | None"]
 # `(the words before the one typed) -> subcommands and options seen after them, best first`
 Followers = Callable[[Sequence[str]], Iterable[str]]
-
-
-def short_env(virtual_env: str = "", conda_env: str = "") -> str:
-    """The ENV frame's text: `venv:NAME` for an active virtualenv (NAME its directory, or the
-    project's for a generic `.venv`), `conda:NAME` for a conda env other than `base`, joined by a
-    space; empty when neither is active."""
-    parts: list[str] = []
-    venv = virtual_env.rstrip("/")
-    if venv:
-        head, name = os.path.split(venv)
-        if name in _GENERIC_VENV and os.path.basename(head):
-            name = os.path.basename(head)
-        parts.append(f"venv:{name}")
-    if conda_env and conda_env != "base":
-        parts.append(f"conda:{os.path.basename(conda_env.rstrip('/'))}")
-    return clean_env(" ".join(parts))
-
-
-def clean_env(env: str) -> str:
-    """An ENV value as stored and framed: one line, at most `ENV_MAX_BYTES`, never a credential."""
-    env = " ".join(env.split())
-    env = env.encode("utf-8", "surrogatepass")[:ENV_MAX_BYTES].decode("utf-8", "ignore")
-    return "" if not env or find_secret(env) is not None else env
 
 
 def word_start(text: str) -> int:
@@ -155,7 +131,7 @@ def served_completions(
 ) -> list[str]:
     """The COMP items the daemon serves for `text` typed byte by byte: computed when its last word
     was begun and kept while one of them still extends the word, recomputed when none does
-    (calmd/daemon/frames.py keeps them per session; this is the same rule without the session,
+    (calmd/daemon/comp_state.py keeps them per session; this is the same rule without the session,
     for the replay and the probes)."""
     start = word_start(text)
     if start == len(text):  # no word begun (or one just ended): nothing was kept
@@ -235,7 +211,7 @@ def _plain_word(word: str) -> bool:
 
 
 class VocabularyFollowers:
-    """`Followers` from vocabularies keyed as calmd/daemon/filters.py's `entries` records them (`cmd`
+    """`Followers` from vocabularies keyed as calmd/suggest/filters.py's `entries` records them (`cmd`
     -> subcommands, `cmd sub` -> their subcommands, `cmd -`, `cmd sub -` -> options): the first
     vocabulary's tokens first (the user's own), each sorted. Static vocabularies are sorted once."""
 

@@ -1,14 +1,14 @@
 """The daemon's side of the COMP and ENV frames: what each session's keystrokes and records get.
 
 - `complete`: when the client sends no `completions`, the daemon computes them for the input
-  with `calmd.history.frames.completions`, from the shell's cwd (calmd/daemon/disk.py, bounded in
+  with `calmd.suggest.frames.completions`, from the shell's cwd (calmd/suggest/disk.py, bounded in
   time), the commands on the PATH the session's helper sent once, and the subcommands and options
   of the engine's vocabularies. `env` is the client's, cleaned (`clean_env`).
   The items are computed when a word is begun and kept while that word is typed on, as long as
   one of them still extends it: a new COMP frame costs the model a prefill of the frame and what
   follows it (bench/comp_latency.py: +7% on the median keystroke when it changed at every one),
   and a frame computed a byte or two into the word is what the corpus and the stored records
-  hold (calmd/history/frames.py `comp_cut`).
+  hold (calmd/suggest/frames.py `comp_cut`).
 - `record`: the command is stored with the COMP items of the session's last keystroke whose input
   it extends, typed in the same cwd (what the context held when it was typed), and with its
   `env`. A command no keystroke asked about (a pasted line, a bash user who never pressed
@@ -23,11 +23,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from calmd.daemon.disk import Disk
-from calmd.history.frames import Followers, clean_env, completions, still_extends, word_start
+from calmd.protocol import MAX_PATH_BYTES
+from calmd.suggest.disk import Disk
+from calmd.suggest.frames import Followers, clean_env, completions, still_extends, word_start
 
 MAX_SESSIONS = 256
-MAX_PATH_BYTES = 8192
 
 
 @dataclass
@@ -38,7 +38,7 @@ class _Session:
     last_comp: tuple[str, ...] = ()
 
 
-class SessionFrames:
+class SessionComp:
     """Per-session COMP state (module docstring). Thread-safe: keystrokes are served on the
     worker thread, records on the event loop."""
 

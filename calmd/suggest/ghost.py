@@ -74,7 +74,7 @@ class GhostRule:
         first, all extending `typed`), or None. `incumbent`: the line drawn already (the early
         one, or the one the user typed along), kept unless the top line beats it by more than
         `margin` nats. Which lines may never be drawn at all is the engine's to leave out
-        (calmd/daemon/engine.py)."""
+        (calmd/suggest/engine.py)."""
         if not candidates:
             return None
         if incumbent is not None:
@@ -112,7 +112,7 @@ def packaged_rule() -> GhostRule:
     the calibration's 0.5 (DEFAULT_MIN_CONFIDENCE), as before the rule existed."""
     path = packaged_rule_path()
     if not path.exists():
-        from calmd.daemon.protocol import DEFAULT_MIN_CONFIDENCE
+        from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
         return GhostRule.uniform(DEFAULT_MIN_CONFIDENCE)
     return GhostRule.from_json(json.loads(path.read_text()), str(path))

@@ -1,7 +1,7 @@
 """The files and directories a user's earlier commands created or named, replayed from a history.
 
 A history file records commands, not the disk. To give the corpus and `calm replay --comp` a COMP
-frame built the way the daemon builds it (calmd/history/frames.py), `Reconstruction` keeps what
+frame built the way the daemon builds it (calmd/suggest/frames.py), `Reconstruction` keeps what
 the commands so far tell about the file system: `mkdir`, `touch`, `git clone`, `python -m venv`,
 the target of `cp`/`mv` and of `>`/`>>` redirections create; `cd`, editors, pagers, interpreters
 and the other arguments of `cp`/`mv` name something that exists; `rm`/`rmdir` remove. It also
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from calmd.history.frames import SEPARATORS, short_env
+from calmd.suggest.frames import SEPARATORS, short_env
 
 CREATE_DIRS = frozenset({"mkdir"})
 CREATE_FILES = frozenset({"touch"})
@@ -136,7 +136,7 @@ class Reconstruction:
 
     def listing(self, directory: str) -> tuple[str, ...] | None:
         """The entries of `directory` (relative, "" for the top), sorted, directories with `/`:
-        the `Lister` that `calmd.history.frames.completions` reads."""
+        the `Lister` that `calmd.suggest.frames.completions` reads."""
         key = _plain(directory) if directory else ""
         if key is None or key not in self._children:
             return None

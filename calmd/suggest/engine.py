@@ -3,16 +3,16 @@
 For one keystroke (`ctx` with the typed `input`):
 1. the history proposes commands that extend the input (for an empty input: the recent commands
    and those that followed the previous command), each with a probability P_hist from the
-   learned ranker of calmd/daemon/ranking.py (transitions, counts, distances; fitted on public
+   learned ranker of calmd/suggest/ranking.py (transitions, counts, distances; fitted on public
    histories, docs/learning.md), raised for commands run in the same cwd before and for
    commands run lately (by the clock, where the store has timestamps); junk is dropped
-   (calmd/daemon/filters.py: unbalanced quotes or brackets) and commands that never succeeded are
+   (calmd/suggest/filters.py: unbalanced quotes or brackets) and commands that never succeeded are
    demoted below every other. The best of them is the `early` proposal, sent before the model
    runs when the client asks for it;
 2. the model proposes `n` completions by beam search from the cached context state
    (calmd/model/generate.py), each with its log-probability; a line only the model proposes is
    dropped when it is junk, holds a secret, pastes the cwd in, invents a subcommand or flag
-   (calmd/daemon/filters.py), or extends an input that is a complete command already (the user ran
+   (calmd/suggest/filters.py), or extends an input that is a complete command already (the user ran
    exactly it, or the model's likeliest next token is the end of the line);
 3. the likeliest history proposals are scored by the model too (log P(command | context), one
    batched pass);
@@ -21,8 +21,8 @@ For one keystroke (`ctx` with the typed `input`):
    A command the user ran before thus needs no luck from the model, and the model still orders
    close calls and proposes what the history has never seen;
 5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final, with
-   its calibrated confidence (calmd/daemon/calibration.py).
-The disk (issue 15, calmd/daemon/disk.py): the COMP frame's items that complete the word being
+   its calibrated confidence (calmd/suggest/calibration.py).
+The disk (issue 15, calmd/suggest/disk.py): the COMP frame's items that complete the word being
 typed (files and directories of the shell's cwd) are proposed as whole lines too, scored by the
 model like the history's; and a line whose `cd` target or file argument does not exist relative
 to the shell's cwd is demoted below every line whose paths exist (confidence 0: never shown
@@ -46,9 +46,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from calmd import paths
-from calmd.daemon.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
-from calmd.daemon.disk import Disk, check_arguments
-from calmd.daemon.filters import (
+from calmd.errors import CalmError
+from calmd.history.secrets import find_secret
+from calmd.history.store import HistoryStore
+from calmd.model.checkpoint import load_model
+from calmd.model.generate import BeamSearch, Candidate
+from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
+from calmd.suggest.context import HISTORY_FRAMES
+from calmd.suggest.disk import Disk, check_arguments
+from calmd.suggest.filters import (
     Vocabulary,
     balanced,
     cut_off,
@@ -59,21 +65,15 @@ from calmd.daemon.filters import (
     repeats_word,
     sendable,
 )
-from calmd.daemon.ghost import GhostRule, packaged_rule
-from calmd.daemon.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
-from calmd.errors import CalmError
-from calmd.history.context import HISTORY_FRAMES
-from calmd.history.frames import VocabularyFollowers, current_word
-from calmd.history.secrets import find_secret
-from calmd.history.store import HistoryStore
-from calmd.model.checkpoint import load_model
-from calmd.model.generate import BeamSearch, Candidate
+from calmd.suggest.frames import VocabularyFollowers, current_word
+from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
 
 # nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
 # below every line that belongs here, and never drawn (confidence 0)
 ELSEWHERE_PENALTY = 25.0
 DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
-# Junk lines (calmd/daemon/filters.py) the beams may finish before the search stops with what it has: as
+# Junk lines (calmd/suggest/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
 # tiny test model's `git sta`, `git stas`, ... on the way ended the search before `git stash
@@ -130,8 +130,8 @@ class Suggestion(NamedTuple):
 
     text: str  # the whole command line
     score: float  # the mixture's log-probability (the ranking key; demotions lower it)
-    confidence: float  # calibrated P(this is the whole line the user runs), calmd/daemon/calibration.py
-    ghost: bool = False  # the shells draw it as ghost text (calmd/daemon/ghost.py); at most one per answer
+    confidence: float  # calibrated P(this is the whole line the user runs), calmd/suggest/calibration.py
+    ghost: bool = False  # the shells draw it as ghost text (calmd/suggest/ghost.py); at most one per answer
     features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
 
 
@@ -298,7 +298,7 @@ class ModelEngine:
         drawn: str | None = None,
     ) -> Iterator[Suggestion]:
         """Stream the best `n` candidates, each as soon as its rank is final, the one the shells
-        draw (the ghost rule, calmd/daemon/ghost.py) first and flagged. `early` is called once,
+        draw (the ghost rule, calmd/suggest/ghost.py) first and flagged. `early` is called once,
         before the model runs, with the history's best proposal, its confidence and whether it is
         drawn (not at all when the history has none). The incumbent the final answer must beat by
         the rule's margin to be drawn in its place: `drawn`, the line the shell shows already
@@ -404,8 +404,10 @@ class ModelEngine:
                 if incumbent is not None and incumbent != found.text and incumbent in line_scores:
                     choices.append(suggestion(incumbent, line_scores[incumbent], 1))
                 # a line that belongs elsewhere (another branch, a repository) is never drawn
-                pick = None if elsewhere(found.text) else rule.choose(
-                    typed, [(s.text, s.confidence, s.score) for s in choices], incumbent
+                pick = (
+                    None
+                    if elsewhere(found.text)
+                    else rule.choose(typed, [(s.text, s.confidence, s.score) for s in choices], incumbent)
                 )
                 if pick is not None:
                     ghost = choices[pick]._replace(ghost=True)
@@ -589,7 +591,7 @@ class ModelEngine:
         that failed every time it ran (`gti log` when `gti` was not found too), one naming a path
         that is not there (`missing`: the disk check), and of the lines only the model wrote,
         those continuing a complete input, holding a secret, with an invented word
-        (calmd/daemon/filters.py), cut off, or repeating a word."""
+        (calmd/suggest/filters.py), cut off, or repeating a word."""
         index = self.index
         missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
@@ -653,9 +655,7 @@ class ModelEngine:
         if cut_off(text, self.vocabulary, user):
             return True
         last = text.rsplit(None, 1)[-1] if text.strip() else ""
-        return (
-            self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
-        )
+        return self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
 
     def _elsewhere(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
         """Whether a line belongs to another place than the shell's: a line the user only ever

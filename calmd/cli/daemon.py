@@ -1,0 +1,204 @@
+"""`calmd serve`, `status`, `stop`, `complete` and `install-systemd`: the daemon, run and asked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from calmd import paths
+from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
+from calmd.cli.common import connect, new_console
+from calmd.daemon.config import ServerConfig
+from calmd.errors import CalmError
+
+if TYPE_CHECKING:
+    from calmd.daemon.service import Engine
+
+
+# `calmd serve`'s flags for ServerConfig's fields: their defaults are the dataclass's
+SERVE_FLAGS: Flags = {
+    "train_threshold": (("--train-threshold",), {"type": whole(0, 10**9), "metavar": "N",
+                        "help": "new commands before a background training run (0: only on request)"}),
+    "train_max_load": (("--train-max-load",), {"type": number(0, 10**6), "metavar": "LOAD",
+                       "help": "start a run automatically only below this 1-minute load average"}),
+    "max_connections": (("--max-connections",), {"type": whole(0, 65536), "metavar": "N",
+                        "help": "concurrent clients; more are refused with an error (0: 256, fewer under a "
+                        "low fd limit)"}),
+    "reply_timeout_s": (("--reply-timeout",), {"type": number(0, 86400, above=True), "metavar": "SECONDS",
+                        "help": "close a client that leaves 256 KiB of replies unread this long"}),
+    "graceful_timeout": (("--graceful-timeout",), {"type": number(0, 3600, above=True), "metavar": "SECONDS",
+                         "help": "SIGTERM/SIGINT to exit, at most: in-flight answers, the run's stop"}),
+}  # fmt: skip
+
+
+def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] | None = None) -> int:
+    """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
+    import logging
+
+    from calmd.daemon.server import run_server
+
+    if engine_loader is None:  # the model's engine: torch and the model (1.5 s of imports) only here
+        from calmd.suggest.engine import load_engine
+
+        engine_loader = load_engine
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    config = config_from(
+        ServerConfig, args, SERVE_FLAGS,
+        socket_path=Path(args.socket) if args.socket else paths.socket_path(),
+        data_dir=paths.data_dir(),
+        weights_path=Path(args.model) if args.model else paths.weights_path(),
+        import_shell_history=not args.no_import,
+        train_args=tuple(args.train_arg or ()),
+        prefetch=not args.no_prefetch,
+    )  # fmt: skip
+    return run_server(config, engine_loader)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from calmd.shell.client import DaemonNotRunning
+
+    try:
+        with connect(args) as client:
+            status = client.status()["status"]
+    except DaemonNotRunning as exc:
+        if args.json:
+            print(json.dumps({"running": False, "error": str(exc)}))
+        else:
+            print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps({"running": True, **status}, indent=2))
+        return 0
+    from calmd.cli.status_view import status_table
+
+    new_console(args.no_color).print(status_table(status))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from calmd.shell.client import DaemonNotRunning, stop_daemon
+
+    try:
+        pid, stopped = stop_daemon(Path(args.socket) if args.socket else None, timeout=args.timeout)
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    if not stopped:
+        print(f"calmd (pid {pid}) did not stop within {args.timeout:g} s", file=sys.stderr)
+        return 1
+    print(f"calmd (pid {pid}) stopped")
+    return 0
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    from calmd.protocol import MAX_INPUT_BYTES
+    from calmd.shell.client import DaemonError, DaemonNotRunning
+    from calmd.suggest.filters import visible
+
+    if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
+        raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")
+    history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
+    try:
+        with connect(args) as client:
+            ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
+            # asked as the zsh hook asks (the early line first; a multi-line entry too), so the
+            # daemon's ghost rule shows what a shell draws: with --scores, the drawn line is marked
+            # `ghost`. Printed escaped, never raw: `\n`, `\e` ...
+            for message in client.complete(args.text, n=args.n, session=args.session, early=True,
+                                           multiline=True, **ctx):  # fmt: skip
+                if "early" in message and args.scores:
+                    drawn = "ghost" if message.get("ghost") else "     "
+                    early = visible(str(message["early"]))
+                    print(f"   early  {message.get('confidence', 0):5.3f}  {drawn}  {early}")
+                elif "candidate" in message:
+                    drawn = "ghost" if message.get("ghost") else "     "
+                    text = visible(str(message["candidate"]))
+                    print(
+                        f"{message['score']:8.3f}  {message.get('confidence', 0):5.3f}  {drawn}  {text}"
+                        if args.scores
+                        else text
+                    )
+                elif args.scores:
+                    print(
+                        f"done in {message['ms']:.1f} ms"
+                        + (" (cancelled)" if message.get("cancelled") else "")
+                    )
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc})", file=sys.stderr)
+        return 3
+    except DaemonError as exc:
+        raise CalmError(f"the daemon refused the request: {exc}") from None
+    return 0
+
+
+def cmd_install_systemd(args: argparse.Namespace) -> int:
+    import shutil
+
+    from calmd.cli.systemd import install_units, user_manager_problem
+
+    target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
+    if target.exists() and not target.is_dir():
+        raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
+    calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
+    for path in install_units(target, calmd_bin):
+        print(f"wrote {path}")
+    problem = user_manager_problem()
+    if problem is not None:
+        # `systemctl --user` would fail ("Failed to connect to bus"): say so, not "enable with".
+        raise CalmError(
+            f"the units are written, but they cannot be enabled here: {problem}. Start the daemon "
+            "with `calmd serve` (or CALM_AUTOSTART=1 in your shell), or log in with a systemd user "
+            "session (`loginctl enable-linger $USER`) and run `systemctl --user daemon-reload && "
+            "systemctl --user enable --now calmd.socket`"
+        )
+    print("enable with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now calmd.socket")
+    print("or, without socket activation:\n  systemctl --user enable --now calmd.service")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """serve, status, stop, complete, install-systemd (calmd)"""
+    p = sub.add_parser("serve", help="run the daemon in the foreground")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
+    p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
+    p.add_argument(
+        "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
+    )
+    p.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="do not prepare a session's next line after each record (to measure what it saves)",
+    )
+    add_flags(p, ServerConfig, SERVE_FLAGS)
+    p.add_argument(
+        "--train-arg",
+        action="append",
+        metavar="ARG",
+        help="extra argument for the training process (python -m calmd.training.background --help)",
+    )
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("status", help="show the daemon's state (exit 3 when none runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("stop", help="stop the daemon gracefully")
+    p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
+    p.add_argument("text", metavar="TEXT")
+    p.add_argument("-n", type=whole(0, 32), default=5, help="candidates, 0 to 32 (default 5)")
+    p.add_argument("--cwd")
+    p.add_argument("--git")
+    p.add_argument("--session", default="calmd-complete")
+    p.add_argument("--history", nargs="*", metavar="CMD", help="context commands (default: the store's)")
+    p.add_argument("--scores", action="store_true", help="show scores and timing")
+    p.set_defaults(func=cmd_complete)
+    p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
+    p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
+    p.set_defaults(func=cmd_install_systemd)

@@ -1,0 +1,174 @@
+"""`calm import`, `calm search`, `calm history`, `calm stats` and `calm forget`: the history store."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from calmd import paths
+from calmd.arguments import Parser, number
+from calmd.errors import CalmError
+from calmd.shell import (  # imports nothing heavy (`calm history` and `calm stats`; `calm search`)
+    history_view,
+    search_ui,
+)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Each file in turn; one that is not a history (or cannot be read) is reported on one line
+    and the others are still imported; exit 1 when any was refused. fish's history is told apart
+    by its first entry (or --format fish) and read by calmd/history/fish.py."""
+    from calmd.history.fish import import_fish_history, is_fish_history
+    from calmd.history.store import HistoryStore, NotAHistory
+
+    if args.max_mib <= 0:
+        raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
+    store = HistoryStore(Path(args.db) if args.db else paths.history_path())
+    refused = 0
+    try:
+        for name in args.files:
+            try:
+                max_bytes = int(args.max_mib * (1 << 20))
+                if args.format == "fish" or (args.format == "auto" and _starts_like(name, is_fish_history)):
+                    result = import_fish_history(store, name, max_bytes=max_bytes)
+                else:
+                    result = store.import_file(name, args.format, max_bytes=max_bytes)
+            except (NotAHistory, OSError) as exc:
+                detail = (
+                    exc if isinstance(exc, NotAHistory) else f"{name}: cannot read: {exc.strerror or exc}"
+                )
+                print(f"calm: error: {detail}", file=sys.stderr)
+                refused += 1
+                continue
+            older = (
+                f"; its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
+                if result.skipped_bytes
+                else ""
+            )
+            print(
+                f"{result.path}: {result.imported} commands imported ({result.format} format), "
+                f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
+                + (
+                    f", {result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)"
+                    if result.undecodable
+                    else ""
+                )
+                + older
+            )
+        print(f"history: {store.count()} commands in {store.path}")
+    finally:
+        store.close()
+    return 1 if refused else 0
+
+
+def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
+    """Whether a regular file's first 4 KiB pass `check`; False for anything else (a FIFO is
+    opened without waiting for a writer, and never read) or what cannot be read: the import
+    then says why."""
+    import stat
+
+    try:
+        fd = os.open(Path(name).expanduser(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and check(os.pread(fd, 4096, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    """Delete the history rows that match PATTERN, for good. The pattern is never written
+    anywhere (it may be the secret); `-` reads it from standard input, so that it is not on a
+    command line either."""
+    import re
+
+    from calmd.history.store import HistoryStore
+
+    pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
+    if not pattern:
+        raise CalmError("an empty pattern would match every command; give the text to forget")
+    if args.regex:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise CalmError(f"PATTERN is not a valid regular expression: {exc}") from None
+        match = lambda cmd: compiled.search(cmd) is not None  # noqa: E731
+    else:
+        match = lambda cmd: pattern in cmd  # noqa: E731
+    db = Path(args.db) if args.db else paths.history_path()
+    if not db.exists():
+        raise CalmError(f"{db}: no history store yet: nothing to forget")
+    store = HistoryStore(db)
+    try:
+        if args.dry_run:
+            n = store.count_matching(match)
+            print(f"{n} command{'s' * (n != 1)} in {db} match (dry run: nothing deleted)")
+            return 0
+        n = store.forget(match)
+    finally:
+        store.close()
+    print(f"forgot {n} command{'s' * (n != 1)} in {db}")
+    if n:
+        print("the training datasets built from them were removed; a running calmd stops suggesting them")
+        built = paths.dataset_path()
+        if built.exists():
+            print(f"note: {built} (written by `calm dataset`) may hold them too: delete or rebuild it")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
+    """import, search, history, stats, forget"""
+    p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
+    p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.add_argument("--max-mib", type=number(0, 1 << 20, above=True), default=16, metavar="MIB",
+                   help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "search",
+        help="search the whole history, ranked by calmd (what Ctrl-R opens in zsh, bash and fish)",
+        description=search_ui.parser().description,
+    )
+    search_ui.add_arguments(p)
+    p.set_defaults(func=search_ui.cmd_search)
+
+    p = sub.add_parser(
+        "history",
+        help="list and search the commands calmd stored (filters: folder, session, status, time, text)",
+        description="The stored commands, oldest first: `time  status  folder  command` per line, "
+        "or JSON Lines (--json), or the command lines alone (--commands). Read-only; safe while calmd runs.",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--commands", action="store_true", help="print the command lines alone")
+    p.set_defaults(func=history_view.cmd_history)
+
+    p = sub.add_parser(
+        "stats",
+        help="top commands and subcommands, per folder, failure rate, busiest hours",
+        description="Tables of the stored commands (the same filters as `calm history`).",
+    )
+    history_view.add_filters(p)
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.set_defaults(func=history_view.cmd_stats)
+
+    p = sub.add_parser(
+        "forget",
+        help="delete history commands that contain PATTERN (for good), e.g. a password typed by mistake",
+        description="Delete every stored command that contains PATTERN (plain text, case-sensitive; "
+        "--regex for a Python regular expression), and the datasets built from them. The pattern is "
+        "not stored anywhere; type the command with a leading space so that your shell does not keep "
+        "it either, or give - and type the pattern on standard input.",
+    )
+    p.add_argument("pattern", metavar="PATTERN", help="text to look for in commands; - reads it from stdin")
+    p.add_argument("--regex", "-E", action="store_true", help="PATTERN is a regular expression")
+    p.add_argument("--dry-run", "-n", action="store_true", help="only count the matching commands")
+    p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
+    p.set_defaults(func=cmd_forget)

@@ -1,0 +1,199 @@
+"""The scenarios every shell hook must pass, written once and run in a real bash, zsh and fish
+inside tmux against a real daemon (the scripted engine of tests/scripted_engine.py: history
+prefix matches first, then `input + suffix` candidates: mmit, mmand, nfig, py, unt).
+
+What differs between the shells is only how a suggestion is asked for and seen (a `Shell` below):
+zsh draws the rest of the line as ghost text while the user types; bash and fish put the
+candidate into the line on Shift-Tab. Each shell's own behaviour (zsh's widgets and plugins,
+bash's PROMPT_COMMAND and DEBUG trap, fish's events and spool) stays in test_shell_<name>.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.daemon import Daemon, running_daemon
+from tests.tmux import (
+    SETUP_LINES,
+    Terminal,
+    assert_quiet,
+    bash_terminal,
+    calm_cli,
+    fish_terminal,
+    history_rows,
+    record,
+    wait_recorded,
+    zsh_terminal,
+)
+from tests.tools import need
+
+GHOST = re.escape("\x1b[90m")  # how tmux shows zsh's ghost text (region_highlight fg=8)
+
+pytestmark = [pytest.mark.slow]  # real shells in tmux
+
+
+@dataclass(frozen=True)
+class Shell:
+    name: str
+    terminal: Callable[..., Terminal]
+    ghost: bool  # zsh: the suggestion is drawn while typing; bash, fish: Shift-Tab inserts it
+    status: str  # the last command's exit status, as the shell spells it
+
+    def start(self, home: Path, **kwargs: str) -> Terminal:
+        term = self.terminal(home, **kwargs)
+        term.wait_for("^PROMPT>")
+        return term
+
+    def suggests(self, term: Terminal, typed: str, line: str, *, timeout: float = 5.0) -> None:
+        """Type `typed` on an empty prompt and see the shell offer `line` in the user's way."""
+        term.type(typed)
+        if self.ghost:
+            rest = re.escape(line.removeprefix(typed))
+            term.wait_line(rf"^PROMPT> {re.escape(typed)}{GHOST}{rest}", escapes=True, timeout=timeout)
+        else:
+            term.send("BTab")
+            term.wait_line(rf"^PROMPT> {re.escape(line)}\s*$", timeout=timeout)
+        term.send("C-u")
+
+    def offers_nothing(self, term: Terminal, typed: str) -> None:
+        """Type `typed` and ask: the line stays as typed, with no ghost, and the shell goes on."""
+        term.type(typed)
+        if not self.ghost:
+            term.send("BTab")
+        time.sleep(1.0)  # an answer, had one come, would be drawn by now
+        if self.ghost:
+            assert "\x1b[90m" not in term.line(escapes=True), term.line(escapes=True)
+        else:
+            assert term.line().rstrip() == f"PROMPT> {typed}", term.line()
+        term.send("C-u")
+
+    def run(self, term: Terminal, cmd: str) -> None:
+        term.type(cmd)
+        term.send("Enter")
+
+
+SHELLS = [
+    pytest.param(Shell("bash", bash_terminal, False, "$?"), marks=pytest.mark.needs("bash", "tmux"),
+                 id="bash"),
+    pytest.param(Shell("zsh", zsh_terminal, True, "$?"), marks=pytest.mark.needs("zsh", "tmux"),
+                 id="zsh"),
+    pytest.param(Shell("fish", fish_terminal, False, "$status"),
+                 marks=pytest.mark.needs("fish", "tmux", "timeout"), id="fish"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_each_command_is_recorded_as_it_was_typed(home: Path, daemon: Daemon, shell: Shell) -> None:
+    """Its exit status, and the folder and branch it was typed in (a `cd` line too); a line that
+    starts with a space is not kept."""
+    need("git")
+    proj = home / "proj"
+    proj.mkdir()
+    for path, branch in ((home, "trunk"), (proj, "feature")):
+        subprocess.run(["git", "-c", f"init.defaultBranch={branch}", "init", "-q", str(path)], check=True)
+    with shell.start(home) as term:
+        for cmd in ("false", "sh -c 'exit 3'", " echo secret-calm", "cd proj", "echo in-proj", "cd .."):
+            shell.run(term, cmd)
+            if not cmd.startswith(" "):
+                wait_recorded(home, cmd)
+        rows = {r.cmd: r for r in history_rows(home)}
+        assert rows["false"].exit == 1
+        assert rows["sh -c 'exit 3'"].exit == 3
+        assert (rows["cd proj"].cwd, rows["cd proj"].git) == (str(home), "trunk")
+        assert (rows["echo in-proj"].cwd, rows["echo in-proj"].git) == (str(proj), "feature")
+        assert (rows["cd .."].cwd, rows["cd .."].exit) == (str(proj), 0)
+        assert not [cmd for cmd in rows if "secret" in cmd]  # recorded in order: it would be there
+        assert_quiet(term.screen())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_without_a_daemon_the_shell_works_and_says_nothing(home: Path, shell: Shell) -> None:
+    with shell.start(home) as term:
+        shell.run(term, "echo hello-calm")
+        term.wait_for("^hello-calm$")
+        shell.offers_nothing(term, "zz-calm")  # in no history: fish suggests nothing either
+        started = time.monotonic()
+        shell.run(term, "false")
+        shell.run(term, f"echo ok-{shell.status}")
+        term.wait_for("^ok-1$")  # the hook kept the status for the user's next command
+        assert time.monotonic() - started < 3
+        assert_quiet(term.screen())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_daemon_restarted_mid_session_is_found_again(home: Path, shell: Shell) -> None:
+    """The shell outlives its daemon: nothing is shown while it is away, the command run then is
+    recorded once it is back, and the suggestions come again without a new shell."""
+    with running_daemon(home) as daemon:
+        record(daemon, "make test")
+        term = shell.start(home)
+        shell.run(term, "true")  # the helper is up and talking (fish starts it on the first record)
+        wait_recorded(home, "true")
+    try:
+        shell.run(term, "echo during-outage")
+        term.wait_for("^during-outage$")
+        shell.offers_nothing(term, "make t")
+        with running_daemon(home):
+            shell.suggests(term, "make t", "make test", timeout=10)
+            assert wait_recorded(home, "echo during-outage").exit == 0
+        assert_quiet(term.screen())
+    finally:
+        term.close()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_calm_disable_and_enable_need_no_rc_edit(home: Path, daemon: Daemon, shell: Shell) -> None:
+    """Off in every running shell from the next prompt on, commands still recorded; on again."""
+    with shell.start(home) as term:
+        shell.run(term, "true")
+        wait_recorded(home, "true")
+        calm_cli(home, "disable")
+        term.send("Enter")  # the next prompt sees the flag
+        shell.offers_nothing(term, "xyz")
+        shell.run(term, "echo while-disabled")
+        wait_recorded(home, "echo while-disabled")
+        calm_cli(home, "enable")
+        term.send("Enter")
+        shell.suggests(term, "xyz", "xyzmmit")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon, shell: Shell) -> None:
+    """The first start has no hook file: docs/shells.md's line runs `calmd init`, which leaves one
+    (owner-only). Later starts source it and start no Python: calmd is not even on the PATH then.
+    A hook file from an older calmd is loaded, and the helper rewrites it for the next start."""
+    record(daemon, "git status")
+    hook = home / "data" / f"calm.{shell.name}"
+    assert not hook.exists()
+    bin_dir = str(Path(sys.executable).parent)
+    with_calmd = f"{bin_dir}:{os.environ['PATH']}"
+    without_calmd = ":".join(d for d in os.environ["PATH"].split(":") if d and d != bin_dir)
+    assert shutil.which("calmd", path=without_calmd) is None
+    with shell.start(home, setup=SETUP_LINES[shell.name], PATH=with_calmd) as term:
+        shell.run(term, "true")
+        wait_recorded(home, "true")
+        shell.suggests(term, "git st", "git status")
+    text = hook.read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+    hook.write_text(text.replace("# calmd ", "# calmd (an older one) ", 1))
+    with shell.start(home, setup=SETUP_LINES[shell.name], PATH=without_calmd) as term:
+        shell.run(term, "echo second-start")
+        wait_recorded(home, "echo second-start")
+        shell.suggests(term, "git st", "git status")
+        deadline = time.monotonic() + 10
+        while hook.read_text() != text:  # the helper rewrites it once it has a moment
+            assert time.monotonic() < deadline, hook.read_text()[:200]
+            time.sleep(0.05)
+        assert stat.S_IMODE(hook.stat().st_mode) == 0o600
+        assert_quiet(term.screen())

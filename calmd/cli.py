@@ -947,7 +947,11 @@ SERVE_FLAGS: Flags = {
     "train_threshold": (("--train-threshold",), {"type": whole(0, 10**9), "metavar": "N",
                         "help": "new commands before a background training run (0: only on request)"}),
     "train_max_load": (("--train-max-load",), {"type": number(0, 10**6), "metavar": "LOAD",
-                       "help": "start a run automatically only below this 1-minute load average"}),
+                       "help": "start a run automatically only while the 1-minute load average per core "
+                       "is below this"}),
+    "train_check_interval_s": (("--train-check-interval",), {"type": number(0, 86400), "metavar": "SECONDS",
+                               "help": "seconds between due checks for a background run, besides those at "
+                               "start, after the first-start import and on record (0: none)"}),
     "max_connections": (("--max-connections",), {"type": whole(0, 65536), "metavar": "N",
                         "help": "concurrent clients; more are refused with an error (0: 256, fewer under a "
                         "low fd limit)"}),

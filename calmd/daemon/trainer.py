@@ -107,6 +107,7 @@ class Trainer:
         self._last: tuple[int, int] | None = None  # (pid, exit code) of the daemon's last run
         self.last_disk_full: float | None = None
         self._starting = False  # between the decision to start a run and its process existing
+        self._closed = False  # stopping with the daemon: no new run
         self.started = 0  # runs this daemon started
 
     @property
@@ -143,13 +144,17 @@ class Trainer:
         and load rule) says there is no need. The decision and the claim are one step: nothing is
         awaited between the check and `_starting`, so a burst of callers (205 records in one
         write) starts one run, not one per record that saw no run yet."""
+        if self._closed:
+            return {"ok": True, "started": False, "reason": "the daemon is shutting down"}
         if self.busy:
-            return {"ok": True, "started": False, "reason": "a training run is in progress"}
+            assert self._proc is not None or self._starting
+            pid = self._proc.pid if self._proc is not None and self.running else None
+            return {"ok": True, "started": False, "reason": "a training run is in progress", "pid": pid}
         if wanted is not None and not wanted():
             return {"ok": True, "started": False, "reason": "not due"}
         holder = background.lock_holder(self.data_dir)
         if holder is not None:
-            return {"ok": True, "started": False,
+            return {"ok": True, "started": False, "pid": holder or None,
                     "reason": f"a training run (pid {holder}) already works on {self.data_dir}"}  # fmt: skip
         self._starting = True
         try:
@@ -188,7 +193,8 @@ class Trainer:
 
     async def stop(self, timeout: float) -> None:
         """SIGTERM (the run writes `interrupted` and removes its temp files), SIGKILL after
-        `timeout`. Stopping loses nothing: a run replaces files only by rename."""
+        `timeout`. Stopping loses nothing: a run replaces files only by rename. No run starts after."""
+        self._closed = True
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return

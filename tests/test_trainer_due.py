@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from calmd.daemon.trainer import exit_words
 from calmd.shell.client import CalmClient
+from calmd.training import background
 from calmd.training.background import TrainingLock
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.test_trainer import training
@@ -84,3 +86,17 @@ def test_a_due_run_says_why_it_waits_and_the_timer_starts_it(tmp_path: Path) -> 
             by_hand.release()
             d.wait_for("training started (timer)", timeout=10)
             assert training(c)["runs_started"] == 1
+
+
+def test_every_exit_of_a_run_says_what_happened_in_words() -> None:
+    """The log said "training finished (exit 4): ?" for a run that found the lock taken."""
+    codes = (background.EXIT_DONE, background.EXIT_FAILED, background.EXIT_DISK_FULL, background.EXIT_LOCKED,
+             background.EXIT_STOPPED, -9, -15, 70)  # fmt: skip
+    words = {code: exit_words(123, code, {}) for code in codes}
+    assert all(len(w.split()) >= 3 for w in words.values()), words
+    assert len(set(words.values())) == len(codes)  # each says something of its own
+    assert "another training run held training.lock" in words[background.EXIT_LOCKED]
+    assert "SIGKILL" in words[-9] and "code 70" in words[70]
+    mine = {"pid": 123, "state": "done", "reason": "held-out loss 2.1 -> 2.0, not worse: swapped in"}
+    assert exit_words(123, 0, mine) == mine["reason"]
+    assert exit_words(124, background.EXIT_LOCKED, mine) == words[background.EXIT_LOCKED]  # not its result

@@ -716,7 +716,10 @@ def calm_parser() -> argparse.ArgumentParser:
     )
     for flags, kwargs in training_commands.TRAIN_FLAGS.values():  # one per TrainConfig field
         p.add_argument(*flags, **{"default": None, **kwargs})
-    p.set_defaults(func=training_commands.cmd_train)
+    p.add_argument("--now", action="store_true",
+                   help="ask the running daemon for a background run on your history now and follow it "
+                   "(as `calmd train`)")  # fmt: skip
+    p.set_defaults(func=cmd_calm_train)
 
     p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
     p.add_argument(
@@ -876,6 +879,78 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_train_now(args: argparse.Namespace) -> int:
+    """`calmd train` (and `calm train --now`): ask the daemon for a background run now, whatever
+    the load and the count of new commands, and follow it to its end: its progress, then its
+    result. A run already in progress is followed instead. Exit 0 when the run finished (swapped
+    in or not), 1 when it failed or was stopped, 3 when no daemon runs."""
+    from calmd.shell.client import CalmClient, DaemonNotRunning
+
+    sock, timeout = getattr(args, "socket", None), getattr(args, "timeout", 10.0)
+    try:
+        with CalmClient(Path(sock) if sock else None, timeout=timeout) as client:
+            answer = client.train()
+            pid = answer.get("pid")
+            if answer.get("started"):
+                print(f"training run started (pid {pid})", flush=True)
+            elif answer.get("reason") == "a training run is in progress" or pid:
+                print(f"{answer.get('reason')}{f' (pid {pid})' if pid else ''}: following it", flush=True)
+            else:
+                raise CalmError(f"the daemon started no training run: {answer.get('reason')}")
+            return _follow_training(client, pid)
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc}); start it with `calmd serve`", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("stopped following; the run goes on (`calmd status` shows it)", file=sys.stderr)
+        return 130
+    except ConnectionError:
+        raise CalmError(
+            "calmd went away while the run was followed (it stops its run); `calmd status` tells how "
+            "it ended once the daemon is back"
+        ) from None
+
+
+def _follow_training(client: CalmClient, pid: int | None, poll_s: float = 0.25) -> int:
+    """Poll `status` until the run `pid` (the first run seen, without one) has ended; print each
+    new stage and step, then the result."""
+    from calmd.daemon.status_view import progress_words
+
+    shown: tuple[object, ...] = ()
+    deadline = time.monotonic() + 60  # to see a run that is being started at all
+    while True:
+        training = client.status()["status"]["training"]
+        live = training.get("pid")
+        if live is not None and pid is None:
+            pid = live
+        if live is not None and live == pid:
+            progress = training.get("progress") or {}
+            stage = (training.get("state"), progress.get("step"))
+            if stage != shown:
+                shown = stage
+                words = f": {progress_words(progress)}" if "step" in progress else ""
+                print(f"{training.get('state')}{words}", flush=True)
+        elif pid is not None or time.monotonic() > deadline:
+            break
+        time.sleep(poll_s)
+    last = training.get("last_result") or {}
+    if pid is None or not last:
+        raise CalmError("the training run ended without a result; `calmd status` and training.log say more")
+    print(f"{last.get('state')}: {last.get('reason')}")
+    return 0 if last.get("state") == "done" else 1
+
+
+def cmd_calm_train(args: argparse.Namespace) -> int:
+    """`calm train`: a model on a dataset; with --now, the daemon's background run (`calmd train`)."""
+    if not args.now:
+        return int(training_commands.cmd_train(args))
+    given = [name for name in training_commands.TRAIN_FLAGS if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join(training_commands.TRAIN_FLAGS[name][0][0] for name in given)
+        raise CalmError(f"--now asks the daemon for its background run, which takes no {flags}: drop them")
+    return cmd_train_now(args)
+
+
 def cmd_complete(args: argparse.Namespace) -> int:
     from calmd.protocol import MAX_INPUT_BYTES
     from calmd.shell.client import DaemonError, DaemonNotRunning
@@ -998,6 +1073,8 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("stop", help="stop the daemon gracefully")
     p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("train", help="start a background training run now and follow it to its result")
+    p.set_defaults(func=cmd_train_now)
     p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
     p.add_argument("text", metavar="TEXT")
     p.add_argument("-n", type=whole(0, 32), default=5, help="candidates, 0 to 32 (default 5)")

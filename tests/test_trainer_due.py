@@ -5,6 +5,7 @@ result; the run's progress, result and priority as status and the kernel show th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ from calmd.shell.client import CalmClient
 from calmd.training import background
 from calmd.training.background import TrainingLock
 from tests.daemon import BIN, daemon_env, running_daemon
-from tests.test_trainer import training
+from tests.test_trainer import ENGINE, fill, install, runs_on, training
 
 NO_GATE = ("--train-max-load", "1000")  # per core: lifted, whatever the shared machine's load
 
@@ -86,6 +87,68 @@ def test_a_due_run_says_why_it_waits_and_the_timer_starts_it(tmp_path: Path) -> 
             by_hand.release()
             d.wait_for("training started (timer)", timeout=10)
             assert training(c)["runs_started"] == 1
+
+
+def test_calmd_train_follows_a_run_to_its_result_which_status_keeps(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    data = install(tmp_path, tiny_weights)
+    args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=10",
+            "--train-arg=--holdout=10", "--train-arg=--epochs=40")  # fmt: skip
+    with running_daemon(tmp_path, engine=ENGINE, args=args) as d, CalmClient(d.socket) as c:
+        fill(c, 12)
+        follow = subprocess.Popen([str(BIN / "calmd"), "train"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=daemon_env(tmp_path))  # fmt: skip
+        assert follow.stdout is not None
+        first = follow.stdout.readline()
+        pid = int(re.fullmatch(r"training run started \(pid (\d+)\)\n", first).group(1))  # type: ignore[union-attr]
+        # the lowest CPU priority: nice 19 and SCHED_IDLE, set in the child before exec
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        out, err = follow.communicate(timeout=600)
+        assert follow.returncode == 0, (first, out, err)
+        lines = out.splitlines()
+        steps = [m for line in lines if (m := re.match(r"training: step (\d+)/(\d+), loss [\d.]+", line))]
+        assert steps and all(int(m.group(2)) == int(steps[0].group(2)) > 0 for m in steps), out
+        assert any(re.search(r", about \d+ (s|min) left$", line) for line in lines), out
+        verdict = r"(not worse: swapped in|worse: kept the current model)"
+        assert re.fullmatch(rf"done: held-out loss \d+\.\d{{4}} -> \d+\.\d{{4}}, {verdict}", lines[-1]), out
+        d.wait_for(f"training finished (exit 0): {lines[-1].removeprefix('done: ')}", timeout=10)
+        last = training(c)["last_result"]
+        assert last["old_loss"] > 0 and last["new_loss"] > 0 and last["steps"] == int(steps[0].group(2))
+        assert last["swapped"] == ("swapped in" in lines[-1])
+    assert runs_on(data) == []
+    # after the run, and after a restart, status still shows what it bought
+    with running_daemon(tmp_path, engine=ENGINE, args=args):
+        table = calmd(tmp_path, "status").stdout
+        assert "last run " in table and lines[-1].removeprefix("done: ") in table, table
+        shown = json.loads(calmd(tmp_path, "status", "--json").stdout)["training"]["last_result"]
+        assert shown["old_loss"] == last["old_loss"] and shown["new_loss"] == last["new_loss"]
+        # `calm train --now` sends the same request
+        again = subprocess.run([str(BIN / "calm"), "train", "--now"], capture_output=True, text=True,
+                               env=daemon_env(tmp_path), timeout=600)  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert (
+            again.stdout.startswith("training run started (pid ") and "\ndone: held-out loss" in again.stdout
+        )
+    # no daemon: one line that says what to do
+    down = calmd(tmp_path, "train")
+    assert down.returncode == 3 and down.stdout == ""
+    assert (
+        down.stderr.count("\n") == 1
+        and "calmd is not running" in down.stderr
+        and "calmd serve" in down.stderr
+    )
+
+
+def test_calm_train_now_takes_no_training_flags(tmp_path: Path) -> None:
+    result = subprocess.run([str(BIN / "calm"), "train", "--now", "--epochs", "3"], capture_output=True,
+                            text=True, env=daemon_env(tmp_path), timeout=60)  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    assert (
+        result.stderr
+        == "calm: error: --now asks the daemon for its background run, which takes no --epochs: drop them\n"
+    )
 
 
 def test_every_exit_of_a_run_says_what_happened_in_words() -> None:

@@ -111,6 +111,8 @@ def test_calmd_train_follows_a_run_to_its_result_which_status_keeps(
         steps = [m for line in lines if (m := re.match(r"training: step (\d+)/(\d+), loss [\d.]+", line))]
         assert steps and all(int(m.group(2)) == int(steps[0].group(2)) > 0 for m in steps), out
         assert any(re.search(r", about \d+ (s|min) left$", line) for line in lines), out
+        stages = [line.split(":")[0] for line in lines[:-1]]
+        assert "starting" not in stages[stages.index("training") :], out  # it showed again once done
         verdict = r"(not worse: swapped in|worse: kept the current model)"
         assert re.fullmatch(rf"done: held-out loss \d+\.\d{{4}} -> \d+\.\d{{4}}, {verdict}", lines[-1]), out
         d.wait_for(f"training finished (exit 0): {lines[-1].removeprefix('done: ')}", timeout=10)

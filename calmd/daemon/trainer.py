@@ -266,6 +266,8 @@ class Trainer:
             state = str(info.get("state")) if info.get("state") in background.RUNNING_STATES else "starting"
             if info.get("pid") not in (running_pid, None) and running_pid != 0:
                 state, progress = "starting", {}  # training.json is still the previous run's
+            elif info.get("pid") == running_pid and state == "starting" and info.get("state"):
+                state = "finishing"  # its result is written; the process is exiting
             return {"state": state, "pid": running_pid or None, "progress": progress, "last_result": None}
         last = {k: info.get(k) for k in LAST_RESULT}
         state = str(info.get("state") or "idle")

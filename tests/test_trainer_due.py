@@ -43,13 +43,24 @@ def test_a_due_run_starts_at_start_and_after_the_first_start_import(tmp_path: Pa
     with running_daemon(home, args=args) as d, CalmClient(d.socket) as c:
         d.wait_for("training started (start)", timeout=10)
         assert training(c)["runs_started"] == 1 and training(c)["pending"] == 0
+    # a first start: while the import runs (in batches, the daemon answering), a due run waits
+    # for it, also when a command is recorded meanwhile; once it is done, the run starts
     imported = tmp_path / "b"
     imported.mkdir()
-    (imported / ".bash_history").write_text("".join(f"git checkout branch-{i}\n" for i in range(60)))
+    n = 200_000
+    (imported / ".bash_history").write_text("".join(f"git checkout branch-{i}\n" for i in range(n)))
     with running_daemon(imported, args=("--train-threshold", "50", *NO_GATE)) as d, CalmClient(d.socket) as c:
+        seen = []
+        while (status := c.status()["status"])["history"]["import"]["running"]:
+            if status["training"]["due"]:  # what status said while the import ran, the last record included
+                seen.append(status["training"])
+                c.record("make test", exit=0, session="s")
+            time.sleep(0.05)
+        assert seen, "the import ended before a due run could be seen waiting for it"
+        assert all(t["runs_started"] == 0 and "first-start import" in t["waiting"] for t in seen), seen[-1]
         d.wait_for("training started (after the first-start import)", timeout=30)
         assert training(c)["runs_started"] == 1
-    assert "imported 60 commands" in d.read_output()
+    assert f"imported {n} commands" in d.read_output()
 
 
 def test_a_due_run_says_why_it_waits_and_the_timer_starts_it(tmp_path: Path) -> None:

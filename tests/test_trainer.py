@@ -314,7 +314,8 @@ def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weight
         while time.monotonic() < deadline:
             seen.update(runs_on(data))
             time.sleep(0.02)
-        assert len(seen) == 1, seen
+        log = (data / "training.log").read_text(errors="replace")[-2000:]
+        assert len(seen) == 1, (seen, d.read_output()[-3000:], log)
         status = training(c)
         assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))
         assert c.train()["started"] is False  # and no second one on request while it runs

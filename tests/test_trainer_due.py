@@ -63,6 +63,21 @@ def test_a_due_run_starts_at_start_and_after_the_first_start_import(tmp_path: Pa
     assert f"imported {n} commands" in d.read_output()
 
 
+def test_a_due_check_that_fails_at_start_leaves_the_daemon_serving(tmp_path: Path) -> None:
+    """The check at start runs outside any request: a failure there (training.log is a folder)
+    must not become a failed start."""
+    counting = ("--no-import", "--train-threshold", "0")
+    with running_daemon(tmp_path, args=counting) as d, CalmClient(d.socket) as c:
+        for i in range(60):
+            c.record(f"make target-{i}", exit=0, session="s")
+    (tmp_path / "data" / "training.log").mkdir()
+    args = ("--no-import", "--train-threshold", "50", *NO_GATE, "--train-check-interval", "0")
+    with running_daemon(tmp_path, args=args) as d, CalmClient(d.socket) as c:
+        d.wait_for("the training due check (start) failed", timeout=10)
+        assert c.status()["status"]["training"]["runs_started"] == 0
+        assert any("candidate" in m for m in c.complete("make", n=1, session="s"))
+
+
 def test_a_due_run_says_why_it_waits_and_the_timer_starts_it(tmp_path: Path) -> None:
     # the load gate: nothing is below 0 per core, so the due run waits and status says for what
     args = (

@@ -127,7 +127,7 @@ class Server:
             # files, the daemon answers from the start (docs/history.md, "Importing").
             self._import = asyncio.ensure_future(self._import_then_check())
         else:
-            await self.service.check_training("start")  # commands counted before a restart
+            await self._due_check("start")  # commands counted before a restart
         timer = asyncio.ensure_future(self._training_timer())
         try:
             await self.should_exit.wait()
@@ -146,7 +146,7 @@ class Server:
         finally:
             self.service.hold_training = None
         if not self.should_exit.is_set():
-            await self.service.check_training("after the first-start import")
+            await self._due_check("after the first-start import")
 
     async def _training_timer(self) -> None:
         """The due check every `train_check_interval_s`: a due run that waited for the load (or for
@@ -156,10 +156,15 @@ class Server:
             return
         while not self.should_exit.is_set():
             await asyncio.sleep(interval)
-            try:
-                await self.service.check_training("timer")
-            except Exception:  # a full disk, a locked store: the next tick tries again
-                log.exception("the training due check failed")
+            await self._due_check("timer")
+
+    async def _due_check(self, why: str) -> None:
+        """The due check outside a request: what fails there (a full disk, a training.log that
+        is not a file) is logged, and the next check tries again; the daemon serves on."""
+        try:
+            await self.service.check_training(why)
+        except Exception as exc:
+            log.error("the training due check (%s) failed: %s", why, exc)
 
     def _first_imports(self) -> None:
         """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never

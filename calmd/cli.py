@@ -1073,7 +1073,13 @@ def calmd_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("stop", help="stop the daemon gracefully")
     p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("train", help="start a background training run now and follow it to its result")
+    p = sub.add_parser(
+        "train", help="start a background training run now and follow it to its result",
+        description="Ask the daemon for a training run on your history now, whatever the load and the "
+        "count of new commands (or follow the one in progress), print its steps and time left, then "
+        "its result: held-out loss before and after, swapped in or not. Exit 0 when it finished, 1 "
+        "when it failed or was stopped, 3 when no daemon runs. Ctrl-C stops following, not the run.",
+    )  # fmt: skip
     p.set_defaults(func=cmd_train_now)
     p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
     p.add_argument("text", metavar="TEXT")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,6 +158,7 @@ def main() -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)  # its history and weights
     idle = results["idle"]
     print(f"{len(idle)} keystrokes per condition over {args.rounds} rounds; load average "
           f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores")  # fmt: skip

@@ -283,23 +283,40 @@ def test_calm_rollback_while_the_daemon_serves_never_shows_a_missing_file(
 def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weights: Path) -> None:
     """205 records in one write (a shell's backlog flushed when the daemon comes back), threshold
     50, the load gate lifted: each record past the threshold saw no run yet while the first was
-    being started, and 43-45 runs were alive at once. Deciding and starting are one step: one."""
+    being started, and 43-45 runs were alive at once. Deciding and starting are one step: one.
+    The other triggers at the same moment start no second one: `train` requests in the burst
+    and from a second client, and the timer's due check every 10 ms."""
     data = install(tmp_path, tiny_weights)
-    args = (*LONG_RUN, "--train-threshold", "50", "--train-max-load", "1000")  # the last threshold wins
-    with running_daemon(tmp_path, engine=ENGINE, args=args) as d, CalmClient(d.socket, timeout=60) as c:
+    args = (*LONG_RUN, "--train-threshold", "50", "--train-max-load", "1000",  # the last threshold wins
+            "--train-check-interval", "0.01")  # fmt: skip
+    with (
+        running_daemon(tmp_path, engine=ENGINE, args=args) as d,
+        CalmClient(d.socket, timeout=60) as c,
+        CalmClient(d.socket, timeout=60) as other,
+    ):
         burst = b"".join(
-            msgpack.packb({"op": "record", "id": i, "cmd": f"make target-{i}", "exit": 0, "session": "s"})
-            for i in range(1, 206)
-        )
+            msgpack.packb({"op": "train", "id": i} if i % 20 == 0 else
+                          {"op": "record", "id": i, "cmd": f"make target-{i}", "exit": 0, "session": "s"})
+            for i in range(1, 226)
+        )  # fmt: skip
+        asks = b"".join(msgpack.packb({"op": "train", "id": i}) for i in range(1, 12))
+        other.send_raw(asks)
         c.send_raw(burst)
-        replies = [c.read_message() for _ in range(205)]
-        assert all(r.get("stored") for r in replies), [r for r in replies if not r.get("stored")][:3]
+        replies = [c.read_message() for _ in range(225)]
+        records = [r for r in replies if "stored" in r]
+        assert len(records) == 214 and all(r["stored"] for r in records), [
+            r for r in records if not r["stored"]
+        ][:3]
+        answers = [other.read_message() for _ in range(11)] + [r for r in replies if "started" in r]
+        assert sum(bool(r["started"]) for r in answers) <= 1, answers
         seen: set[int] = set()
         deadline = time.monotonic() + 8  # each run imports torch for a second or two: all would show
         while time.monotonic() < deadline:
             seen.update(runs_on(data))
             time.sleep(0.02)
-        assert len(seen) == 1, seen
+        log = (data / "training.log").read_text(errors="replace")[-2000:]
+        assert len(seen) == 1, (seen, d.read_output()[-3000:], log)
         status = training(c)
         assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))
         assert c.train()["started"] is False  # and no second one on request while it runs
+        assert d.read_output().count("training started") == 1

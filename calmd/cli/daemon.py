@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from calmd.errors import CalmError
 
 if TYPE_CHECKING:
     from calmd.daemon.service import Engine
+    from calmd.shell.client import CalmClient
 
 
 # `calmd serve`'s flags for ServerConfig's fields: their defaults are the dataclass's
@@ -25,7 +27,11 @@ SERVE_FLAGS: Flags = {
     "train_threshold": (("--train-threshold",), {"type": whole(0, 10**9), "metavar": "N",
                         "help": "new commands before a background training run (0: only on request)"}),
     "train_max_load": (("--train-max-load",), {"type": number(0, 10**6), "metavar": "LOAD",
-                       "help": "start a run automatically only below this 1-minute load average"}),
+                       "help": "start a run automatically only while the 1-minute load average per core "
+                       "is below this"}),
+    "train_check_interval_s": (("--train-check-interval",), {"type": number(0, 86400), "metavar": "SECONDS",
+                               "help": "seconds between due checks for a background run, besides those at "
+                               "start, after the first-start import and on record (0: none)"}),
     "max_connections": (("--max-connections",), {"type": whole(0, 65536), "metavar": "N",
                         "help": "concurrent clients; more are refused with an error (0: 256, fewer under a "
                         "low fd limit)"}),
@@ -95,6 +101,67 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 1
     print(f"calmd (pid {pid}) stopped")
     return 0
+
+
+def cmd_train_now(args: argparse.Namespace) -> int:
+    """`calmd train` (and `calm train --now`): ask the daemon for a background run now, whatever
+    the load and the count of new commands, and follow it to its end: its progress, then its
+    result. A run already in progress is followed instead. Exit 0 when the run finished (swapped
+    in or not), 1 when it failed or was stopped, 3 when no daemon runs."""
+    from calmd.shell.client import CalmClient, DaemonNotRunning
+
+    sock, timeout = getattr(args, "socket", None), getattr(args, "timeout", 10.0)
+    try:
+        with CalmClient(Path(sock) if sock else None, timeout=timeout) as client:
+            answer = client.train()
+            pid = answer.get("pid")
+            if answer.get("started"):
+                print(f"training run started (pid {pid})", flush=True)
+            elif answer.get("reason") == "a training run is in progress" or pid:
+                print(f"{answer.get('reason')}{f' (pid {pid})' if pid else ''}: following it", flush=True)
+            else:
+                raise CalmError(f"the daemon started no training run: {answer.get('reason')}")
+            return _follow_training(client, pid)
+    except DaemonNotRunning as exc:
+        print(f"calmd is not running ({exc}); start it with `calmd serve`", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("stopped following; the run goes on (`calmd status` shows it)", file=sys.stderr)
+        return 130
+    except ConnectionError:
+        raise CalmError(
+            "calmd went away while the run was followed (it stops its run); `calmd status` tells how "
+            "it ended once the daemon is back"
+        ) from None
+
+
+def _follow_training(client: CalmClient, pid: int | None, poll_s: float = 0.25) -> int:
+    """Poll `status` until the run `pid` (the first run seen, without one) has ended; print each
+    new stage and step, then the result."""
+    from calmd.cli.status_view import progress_words
+
+    shown: tuple[object, ...] = ()
+    deadline = time.monotonic() + 60  # to see a run that is being started at all
+    while True:
+        training = client.status()["status"]["training"]
+        live = training.get("pid")
+        if live is not None and pid is None:
+            pid = live
+        if live is not None and live == pid:
+            progress = training.get("progress") or {}
+            stage = (training.get("state"), progress.get("step"))
+            if stage != shown:
+                shown = stage
+                words = f": {progress_words(progress)}" if "step" in progress else ""
+                print(f"{training.get('state')}{words}", flush=True)
+        elif pid is not None or time.monotonic() > deadline:
+            break
+        time.sleep(poll_s)
+    last = training.get("last_result") or {}
+    if pid is None or not last:
+        raise CalmError("the training run ended without a result; `calmd status` and training.log say more")
+    print(f"{last.get('state')}: {last.get('reason')}")
+    return 0 if last.get("state") == "done" else 1
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
@@ -190,6 +257,14 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("stop", help="stop the daemon gracefully")
     p.set_defaults(func=cmd_stop)
+    p = sub.add_parser(
+        "train", help="start a background training run now and follow it to its result",
+        description="Ask the daemon for a training run on your history now, whatever the load and the "
+        "count of new commands (or follow the one in progress), print its steps and time left, then "
+        "its result: held-out loss before and after, swapped in or not. Exit 0 when it finished, 1 "
+        "when it failed or was stopped, 3 when no daemon runs. Ctrl-C stops following, not the run.",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_train_now)
     p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
     p.add_argument("text", metavar="TEXT")
     p.add_argument("-n", type=whole(0, 32), default=5, help="candidates, 0 to 32 (default 5)")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from calmd import paths
 from calmd.arguments import Parser, number, whole
+from calmd.cli.daemon import cmd_train_now
 from calmd.errors import CalmError
 from calmd.training import (
     commands as training_commands,  # imports nothing heavy (torch is imported by the handlers)
@@ -82,6 +83,17 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calm_train(args: argparse.Namespace) -> int:
+    """`calm train`: a model on a dataset; with --now, the daemon's background run (`calmd train`)."""
+    if not args.now:
+        return int(training_commands.cmd_train(args))
+    given = [name for name in training_commands.TRAIN_FLAGS if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join(training_commands.TRAIN_FLAGS[name][0][0] for name in given)
+        raise CalmError(f"--now asks the daemon for its background run, which takes no {flags}: drop them")
+    return cmd_train_now(args)
+
+
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """init, train, evaluate, generate, rollback"""
     p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
@@ -99,7 +111,10 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     )
     for flags, kwargs in training_commands.TRAIN_FLAGS.values():  # one per TrainConfig field
         p.add_argument(*flags, **{"default": None, **kwargs})
-    p.set_defaults(func=training_commands.cmd_train)
+    p.add_argument("--now", action="store_true",
+                   help="ask the running daemon for a background run on your history now and follow it "
+                   "(as `calmd train`)")  # fmt: skip
+    p.set_defaults(func=cmd_calm_train)
 
     p = sub.add_parser("evaluate", help="loss, bits per byte and greedy exact-match accuracy on a dataset")
     p.add_argument(

@@ -74,24 +74,49 @@ def _disk_line(disk: dict[str, object]) -> str:
 
 
 def _training_line(training: dict[str, object]) -> str:
-    """State, progress while running, and why the last run did or did not swap its model in."""
+    """State, progress while running (step of total, time left), the last run's result (held-out
+    loss before and after, swapped in or not, why), and what the next automatic run waits for."""
     parts = [str(training.get("state", "-"))]
     if training.get("pid"):
         parts[0] += f" (pid {training['pid']})"
     progress = training.get("progress")
     if training.get("pid") and isinstance(progress, dict) and "step" in progress:
-        parts.append(f"step {progress['step']}, loss {float(progress.get('loss') or 0):.3f}")
+        parts.append(progress_words(progress))
     last = training.get("last_result")
     if isinstance(last, dict) and last.get("reason"):
         when = last.get("finished")
         stamp = ""
         if isinstance(when, int | float):
             stamp = " " + time.strftime("%Y-%m-%d %H:%M", time.localtime(float(when)))
-        parts.append(f"last run{stamp}: {last['reason']}")
-    threshold = training.get("threshold")
-    if threshold:
-        parts.append(f"next after {threshold} new commands")
+        parts.append(f"last run{stamp}: {last['reason']}")  # before -> after, and why
+    threshold, pending = training.get("threshold"), training.get("pending")
+    if training.get("waiting"):
+        parts.append(f"due ({pending} new commands), waiting: {training['waiting']}")
+    elif threshold and not training.get("pid"):
+        so_far = f" ({pending} so far)" if pending is not None else ""
+        parts.append(f"next after {threshold} new commands{so_far}")
+    elif not threshold:
+        parts.append("runs only on request (`calmd train`)")
     return "; ".join(parts)
+
+
+def progress_words(progress: dict[str, object]) -> str:
+    """`step 12/74, loss 0.847, about 40 s left` (`calmd status`, `calmd train`)."""
+    total = progress.get("total_steps")
+    text = f"step {progress.get('step')}" + (f"/{total}" if total else "")
+    text += f", loss {float(progress.get('loss') or 0):.3f}"  # type: ignore[arg-type]
+    eta = progress.get("eta_s")
+    if isinstance(eta, int | float):
+        text += f", about {_duration(float(eta))} left"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _search_line(search: dict[str, Any]) -> str:

@@ -20,7 +20,10 @@ class ServerConfig:
     history_context: int = HISTORY_FRAMES
     import_shell_history: bool = True  # import ~/.bash_history and ~/.zsh_history on first start
     train_threshold: int = 200  # new commands before a background run; 0: only on request
-    train_max_load: float = 1.0  # start automatically only when the 1-minute load is below this
+    # start automatically only while the 1-minute load average per core is below this
+    train_max_load: float = 1.0
+    # seconds between two due checks besides those at start, after an import and on record; 0: none
+    train_check_interval_s: float = 60.0
     # extra `python -m calmd.training.background` arguments (tests shorten runs)
     train_args: tuple[str, ...] = ()
     max_connections: int = 0  # concurrent clients; 0: DEFAULT_MAX_CONNECTIONS within the fd limit

@@ -125,13 +125,46 @@ class Server:
         if self.config.import_shell_history:
             # After `ready`, in batches (the store's lock is free between two): however large the
             # files, the daemon answers from the start (docs/history.md, "Importing").
-            self._import = asyncio.ensure_future(asyncio.to_thread(self._first_imports))
+            self._import = asyncio.ensure_future(self._import_then_check())
+        else:
+            await self._due_check("start")  # commands counted before a restart
+        timer = asyncio.ensure_future(self._training_timer())
         try:
             await self.should_exit.wait()
         finally:
+            timer.cancel()
             await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+    async def _import_then_check(self) -> None:
+        """The first-start import, then the due check: automatic runs wait for the import (a run
+        started half-way would train on half the history), then the imported commands count."""
+        self.service.hold_training = "the first-start import of the shells' history files runs"
+        try:
+            await asyncio.to_thread(self._first_imports)
+        finally:
+            self.service.hold_training = None
+        if not self.should_exit.is_set():
+            await self._due_check("after the first-start import")
+
+    async def _training_timer(self) -> None:
+        """The due check every `train_check_interval_s`: a due run that waited for the load (or for
+        someone else's run to end) starts once it can, without a new command to trigger it."""
+        interval = self.config.train_check_interval_s
+        if interval <= 0:
+            return
+        while not self.should_exit.is_set():
+            await asyncio.sleep(interval)
+            await self._due_check("timer")
+
+    async def _due_check(self, why: str) -> None:
+        """The due check outside a request: what fails there (a full disk, a training.log that
+        is not a file) is logged, and the next check tries again; the daemon serves on."""
+        try:
+            await self.service.check_training(why)
+        except Exception as exc:
+            log.error("the training due check (%s) failed: %s", why, exc)
 
     def _first_imports(self) -> None:
         """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
@@ -317,6 +350,12 @@ class Server:
             },
         }
 
+    def _training_wait(self) -> dict[str, Any]:
+        if self.history is None:
+            return {}
+        wait = self.service.training_wait()
+        return {**wait, "check_interval_s": self.config.train_check_interval_s}
+
     def status(self) -> dict[str, Any]:
         engine = self.engine.describe() if self.engine else {}
         return {
@@ -335,7 +374,7 @@ class Server:
             "withheld_candidates": self.service.withheld,
             "latency_ms": self.service.latency_status(),
             "history": self._history_status(),
-            "training": self.trainer.status(self.config.train_threshold),
+            "training": {**self.trainer.status(self.config.train_threshold), **self._training_wait()},
             "prefetch": dict(self.service.prefetch_stats),
             "disk": self._disk_status(),
             "context": self.disk.describe(),

@@ -119,7 +119,8 @@ class Service:
         self.trainer = trainer
         self.history_context = history_context
         self.train_threshold = train_threshold
-        self.train_max_load = train_max_load
+        self.train_max_load = train_max_load  # per core
+        self.hold_training: str | None = None  # why automatic runs wait, besides the load (an import)
         self.prefetch = prefetch
         self.engine: Engine | None = None
         self.history: HistoryStore | None = None
@@ -204,8 +205,8 @@ class Service:
                 self.search.touch()
             if self.prefetch and request.session:
                 self._start_prefetch(request.session)
-        if result.stored and self.train_threshold and not self.trainer.busy:
-            await self.start_training("threshold", wanted=self._training_due)
+        if result.stored:
+            await self.check_training("record")
         return {"ok": True, "stored": result.stored, **({"reason": result.reason} if result.reason else {})}
 
     # -- the history search ------------------------------------------------------------------------
@@ -283,11 +284,35 @@ class Service:
 
     # -- background training ----------------------------------------------------------------------
 
-    def _training_due(self) -> bool:
-        """Enough new commands since the last run, and a machine that is not busy."""
+    def training_wait(self) -> dict[str, Any]:
+        """Whether an automatic run is due, and if it is, what it waits for: `pending` new commands
+        against `threshold`, the 1-minute load average per core against `max_load_per_core`, and
+        `waiting` (words for `status`) while a due run does not start."""
         assert self.history is not None
         pending = self.history.counter("recorded_since_train")
-        return pending >= self.train_threshold and os.getloadavg()[0] < self.train_max_load
+        per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+        due = bool(self.train_threshold) and pending >= self.train_threshold
+        waiting: str | None = None
+        if due and self.hold_training is not None:
+            waiting = self.hold_training
+        elif due and per_core >= self.train_max_load:
+            waiting = f"load {per_core:.2f} per core, waiting for < {_limit(self.train_max_load)}"
+        return {"pending": pending, "due": due, "waiting": waiting, "load_per_core": round(per_core, 3),
+                "max_load_per_core": self.train_max_load}  # fmt: skip
+
+    def _training_due(self) -> bool:
+        """Enough new commands since the last run, and a machine that is not busy (per core: a
+        load of 1.6 is a busy 1-core machine and a quiet 4-core one)."""
+        plan = self.training_wait()
+        return bool(plan["due"]) and plan["waiting"] is None
+
+    async def check_training(self, why: str) -> dict[str, Any]:
+        """The automatic trigger (at start, after the first-start import, on the timer, on each
+        record): a run when `_training_due`, decided and started in one step by the trainer, so
+        that any number of triggers at once start one run."""
+        if not self.train_threshold or self.trainer.busy:
+            return {"ok": True, "started": False, "reason": "not due"}
+        return await self.start_training(why, wanted=self._training_due)
 
     async def start_training(self, why: str, wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
         """A background run (calmd/daemon/trainer.py), when `wanted()` says it is due (decided
@@ -419,3 +444,8 @@ class Service:
             "done_p50": self.done_ms.percentile(50),
             "done_p99": self.done_ms.percentile(99),
         }
+
+
+def _limit(value: float) -> str:
+    """A configured limit as the user would write it: 1.0, 0.75."""
+    return f"{value:.1f}" if round(value, 1) == value else f"{value:g}"

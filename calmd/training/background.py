@@ -254,7 +254,7 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     from calmd.formats.ctds import CtdsReader
     from calmd.model.checkpoint import load_model
     from calmd.training.evaluate import compare, load_sequences
-    from calmd.training.train import TrainConfig, train
+    from calmd.training.train import TrainConfig, planned_steps, train
 
     train_set, heldout_set = paths.training_sets(opts.data_dir)
     train_set.parent.mkdir(parents=True, exist_ok=True)
@@ -272,22 +272,26 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
         store.close()
     if counts["sequences"] < opts.min_examples or counts["held_out"] == 0:
         return {"state": "done", "swapped": False, "started": started, "finished": time.time(),
-                "reason": f"only {counts['sequences']} training examples (need {opts.min_examples})",
+                "reason": f"only {counts['sequences']} training examples (need {opts.min_examples}): "
+                          "nothing trained, the current model stays",
                 **counts}  # fmt: skip
     last_write = [0.0]
-
-    def on_step(step: int, loss: float) -> None:
-        _check_parent(opts.parent_pid)
-        if time.monotonic() - last_write[0] > 1.0:
-            last_write[0] = time.monotonic()
-            write_status(opts.data_dir, state="training", started=started, step=step, loss=loss,
-                         base=str(base), **counts)  # fmt: skip
-
     cfg = TrainConfig(
         model=str(base), dataset=str(train_set), output=str(candidate), epochs=opts.epochs,
         lr=opts.lr, ewc_lambda=opts.ewc_lambda, threads=opts.threads, max_minutes=opts.max_minutes,
         val_fraction=0.0, quiet=True, force=True,
     )  # fmt: skip
+    # what `status` turns into "step 12/74, about 40 s left": the total, and the pace's origin
+    pace = {"total_steps": planned_steps(counts["sequences"], cfg), "training_since": time.time()}
+    pace["deadline"] = pace["training_since"] + 60 * opts.max_minutes
+
+    def on_step(step: int, loss: float) -> None:
+        _check_parent(opts.parent_pid)
+        if time.monotonic() - last_write[0] > 1.0 or step == pace["total_steps"]:
+            last_write[0] = time.monotonic()
+            write_status(opts.data_dir, state="training", started=started, step=step, loss=loss,
+                         base=str(base), **pace, **counts)  # fmt: skip
+
     trained = train(cfg, on_step=on_step)
     write_status(opts.data_dir, state="evaluating", started=started, **counts)
     new = load_model(candidate)
@@ -295,11 +299,12 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     cmp = compare(current.model, new.model, seqs, stops=current.metadata.stop_conditions(), ks=(0, 2))
     swapped = cmp.new.loss <= cmp.old.loss
     _check_parent(opts.parent_pid)  # an orphaned run does not swap anything in
+    before_after = f"held-out loss {cmp.old.loss:.4f} -> {cmp.new.loss:.4f}"
     if swapped:
         swap_in(candidate, opts.weights)
-        reason = f"held-out loss {cmp.new.loss:.4f} <= {cmp.old.loss:.4f}: swapped in"
+        reason = f"{before_after}, not worse: swapped in"
     else:
-        reason = f"held-out loss {cmp.new.loss:.4f} > {cmp.old.loss:.4f}: kept the current model"
+        reason = f"{before_after}, worse: kept the current model"
     return {
         "state": "done", "swapped": swapped, "reason": reason, "started": started,
         "finished": time.time(),

@@ -556,6 +556,13 @@ def load_checkpoint(
         raise CalmError(f"{path}: cannot resume from it: {type(exc).__name__}: {exc}") from exc
 
 
+def planned_steps(train_rows: int, cfg: TrainConfig) -> int:
+    """Optimizer steps a run of `train_rows` training sequences makes, unless its time budget
+    ends it first (the background run's progress shows it as the total)."""
+    total = -(-train_rows // cfg.batch_size) * cfg.epochs
+    return min(total, cfg.max_steps) if cfg.max_steps else total
+
+
 def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     """Run `calm train` (also as one rank under torchrun) and write the model atomically (rank
     0). `on_step(step, loss)` is called after every optimizer step. With `cfg.checkpoint` the run's
@@ -585,9 +592,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         ewc = split_like(model, start.fisher, device), split_like(model, start.anchor, device)
 
     per_epoch = -(-train_rows.size // cfg.batch_size)
-    total_steps = per_epoch * cfg.epochs
-    if cfg.max_steps:
-        total_steps = min(total_steps, cfg.max_steps)
+    total_steps = planned_steps(train_rows.size, cfg)
     optimizer = _optimizer(cfg, model, lr)
     checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else None
     key = _run_key(cfg, start, reader, lr, total_steps, dist.world)

@@ -363,3 +363,33 @@ def test_the_search_stops_soon_after_its_best_line_is_final(
         assert found[4][2] <= found[0][2] and found[4][3] >= 1, (typed, found)
         saved += found[0][2] - found[4][2]
     assert saved > 0  # steps the tail did not take
+
+
+# --------------------------------------------------------------------------- the mixture's parts
+
+
+class NoModel:
+    """Stands in for the generator of an engine that must not run the model."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the model was asked ({name})")
+
+
+def test_each_part_alone_proposes_only_its_own_lines(tiny_weights: Path, store: HistoryStore) -> None:
+    # the user's own line, which the tiny model never learnt; the model's `git status`, never run
+    record(store, *[("cd proj", 0), ("git stage --all", 0)] * 3, ("cd proj", 0))
+    mixture = texts(ask(ModelEngine(tiny_weights), store, "git st"))
+    assert "git stage --all" in mixture and "git status" in mixture
+
+    history = ModelEngine(tiny_weights, parts="history")
+    history.generator = NoModel()  # type: ignore[assignment]  # no model runs at all
+    got = ask(history, store, "git st")
+    # the one past line that extends the input, then its head carrying the previous line's word over
+    assert texts(got) == ["git stage --all", "git stage proj"]
+    assert got[0].ghost and got[0].confidence > 0  # drawn and calibrated as the mixture's lines are
+
+    model = texts(ask(ModelEngine(tiny_weights, parts="model"), store, "git st"))
+    assert "git status" in model
+    assert "git stage --all" not in model  # no line comes from the history's counts
+    # nor on the empty prompt, where the history's best is what followed `cd proj` every time
+    assert "git stage --all" not in texts(ask(ModelEngine(tiny_weights, parts="model"), store, ""))

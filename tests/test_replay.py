@@ -302,3 +302,75 @@ def test_compared_models_are_named_after_their_folder_or_file() -> None:
                          Path("/m/micro/weights.cwgt"), Path("/n/micro/weights.cwgt")])  # fmt: skip
     assert list(names) == ["calmd:nano-comp", "calmd:default", "calmd:micro", "calmd:micro-2"]
     assert names["calmd:micro-2"] == Path("/n/micro/weights.cwgt")
+
+
+def test_the_mixtures_parts_are_replayed_alone(tmp_path: Path, tiny_weights: Path) -> None:
+    # a strictly periodic history: what followed the previous command is always right, and the
+    # tiny model knows none of `cd proj`, `ls -la`
+    history = tmp_path / "user1.txt"
+    history.write_text("\n".join(["cd proj", "git status", "make test", "ls -la"] * 30) + "\n")
+    top1: dict[str, dict[str, float]] = {}
+    for arm in ("history", "model", "mixture"):
+        out = tmp_path / f"{arm}.json"
+        code = calm_main(["replay", str(history), "-m", str(tiny_weights), "--positions", "12",
+                          "--typing", "0", "--warmup", "20", "--ranker", arm, "--json", str(out),
+                          "--quiet"])  # fmt: skip
+        assert code == 0
+        result = json.loads(out.read_text())
+        assert result["ranker"] == arm
+        top1[arm] = result["totals"]["calmd"]["top1"]
+    assert top1["history"]["0"] == top1["mixture"]["0"] == 1.0
+    assert top1["model"]["0"] <= 0.5  # it cannot write half of the loop's lines
+
+
+def test_the_learning_curve_compares_the_refitted_ranker_with_the_packaged_one(
+    tmp_path: Path, tiny_weights: Path
+) -> None:
+    from tests.test_ranker_refit import rounds
+
+    history = tmp_path / "rounds.txt"
+    history.write_text("\n".join(rounds(100)) + "\n")  # a habit the packaged ranker misses
+    out = tmp_path / "curve.json"
+    argv = ["replay", str(history), "-m", str(tiny_weights), "--ranker", "history", "--positions", "600",
+            "--typing", "3", "--warmup", "200", "--with-training", "--refit", "ranker",
+            "--train-every", "200", "--json", str(out), "--quiet"]  # fmt: skip
+    assert calm_main(argv) == 0
+    totals = json.loads(out.read_text())["totals"]
+    learnt, packaged = totals["calmd"], totals["calmd:packaged"]
+    assert learnt["queries"] == packaged["queries"] and learnt["queries"]["0"] == 600
+    assert learnt["training_runs"] == 3 and packaged["training_runs"] == 0  # after 200, 400, 600
+    # the stretches: before the first run nothing is asked (the warm-up), then 200 commands each
+    assert [p["queries"]["0"] for p in learnt["curve"]] == [0, 200, 200, 200]
+    assert sum(p["typed_commands"] for p in learnt["curve"]) == learnt["typed_commands"] == 3
+    for point in (learnt, *learnt["curve"][1:]):
+        assert point["top1"]["0"] is not None
+    assert learnt["top1"]["0"] > packaged["top1"]["0"] + 0.03  # the refit learnt the habit
+
+
+def test_parallel_users_give_the_same_figures(tmp_path: Path, tiny_weights: Path) -> None:
+    for n, cycle in enumerate((["cd proj", "git status", "make test"], ["ls -la", "vim notes.txt"])):
+        (tmp_path / f"user{n}.txt").write_text("\n".join(cycle * 20 + ["git stash pop"] + cycle * 10) + "\n")
+    results = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}.json"
+        argv = ["replay", str(tmp_path), "-m", str(tiny_weights), "--ranker", "history", "--positions", "20",
+                "--typing", "4", "--jobs", jobs, "--json", str(out), "--quiet"]  # fmt: skip
+        assert calm_main(argv) == 0
+        results.append(json.loads(out.read_text()))
+    serial, parallel = ({s: {k: v for k, v in t.items() if k != "latency_ms"} for s, t in r["totals"].items()}
+                        for r in results)  # fmt: skip
+    assert serial == parallel and serial["calmd"]["queries"]["0"] == 20 + 11  # user1: 11 past the warm-up
+    assert list(results[1]["per_user"]) == ["user0", "user1"]  # in the files' order, whoever finished first
+
+
+def test_the_cli_offers_every_part_and_refit() -> None:
+    import argparse
+
+    from calmd.cli import calm_parser
+    from calmd.quality.replay import REFITS
+    from calmd.suggest.engine import PARTS
+
+    commands = next(a for a in calm_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    replay = commands.choices["replay"]
+    choices = {a.dest: a.choices for a in replay._actions if a.dest in ("ranker", "refit")}
+    assert tuple(choices["ranker"] or ()) == PARTS and tuple(choices["refit"] or ()) == REFITS

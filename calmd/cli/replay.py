@@ -43,7 +43,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               typing_positions=args.typing, weights=weights,
                               train_every=args.train_every if args.with_training else 0,
                               comp=args.comp, min_confidence=args.min_confidence,
-                              models=replay.model_names(models) if len(models) > 1 else {})  # fmt: skip
+                              models=replay.model_names(models) if len(models) > 1 else {},
+                              ranker=args.ranker, refit=args.refit, jobs=args.jobs)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -110,6 +111,15 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--min-confidence", type=probability, metavar="P",
                    help="draw a ghost at this confidence or more, in place of the fitted ghost rule "
                    "(as the shells' CALM_MIN_CONFIDENCE)")  # fmt: skip
+    p.add_argument("--ranker", choices=("mixture", "history", "model"), default="mixture",
+                   help="which predictors rank: the daemon's mixture (default), or one of its parts alone "
+                   "(history: the history ranker, no model; model: the model's beams, no history "
+                   "proposals)")  # fmt: skip
+    p.add_argument("--refit", choices=("model", "ranker", "both"), default="model",
+                   help="with --with-training: what a run refits: the model (the background fine-tuning, "
+                   "default), the history ranker on the user's commands (seconds), or both")  # fmt: skip
+    p.add_argument("--jobs", type=whole(1, 64), default=1, metavar="N",
+                   help="replay N users at once, each in a process of its own (default 1)")  # fmt: skip
     p.add_argument("--search", action="store_true",
                    help="replay history searches instead (Ctrl-R: the first word or a fragment of a "
                    "command run before) and rank the right line: calmd, recency, frequency")  # fmt: skip

@@ -29,8 +29,17 @@ its history proposals. The baselines answer the same queries from the same past:
 Their top-5 continue in the same order. With training (`--with-training`), every
 `--train-every` replayed commands the background run of calmd/training/background.py fine-tunes the
 user's weights on the store so far and swaps them in when not worse, as the daemon does (this
-costs about half a minute per run on one core). Histories carry no timestamps: command i is replayed at
+costs about half a minute per run on one core); `--refit ranker` refits the history ranker on the
+user's commands so far instead (calmd/training/ranker_refit.py, seconds), `--refit both` does
+both. With training, `calmd:packaged` (the model and ranker as packaged, never trained) answers
+the same queries on the same store, and the figures are kept per stretch of commands between two
+runs: the learning curve (`format_curve`). Histories carry no timestamps: command i is replayed at
 `ts = start + 60 i` (one command a minute), which is what the recency signal sees.
+
+`--ranker history|model` replays one part of the mixture alone (calmd.suggest.engine.PARTS: the
+history ranker without the model, the model without the history's proposals), for the ablation
+of docs/quality.md. `--jobs N` replays N users at once, each in a spawned process (the figures
+are the same as one after the other).
 
 With `--comp`, a second calmd system, `calmd+comp`, answers the same queries with the COMP and ENV
 frames filled as the daemon fills them (calmd/suggest/frames.py), from a reconstruction of the
@@ -51,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,6 +77,9 @@ THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # confidence thresholds the JS
 BASELINES = ("zsh-autosuggestions:history", "zsh-autosuggestions:match_prev_cmd", "fish")
 SYSTEMS = ("calmd", *BASELINES)  # with one model; with several, "calmd:<name>" for each
 COMP_SYSTEM = "calmd+comp"  # calmd with COMP/ENV from the reconstructed disk (`--comp`)
+# with training: calmd as packaged, never trained, answering the same queries as the calmd that learns
+PACKAGED_SYSTEM = "calmd:packaged"
+REFITS = ("model", "ranker", "both")  # what a training run of the replay refits (`--refit`)
 
 
 @dataclass
@@ -103,6 +115,9 @@ class Tally:
     # the user went on to type (what the reconstruction knew; the model still has to pick it)
     comp_filled: int = 0
     comp_right: int = 0
+    # with training: the same tallies per stretch of commands between two runs (`curve[j]`: the
+    # commands replayed after j runs), for the learning curve
+    curve: list[Tally] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         for k in KS:
@@ -130,12 +145,19 @@ class Tally:
         self.swaps += other.swaps
         self.comp_filled += other.comp_filled
         self.comp_right += other.comp_right
+        for j, stretch in enumerate(other.curve):
+            if j == len(self.curve):
+                self.curve.append(Tally())
+            self.curve[j].add(stretch)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "queries": self.queries,
             "top1": {k: self.top1[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "top5": {k: self.top5[k] / self.queries[k] if self.queries[k] else None for k in KS},
+            "top1_all": sum(self.top1.values()) / queries
+            if (queries := sum(self.queries.values()))
+            else None,
             "seen_before": {k: self.seen[k] / self.queries[k] if self.queries[k] else None for k in KS},
             "keystrokes_saved": self.saved / self.typed if self.typed else None,
             "keystrokes_saved_lines": 1 - self.keys_lines / self.chars if self.chars else None,
@@ -150,7 +172,14 @@ class Tally:
             "training_runs": self.runs,
             "models_swapped_in": self.swaps,
             **self._comp_json(),
+            **({"curve": [t.curve_point() for t in self.curve]} if self.curve else {}),
         }
+
+    def curve_point(self) -> dict[str, Any]:
+        """What the learning curve shows of one stretch between two training runs."""
+        full = self.to_json()
+        keep = ("queries", "top1", "top1_all", "typed_commands", "keystrokes_saved_words_drawn")
+        return {key: full[key] for key in keep}
 
     def _comp_json(self) -> dict[str, Any]:
         if not self.comp_filled:
@@ -358,6 +387,9 @@ class ReplayConfig:
     min_confidence: float | None = None  # one threshold in place of the ghost rule's (CALM_MIN_CONFIDENCE)
     models: dict[str, Path] = field(default_factory=dict)  # several models: system name -> weights
     comp: bool = False  # also replay each model with COMP and ENV from the reconstructed disk
+    ranker: str = "mixture"  # which predictors rank (calmd.suggest.engine.PARTS): the ablations
+    refit: str = "model"  # what a training run refits (REFITS): the model, the history ranker, both
+    jobs: int = 1  # users replayed at once, each in a process of its own
 
     def systems(self) -> dict[str, Path]:
         """The calmd systems replayed: "calmd" for the one model, else one per model."""
@@ -371,7 +403,8 @@ class ReplayConfig:
         return {(COMP_SYSTEM if s == "calmd" else f"{s}+comp"): s for s in self.systems()}
 
     def all_systems(self) -> list[str]:
-        return [*self.systems(), *self.comp_systems(), *BASELINES]
+        packaged = [PACKAGED_SYSTEM] if self.train_every else []
+        return [*self.systems(), *packaged, *self.comp_systems(), *BASELINES]
 
 
 def _completes(prefix: str, target: str, items: Sequence[str]) -> bool:
@@ -544,12 +577,14 @@ def replay_user(
     proposals with their calibration features; with `states`, every prefix of each typed-out
     command as the first calmd system answers it (`_Ours.states`). With several models
     (`cfg.models`), each answers every query in turn, on the same store (its own engine and
-    caches)."""
+    caches). With training, `PACKAGED_SYSTEM` (the model and ranker as packaged, never trained)
+    answers the same queries, and each tally's `curve` holds the stretches between runs."""
     commands = read_history(path)
     models = cfg.systems()
-    tallies = {s: Tally() for s in cfg.all_systems()}
+    systems = cfg.all_systems()
+    stretches: list[dict[str, Tally]] = [{s: Tally() for s in systems}]
     if len(commands) <= cfg.warmup:
-        return tallies
+        return stretches[0]
     rng = random.Random(f"{cfg.seed}:{path.stem}")
     candidates_pos = list(range(cfg.warmup, len(commands)))
     sampled = sorted(rng.sample(candidates_pos, min(cfg.positions, len(candidates_pos))))
@@ -558,7 +593,11 @@ def replay_user(
         store = HistoryStore(paths.history_path(Path(tmp)))
         ours: dict[str, _Ours] = {}
         weights = paths.weights_path(Path(tmp))
-        for n, (system, model) in enumerate(models.items()):
+        tallies = stretches[0]
+        engines = dict(models)
+        if cfg.train_every:  # its own copy: the learner's runs replace `weights`
+            engines[PACKAGED_SYSTEM] = next(iter(models.values()))
+        for n, (system, model) in enumerate(engines.items()):
             copy = weights if n == 0 else Path(tmp) / f"model{n}.cwgt"
             shutil.copyfile(model, copy)
             engine = engine_factory(copy)
@@ -576,6 +615,13 @@ def replay_user(
                     return comp_frames(prefix, disk, path_commands, engine)
 
                 ours[twin] = _Ours(twin, engine, store, tallies[twin], None, cfg.min_confidence, frames)
+        learner = next(iter(models))  # with training there is one model: the calmd that learns
+        examples = None
+        if cfg.train_every and cfg.refit in ("ranker", "both"):
+            from calmd.training.ranker_refit import RankerExamples, refit_ranker
+
+            base_ranker = ours[learner].engine.ranker
+            examples = RankerExamples(base_ranker)
         past = PastOnly()
         start_ts = time.time() - 60 * len(commands)
         sampled_set = set(sampled)
@@ -613,24 +659,40 @@ def replay_user(
                         type_out(tallies[system], cmd, past.top1(system))
             store.record(cmd, exit=0, session=SESSION, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
+            if examples is not None:
+                examples.add(cmd, SESSION)
             if disk is not None:
                 disk.add(cmd)
             if cfg.train_every and (i + 1) % cfg.train_every == 0 and sampled and i < sampled[-1]:
                 # what the daemon does in real use: fine-tune on the history so far, swap if not worse
-                from calmd.training.background import RunOptions, run
+                learning = engine = ours[learner].engine
+                if cfg.refit in ("model", "both"):
+                    from calmd.training.background import RunOptions, run
 
-                (system,) = models  # one model only (the CLI refuses more)
-                result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
-                if result.get("swapped"):
-                    old, engine = ours[system].engine, engine_factory(weights)
-                    engine.attach_history(store)
-                    for one in ours.values():  # the model and its COMP twin
-                        if one.engine is old:
-                            one.engine = engine
-                    tallies[system].swaps += 1
-                tallies[system].runs += 1
+                    result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
+                    if result.get("swapped"):
+                        engine = engine_factory(weights)
+                        engine.attach_history(store)
+                        tallies[learner].swaps += 1
+                if examples is not None:  # the history ranker refitted on the user's commands so far
+                    engine.ranker = refit_ranker(examples.examples, base_ranker)
+                for one in ours.values():  # the learner and its COMP twin
+                    if one.engine is learning:
+                        one.engine = engine
+                tallies[learner].runs += 1
+                tallies = {s: Tally() for s in systems}  # the next stretch of the learning curve
+                stretches.append(tallies)
+                for system, one in ours.items():
+                    one.tally = tallies[system]
         store.close()
-    return tallies
+    totals = {s: Tally() for s in systems}
+    for stretch in stretches:
+        for system, t in stretch.items():
+            totals[system].add(t)
+    if cfg.train_every:
+        for system in systems:
+            totals[system].curve = [stretch[system] for stretch in stretches]
+    return totals
 
 
 def type_out(tally: Tally, cmd: str, suggest: Suggest, drawn: Request | None = None) -> None:
@@ -671,28 +733,53 @@ def collect_rows(files: Sequence[Path], cfg: ReplayConfig, calibrator: Any) -> R
     return rows
 
 
-def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+def replay_file(path: Path, cfg: ReplayConfig) -> dict[str, Tally]:
+    """One user replayed with the daemon's engine (`cfg.ranker`'s parts, `cfg.weights`): what a
+    worker of `replay` runs, in this process or another."""
     from calmd.suggest.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.suggest.engine import ModelEngine, RankWeights
 
-    systems = cfg.all_systems()
-    totals = {s: Tally() for s in systems}
-    per_user: dict[str, Any] = {}
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
+    weights = RankWeights(**cfg.weights)
+    return replay_user(path, cfg, lambda w: ModelEngine(w, weights, calibrator=calibrator, parts=cfg.ranker))
+
+
+def replayed(files: Sequence[Path], cfg: ReplayConfig) -> Iterator[tuple[Path, dict[str, Tally]]]:
+    """Each user's tallies as they come: one after the other, or with `cfg.jobs` > 1 that many
+    users at once, each in a process of its own (spawned: a forked torch can deadlock), in the
+    order they finish."""
+    if cfg.jobs <= 1 or len(files) <= 1:
+        for path in files:
+            yield path, replay_file(path, cfg)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(cfg.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(replay_file, path, cfg): path for path in files}
+        for done in as_completed(running):
+            yield running[done], done.result()
+
+
+def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -> dict[str, Any]:
+    systems = cfg.all_systems()
+    per_user_tallies: dict[Path, dict[str, Tally]] = {}
     started = time.monotonic()
-    for n, path in enumerate(files, 1):
-        tallies = replay_user(
-            path, cfg, lambda weights: ModelEngine(weights, RankWeights(**cfg.weights), calibrator=calibrator)
-        )
+    for n, (path, tallies) in enumerate(replayed(files, cfg), 1):
+        per_user_tallies[path] = tallies
+        if progress:
+            top1 = tallies[systems[0]].to_json()["top1"]
+            user = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
+            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, {systems[0]} top-1 "
+                  f"{user}", flush=True)  # fmt: skip
+    totals = {s: Tally() for s in systems}
+    per_user: dict[str, Any] = {}
+    for path in files:  # in the files' order, whichever finished first
+        tallies = per_user_tallies[path]
         per_user[path.stem] = {s: t.to_json() for s, t in tallies.items()}
         for s, t in tallies.items():
             totals[s].add(t)
-        if progress:
-            top1 = totals[systems[0]].to_json()["top1"]
-            so_far = " ".join(f"k{k}={v:.2f}" for k, v in top1.items() if v is not None)
-            print(f"[{n}/{len(files)}] {path.stem}: {time.monotonic() - started:.0f} s, {systems[0]} top-1 "
-                  f"{so_far}", flush=True)  # fmt: skip
     return {
         "model": str(cfg.model),
         "models": {s: str(m) for s, m in cfg.systems().items()},
@@ -700,6 +787,8 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
         "positions_per_user": cfg.positions,
         "seed": cfg.seed,
         "weights": cfg.weights,
+        "ranker": cfg.ranker,
+        **({"train_every": cfg.train_every, "refit": cfg.refit} if cfg.train_every else {}),
         "totals": {s: t.to_json() for s, t in totals.items()},
         "per_user": per_user,
     }
@@ -747,9 +836,47 @@ def format_table(result: dict[str, Any]) -> str:
             f"{g['replaced_the_command']})"
         )
     lines.append("line / word: keystrokes saved taking the top suggestion always; drawn: only what is drawn")
+    lines += format_curve(result)
     if any("latency_ms" in t for t in result["totals"].values()):
         lines.append("ms p50/p99: in-process request -> last of 5 candidates at the sampled queries")
     return "\n".join(lines)
+
+
+def _at_k(per_k: dict[Any, Any], k: int) -> Any:
+    """A per-k figure of a result, in memory (int keys) or read back from JSON (str keys)."""
+    return per_k[k] if k in per_k else per_k[str(k)]
+
+
+def format_curve(result: dict[str, Any]) -> list[str]:
+    """With training: per stretch of commands after j runs, the calmd that learns against the
+    packaged one on the same queries (top-1 at k = 0, 1 and over every k; drawn-ghost keystrokes
+    saved word by word), then the same over every stretch; nothing without training."""
+    totals = result["totals"]
+    learner = next((s for s in totals if s.startswith("calmd") and s != PACKAGED_SYSTEM), None)
+    if learner is None or PACKAGED_SYSTEM not in totals or "curve" not in totals[learner]:
+        return []
+    metrics = (("top-1 k=0", lambda t: _at_k(t["top1"], 0)),
+               ("top-1 k=1", lambda t: _at_k(t["top1"], 1)),
+               ("top-1 all", lambda t: t["top1_all"]),
+               ("drawn word", lambda t: t["keystrokes_saved_words_drawn"]))  # fmt: skip
+
+    def row(name: str, learnt: dict[str, Any], packaged: dict[str, Any]) -> str:
+        cells = []
+        for _, value in metrics:
+            a, b = value(learnt), value(packaged)
+            cells.append(f"{(a or 0) * 100:>7.1f}{(b or 0) * 100:>7.1f}{((a or 0) - (b or 0)) * 100:>+7.1f}")
+        return f"{name:<24}{learnt['typed_commands']:>7}" + "".join(cells)
+
+    head = f"{'learning curve':<24}{'typed':>7}" + "".join(f"{name + ' (+/-)':>21}" for name, _ in metrics)
+    every = f"{result.get('refit', '?')} refitted every {result.get('train_every', '?')} commands"
+    lines = ["", f"{learner} ({every}) against {PACKAGED_SYSTEM}, the same queries: learnt, packaged, "
+             "difference", head]  # fmt: skip
+    for j, (learnt, packaged) in enumerate(zip(totals[learner]["curve"], totals[PACKAGED_SYSTEM]["curve"],
+                                               strict=True)):  # fmt: skip
+        if learnt["top1_all"] is not None:
+            lines.append(row(f"after {j} runs", learnt, packaged))
+    lines.append(row("every stretch", totals[learner], totals[PACKAGED_SYSTEM]))
+    return lines
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:

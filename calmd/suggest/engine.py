@@ -80,6 +80,12 @@ DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history'
 # pop`, and with 5 before it too. In-process p50 / p99 with 5, 8, 10: 8.3 / 18.4, 9.2 / 18.5,
 # 9.4 / 19.2 ms (interleaved, bench/latency.py's keystrokes).
 DROP_BUDGET = 8
+# Which predictors rank (`ModelEngine(parts=...)`, `calm replay --ranker`): the daemon serves the
+# mixture; the other two are its ablations (docs/quality.md, "The mixture's parts"): the history
+# ranker alone (no model runs: its proposals in the order of P_hist) and the model alone (its beams
+# only: no line is proposed or scored from the history's counts; the history still filters lines
+# that failed, as the judge does for the mixture's)
+PARTS = ("mixture", "history", "model")
 
 
 @dataclass(frozen=True)
@@ -211,8 +217,11 @@ class ModelEngine:
         calibrator: Calibrator | None = None,
         vocabulary: Vocabulary | None = None,
         ghost: GhostRule | None = None,
+        parts: str = "mixture",
     ) -> None:
         import torch
+
+        assert parts in PARTS, parts
 
         from calmd.model.generate import Generator
 
@@ -223,6 +232,7 @@ class ModelEngine:
         # five candidates) and costs 60 MB of resident memory (performance.md).
         self.generator = Generator(self.loaded, trace=False)
         self.weights = weights or RankWeights()
+        self.parts = parts
         self.history: HistoryStore | None = None
         self.index: HistoryIndex | None = None
         self.ranker = ranker or packaged_ranker()
@@ -336,47 +346,63 @@ class ModelEngine:
         if n <= 0 or cancelled.is_set():
             return
         proposals = side.proposals
-        lam = self.weights.history_mix if proposals else 0.0
-        start, model_typed = self.generator.prepare(ctx, session)  # once: building the sequence costs 0.3 ms
-        p_end = self.generator.end_probability(ctx, session=session, start=start)
-        complete = self._is_complete(typed, input_run_before, p_end)
-        judge = self._judge(typed, ctx, side, complete, missing)
         top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
-        key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
-        # The history proposals the model scores (latency bound), and the lines COMP completes.
-        disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
-        scored = ordered[: self.max_scored] + disk
-        lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
-        if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
-            scored.append(incumbent)  # its score decides whether it stays
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
         line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
-        through = None
-        if not complete and model_typed == typed:
-            through = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam, elsewhere)
-        if through is not None:
-            self.reused += 1
-            ranked: Iterator[Candidate] = iter([c for c, _ in through[:n]])
-            spare = [c for c, _ in through[n:]]
-            model_lp = {c.text: lp for c, lp in through}
-            line_scores = {c.text: c.logprob for c, _ in through}
+        if self.parts == "history":  # the ablation without the model: P_hist's order, nothing else
+            p_end = 0.0
+            complete = self._is_complete(typed, input_run_before, p_end)
+            kept = [c for c in ordered if side.proposals[c] > 0 and not (complete and c in side.carry)]
+            line_scores = {
+                c: math.log(side.proposals[c]) - (ELSEWHERE_PENALTY if elsewhere(c) else 0.0) for c in kept
+            }
+            by_score = sorted(line_scores, key=line_scores.__getitem__, reverse=True)
+            ranked: Iterator[Candidate] = iter([Candidate(c, line_scores[c], 0) for c in by_score])
         else:
-            self.searches += 1
-            # Score the likeliest history proposals and COMP's lines with the model: one batched pass.
-            extra: list[tuple[str, float]] = []
-            if scored:
-                scores = self.generator.score_many(ctx, scored, session=session, start=start)
-                for cmd, lp in zip(scored, scores, strict=True):
-                    extra.append((cmd, self._mixture_score(cmd, lp, proposals, lam, elsewhere)))
-                    model_lp[cmd] = lp
-            line_scores = dict(extra)
-            if complete:  # only lines the user ran may continue it: no beams, no carry-overs
-                own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
-                ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+            lam = self.weights.history_mix if proposals else 0.0
+            # once: building the sequence costs 0.3 ms
+            start, model_typed = self.generator.prepare(ctx, session)
+            p_end = self.generator.end_probability(ctx, session=session, start=start)
+            # the model alone decides from the model whether the input is complete
+            complete = self._is_complete(typed, input_run_before and self.parts != "model", p_end)
+            judge = self._judge(typed, ctx, side, complete, missing)
+            key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
+            # The history proposals the model scores (latency bound), and the lines COMP completes.
+            disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
+            scored = ordered[: self.max_scored] + disk
+            lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
+            if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
+                scored.append(incumbent)  # its score decides whether it stays
+            through = None
+            if not complete and model_typed == typed:
+                through = self._typed_through(
+                    session, key, ctx, n, start, side, scored, judge, lam, elsewhere
+                )
+            if through is not None:
+                self.reused += 1
+                ranked = iter([c for c, _ in through[:n]])
+                spare = [c for c, _ in through[n:]]
+                model_lp = {c.text: lp for c, lp in through}
+                line_scores = {c.text: c.logprob for c, _ in through}
             else:
-                search = self.generator.beam_search(ctx, width=max(int(self.weights.beam), n), start=start)
-                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
+                self.searches += 1
+                # Score the likeliest history proposals and COMP's lines with the model: one batched pass.
+                extra: list[tuple[str, float]] = []
+                if scored:
+                    scores = self.generator.score_many(ctx, scored, session=session, start=start)
+                    for cmd, lp in zip(scored, scores, strict=True):
+                        extra.append((cmd, self._mixture_score(cmd, lp, proposals, lam, elsewhere)))
+                        model_lp[cmd] = lp
+                line_scores = dict(extra)
+                if complete:  # only lines the user ran may continue it: no beams, no carry-overs
+                    own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
+                    ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+                else:
+                    search = self.generator.beam_search(
+                        ctx, width=max(int(self.weights.beam), n), start=start
+                    )
+                    ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:
             count = index.count.get(text, 0) if index is not None else 0
@@ -422,6 +448,8 @@ class ModelEngine:
             if found.text in model_lp:
                 answered.append((found.text, model_lp[found.text]))
             yield found
+        if self.parts == "history":
+            return  # nothing for typing through to continue: it continues the model's lines
         if not complete:
             more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
             comp = tuple(ctx.get("completions") or ())
@@ -701,6 +729,8 @@ class ModelEngine:
         if store is None or index is None:
             return HistorySide({}, set(), set())
         index.sync(store)  # what any shell recorded since the last keystroke
+        if self.parts == "model":
+            return HistorySide({}, set(), set())  # the ablation without the history's proposals
         context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
         prev = context[-1] if context else None
         pool = index.pool(typed, prev, size=int(self.weights.pool))

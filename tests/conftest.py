@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,8 +28,12 @@ if TYPE_CHECKING:
 
 def pytest_configure(config: pytest.Config) -> None:
     """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it."""
-    if in_ci() and not config.option.durations:
+    if in_ci() and config.option.durations is None:  # --durations=0 asks for all of them
         config.option.durations = 15
+
+
+# running_daemon (tests/daemon.py), its argv lists, or `calmd serve` run as a command
+STARTS_A_DAEMON = re.compile(r'running_daemon\(|CALMD_SERVE|SCRIPTED_SERVE|"calmd"\)?, "serve"')
 
 
 def _starts_a_daemon(item: pytest.Item) -> bool:
@@ -47,7 +52,7 @@ def _calls_running_daemon(function: object, names: dict[str, object], seen: set[
         source = inspect.getsource(function)  # type: ignore[arg-type]
     except (OSError, TypeError):
         return False
-    if "running_daemon(" in source:
+    if STARTS_A_DAEMON.search(source):
         return True
     for name, value in names.items():
         if (

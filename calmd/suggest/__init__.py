@@ -4,6 +4,6 @@ The context rule and its frames (context.py, frames.py: which past commands, whi
 items the model sees), the disk they are read from (disk.py; reconstruct.py for a replayed
 history), the history ranker (ranking.py), the filters (filters.py), the confidence calibration
 (calibration.py), the ghost rule (ghost.py), the history search's index and ranking (search.py),
-and the engine that ranks the model's lines and the
-history's in one mixture (engine.py). Nothing here imports the daemon: the daemon serves it.
+and the engine that ranks the model's lines and the history's in one mixture (engine.py).
+Nothing here imports the daemon or training: they use it.
 """

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calmd.cli import calm_main
@@ -15,6 +17,7 @@ from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import parse_sequence
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
+from calmd.suggest.ranking import Ranker, packaged_ranker
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.builders import TRAIN_ARGS, WORK
@@ -171,3 +174,40 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
         assert (tmp_path / "data" / "shell.cwgt").read_bytes() == tiny.read_bytes()
         assert not (tmp_path / "data" / "shell.prev.cwgt").exists()
         assert any("candidate" in m for m in c.complete("make", n=2, session="s"))
+
+
+def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 30)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    ranker = tmp_path / "ranker.json"
+    opts = RunOptions(tmp_path, weights, min_examples=10**6)  # the model's part: nothing to train yet
+    result = run(opts)
+    assert result["ranker_refitted"] is True and result["ranker_examples"] >= 100, result
+    assert "ranker refitted on" in result["reason"] and result["swapped"] is False
+    assert stat.S_IMODE(ranker.stat().st_mode) == 0o600
+    fitted = Ranker.load(ranker)
+    assert fitted.info["refit"]["examples"] == result["ranker_examples"]
+    assert not np.allclose(fitted.w1, packaged_ranker().w1)  # it learned something of this user's
+    # weights and the packaged carry-over table only: none of the user's commands is in the file
+    text = ranker.read_text()
+    assert not any(cmd in text for cmd in ("make build", "git commit -am wip", "git status"))
+    assert not (tmp_path / "ranker.prev.json").exists()
+    first = ranker.read_bytes()
+    assert run(opts)["ranker_refitted"] is True
+    assert (tmp_path / "ranker.prev.json").read_bytes() == first  # `calm rollback` brings it back
+    assert read_status(tmp_path)["ranker_refitted"] is True
+
+
+def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 2)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    result = run(RunOptions(tmp_path, weights))
+    assert result["ranker_refitted"] is False
+    assert result["reason"].endswith("the packaged ranker stays"), result
+    assert not (tmp_path / "ranker.json").exists()

@@ -211,3 +211,51 @@ def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tin
     assert result["ranker_refitted"] is False
     assert result["reason"].endswith("the packaged ranker stays"), result
     assert not (tmp_path / "ranker.json").exists()
+
+
+def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
+    tmp_path: Path, tiny: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
+    ranker = data / "ranker.json"
+    # the model's fine-tune has too few examples to run: this run refits the ranker alone
+    args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS, "--train-arg=--min-examples=100000")
+    with (
+        running_daemon(tmp_path, engine="model", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for i in range(30):
+            for cmd in WORK:
+                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        model = c.status()["status"]["model"]
+        assert model["ranker_refit"] is None and model["ranker"].endswith("(packaged)"), model
+        assert c.train()["started"] is True
+        status = wait_status(
+            c, lambda s: s["training"]["last_result"] is not None and s["training"]["pid"] is None
+        )
+        last = status["training"]["last_result"]  # type: ignore[index]
+        assert last["ranker_refitted"] is True and last["swapped"] is False, last
+        assert stat.S_IMODE(ranker.stat().st_mode) == 0o600
+        # reloaded without a restart: the daemon ranks with the file the run wrote
+        model = wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)["model"]  # type: ignore[index]
+        assert (
+            model["ranker_refit"]["examples"]
+            == last["ranker_examples"]
+            == Ranker.load(ranker).info["refit"]["examples"]
+        )
+        assert model["ranker_path"] == str(ranker) and model["ranker_error"] is None
+        table = subprocess.run([str(BIN / "calmd"), "--socket", str(d.socket), "--no-color", "status"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "ranker refitted on" in " ".join(table.split())  # the run's result, in the table
+        assert "examples of yours" in " ".join(table.split())  # which ranker serves
+        # a corrupt file (a foreign one, a disk error): one line in the log, the packaged ranker
+        # serves, and the daemon answers on
+        broken = data / "ranker.tmp"
+        broken.write_text('{"format": "calm-ranker", "version": 1, "features": [')
+        os.replace(broken, ranker)
+        model = wait_status(c, lambda s: s["model"]["ranker_error"] is not None)["model"]  # type: ignore[index]
+        assert model["ranker_refit"] is None and "did not load" in model["ranker_error"]
+        assert [m for m in c.complete("make", n=2, session="s") if "candidate" in m]
+        assert d.read_output().count("did not load") == 1, d.read_output()

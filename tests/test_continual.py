@@ -101,10 +101,14 @@ def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny:
     assert result["swapped"] is True and result["new_loss"] <= result["old_loss"], result
     assert (tmp_path / "shell.prev.cwgt").read_bytes() == tiny.read_bytes()
     assert weights.read_bytes() != tiny.read_bytes()
-    assert read_status(tmp_path)["reason"].endswith("swapped in")
+    assert "swapped in; ranker refitted on" in read_status(tmp_path)["reason"]  # the model's, the ranker's
     assert not list(tmp_path.glob(".shell.candidate.*"))
+    refitted = (tmp_path / "ranker.json").read_bytes()
     assert calm_main(["rollback", "--weights", str(weights)]) == 0
     assert weights.read_bytes() == tiny.read_bytes()
+    # the run's ranker goes too (moved aside: the packaged one serves, the next rollback undoes it)
+    assert not (tmp_path / "ranker.json").exists()
+    assert (tmp_path / "ranker.prev.json").read_bytes() == refitted
 
 
 def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path) -> None:

@@ -381,47 +381,76 @@ def swap_in(candidate: Path, weights: Path) -> None:
     fsync_dir(weights.parent)
 
 
-def rollback(weights: Path) -> Path:
-    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev); with
-    no previous file, move the weights aside to it: the packaged model serves (`serving_weights`),
-    and the next rollback brings them back.
+def rollback(weights: Path) -> list[str]:
+    """Undo the last training run: put `shell.prev.cwgt` back as the serving weights (the current
+    ones become the prev), and `ranker.prev.json` back as the user's ranker beside them. With no
+    previous file, move the current one aside to it: the packaged model (or ranker) serves
+    (`serving_weights`, `serving_ranker`), and the next rollback brings it back. Returns what it
+    did, one sentence per file.
 
-    Atomic: one renameat2(RENAME_EXCHANGE) swaps the two files, so each name holds a complete
-    file at every instant and a crash leaves either the old pair or the swapped one. Where the
-    file system cannot exchange, three renames keep `weights` complete throughout (a crash
-    between them leaves the replaced model as a temp file, not lost in place). Refused while a
+    Atomic: one renameat2(RENAME_EXCHANGE) swaps two files, so each name holds a complete file at
+    every instant and a crash leaves either the old pair or the swapped one. Where the file system
+    cannot exchange, three renames keep the current name complete throughout (a crash between them
+    leaves the replaced file as a temp file, not lost in place). The previous files are checked
+    before anything moves: one that does not load is refused and nothing changes. Refused while a
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
+    from calmd.suggest.ranking import MAX_RANKER_BYTES
 
     prev = paths.prev_weights_path(weights)
+    ranker = paths.ranker_path(weights)
+    prev_ranker = paths.prev_ranker_path(ranker)
     for path in (weights, prev):
         if path.exists() and not path.is_file():
             raise CalmError(f"{path} is not a weight file (a folder?); give the weights with --weights FILE")
-    if not prev.exists() and not weights.exists():
+    model_files = prev.exists() or weights.exists()
+    ranker_files = ranker.is_file() or prev_ranker.is_file()
+    if not model_files and not ranker_files:
         raise CalmError(f"neither {weights} nor {prev} exists: the packaged model serves already")
+    done: list[str] = []
     with TrainingLock(weights.parent) as lock:
         if not lock.acquire():
             holder = lock_holder(weights.parent)
             raise CalmError(f"a training run (pid {holder}) is in progress: roll back after it ends")
-        if not prev.exists():
-            if weights.name != paths.WEIGHTS:  # only serving weights give way to the packaged model
-                raise CalmError(f"{prev} does not exist: nothing to roll back to")
-            # Nothing replaced yet: back to the packaged model, keeping these weights as the
-            # previous ones, so that the next rollback brings them back.
-            os.replace(weights, prev)
-            fsync_dir(weights.parent)
-            return weights
-        load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
-        if not weights.exists():
-            os.replace(prev, weights)
-            fsync_dir(weights.parent)
-        elif not exchange(weights, prev):
-            keep = weights.with_name(f".{weights.name}.rollback.{os.getpid()}.tmp")
-            os.link(weights, keep)
-            os.replace(prev, weights)
-            os.replace(keep, prev)
-            fsync_dir(weights.parent)
-    return weights
+        if model_files and not prev.exists() and weights.name != paths.WEIGHTS:
+            # only serving weights give way to the packaged model
+            raise CalmError(f"{prev} does not exist: nothing to roll back to")
+        if model_files and prev.exists():
+            load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
+        if prev_ranker.is_file():  # the same for the ranker, before anything moves
+            Ranker.from_json(json.loads(bytes(read_regular_file(prev_ranker, limit=MAX_RANKER_BYTES))),
+                             str(prev_ranker))  # fmt: skip
+        if model_files:
+            had_prev = prev.exists()
+            _swap_back(weights, prev)
+            done.append(
+                f"restored {weights} from {prev}" if had_prev
+                else f"no previous weights: moved {weights} to {prev}; the packaged model serves now"
+            )  # fmt: skip
+        if ranker_files:
+            had_prev = prev_ranker.is_file()
+            _swap_back(ranker, prev_ranker)
+            done.append(
+                f"restored {ranker} from {prev_ranker}" if had_prev
+                else f"no previous ranker: moved {ranker} to {prev_ranker}; the packaged ranker serves now"
+            )  # fmt: skip
+    return done
+
+
+def _swap_back(current: Path, prev: Path) -> None:
+    """`prev` becomes `current` and `current` becomes `prev` (one of them may be missing)."""
+    if not prev.exists():
+        os.replace(current, prev)
+        fsync_dir(current.parent)
+    elif not current.exists():
+        os.replace(prev, current)
+        fsync_dir(current.parent)
+    elif not exchange(current, prev):
+        keep = current.with_name(f".{current.name}.rollback.{os.getpid()}.tmp")
+        os.link(current, keep)
+        os.replace(prev, current)
+        os.replace(keep, prev)
+        fsync_dir(current.parent)
 
 
 def _stop_on_sigterm(signum: int, _frame: object) -> None:

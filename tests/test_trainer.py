@@ -167,11 +167,13 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
         half.write_bytes(b"half")
         spill = data / "training" / ".heldout.ctds.z8w1.tokens"
         spill.write_bytes(b"half")
+        ranker = data / ".ranker.json.p4x7.tmp"  # a kill while it wrote the refitted ranker
+        ranker.write_bytes(b"half")
         os.kill(info["pid"], signal.SIGKILL)
         wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
         assert "killed by SIGKILL" in training(c)["last_result"]["reason"]
-        wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists(),
-                   "what the run left to be removed", timeout=10)  # fmt: skip
+        wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists()
+                   and not ranker.exists(), "what the run left to be removed", timeout=10)  # fmt: skip
         d.wait_for(f"removed what the ended training run (pid {info['pid']}) left")
     # what a run left when its daemon was killed with it goes at the next start
     (data / ".shell.candidate.999999.cwgt").write_bytes(b"weights")

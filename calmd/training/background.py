@@ -211,13 +211,15 @@ def candidate_path(data_dir: Path, pid: int) -> Path:
 
 def remove_run_files(data_dir: Path, pid: int) -> list[str]:
     """What the ended run `pid` left: its candidate weights (and the candidate's temp file), the
-    temp files of its datasets and of training.json. Only call it once that run is gone and no
-    other holds the lock. Other processes' temp files in the data dir (a hook file being
-    written) are left alone."""
+    temp files of its datasets, of training.json and of the ranker it was writing. Only call it
+    once that run is gone and no other holds the lock. Other processes' temp files in the data
+    dir (a hook file being written) are left alone."""
     removed: list[str] = []
     candidate = candidate_path(data_dir, pid)
     doomed = [candidate, *data_dir.glob(f".{candidate.name}.*.tmp"),
-              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp")]  # fmt: skip
+              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp"),
+              *data_dir.glob(f".{paths.RANKER}.*.tmp"),
+              *data_dir.glob(f".{paths.PREV_RANKER}.*.tmp")]  # fmt: skip
     work = paths.training_dir(data_dir)
     if work.is_dir() and not work.is_symlink():
         doomed += [p for p in work.iterdir() if p.name.startswith(".") and p.suffix in (".tmp", ".tokens")]

@@ -21,7 +21,8 @@ from calmd.suggest.ranking import Ranker, packaged_ranker
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.builders import TRAIN_ARGS, WORK
-from tests.daemon import BIN, running_daemon
+from tests.daemon import BIN, daemon_env, running_daemon
+from tests.test_ranker_refit import rounds
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -263,3 +264,44 @@ def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
         assert model["ranker_refit"] is None and "did not load" in model["ranker_error"]
         assert [m for m in c.complete("make", n=2, session="s") if "candidate" in m]
         assert d.read_output().count("did not load") == 1, d.read_output()
+
+
+def test_the_refitted_ranker_changes_the_daemons_order_and_calm_rollback_takes_it_back(
+    tmp_path: Path, tiny: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
+    # a previous model that is the same one: `calm rollback` (which undoes the model's swap too)
+    # then changes only the ranker
+    (data / "shell.prev.cwgt").write_bytes(tiny.read_bytes())
+    args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=100000")
+
+    def calm_rollback() -> str:
+        done = subprocess.run([str(BIN / "calm"), "rollback"], env=daemon_env(tmp_path), capture_output=True,
+                              text=True, timeout=300, check=True)  # fmt: skip
+        return done.stdout
+
+    with (
+        running_daemon(tmp_path, engine="model", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for cmd in rounds(50):  # a habit the packaged ranker misses (tests/test_ranker_refit.py)
+            c.record(cmd, exit=0, session="s")
+
+        def order() -> list[list[str]]:
+            """The daemon's five lines for a few inputs, all asked at the same state of the history."""
+            return [[m["candidate"] for m in c.complete(typed, n=5, session="s") if "candidate" in m]
+                    for typed in ("", "v", "vim notes", "g", "c", "l", "m")]  # fmt: skip
+
+        packaged = order()
+        assert c.train()["started"] is True
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)
+        refitted = order()
+        assert sum(a != b for a, b in zip(packaged, refitted, strict=True)) >= 2, (packaged, refitted)
+        assert "the packaged ranker serves now" in calm_rollback()  # no previous ranker: moved aside
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is None)
+        assert order() == packaged  # the ranker file was the only difference
+        assert "restored" in calm_rollback()
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)
+        assert order() == refitted

@@ -204,6 +204,11 @@ def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path:
     assert run(opts)["ranker_refitted"] is True
     assert (tmp_path / "ranker.prev.json").read_bytes() == first  # `calm rollback` brings it back
     assert read_status(tmp_path)["ranker_refitted"] is True
+    # the model alone (as `calm replay --refit model` measures it): the ranker files stay
+    second = ranker.read_bytes()
+    alone = run(RunOptions(tmp_path, weights, min_examples=10**6, refit_ranker=False))
+    assert alone["ranker_refitted"] is False and "--no-refit-ranker" in alone["reason"]
+    assert ranker.read_bytes() == second and (tmp_path / "ranker.prev.json").read_bytes() == first
 
 
 def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tiny: Path) -> None:

@@ -74,6 +74,7 @@ class RunOptions:
     threads: int = 1
     max_minutes: float = 20.0
     parent_pid: int | None = None  # the daemon that started the run: stop when it is gone
+    refit_ranker: bool = True  # False: the model alone (`calm replay --refit model` measures it so)
     ranker_commands: int = LEARN_COMMANDS  # the newest commands the ranker's refit learns from
     ranker_min_examples: int = RefitOptions.min_examples  # fewer: the ranker in place stays
 
@@ -275,7 +276,11 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     try:
         write_status(opts.data_dir, state="ranker", started=started, base=str(base))
         try:
-            ranker = refit_user_ranker(store, opts)
+            ranker = (
+                refit_user_ranker(store, opts) if opts.refit_ranker
+                else {"ranker_refitted": False, "ranker_examples": 0,
+                      "ranker_reason": "the ranker was not refitted (--no-refit-ranker)"}
+            )  # fmt: skip
         except Exception as exc:  # the model's fine-tune still runs; the result says why
             if is_disk_full(exc):
                 raise
@@ -477,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holdout", type=int, default=RunOptions.holdout)
     parser.add_argument("--max-minutes", type=float, default=RunOptions.max_minutes)
     parser.add_argument("--threads", type=int, default=RunOptions.threads)
+    parser.add_argument("--no-refit-ranker", dest="refit_ranker", action="store_false",
+                        help="fine-tune the model alone, leave the history ranker as it is")  # fmt: skip
     parser.add_argument("--ranker-commands", type=int, default=RunOptions.ranker_commands,
                         help="the newest commands the history ranker's refit learns from")  # fmt: skip
     parser.add_argument("--ranker-min-examples", type=int, default=RunOptions.ranker_min_examples,
@@ -493,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.weights or paths.weights_path(args.data_dir)
     opts = RunOptions(args.data_dir, weights, min_examples=args.min_examples, holdout=args.holdout,
                       epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes,
-                      parent_pid=args.parent_pid, ranker_commands=args.ranker_commands,
+                      parent_pid=args.parent_pid, refit_ranker=args.refit_ranker,
+                      ranker_commands=args.ranker_commands,
                       ranker_min_examples=args.ranker_min_examples)  # fmt: skip
     paths.private_dir(args.data_dir)
     with TrainingLock(args.data_dir) as lock:

@@ -27,6 +27,8 @@ log = logging.getLogger("calmd")
 HISTORY = "history.sqlite3"  # the history store (SQLite adds -wal, -shm, -journal beside it)
 WEIGHTS = "shell.cwgt"  # the user's model, written by the background run (or `calm train`)
 PREV_WEIGHTS = "shell.prev.cwgt"  # the model the last swap replaced: `calm rollback` restores it
+RANKER = "ranker.json"  # the history ranker refitted on the user's commands (beside the weights)
+PREV_RANKER = "ranker.prev.json"  # the ranker the last refit replaced: `calm rollback` restores it
 DATASET = "train.ctds"  # `calm dataset`'s output and `calm train`'s default input
 TRAINING_STATUS = "training.json"  # the background run's progress and result
 TRAINING_LOCK = "training.lock"  # held by the one run of a CALM_HOME
@@ -38,7 +40,8 @@ HELPER_LOG = "shell-helper.log"  # the shell helpers' log
 DISABLED_FLAG = "shell-disabled"  # `calm disable` creates it, `calm enable` removes it
 HOOK_FILE = "calm.{shell}"  # `calmd init`'s output, sourced by the setup line
 DATA_FILES = (
-    HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, DATASET,
+    HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, RANKER,
+    PREV_RANKER, DATASET,
     TRAINING_STATUS, TRAINING_LOG, TRAINING_LOCK, HELPER_LOG, HELPER_LOG + ".old", DISABLED_FLAG,
     HOOK_FILE.format(shell="zsh"), HOOK_FILE.format(shell="bash"), HOOK_FILE.format(shell="fish"),
 )  # fmt: skip
@@ -58,6 +61,17 @@ def weights_path(data: Path | None = None) -> Path:
 def prev_weights_path(weights: Path) -> Path:
     """Where the model a swap replaced is kept, beside the weights."""
     return weights.with_name(PREV_WEIGHTS)
+
+
+def ranker_path(weights: Path) -> Path:
+    """The user's history ranker, written by the background run beside the weights it serves
+    with: the daemon's engine loader, given the weight path, finds it there."""
+    return weights.with_name(RANKER)
+
+
+def prev_ranker_path(ranker: Path) -> Path:
+    """Where the ranker a refit replaced is kept, beside it."""
+    return ranker.with_name(PREV_RANKER)
 
 
 def dataset_path() -> Path:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calmd.cli import calm_main
@@ -15,10 +17,12 @@ from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import parse_sequence
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
+from calmd.suggest.ranking import Ranker, packaged_ranker
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.builders import TRAIN_ARGS, WORK
-from tests.daemon import BIN, running_daemon
+from tests.daemon import BIN, daemon_env, running_daemon
+from tests.test_ranker_refit import rounds
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -98,10 +102,14 @@ def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny:
     assert result["swapped"] is True and result["new_loss"] <= result["old_loss"], result
     assert (tmp_path / "shell.prev.cwgt").read_bytes() == tiny.read_bytes()
     assert weights.read_bytes() != tiny.read_bytes()
-    assert read_status(tmp_path)["reason"].endswith("swapped in")
+    assert "swapped in; ranker refitted on" in read_status(tmp_path)["reason"]  # the model's, the ranker's
     assert not list(tmp_path.glob(".shell.candidate.*"))
+    refitted = (tmp_path / "ranker.json").read_bytes()
     assert calm_main(["rollback", "--weights", str(weights)]) == 0
     assert weights.read_bytes() == tiny.read_bytes()
+    # the run's ranker goes too (moved aside: the packaged one serves, the next rollback undoes it)
+    assert not (tmp_path / "ranker.json").exists()
+    assert (tmp_path / "ranker.prev.json").read_bytes() == refitted
 
 
 def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path) -> None:
@@ -171,3 +179,134 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
         assert (tmp_path / "data" / "shell.cwgt").read_bytes() == tiny.read_bytes()
         assert not (tmp_path / "data" / "shell.prev.cwgt").exists()
         assert any("candidate" in m for m in c.complete("make", n=2, session="s"))
+
+
+def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 30)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    ranker = tmp_path / "ranker.json"
+    opts = RunOptions(tmp_path, weights, min_examples=10**6)  # the model's part: nothing to train yet
+    result = run(opts)
+    assert result["ranker_refitted"] is True and result["ranker_examples"] >= 100, result
+    assert "ranker refitted on" in result["reason"] and result["swapped"] is False
+    assert stat.S_IMODE(ranker.stat().st_mode) == 0o600
+    fitted = Ranker.load(ranker)
+    assert fitted.info["refit"]["examples"] == result["ranker_examples"]
+    assert not np.allclose(fitted.w1, packaged_ranker().w1)  # it learned something of this user's
+    # weights and the packaged carry-over table only: none of the user's commands is in the file
+    text = ranker.read_text()
+    assert not any(cmd in text for cmd in ("make build", "git commit -am wip", "git status"))
+    assert not (tmp_path / "ranker.prev.json").exists()
+    first = ranker.read_bytes()
+    assert run(opts)["ranker_refitted"] is True
+    assert (tmp_path / "ranker.prev.json").read_bytes() == first  # `calm rollback` brings it back
+    assert read_status(tmp_path)["ranker_refitted"] is True
+    # the model alone (as `calm replay --refit model` measures it): the ranker files stay
+    second = ranker.read_bytes()
+    alone = run(RunOptions(tmp_path, weights, min_examples=10**6, refit_ranker=False))
+    assert alone["ranker_refitted"] is False and "--no-refit-ranker" in alone["reason"]
+    assert ranker.read_bytes() == second and (tmp_path / "ranker.prev.json").read_bytes() == first
+
+
+def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tiny: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    fill(store, 2)
+    store.close()
+    weights = tmp_path / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    result = run(RunOptions(tmp_path, weights))
+    assert result["ranker_refitted"] is False
+    assert result["reason"].endswith("the packaged ranker stays"), result
+    assert not (tmp_path / "ranker.json").exists()
+
+
+def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
+    tmp_path: Path, tiny: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
+    ranker = data / "ranker.json"
+    # the model's fine-tune has too few examples to run: this run refits the ranker alone
+    args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS, "--train-arg=--min-examples=100000")
+    with (
+        running_daemon(tmp_path, engine="model", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for i in range(30):
+            for cmd in WORK:
+                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        model = c.status()["status"]["model"]
+        assert model["ranker_refit"] is None and model["ranker"].endswith("(packaged)"), model
+        assert c.train()["started"] is True
+        status = wait_status(
+            c, lambda s: s["training"]["last_result"] is not None and s["training"]["pid"] is None
+        )
+        last = status["training"]["last_result"]  # type: ignore[index]
+        assert last["ranker_refitted"] is True and last["swapped"] is False, last
+        assert stat.S_IMODE(ranker.stat().st_mode) == 0o600
+        # reloaded without a restart: the daemon ranks with the file the run wrote
+        model = wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)["model"]  # type: ignore[index]
+        assert (
+            model["ranker_refit"]["examples"]
+            == last["ranker_examples"]
+            == Ranker.load(ranker).info["refit"]["examples"]
+        )
+        assert model["ranker_path"] == str(ranker) and model["ranker_error"] is None
+        table = subprocess.run([str(BIN / "calmd"), "--socket", str(d.socket), "--no-color", "status"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "ranker refitted on" in " ".join(table.split())  # the run's result, in the table
+        assert "examples of yours" in " ".join(table.split())  # which ranker serves
+        # a corrupt file (a foreign one, a disk error): one line in the log, the packaged ranker
+        # serves, and the daemon answers on
+        broken = data / "ranker.tmp"
+        broken.write_text('{"format": "calm-ranker", "version": 1, "features": [')
+        os.replace(broken, ranker)
+        model = wait_status(c, lambda s: s["model"]["ranker_error"] is not None)["model"]  # type: ignore[index]
+        assert model["ranker_refit"] is None and "did not load" in model["ranker_error"]
+        assert [m for m in c.complete("make", n=2, session="s") if "candidate" in m]
+        assert d.read_output().count("did not load") == 1, d.read_output()
+
+
+def test_the_refitted_ranker_changes_the_daemons_order_and_calm_rollback_takes_it_back(
+    tmp_path: Path, tiny: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
+    # a previous model that is the same one: `calm rollback` (which undoes the model's swap too)
+    # then changes only the ranker
+    (data / "shell.prev.cwgt").write_bytes(tiny.read_bytes())
+    args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=100000")
+
+    def calm_rollback() -> str:
+        done = subprocess.run([str(BIN / "calm"), "rollback"], env=daemon_env(tmp_path), capture_output=True,
+                              text=True, timeout=300, check=True)  # fmt: skip
+        return done.stdout
+
+    with (
+        running_daemon(tmp_path, engine="model", args=args) as d,
+        CalmClient(d.socket) as c,
+    ):
+        for cmd in rounds(50):  # a habit the packaged ranker misses (tests/test_ranker_refit.py)
+            c.record(cmd, exit=0, session="s")
+
+        def order() -> list[list[str]]:
+            """The daemon's five lines for a few inputs, all asked at the same state of the history."""
+            return [[m["candidate"] for m in c.complete(typed, n=5, session="s") if "candidate" in m]
+                    for typed in ("", "v", "vim notes", "g", "c", "l", "m")]  # fmt: skip
+
+        packaged = order()
+        assert c.train()["started"] is True
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)
+        refitted = order()
+        assert sum(a != b for a, b in zip(packaged, refitted, strict=True)) >= 2, (packaged, refitted)
+        assert "the packaged ranker serves now" in calm_rollback()  # no previous ranker: moved aside
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is None)
+        assert order() == packaged  # the ranker file was the only difference
+        assert "restored" in calm_rollback()
+        wait_status(c, lambda s: s["model"]["ranker_refit"] is not None)
+        assert order() == refitted

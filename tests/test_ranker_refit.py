@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from calmd.history.store import HistoryStore
 from calmd.suggest.ranking import FEATURES, Ranker, packaged_ranker
-from calmd.training.ranker_refit import Example, RankerExamples, RefitOptions, refit_ranker
+from calmd.training.ranker_refit import (
+    Example,
+    RankerExamples,
+    RefitOptions,
+    examples_from_store,
+    refit_ranker,
+)
 
 
 def rounds(n: int, seed: int = 0) -> list[str]:
@@ -88,3 +96,21 @@ def test_only_the_newest_examples_are_kept() -> None:
     gathered = RankerExamples(packaged_ranker(), ks=(0,), limit=5)
     gathered.extend(rounds(10))
     assert len(gathered.examples) == 5
+
+
+def test_examples_from_the_store_ask_only_the_newest_commands_but_see_them_all(tmp_path: Path) -> None:
+    commands = rounds(40)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    for cmd in commands:
+        store.record(cmd, exit=0, session="s")
+    from_store = list(examples_from_store(store, packaged_ranker(), learn=50).examples)
+    store.close()
+    everything = RankerExamples(packaged_ranker())
+    everything.extend(commands[:-50], "s")
+    asked_before = len(everything.examples)
+    everything.extend(commands[-50:], "s")
+    newest = list(everything.examples)[asked_before:]  # the queries of the last 50 commands
+    assert len(from_store) == len(newest) > 50
+    for got, want in zip(from_store, newest, strict=True):
+        # the same features: the 270 older commands counted, though not asked
+        assert got.target == want.target and np.array_equal(got.rows, want.rows)

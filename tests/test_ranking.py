@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from calmd.suggest.ranking import (
     Ranker,
     carry_line,
     packaged_ranker,
+    serving_ranker,
     split_carry,
 )
 
@@ -366,3 +368,29 @@ def test_the_index_knows_where_each_line_ran() -> None:
     assert not index.repo_only("git clone https://x/y.git") and not index.repo_only("ls")
     index.add("git status", exit=0, cwd="/tmp", git="")  # run outside a repository once
     assert not index.repo_only("git status")
+
+
+def test_the_users_ranker_serves_when_it_loads_and_the_packaged_one_otherwise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ranker.json"
+    assert serving_ranker(path) == (packaged_ranker(), None)  # no file yet: nothing to say
+    base = packaged_ranker()
+    mine = Ranker(base.mean, base.scale, base.w1 * 0.5, base.b1, base.w2, base.b2,
+                  {**base.info, "refit": {"examples": 123}}, base.prior)  # fmt: skip
+    path.write_text(json.dumps(mine.to_json()))
+    served, error = serving_ranker(path)
+    assert error is None and served.info["refit"] == {"examples": 123}
+    assert np.array_equal(served.w1, base.w1 * 0.5)
+    foreign = {**mine.to_json(), "w1": [[1.0]]}  # another shape: not a ranker this calmd reads
+    too_big = b" " * (5 << 20)
+    for content in (b"{not json", b"\xff\xfe", json.dumps(foreign).encode(), b"[" * 100_000, too_big):
+        path.write_bytes(content)
+        caplog.clear()
+        served, error = serving_ranker(path)
+        assert served is packaged_ranker() and error is not None and str(path) in error
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1  # one line in the log
+    path.unlink()
+    os.mkfifo(path)  # read without blocking: refused, not waited on
+    served, error = serving_ranker(path)
+    assert served is packaged_ranker() and error is not None and "not a regular file" in error

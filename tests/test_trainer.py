@@ -23,6 +23,7 @@ from calmd.errors import CalmError, FormatError
 from calmd.formats.cwgt import read_cwgt
 from calmd.model.checkpoint import load_model
 from calmd.shell.client import CalmClient
+from calmd.suggest.ranking import Ranker, packaged_ranker
 from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
@@ -166,11 +167,13 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
         half.write_bytes(b"half")
         spill = data / "training" / ".heldout.ctds.z8w1.tokens"
         spill.write_bytes(b"half")
+        ranker = data / ".ranker.json.p4x7.tmp"  # a kill while it wrote the refitted ranker
+        ranker.write_bytes(b"half")
         os.kill(info["pid"], signal.SIGKILL)
         wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
         assert "killed by SIGKILL" in training(c)["last_result"]["reason"]
-        wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists(),
-                   "what the run left to be removed", timeout=10)  # fmt: skip
+        wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists()
+                   and not ranker.exists(), "what the run left to be removed", timeout=10)  # fmt: skip
         d.wait_for(f"removed what the ended training run (pid {info['pid']}) left")
     # what a run left when its daemon was killed with it goes at the next start
     (data / ".shell.candidate.999999.cwgt").write_bytes(b"weights")
@@ -227,6 +230,46 @@ def test_rollback_without_an_exchange_keeps_the_weights_whole(
     rollback(weights)
     assert weights.read_bytes() == tiny_weights.read_bytes() and read_cwgt(prev).header.param_count == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shell.cwgt", "shell.prev.cwgt", "training.lock"]
+
+
+def ranker_file(path: Path, examples: int) -> bytes:
+    """A ranker as a run writes it, told apart by the number of examples it says it learned from."""
+    base = packaged_ranker()
+    refit = Ranker(base.mean, base.scale, base.w1, base.b1, base.w2, base.b2,
+                   {**base.info, "refit": {"examples": examples}}, base.prior)  # fmt: skip
+    background.write_ranker(refit, path)
+    return path.read_bytes()
+
+
+def test_rollback_brings_back_the_ranker_with_the_weights(
+    tmp_path: Path, tiny_weights: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    ranker, prev_ranker = tmp_path / "ranker.json", tmp_path / "ranker.prev.json"
+    write_test_weights(weights, n=64)
+    prev.write_bytes(tiny_weights.read_bytes())
+    older = ranker_file(ranker, 100)
+    newer = ranker_file(ranker, 200)  # the second run's: the first one's is kept as the prev
+    assert prev_ranker.read_bytes() == older
+    assert calm_main(["rollback", "--weights", str(weights)]) == 0
+    said = capsys.readouterr().out
+    assert f"restored {weights}" in said and f"restored {ranker} from {prev_ranker}" in said
+    assert weights.read_bytes() == tiny_weights.read_bytes() and ranker.read_bytes() == older
+    assert prev_ranker.read_bytes() == newer
+    # a previous ranker that does not load is refused before anything moves
+    prev_ranker.write_text("{")
+    with pytest.raises(FormatError):
+        rollback(weights)
+    assert weights.read_bytes() == tiny_weights.read_bytes() and ranker.read_bytes() == older
+    # only a ranker (the model never swapped): it moves aside, the packaged one serves, and back
+    prev_ranker.unlink()
+    weights.unlink()
+    prev.unlink()
+    assert rollback(weights) == [f"no previous ranker: moved {ranker} to {prev_ranker}; "
+                                 "the packaged ranker serves now"]  # fmt: skip
+    assert not ranker.exists() and prev_ranker.read_bytes() == older
+    assert rollback(weights) == [f"restored {ranker} from {prev_ranker}"]
+    assert ranker.read_bytes() == older and not prev_ranker.exists()
 
 
 def test_rollback_refuses_a_bad_file_and_a_running_run(tmp_path: Path, tiny_weights: Path) -> None:

@@ -140,7 +140,10 @@ def test_calmd_train_follows_a_run_to_its_result_which_status_keeps(
         stages = [line.split(":")[0] for line in lines[:-1]]
         assert "starting" not in stages[stages.index("training") :], out  # it showed again once done
         verdict = r"(not worse: swapped in|worse: kept the current model)"
-        assert re.fullmatch(rf"done: held-out loss \d+\.\d{{4}} -> \d+\.\d{{4}}, {verdict}", lines[-1]), out
+        ranker = r"ranker refitted on \d+ ranking examples"  # the run's other half: the history ranker
+        assert re.fullmatch(
+            rf"done: held-out loss \d+\.\d{{4}} -> \d+\.\d{{4}}, {verdict}; {ranker}", lines[-1]
+        ), out
         d.wait_for(f"training finished (exit 0): {lines[-1].removeprefix('done: ')}", timeout=10)
         last = training(c)["last_result"]
         assert last["old_loss"] > 0 and last["new_loss"] > 0 and last["steps"] == int(steps[0].group(2))

@@ -72,14 +72,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from calmd.training.background import rollback
 
     weights = Path(args.weights) if args.weights else paths.weights_path()
-    prev = paths.prev_weights_path(weights)
-    had_prev = prev.exists()
-    rollback(weights)
-    if had_prev:
-        print(f"restored {weights} from {prev} (the daemon reloads it)")
-    else:
-        print(f"no previous weights: moved {weights} to {prev}; the packaged model serves now "
-              "(`calm rollback` again brings them back)")  # fmt: skip
+    for done in rollback(weights):
+        print(done)
+    print("the daemon reloads them; `calm rollback` again undoes this")
     return 0
 
 
@@ -154,6 +149,6 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--scores", action="store_true", help="print each candidate's log-probability")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("rollback", help="restore the weights a background training run replaced")
+    p = sub.add_parser("rollback", help="restore the weights and ranker a background training run replaced")
     p.add_argument("--weights", metavar="FILE.cwgt", help=f"(default {paths.weights_path()})")
     p.set_defaults(func=cmd_rollback)

@@ -9,6 +9,9 @@ means), hosts the model and reports status.
   debounced; a bad file is rejected, logged and shown by `status`, and the old model keeps
   serving; a bad file at start is no reason not to start: the packaged model serves until a good
   file appears; every engine is warmed up on the worker thread before it serves;
+- the user's history ranker beside the weights (`ranker.json`, refitted by the training run) is
+  watched the same way and reloaded with them (the engine loader reads both); a bad ranker file
+  is logged and the packaged ranker serves with the model (the engine says so in `status`);
 - SIGTERM/SIGINT (or a `shutdown` request): stop accepting, answer in-flight requests, stop the
   training run, remove the socket file we bound, exit, all within `graceful_timeout` seconds: a
   worker thread that does not finish (a hung model) is abandoned, and a watchdog ends the
@@ -65,6 +68,8 @@ class Server:
         self.engine: Engine | None = None
         self.loaded_at: float | None = None
         self.loaded_id: FileId | None = None  # the weight file the engine was loaded from
+        self.loaded_ranker_id: FileId | None = None  # ... and the user's ranker file beside it
+        self.ranker_path = paths.ranker_path(config.weights_path)
         self.last_reload_error: str | None = None
         self.started = time.time()
         self.history: HistoryStore | None = None
@@ -116,7 +121,7 @@ class Server:
         self.listener.start(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
         await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
-        if self._weights_id() != self.loaded_id:  # changed between the load and the watch
+        if self._files_changed():  # changed between the load and the watch
             await self.reload()
         self.service.search = SearchService(self.history)
         self.service.search.start()  # built in the background: a search waits for it only until it is
@@ -258,13 +263,13 @@ class Server:
                 # what is installed must carry the identity of the file that was read, or the
                 # watcher would take a later swap back to it for "nothing changed".
                 for _ in range(RELOAD_ATTEMPTS):
-                    before = self._weights_id()
+                    before, ranker_before = self._weights_id(), self._ranker_id()
                     engine = await loop.run_in_executor(self._pool, self._load_warm, path)
-                    if self._weights_id() == before:
+                    if self._weights_id() == before and self._ranker_id() == ranker_before:
                         break
                 else:
                     log.warning("%s kept changing while it loaded: serving the last one read", path)
-                    before = None  # the watcher's next look reloads it
+                    before = ranker_before = None  # the watcher's next look reloads it
                 loaded = before
             except Exception as exc:  # a bad file must never take the daemon down
                 self.last_reload_error = f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {exc}"
@@ -272,50 +277,55 @@ class Server:
                     log.error("reload of %s failed, keeping the current model: %s", path, exc)
                     return {"ok": False, "reload_error": self.last_reload_error}
                 log.error("%s did not load, serving the packaged model until it does: %s", path, exc)
-                identity = self._weights_id()
+                identity, ranker_identity = self._weights_id(), self._ranker_id()
                 fallback = self.config.fallback_weights
                 engine = await loop.run_in_executor(self._pool, self._load_warm, fallback)
-                self._install(engine, identity, fallback=True)
+                self._install(engine, identity, ranker_identity, fallback=True)
                 return {"ok": False, "reload_error": self.last_reload_error}
             self.last_reload_error = None
             self._install(
-                engine, loaded, fallback=loaded is None and not path.exists()
+                engine, loaded, ranker_before, fallback=loaded is None and not path.exists()
             )  # no file: the loader's default
             return {"ok": True}
 
-    def _install(self, engine: Engine, identity: FileId | None, *, fallback: bool) -> None:
+    def _install(
+        self, engine: Engine, identity: FileId | None, ranker_identity: FileId | None, *, fallback: bool
+    ) -> None:
         self._attach(engine)
         self.engine = self.service.engine = engine
         self.loaded_at = time.time()
         self.loaded_id = identity  # a bad file's too: the watcher retries when it changes
+        self.loaded_ranker_id = ranker_identity
         self.serving_fallback = fallback
         log.info("model loaded: %s", engine.describe().get("path"))
 
     async def _watch_weights(self) -> None:
         folder = self.config.weights_path.parent
         folder.mkdir(parents=True, exist_ok=True)
-        target = self.config.weights_path.name
+        targets = {self.config.weights_path.name, self.ranker_path.name}
         async for changes in awatch(
             folder,
             debounce=self.config.reload_debounce_ms,
             step=50,
-            watch_filter=lambda _change, p: Path(p).name == target,
+            watch_filter=lambda _change, p: Path(p).name in targets,
             stop_event=self.should_exit,
         ):
             del changes
             # a new file, or none any more (`calm rollback` with no previous weights moved it
-            # aside): the packaged model serves then
-            if self._weights_id() != self.loaded_id:
+            # aside): the packaged model (or ranker) serves then
+            if self._files_changed():
                 await self.reload()
+
+    def _files_changed(self) -> bool:
+        return self._weights_id() != self.loaded_id or self._ranker_id() != self.loaded_ranker_id
 
     def _weights_id(self) -> FileId | None:
         """Which file the weight path names now: a swap by rename changes the inode even when the
         two files share an mtime."""
-        try:
-            st = self.config.weights_path.stat()
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        return file_id(self.config.weights_path)
+
+    def _ranker_id(self) -> FileId | None:
+        return file_id(self.ranker_path)
 
     # -- status ------------------------------------------------------------------------------------
 
@@ -380,6 +390,14 @@ class Server:
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
         }
+
+
+def file_id(path: Path) -> FileId | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 _watchdog_started = threading.Event()

@@ -37,8 +37,10 @@ from calmd.training import background
 log = logging.getLogger("calmd")
 
 # what `status` shows of the last run: held-out loss per supervised token before and after, and
-# whether (and why) its weights were swapped in
-LAST_RESULT = ("state", "swapped", "reason", "finished", "old_loss", "new_loss", "steps")
+# whether (and why) its weights were swapped in, and whether the history ranker was refitted (on
+# how many examples)
+LAST_RESULT = ("state", "swapped", "reason", "finished", "old_loss", "new_loss", "steps",
+               "ranker_refitted", "ranker_examples")  # fmt: skip
 LOG_ROTATE_BYTES = 1 << 20  # training.log is moved to training.log.old past this, at a run's start
 _PR_SET_PDEATHSIG = 1
 
@@ -225,7 +227,7 @@ class Trainer:
         if code == background.EXIT_DISK_FULL or str(reason).startswith("disk full"):
             self.last_disk_full = time.time()
         last = info.get("last_result") or {}
-        if last.get("swapped") and self.on_swapped is not None:
+        if (last.get("swapped") or last.get("ranker_refitted")) and self.on_swapped is not None:
             await self.on_swapped()  # do not wait for the file watcher
 
     async def stop(self, timeout: float) -> None:

@@ -669,7 +669,8 @@ def replay_user(
                 if cfg.refit in ("model", "both"):
                     from calmd.training.background import RunOptions, run
 
-                    result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5))
+                    # the model alone: the ranker's refit is the replay's own (`--refit ranker`)
+                    result = run(RunOptions(Path(tmp), weights, threads=1, max_minutes=5, refit_ranker=False))
                     if result.get("swapped"):
                         engine = engine_factory(weights)
                         engine.attach_history(store)

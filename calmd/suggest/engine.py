@@ -67,7 +67,15 @@ from calmd.suggest.filters import (
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
 from calmd.suggest.ghost import GhostRule, packaged_rule
-from calmd.suggest.ranking import POOL_RECENT, HistoryIndex, Ranker, first_word, outside_git, packaged_ranker
+from calmd.suggest.ranking import (
+    POOL_RECENT,
+    HistoryIndex,
+    Ranker,
+    first_word,
+    outside_git,
+    packaged_ranker,
+    serving_ranker,
+)
 
 # nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
 # below every line that belongs here, and never drawn (confidence 0)
@@ -236,6 +244,8 @@ class ModelEngine:
         self.history: HistoryStore | None = None
         self.index: HistoryIndex | None = None
         self.ranker = ranker or packaged_ranker()
+        self.ranker_path: Path | None = None  # the user's ranker file it was read from (load_engine)
+        self.ranker_error: str | None = None  # why the user's ranker file did not load
         self.calibrator = calibrator or packaged_calibrator()
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.ghost = ghost or packaged_rule()
@@ -289,11 +299,24 @@ class ModelEngine:
             "parameters": h.param_count,
             "domain": self.loaded.metadata.domain,
             "file_bytes": self.path.stat().st_size if self.path.exists() else None,
-            "ranker": f"learned, {len(self.ranker.mean)} features, fitted on "
-            f"{self.ranker.info.get('training_users', '?')} users' histories",
+            "ranker": self._ranker_words(),
+            "ranker_path": str(self.ranker_path) if self.ranker_path is not None else None,
+            "ranker_refit": self.ranker.info.get("refit"),  # None: the packaged ranker serves
+            "ranker_error": self.ranker_error,
             "indexed_commands": len(self.index) if self.index is not None else 0,
             "answers": {"searched": self.searches, "typed_through": self.reused},
         }
+
+    def _ranker_words(self) -> str:
+        fitted = f"learned, {len(self.ranker.mean)} features, fitted on " \
+            f"{self.ranker.info.get('training_users', '?')} users' histories"  # fmt: skip
+        refit = self.ranker.info.get("refit")
+        if isinstance(refit, dict):
+            examples = refit.get("examples", "?")
+            return f"{fitted}, refitted on {examples} examples of yours ({self.ranker_path})"
+        if self.ranker_error:
+            return f"{fitted} (packaged: {self.ranker_error})"
+        return f"{fitted} (packaged)"
 
     def complete(
         self,
@@ -770,5 +793,12 @@ class ModelEngine:
 
 
 def load_engine(path: Path) -> ModelEngine:
-    """The server's engine loader: the weight file, else the default model shipped in the package."""
-    return ModelEngine(paths.serving_weights(path))
+    """The server's engine loader: the weight file, else the default model shipped in the package,
+    with the user's history ranker beside it (`ranker.json`), else the packaged one."""
+    ranker_file = paths.ranker_path(path)
+    ranker, error = serving_ranker(ranker_file)
+    engine = ModelEngine(paths.serving_weights(path), ranker=ranker)
+    if ranker is not packaged_ranker():
+        engine.ranker_path = ranker_file
+    engine.ranker_error = error
+    return engine

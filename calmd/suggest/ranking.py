@@ -33,6 +33,8 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import json
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
@@ -43,12 +45,15 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import read_json
+from calmd.atomic import read_json, read_regular_file
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.suggest.filters import UserVocabulary, terminal_safe
 
+log = logging.getLogger("calmd")
+
 RANKER_VERSION = 1
+MAX_RANKER_BYTES = 4 << 20  # the user's ranker file is read whole: 26 kB written, anything larger is not ours
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
 CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined for a run match
@@ -644,3 +649,19 @@ def packaged_ranker_path() -> Path:
 def packaged_ranker() -> Ranker:
     """The ranker shipped in the package, read once per process."""
     return Ranker.load(packaged_ranker_path())
+
+
+def serving_ranker(path: Path) -> tuple[Ranker, str | None]:
+    """The ranker that serves with the weights beside `path`: the user's (`ranker.json`, refitted
+    by the background run) when the file exists and loads, else the packaged one. Returns it and,
+    when the user's file did not load (corrupt, foreign, of another calmd, not a regular file),
+    why, in one line that is also logged: the daemon serves on with the packaged ranker."""
+    if not path.exists():
+        return packaged_ranker(), None
+    try:
+        data = json.loads(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES)))
+        return Ranker.from_json(data, str(path)), None
+    except (OSError, ValueError, RecursionError, FormatError) as exc:  # JSON errors are ValueErrors
+        why = f"the ranker {path} did not load ({exc}): the packaged ranker serves until a run rewrites it"
+        log.error("%s", why)
+        return packaged_ranker(), why

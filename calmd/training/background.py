@@ -1,6 +1,11 @@
 """Background training: the fine-tuning run the daemon starts when enough new history arrived.
 
 A run (`python -m calmd.training.background`, started by the daemon in a niced single-thread process):
+0. refits the history ranker, which decides most of the order (docs/quality.md), on the user's
+   newest commands, anchored to the packaged ranker (calmd/training/ranker_refit.py; seconds, no
+   model), and writes it as `ranker.json` beside the weights (atomically, 0600), keeping the one
+   it replaces as `ranker.prev.json` (`calm rollback` restores it with the weights); with too few
+   ranking examples the ranker in place stays (the packaged one at first);
 1. builds a CTDS from the history store with the `calm dataset` options (`DatasetOptions`), the
    most recent eligible commands held out for evaluation;
 2. fine-tunes the serving weights (`shell.cwgt`, else the packaged default) with EWC against
@@ -10,8 +15,9 @@ A run (`python -m calmd.training.background`, started by the daemon in a niced s
    the old file is kept as `shell.prev.cwgt` (`calm rollback` restores it) and the new one is
    renamed over `shell.cwgt`, which the daemon's hot reload picks up;
 4. writes its progress and result to `training.json` in the data dir (atomically), which
-   `calmd status` shows. A crash or kill at any point leaves `shell.cwgt` and the history as they
-   were: the only files it replaces are replaced by rename.
+   `calmd status` shows: the model's result and the ranker's (refitted, on how many examples).
+   A crash or kill at any point leaves `shell.cwgt`, `ranker.json` and the history as they were:
+   the only files it replaces are replaced by rename.
 
 One run per CALM_HOME: the run holds `training.lock` (flock) for its whole life; a second one
 says who holds it and exits 4 without touching anything. Holding the lock, it first removes what
@@ -49,7 +55,9 @@ from calmd.atomic import (
 )
 from calmd.errors import CalmError, DiskFull
 from calmd.history.store import HistoryStore
+from calmd.suggest.ranking import Ranker
 from calmd.training.datasets import DatasetOptions, write_history_dataset
+from calmd.training.ranker_refit import LEARN_COMMANDS, RefitOptions
 
 # --------------------------------------------------------------------------- the background run
 
@@ -66,6 +74,9 @@ class RunOptions:
     threads: int = 1
     max_minutes: float = 20.0
     parent_pid: int | None = None  # the daemon that started the run: stop when it is gone
+    refit_ranker: bool = True  # False: the model alone (`calm replay --refit model` measures it so)
+    ranker_commands: int = LEARN_COMMANDS  # the newest commands the ranker's refit learns from
+    ranker_min_examples: int = RefitOptions.min_examples  # fewer: the ranker in place stays
 
 
 EXIT_DONE = 0
@@ -73,7 +84,7 @@ EXIT_FAILED = 1
 EXIT_DISK_FULL = 3
 EXIT_LOCKED = 4
 EXIT_STOPPED = 5
-RUNNING_STATES = ("dataset", "training", "evaluating")  # written while a run works
+RUNNING_STATES = ("ranker", "dataset", "training", "evaluating")  # written while a run works
 MAX_STATUS_BYTES = 1 << 20
 
 
@@ -201,13 +212,15 @@ def candidate_path(data_dir: Path, pid: int) -> Path:
 
 def remove_run_files(data_dir: Path, pid: int) -> list[str]:
     """What the ended run `pid` left: its candidate weights (and the candidate's temp file), the
-    temp files of its datasets and of training.json. Only call it once that run is gone and no
-    other holds the lock. Other processes' temp files in the data dir (a hook file being
-    written) are left alone."""
+    temp files of its datasets, of training.json and of the ranker it was writing. Only call it
+    once that run is gone and no other holds the lock. Other processes' temp files in the data
+    dir (a hook file being written) are left alone."""
     removed: list[str] = []
     candidate = candidate_path(data_dir, pid)
     doomed = [candidate, *data_dir.glob(f".{candidate.name}.*.tmp"),
-              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp")]  # fmt: skip
+              *data_dir.glob(f".{paths.TRAINING_STATUS}.*.tmp"),
+              *data_dir.glob(f".{paths.RANKER}.*.tmp"),
+              *data_dir.glob(f".{paths.PREV_RANKER}.*.tmp")]  # fmt: skip
     work = paths.training_dir(data_dir)
     if work.is_dir() and not work.is_symlink():
         doomed += [p for p in work.iterdir() if p.name.startswith(".") and p.suffix in (".tmp", ".tokens")]
@@ -259,10 +272,24 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     train_set, heldout_set = paths.training_sets(opts.data_dir)
     train_set.parent.mkdir(parents=True, exist_ok=True)
     base = paths.serving_weights(opts.weights)
-    write_status(opts.data_dir, state="dataset", started=started, base=str(base))
-    current = load_model(base)
     store = HistoryStore(paths.history_path(opts.data_dir))
     try:
+        write_status(opts.data_dir, state="ranker", started=started, base=str(base))
+        try:
+            ranker = (
+                refit_user_ranker(store, opts) if opts.refit_ranker
+                else {"ranker_refitted": False, "ranker_examples": 0,
+                      "ranker_reason": "the ranker was not refitted (--no-refit-ranker)"}
+            )  # fmt: skip
+        except Exception as exc:  # the model's fine-tune still runs; the result says why
+            if is_disk_full(exc):
+                raise
+            traceback.print_exc()  # to training.log
+            ranker = {"ranker_refitted": False, "ranker_examples": 0,
+                      "ranker_reason": f"the ranker's refit failed ({type(exc).__name__}: {exc}): "
+                                       "the ranker in place stays"}  # fmt: skip
+        write_status(opts.data_dir, state="dataset", started=started, base=str(base))
+        current = load_model(base)
         recorded = store.count()
         counts = write_history_dataset(
             store, train_set, DatasetOptions(), template=current.metadata.parsed_template(),
@@ -273,8 +300,8 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     if counts["sequences"] < opts.min_examples or counts["held_out"] == 0:
         return {"state": "done", "swapped": False, "started": started, "finished": time.time(),
                 "reason": f"only {counts['sequences']} training examples (need {opts.min_examples}): "
-                          "nothing trained, the current model stays",
-                **counts}  # fmt: skip
+                          f"nothing trained, the current model stays; {ranker['ranker_reason']}",
+                **counts, **ranker}  # fmt: skip
     last_write = [0.0]
     cfg = TrainConfig(
         model=str(base), dataset=str(train_set), output=str(candidate), epochs=opts.epochs,
@@ -306,11 +333,50 @@ def _run_stages(opts: RunOptions, started: float, candidate: Path) -> dict[str, 
     else:
         reason = f"{before_after}, worse: kept the current model"
     return {
-        "state": "done", "swapped": swapped, "reason": reason, "started": started,
-        "finished": time.time(),
+        "state": "done", "swapped": swapped, "reason": f"{reason}; {ranker['ranker_reason']}",
+        "started": started, "finished": time.time(),
         "recorded": recorded, "steps": trained.steps, "old_loss": cmp.old.loss, "new_loss": cmp.new.loss,
-        "old_exact0": cmp.old.accuracy(0), "new_exact0": cmp.new.accuracy(0), **counts,
+        "old_exact0": cmp.old.accuracy(0), "new_exact0": cmp.new.accuracy(0), **counts, **ranker,
     }  # fmt: skip
+
+
+def refit_user_ranker(store: HistoryStore, opts: RunOptions) -> dict[str, Any]:
+    """Refit the packaged history ranker on the store's newest commands and write it beside the
+    weights (`ranker.json`, the one it replaces kept as `ranker.prev.json`). Returns the result's
+    ranker fields: `ranker_refitted`, `ranker_examples`, `ranker_reason`. Fewer examples than
+    `opts.ranker_min_examples`: nothing written, the ranker in place stays.
+
+    Only the store's rows are read (it refused what looked like a credential), and the file holds
+    weights and the packaged carry-over table, no command of the user's."""
+    from calmd.suggest.ranking import packaged_ranker
+    from calmd.training.ranker_refit import examples_from_store, refit_ranker
+
+    target = paths.ranker_path(opts.weights)
+    base = packaged_ranker()
+    gathered = examples_from_store(
+        store, base, learn=opts.ranker_commands, check=lambda: _check_parent(opts.parent_pid)
+    )
+    found = len(gathered.examples)
+    fitted = refit_ranker(gathered.examples, base, RefitOptions(min_examples=opts.ranker_min_examples))
+    if fitted is base:
+        stays = "your ranker from an earlier run" if target.exists() else "the packaged ranker"
+        return {"ranker_refitted": False, "ranker_examples": found,
+                "ranker_reason": f"only {found} ranking examples (need {opts.ranker_min_examples}): "
+                                 f"{stays} stays"}  # fmt: skip
+    _check_parent(opts.parent_pid)  # an orphaned run writes nothing
+    write_ranker(fitted, target)
+    used = int(fitted.info["refit"]["examples"])
+    return {"ranker_refitted": True, "ranker_examples": used,
+            "ranker_reason": f"ranker refitted on {used} ranking examples"}  # fmt: skip
+
+
+def write_ranker(ranker: Ranker, target: Path) -> None:
+    """Write `ranker` to `target` atomically and privately (temp, fsync, rename; 0600), keeping
+    the file it replaces as `ranker.prev.json` for `calm rollback`."""
+    if target.is_file():
+        keep_copy(target, paths.prev_ranker_path(target))
+    with atomic_write(target) as f:
+        f.write(json.dumps(ranker.to_json()).encode())
 
 
 def swap_in(candidate: Path, weights: Path) -> None:
@@ -322,47 +388,76 @@ def swap_in(candidate: Path, weights: Path) -> None:
     fsync_dir(weights.parent)
 
 
-def rollback(weights: Path) -> Path:
-    """Put `shell.prev.cwgt` back as the serving weights (the current ones become the prev); with
-    no previous file, move the weights aside to it: the packaged model serves (`serving_weights`),
-    and the next rollback brings them back.
+def rollback(weights: Path) -> list[str]:
+    """Undo the last training run: put `shell.prev.cwgt` back as the serving weights (the current
+    ones become the prev), and `ranker.prev.json` back as the user's ranker beside them. With no
+    previous file, move the current one aside to it: the packaged model (or ranker) serves
+    (`serving_weights`, `serving_ranker`), and the next rollback brings it back. Returns what it
+    did, one sentence per file.
 
-    Atomic: one renameat2(RENAME_EXCHANGE) swaps the two files, so each name holds a complete
-    file at every instant and a crash leaves either the old pair or the swapped one. Where the
-    file system cannot exchange, three renames keep `weights` complete throughout (a crash
-    between them leaves the replaced model as a temp file, not lost in place). Refused while a
+    Atomic: one renameat2(RENAME_EXCHANGE) swaps two files, so each name holds a complete file at
+    every instant and a crash leaves either the old pair or the swapped one. Where the file system
+    cannot exchange, three renames keep the current name complete throughout (a crash between them
+    leaves the replaced file as a temp file, not lost in place). The previous files are checked
+    before anything moves: one that does not load is refused and nothing changes. Refused while a
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
+    from calmd.suggest.ranking import MAX_RANKER_BYTES
 
     prev = paths.prev_weights_path(weights)
+    ranker = paths.ranker_path(weights)
+    prev_ranker = paths.prev_ranker_path(ranker)
     for path in (weights, prev):
         if path.exists() and not path.is_file():
             raise CalmError(f"{path} is not a weight file (a folder?); give the weights with --weights FILE")
-    if not prev.exists() and not weights.exists():
+    model_files = prev.exists() or weights.exists()
+    ranker_files = ranker.is_file() or prev_ranker.is_file()
+    if not model_files and not ranker_files:
         raise CalmError(f"neither {weights} nor {prev} exists: the packaged model serves already")
+    done: list[str] = []
     with TrainingLock(weights.parent) as lock:
         if not lock.acquire():
             holder = lock_holder(weights.parent)
             raise CalmError(f"a training run (pid {holder}) is in progress: roll back after it ends")
-        if not prev.exists():
-            if weights.name != paths.WEIGHTS:  # only serving weights give way to the packaged model
-                raise CalmError(f"{prev} does not exist: nothing to roll back to")
-            # Nothing replaced yet: back to the packaged model, keeping these weights as the
-            # previous ones, so that the next rollback brings them back.
-            os.replace(weights, prev)
-            fsync_dir(weights.parent)
-            return weights
-        load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
-        if not weights.exists():
-            os.replace(prev, weights)
-            fsync_dir(weights.parent)
-        elif not exchange(weights, prev):
-            keep = weights.with_name(f".{weights.name}.rollback.{os.getpid()}.tmp")
-            os.link(weights, keep)
-            os.replace(prev, weights)
-            os.replace(keep, prev)
-            fsync_dir(weights.parent)
-    return weights
+        if model_files and not prev.exists() and weights.name != paths.WEIGHTS:
+            # only serving weights give way to the packaged model
+            raise CalmError(f"{prev} does not exist: nothing to roll back to")
+        if model_files and prev.exists():
+            load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
+        if prev_ranker.is_file():  # the same for the ranker, before anything moves
+            Ranker.from_json(json.loads(bytes(read_regular_file(prev_ranker, limit=MAX_RANKER_BYTES))),
+                             str(prev_ranker))  # fmt: skip
+        if model_files:
+            had_prev = prev.exists()
+            _swap_back(weights, prev)
+            done.append(
+                f"restored {weights} from {prev}" if had_prev
+                else f"no previous weights: moved {weights} to {prev}; the packaged model serves now"
+            )  # fmt: skip
+        if ranker_files:
+            had_prev = prev_ranker.is_file()
+            _swap_back(ranker, prev_ranker)
+            done.append(
+                f"restored {ranker} from {prev_ranker}" if had_prev
+                else f"no previous ranker: moved {ranker} to {prev_ranker}; the packaged ranker serves now"
+            )  # fmt: skip
+    return done
+
+
+def _swap_back(current: Path, prev: Path) -> None:
+    """`prev` becomes `current` and `current` becomes `prev` (one of them may be missing)."""
+    if not prev.exists():
+        os.replace(current, prev)
+        fsync_dir(current.parent)
+    elif not current.exists():
+        os.replace(prev, current)
+        fsync_dir(current.parent)
+    elif not exchange(current, prev):
+        keep = current.with_name(f".{current.name}.rollback.{os.getpid()}.tmp")
+        os.link(current, keep)
+        os.replace(prev, current)
+        os.replace(keep, prev)
+        fsync_dir(current.parent)
 
 
 def _stop_on_sigterm(signum: int, _frame: object) -> None:
@@ -387,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holdout", type=int, default=RunOptions.holdout)
     parser.add_argument("--max-minutes", type=float, default=RunOptions.max_minutes)
     parser.add_argument("--threads", type=int, default=RunOptions.threads)
+    parser.add_argument("--no-refit-ranker", dest="refit_ranker", action="store_false",
+                        help="fine-tune the model alone, leave the history ranker as it is")  # fmt: skip
+    parser.add_argument("--ranker-commands", type=int, default=RunOptions.ranker_commands,
+                        help="the newest commands the history ranker's refit learns from")  # fmt: skip
+    parser.add_argument("--ranker-min-examples", type=int, default=RunOptions.ranker_min_examples,
+                        help="fewer ranking examples: the ranker in place stays")  # fmt: skip
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="the daemon that started this run: stop when it is gone")  # fmt: skip
     args = parser.parse_args(argv)
@@ -399,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.weights or paths.weights_path(args.data_dir)
     opts = RunOptions(args.data_dir, weights, min_examples=args.min_examples, holdout=args.holdout,
                       epochs=args.epochs, threads=args.threads, max_minutes=args.max_minutes,
-                      parent_pid=args.parent_pid)  # fmt: skip
+                      parent_pid=args.parent_pid, refit_ranker=args.refit_ranker,
+                      ranker_commands=args.ranker_commands,
+                      ranker_min_examples=args.ranker_min_examples)  # fmt: skip
     paths.private_dir(args.data_dir)
     with TrainingLock(args.data_dir) as lock:
         if not lock.acquire():

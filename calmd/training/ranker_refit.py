@@ -16,22 +16,27 @@ core, no model):
               the packaged file carries no Fisher information of its corpus)
     keeps     the standardisation (mean, scale) and the carry-over prior of the base ranker
 
-`refit_ranker` is what the background run would call between two runs of the model's fine-tuning
-(calmd/training/background.py); `calm replay --with-training --refit ranker` measures it.
+The background run (calmd/training/background.py) gathers the examples from the history store
+(`examples_from_store`: the newest commands only, the older ones fill the history the features
+see), refits, and writes the user's ranker beside the weights (`ranker.json`), which the daemon
+serves with; `calm replay --with-training --refit ranker` measures the same refit.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from calmd.history.store import HistoryStore
 from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.ranking import HistoryIndex, Ranker
+from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker
 
 KS = (0, 1, 2, 4, 8)  # the typed lengths of the replay's queries (calmd/quality/replay.py)
+LEARN_COMMANDS = 2000  # the newest commands the background run asks the queries of (>= max_examples
+# at about 3 kept examples per command); older ones only fill the history the features see
 
 
 @dataclass(frozen=True)
@@ -78,12 +83,39 @@ class RankerExamples:
             pool = self.index.pool(cmd[:k], prev)
             if len(pool) > 1 and cmd in pool:
                 self.examples.append(Example(self.index.features(cmd[:k], pool, context), pool.index(cmd)))
+        self.remember(cmd, session)
+
+    def remember(self, cmd: str, session: str = "") -> None:
+        """`cmd` into the history the features see, without asking its queries (an older command
+        than the ones the fit learns from: the features still count it)."""
         self.index.add(cmd, session)
         self._recent.setdefault(session, deque(maxlen=HISTORY_FRAMES)).append(cmd)
 
     def extend(self, commands: Iterable[str], session: str = "") -> None:
         for cmd in commands:
             self.add(cmd, session)
+
+
+def examples_from_store(
+    store: HistoryStore, base: Ranker, *, learn: int = LEARN_COMMANDS, history: int = INDEX_LIMIT,
+    check: Callable[[], None] | None = None,
+) -> RankerExamples:  # fmt: skip
+    """The user's ranking examples from the store: the newest `history` commands (what the
+    daemon's index holds) fill the history, oldest first, and the newest `learn` of them ask
+    their queries. Only the store's rows: what it refused (secrets) never reaches a ranker.
+    `check` is called every few hundred commands (the background run's "is the daemon still
+    there"; it raises to stop)."""
+    gathered = RankerExamples(base)
+    after = store.newest_after(history)
+    total = min(store.count(), history)
+    for i, row in enumerate(store.all_rows(after=after)):
+        if check is not None and i % 500 == 0:
+            check()
+        if i >= total - learn:
+            gathered.add(row.cmd, row.session)
+        else:
+            gathered.remember(row.cmd, row.session)
+    return gathered
 
 
 def refit_ranker(examples: Sequence[Example], base: Ranker, options: RefitOptions = RefitOptions()) -> Ranker:

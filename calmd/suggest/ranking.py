@@ -651,6 +651,13 @@ def packaged_ranker() -> Ranker:
     return Ranker.load(packaged_ranker_path())
 
 
+def read_user_ranker(path: Path) -> Ranker:
+    """A user's ranker file (`ranker.json`, `ranker.prev.json`), read safely: a regular file of at
+    most MAX_RANKER_BYTES, then validated. OSError, ValueError (bad JSON) or FormatError when it
+    is not one."""
+    return Ranker.from_json(json.loads(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES))), str(path))
+
+
 def serving_ranker(path: Path) -> tuple[Ranker, str | None]:
     """The ranker that serves with the weights beside `path`: the user's (`ranker.json`, refitted
     by the background run) when the file exists and loads, else the packaged one. Returns it and,
@@ -659,8 +666,7 @@ def serving_ranker(path: Path) -> tuple[Ranker, str | None]:
     if not path.exists():
         return packaged_ranker(), None
     try:
-        data = json.loads(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES)))
-        return Ranker.from_json(data, str(path)), None
+        return read_user_ranker(path), None
     except (OSError, ValueError, RecursionError, FormatError) as exc:  # JSON errors are ValueErrors
         why = f"the ranker {path} did not load ({exc}): the packaged ranker serves until a run rewrites it"
         log.error("%s", why)

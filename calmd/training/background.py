@@ -402,7 +402,7 @@ def rollback(weights: Path) -> list[str]:
     before anything moves: one that does not load is refused and nothing changes. Refused while a
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
-    from calmd.suggest.ranking import MAX_RANKER_BYTES
+    from calmd.suggest.ranking import read_user_ranker
 
     prev = paths.prev_weights_path(weights)
     ranker = paths.ranker_path(weights)
@@ -425,8 +425,7 @@ def rollback(weights: Path) -> list[str]:
         if model_files and prev.exists():
             load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
         if prev_ranker.is_file():  # the same for the ranker, before anything moves
-            Ranker.from_json(json.loads(bytes(read_regular_file(prev_ranker, limit=MAX_RANKER_BYTES))),
-                             str(prev_ranker))  # fmt: skip
+            read_user_ranker(prev_ranker)
         if model_files:
             had_prev = prev.exists()
             _swap_back(weights, prev)

@@ -109,6 +109,35 @@ def top1(ranker: Ranker, queries: Sequence[Query]) -> dict[int, float]:
     return {k: hits[k] / total[k] for k in sorted(total)}
 
 
+@dataclass(frozen=True)
+class FitCorpus:
+    """The public histories a fit reads, split as the default model's corpus is
+    (`calmd.training.corpus.held_out`): the training users with their carry-over habits, and the
+    held-out users. A training user's features see the other users' habits only, as a new
+    user's will (`prior_without`); the held-out users are scored with all of them (`prior`)."""
+
+    histories: dict[str, list[str]]
+    train: list[str]  # user names
+    test: list[str]
+    habits: list[tuple[str, CarryPrior]]
+    prior: CarryPrior
+
+    @classmethod
+    def read(cls, data: Path) -> FitCorpus | None:
+        """None when `data` holds no histories."""
+        users = history_users(data)
+        if not users:
+            return None
+        histories = {p.stem: read_history(p) for p in users}
+        train = [p.stem for p in users if not held_out(p.stem)]
+        habits = [(name, CarryPrior.count(histories[name])) for name in train]
+        test = [p.stem for p in users if held_out(p.stem)]
+        return cls(histories, train, test, habits, CarryPrior.total(habits))
+
+    def prior_without(self, name: str) -> CarryPrior:
+        return CarryPrior.total([h for h in self.habits if h[0] != name])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m calmd.quality.fit_ranker", description=__doc__.split("\n")[0]
@@ -121,20 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    users = history_users(args.data)
-    if not users:
+    corpus = FitCorpus.read(args.data)
+    if corpus is None:
         parser.error(f"no histories under {args.data / 'histories' / 'users'}")
-    train = [p for p in users if not held_out(p.stem)]
-    test = [p for p in users if held_out(p.stem)]
-    histories = {p.stem: read_history(p) for p in users}
-    habits = [(p.stem, CarryPrior.count(histories[p.stem])) for p in train]
-    prior = CarryPrior.total(habits)
-    # each training user's features see the other users' habits only, as a new user's will
-    train_q = [q for name, _ in habits
-               for q in replay_queries(histories[name], args.positions, f"{args.seed}:{name}",
-                                       prior=CarryPrior.total([h for h in habits if h[0] != name]))
-               ]  # fmt: skip
-    test_q = [q for p in test for q in replay_queries(histories[p.stem], 40, f"0:{p.stem}", prior=prior)]
+    train, test, prior = corpus.train, corpus.test, corpus.prior
+    train_q = [q for name in train
+               for q in replay_queries(corpus.histories[name], args.positions, f"{args.seed}:{name}",
+                                       prior=corpus.prior_without(name))]  # fmt: skip
+    test_q = [
+        q for name in test for q in replay_queries(corpus.histories[name], 40, f"0:{name}", prior=prior)
+    ]
     ranker, loss = fit(train_q, hidden=args.hidden, steps=args.steps, seed=args.seed)
     held = top1(ranker, test_q)
     info = {

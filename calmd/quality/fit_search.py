@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from calmd.atomic import atomic_write
-from calmd.quality.fit_ranker import Query, fit
+from calmd.quality.fit_ranker import FitCorpus, Query, fit
 from calmd.quality.replay import QUERY_KINDS, SearchExample, search_examples
 from calmd.suggest.ranking import CarryPrior, packaged_ranker
 from calmd.suggest.search import SearchIndex, SearchRanker, packaged_search_ranker_path
-from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
+from calmd.training.corpus import DEFAULT_DATA
 
 
 def examples(commands: Sequence[str], positions: int, seed: str, prior: CarryPrior,
@@ -59,19 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    users = history_users(args.data)
-    if not users:
+    corpus = FitCorpus.read(args.data)
+    if corpus is None:
         parser.error(f"no histories under {args.data / 'histories' / 'users'}")
-    train = [p for p in users if not held_out(p.stem)]
-    test = [p for p in users if held_out(p.stem)]
-    histories = {p.stem: read_history(p) for p in users}
-    habits = [(p.stem, CarryPrior.count(histories[p.stem])) for p in train]
-    prior = CarryPrior.total(habits)
-    train_q: list[SearchExample] = []
-    for name, _ in habits:
-        others = CarryPrior.total([h for h in habits if h[0] != name])
-        train_q += examples(histories[name], args.positions, f"{args.seed}:{name}", others)
-    test_q = [e for p in test for e in examples(histories[p.stem], 40, f"0:{p.stem}", prior)]
+    train, test = corpus.train, corpus.test
+    train_q = [e for name in train
+               for e in examples(corpus.histories[name], args.positions, f"{args.seed}:{name}",
+                                 corpus.prior_without(name))]  # fmt: skip
+    test_q = [e for name in test for e in examples(corpus.histories[name], 40, f"0:{name}", corpus.prior)]
     kinds = {kind: i for i, kind in enumerate(QUERY_KINDS)}
     fitted, loss = fit([Query(e.rows, e.target, kinds[e.kind]) for e in train_q],
                        hidden=args.hidden, steps=args.steps, seed=args.seed)  # fmt: skip

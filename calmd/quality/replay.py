@@ -325,20 +325,9 @@ def keys_with_ghosts(cmd: str, request: Request, words: bool) -> int:
 def keys_word_by_word(cmd: str, suggest: Suggest) -> int:
     """Keys to enter `cmd` (Enter not counted) for a user who, at each state, accepts the top
     suggestion when it is the whole command (one key), else accepts its next word when the
-    command continues with that word (one key), else types the next character (one key)."""
-    typed, keys = "", 0
-    while len(typed) < len(cmd):
-        keys += 1
-        got = suggest(typed)
-        if got == cmd:
-            return keys
-        if got is not None and len(got) > len(typed) and got.startswith(typed):
-            word = next_word(got[len(typed) :])
-            if cmd.startswith(word, len(typed)):
-                typed += word
-                continue
-        typed = cmd[: len(typed) + 1]
-    return keys
+    command continues with that word (one key), else types the next character (one key): the
+    ghosts' user, with the suggestion for each buffer whatever was drawn before."""
+    return keys_with_ghosts(cmd, lambda typed, _drawn: suggest(typed), words=True)
 
 
 @dataclass

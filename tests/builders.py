@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,3 +88,11 @@ def month_old_history() -> str:
 # Commands a shell session records, and `calmd serve` options for a quick background run.
 WORK = ["git status", "make build", "make test", "git commit -am wip", "ls", "cd ..", "false cmd"]
 TRAIN_ARGS = ("--train-arg=--min-examples=10", "--train-arg=--holdout=10", "--train-arg=--epochs=3")
+
+
+def record_work(client: Any, rounds: int = 30) -> None:
+    """WORK's commands `rounds` times over one session, each commit with its own message: enough
+    new history for a background run (TRAIN_ARGS)."""
+    for i in range(rounds):
+        for cmd in WORK:
+            client.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")

@@ -20,7 +20,7 @@ from calmd.shell.client import CalmClient
 from calmd.suggest.ranking import Ranker, packaged_ranker
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
-from tests.builders import TRAIN_ARGS, WORK
+from tests.builders import TRAIN_ARGS, WORK, record_work
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.test_ranker_refit import rounds
 
@@ -141,9 +141,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
         running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
-        for i in range(30):
-            for cmd in WORK:
-                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        record_work(c)
         before = c.status()["status"]["loaded_at"]
         assert c.train()["started"] is True
         assert c.train()["started"] is False  # one run at a time
@@ -236,9 +234,7 @@ def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
         running_daemon(tmp_path, engine="model", args=args) as d,
         CalmClient(d.socket) as c,
     ):
-        for i in range(30):
-            for cmd in WORK:
-                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        record_work(c)
         model = c.status()["status"]["model"]
         assert model["ranker_refit"] is None and model["ranker"].endswith("(packaged)"), model
         assert c.train()["started"] is True

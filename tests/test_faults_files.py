@@ -23,7 +23,7 @@ import pytest
 
 from calmd import paths
 from calmd.shell.client import CalmClient
-from tests.builders import TRAIN_ARGS, WORK
+from tests.builders import TRAIN_ARGS, record_work
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
 from tests.tools import in_ci, need_root
 
@@ -83,9 +83,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
         running_daemon(tmp_path, engine="model", args=args, prefix=PERMISSIVE) as d,
         CalmClient(d.socket) as c,
     ):
-        for i in range(30):
-            for cmd in WORK:
-                c.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+        record_work(c)
         assert c.train()["started"] is True
         wait_until(
             lambda: (t := c.status()["status"]["training"])["last_result"] and t["pid"] is None,

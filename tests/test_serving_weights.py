@@ -34,6 +34,15 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     return value
 
 
+def user_weights(home: Path, weights: Path) -> tuple[Path, Path]:
+    """A data dir in `home` whose serving weights (shell.cwgt) are a copy of `weights`."""
+    data = home / "data"
+    data.mkdir()
+    serving = data / paths.WEIGHTS
+    serving.write_bytes(weights.read_bytes())
+    return data, serving
+
+
 def served(c: CalmClient) -> tuple[str, bool, float]:
     status = c.status()["status"]
     return status["model"]["path"], status["serving_fallback"], status["loaded_at"]
@@ -42,10 +51,7 @@ def served(c: CalmClient) -> tuple[str, bool, float]:
 def test_init_replaces_nothing_by_accident_and_rollback_undoes_what_it_replaced(
     tmp_path: Path, tiny_weights: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    weights = data / paths.WEIGHTS
-    weights.write_bytes(tiny_weights.read_bytes())
+    data, weights = user_weights(tmp_path, tiny_weights)
     with running_daemon(tmp_path, engine="model", args=("--no-import",)) as d, CalmClient(d.socket) as c:
         path, fallback, loaded = served(c)
         assert (path, fallback) == (str(weights), False)
@@ -65,10 +71,7 @@ def test_init_replaces_nothing_by_accident_and_rollback_undoes_what_it_replaced(
 
 
 def test_calm_train_in_place_keeps_the_previous_weights(tmp_path: Path, tiny_weights: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    weights = data / paths.WEIGHTS
-    weights.write_bytes(tiny_weights.read_bytes())
+    data, weights = user_weights(tmp_path, tiny_weights)
     source = tmp_path / "train.txt"
     source.write_text("".join(f"<HIST>cd proj<EXIT>0\n<CMD>{c}\n\n" for c in ["git status", "make test"] * 8))
     assert (
@@ -86,10 +89,7 @@ def test_calm_train_in_place_keeps_the_previous_weights(tmp_path: Path, tiny_wei
 def test_rollback_with_no_previous_file_goes_back_to_the_packaged_model(
     tmp_path: Path, tiny_weights: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    weights = data / paths.WEIGHTS
-    weights.write_bytes(tiny_weights.read_bytes())
+    data, weights = user_weights(tmp_path, tiny_weights)
     with running_daemon(tmp_path, engine="model", args=("--no-import",)) as d, CalmClient(d.socket) as c:
         assert served(c)[:2] == (str(weights), False)
         back = calm(tmp_path, "rollback")

@@ -157,3 +157,13 @@ def read_json(path: Path, what: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: cannot read the {what}: {exc}") from exc
+
+
+def check_format(data: Any, name: str, version: int, source: str) -> dict[str, Any]:
+    """`data` as read by read_json: a JSON object of format `name` at `version`, returned as
+    such; FormatError naming `source` otherwise."""
+    if not isinstance(data, dict) or data.get("format") != name:
+        raise FormatError(f"{source}: not a {name} file")
+    if data.get("version") != version:
+        raise FormatError(f"{source}: version {data.get('version')!r}, this calmd reads {version}")
+    return data

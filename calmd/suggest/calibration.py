@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import read_json
+from calmd.atomic import check_format, read_json
 from calmd.errors import FormatError
 
 CALIBRATION_VERSION = 1
@@ -179,12 +179,7 @@ class Calibrator:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "calibration") -> Calibrator:
-        if not isinstance(data, dict) or data.get("format") != "calm-calibration":
-            raise FormatError(f"{source}: not a calm-calibration file")
-        if data.get("version") != CALIBRATION_VERSION:
-            raise FormatError(
-                f"{source}: version {data.get('version')!r}, this calmd reads {CALIBRATION_VERSION}"
-            )
+        data = check_format(data, "calm-calibration", CALIBRATION_VERSION, source)
         return cls(Head.from_json(data.get("candidate"), FEATURES, f"{source}: candidate"),
                    Head.from_json(data.get("early"), EARLY_FEATURES, f"{source}: early"),
                    dict(data.get("info") or {}))  # fmt: skip

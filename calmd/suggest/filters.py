@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
-from calmd.atomic import read_json
+from calmd.atomic import check_format, read_json
 from calmd.errors import FormatError
 
 VOCABULARY_VERSION = 1
@@ -293,12 +293,7 @@ class Vocabulary:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "vocabulary") -> Vocabulary:
-        if not isinstance(data, dict) or data.get("format") != "calm-vocabulary":
-            raise FormatError(f"{source}: not a calm-vocabulary file")
-        if data.get("version") != VOCABULARY_VERSION:
-            raise FormatError(
-                f"{source}: version {data.get('version')!r}, this calmd reads {VOCABULARY_VERSION}"
-            )
+        data = check_format(data, "calm-vocabulary", VOCABULARY_VERSION, source)
         known, judged = data.get("known"), data.get("judged")
         if not isinstance(known, dict) or not isinstance(judged, list):
             raise FormatError(f"{source}: 'known' must be a map and 'judged' a list")

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import read_json
+from calmd.atomic import check_format, read_json
 from calmd.errors import FormatError
 from calmd.history import query
 from calmd.protocol import SEARCH_MODES as MODES
@@ -314,12 +314,7 @@ class SearchRanker:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "search ranker") -> SearchRanker:
-        if not isinstance(data, dict) or data.get("format") != "calm-search-ranker":
-            raise FormatError(f"{source}: not a calm-search-ranker file")
-        if data.get("version") != SEARCH_RANKER_VERSION:
-            raise FormatError(
-                f"{source}: version {data.get('version')!r}, this calmd reads {SEARCH_RANKER_VERSION}"
-            )
+        data = check_format(data, "calm-search-ranker", SEARCH_RANKER_VERSION, source)
         if data.get("features") != list(SEARCH_FEATURES):
             raise FormatError(
                 f"{source}: features differ from this calmd's (python -m calmd.quality.fit_search refits)"

@@ -323,6 +323,7 @@ def test_the_mixtures_parts_are_replayed_alone(tmp_path: Path, tiny_weights: Pat
     assert top1["model"]["0"] <= 0.5  # it cannot write half of the loop's lines
 
 
+@pytest.mark.slow  # refits the ranker after every 60 commands (7 s)
 def test_the_learning_curve_compares_the_refitted_ranker_with_the_packaged_one(
     tmp_path: Path, tiny_weights: Path
 ) -> None:
@@ -347,6 +348,7 @@ def test_the_learning_curve_compares_the_refitted_ranker_with_the_packaged_one(
     assert learnt["top1"]["0"] > packaged["top1"]["0"] + 0.03  # the refit learnt the habit
 
 
+@pytest.mark.slow  # spawns a process per user, each importing torch (5 s)
 def test_parallel_users_give_the_same_figures(tmp_path: Path, tiny_weights: Path) -> None:
     for n, cycle in enumerate((["cd proj", "git status", "make test"], ["ls -la", "vim notes.txt"])):
         (tmp_path / f"user{n}.txt").write_text("\n".join(cycle * 20 + ["git stash pop"] + cycle * 10) + "\n")

@@ -91,6 +91,7 @@ class Server:
         )
         self.disk = self.service.disk
         self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
+        self._importing = False  # that import reads files (its task goes on to the due check after)
         self._import_stop = threading.Event()
 
     # -- the service's control -------------------------------------------------------------------
@@ -146,9 +147,12 @@ class Server:
         """The first-start import, then the due check: automatic runs wait for the import (a run
         started half-way would train on half the history), then the imported commands count."""
         self.service.hold_training = "the first-start import of the shells' history files runs"
+        self._importing = True
         try:
             await asyncio.to_thread(self._first_imports)
         finally:
+            # both at once: status never says "import running" beside a due run waiting for nothing
+            self._importing = False
             self.service.hold_training = None
         if not self.should_exit.is_set():
             await self._due_check("after the first-start import")
@@ -353,7 +357,7 @@ class Server:
             # the first start's import of ~/.bash_history and ~/.zsh_history, and the files any
             # import refused (not a history) or could not read
             "import": {
-                "running": self._import is not None and not self._import.done(),
+                "running": self._importing,
                 "refused": store.counter("import_refused"),
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),

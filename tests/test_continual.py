@@ -170,7 +170,7 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
         for i in range(6):
             for cmd in WORK:
                 c.record(f"{cmd} {i}", exit=0, session="s")
-        status = wait_status(c, lambda s: s["training"]["state"] == "training", timeout=60)
+        status = wait_status(c, lambda s: s["training"]["state"] == "training")
         assert status["history"]["since_last_training"] < 40  # type: ignore[index]
         os.kill(status["training"]["pid"], signal.SIGKILL)  # type: ignore[index]
         status = wait_status(c, lambda s: s["training"]["state"] == "interrupted")

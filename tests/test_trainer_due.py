@@ -150,7 +150,8 @@ def test_calmd_train_follows_a_run_to_its_result_which_status_keeps(
         assert last["swapped"] == ("swapped in" in lines[-1])
     assert runs_on(data) == []
     # after the run, and after a restart, status still shows what it bought
-    with running_daemon(tmp_path, engine=ENGINE, args=args):
+    one_epoch = (*args[:-1], "--train-arg=--epochs=1")  # the second run only has to end
+    with running_daemon(tmp_path, engine=ENGINE, args=one_epoch):
         table = calmd(tmp_path, "status").stdout
         assert "last run " in table and lines[-1].removeprefix("done: ") in table, table
         shown = json.loads(calmd(tmp_path, "status", "--json").stdout)["training"]["last_result"]

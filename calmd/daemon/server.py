@@ -131,6 +131,9 @@ class Server:
         if self.config.import_shell_history:
             # After `ready`, in batches (the store's lock is free between two): however large the
             # files, the daemon answers from the start (docs/history.md, "Importing").
+            # (set here, not in the task: a status answered before its first step says so too)
+            self.service.hold_training = "the first-start import of the shells' history files runs"
+            self._importing = True
             self._import = asyncio.ensure_future(self._import_then_check())
         else:
             await self._due_check("start")  # commands counted before a restart
@@ -145,9 +148,8 @@ class Server:
 
     async def _import_then_check(self) -> None:
         """The first-start import, then the due check: automatic runs wait for the import (a run
-        started half-way would train on half the history), then the imported commands count."""
-        self.service.hold_training = "the first-start import of the shells' history files runs"
-        self._importing = True
+        started half-way would train on half the history), then the imported commands count. (The
+        caller set `hold_training` and `_importing`; both end with the import.)"""
         try:
             await asyncio.to_thread(self._first_imports)
         finally:

@@ -47,7 +47,7 @@ def test_a_due_run_starts_at_start_and_after_the_first_start_import(tmp_path: Pa
     # for it, also when a command is recorded meanwhile; once it is done, the run starts
     imported = tmp_path / "b"
     imported.mkdir()
-    n = 200_000
+    n = 50_000  # about 2 s of import: the window a due run is seen waiting in
     (imported / ".bash_history").write_text("".join(f"git checkout branch-{i}\n" for i in range(n)))
     with running_daemon(imported, args=("--train-threshold", "50", *NO_GATE)) as d, CalmClient(d.socket) as c:
         seen = []

@@ -26,6 +26,7 @@ import numpy as np
 from calmd.atomic import atomic_write
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
+from calmd.training import optim
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
 
 # --------------------------------------------------------------------------- fitting
@@ -79,7 +80,7 @@ def fit(
     targets = torch.tensor([int(o) + q.target for o, q in zip(offsets, usable, strict=True)])
     lin1, lin2 = torch.nn.Linear(x.shape[1], hidden), torch.nn.Linear(hidden, 1)
     net = torch.nn.Sequential(lin1, torch.nn.Tanh(), lin2)
-    opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=1e-4)
+    opt = optim.Adam(net.parameters(), lr=0.01, weight_decay=1e-4)  # torch.optim's, without torch._dynamo
     loss = torch.tensor(0.0)
     for _ in range(steps):
         s = net(x).squeeze(-1)

@@ -123,6 +123,8 @@ def refit_ranker(examples: Sequence[Example], base: Ranker, options: RefitOption
     regularised toward the base weights; the base itself when there are too few examples."""
     import torch
 
+    from calmd.training import optim
+
     usable = list(examples)[-options.max_examples :]
     if len(usable) < options.min_examples:
         return base
@@ -136,7 +138,7 @@ def refit_ranker(examples: Sequence[Example], base: Ranker, options: RefitOption
     targets = torch.tensor([int(o) + e.target for o, e in zip(offsets, usable, strict=True)])
     anchors = [torch.tensor(a, dtype=torch.float32) for a in (base.w1, base.b1, base.w2, np.array([base.b2]))]
     params = [a.clone().requires_grad_(True) for a in anchors]
-    opt = torch.optim.Adam(params, lr=options.lr)
+    opt = optim.Adam(params, lr=options.lr)  # torch.optim's, without the import of torch._dynamo
     n = len(usable)
     for _ in range(options.steps):
         w1, b1, w2, b2 = params

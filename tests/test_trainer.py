@@ -65,18 +65,20 @@ def alive(pid: int) -> bool:
 
 
 def runs_on(data: Path) -> list[int]:
-    """Pids of training runs working on `data`."""
-    found = []
+    """Pids of training runs working on `data`. (A run's child between its fork and its exec, as
+    when the run starts g++ for the scan kernel, shows the run's command line: not a run.)"""
+    found: dict[int, int] = {}  # pid: parent pid
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"calmd.training.background" in argv and str(data).encode() in argv and alive(int(proc.name)):
-            found.append(int(proc.name))
-    return found
+            found[int(proc.name)] = parent
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 def install(home: Path, weights: Path) -> Path:

@@ -427,23 +427,23 @@ def rollback(weights: Path) -> list[str]:
         if prev_ranker.is_file():  # the same for the ranker, before anything moves
             read_user_ranker(prev_ranker)
         if model_files:
-            had_prev = prev.exists()
-            _swap_back(weights, prev)
-            done.append(
-                f"restored {weights} from {prev}" if had_prev
-                else f"no previous weights: moved {weights} to {prev}; the packaged model serves now"
-            )  # fmt: skip
+            done.append(_swap_back(weights, prev, "weights", "model"))
         if ranker_files:
-            had_prev = prev_ranker.is_file()
-            _swap_back(ranker, prev_ranker)
-            done.append(
-                f"restored {ranker} from {prev_ranker}" if had_prev
-                else f"no previous ranker: moved {ranker} to {prev_ranker}; the packaged ranker serves now"
-            )  # fmt: skip
+            done.append(_swap_back(ranker, prev_ranker, "ranker", "ranker"))
     return done
 
 
-def _swap_back(current: Path, prev: Path) -> None:
+def _swap_back(current: Path, prev: Path, what: str, packaged: str) -> str:
+    """`_exchange` the two files and say what that did: a restore, or with no previous file,
+    `current` moved aside so that the packaged `packaged` serves."""
+    had_prev = prev.is_file()  # (rollback refused a previous weight file that is not a file)
+    _exchange(current, prev)
+    if had_prev:
+        return f"restored {current} from {prev}"
+    return f"no previous {what}: moved {current} to {prev}; the packaged {packaged} serves now"
+
+
+def _exchange(current: Path, prev: Path) -> None:
     """`prev` becomes `current` and `current` becomes `prev` (one of them may be missing)."""
     if not prev.exists():
         os.replace(current, prev)

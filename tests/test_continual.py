@@ -40,6 +40,17 @@ def fill(store: HistoryStore, rounds: int) -> None:
                          ts=1000 + 10 * i + j)  # fmt: skip
 
 
+def data_dir_with(data: Path, tiny: Path, rounds: int) -> Path:
+    """A data dir holding `rounds` of WORK in its store and the tiny model as its serving weights
+    (returned), as a background run finds it."""
+    store = HistoryStore(data / "history.sqlite3")
+    fill(store, rounds)
+    store.close()
+    weights = data / "shell.cwgt"
+    weights.write_bytes(tiny.read_bytes())
+    return weights
+
+
 def test_trivial_commands() -> None:
     assert is_trivial("ls") and is_trivial("cd  ..") and is_trivial("pwd")
     assert not is_trivial("ls -la") and not is_trivial("cd src")
@@ -92,11 +103,7 @@ def test_calm_dataset_without_from_reads_the_history_store(tmp_path: Path) -> No
 
 
 def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
-    fill(store, 30)
-    store.close()
-    weights = tmp_path / "shell.cwgt"
-    weights.write_bytes(tiny.read_bytes())
+    weights = data_dir_with(tmp_path, tiny, rounds=30)
     result = run(RunOptions(tmp_path, weights, min_examples=10, holdout=10, epochs=3, lr=3e-3))
     assert result["state"] == "done", result
     assert result["swapped"] is True and result["new_loss"] <= result["old_loss"], result
@@ -113,11 +120,7 @@ def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny:
 
 
 def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
-    fill(store, 1)
-    store.close()
-    weights = tmp_path / "shell.cwgt"
-    weights.write_bytes(tiny.read_bytes())
+    weights = data_dir_with(tmp_path, tiny, rounds=1)
     result = run(RunOptions(tmp_path, weights))
     assert result["swapped"] is False and "training examples" in result["reason"]
     assert weights.read_bytes() == tiny.read_bytes()
@@ -180,11 +183,7 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
 
 
 def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path: Path, tiny: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
-    fill(store, 30)
-    store.close()
-    weights = tmp_path / "shell.cwgt"
-    weights.write_bytes(tiny.read_bytes())
+    weights = data_dir_with(tmp_path, tiny, rounds=30)
     ranker = tmp_path / "ranker.json"
     opts = RunOptions(tmp_path, weights, min_examples=10**6)  # the model's part: nothing to train yet
     result = run(opts)
@@ -210,11 +209,7 @@ def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path:
 
 
 def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tiny: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
-    fill(store, 2)
-    store.close()
-    weights = tmp_path / "shell.cwgt"
-    weights.write_bytes(tiny.read_bytes())
+    weights = data_dir_with(tmp_path, tiny, rounds=2)
     result = run(RunOptions(tmp_path, weights))
     assert result["ranker_refitted"] is False
     assert result["reason"].endswith("the packaged ranker stays"), result

@@ -221,8 +221,9 @@ class Trainer:
         self._last = (proc.pid, code)
         if code != background.EXIT_LOCKED:  # a run that never held the lock wrote nothing
             self.clean_after(proc.pid)
-        info = self._state()
-        reason = exit_words(proc.pid, code, background.read_status(self.data_dir))
+        raw = background.read_status(self.data_dir)
+        info = self._state(raw)
+        reason = exit_words(proc.pid, code, raw)
         log.info("training finished (exit %d): %s", code, reason)
         if code == background.EXIT_DISK_FULL or str(reason).startswith("disk full"):
             self.last_disk_full = time.time()
@@ -251,8 +252,10 @@ class Trainer:
     def status(self, threshold: int) -> dict[str, Any]:
         return {**self._state(), "threshold": threshold, "runs_started": self.started}
 
-    def _state(self) -> dict[str, Any]:
-        info = background.read_status(self.data_dir)
+    def _state(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's state for `status` from training.json (`info`, when the caller read it)."""
+        if info is None:
+            info = background.read_status(self.data_dir)
         running_pid: int | None = None
         if self.running:
             assert self._proc is not None

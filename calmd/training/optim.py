@@ -28,20 +28,17 @@ import torch
 _DISABLE_WRAPPED = ("state_dict", "load_state_dict", "zero_grad", "add_param_group")
 
 
-def _presets_dynamo_disable() -> bool:
+def _preset_dynamo_disable() -> None:
     """Give each wrapped method the cached "disabled" form the wrapper looks up before it
-    imports torch._dynamo (`fn.__dynamo_disable`); False where the wrapper is not torch's."""
-    done = True
+    imports torch._dynamo (`fn.__dynamo_disable`); a method not wrapped so is left as it is."""
     for name in _DISABLE_WRAPPED:
         wrapper = vars(torch.optim.Optimizer).get(name)
         raw = getattr(wrapper, "__wrapped__", None)
         code = getattr(wrapper, "__code__", None)
         if raw is None or code is None or not code.co_filename.endswith("_compile.py"):
-            done = False
             continue
         if getattr(raw, "__dynamo_disable", None) is None:
             setattr(raw, "__dynamo_disable", raw)  # what torch._dynamo.disable(fn) runs outside a compile
-    return done
 
 
 def _raw_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any] | None:
@@ -56,7 +53,7 @@ def _raw_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any] | None:
     return None
 
 
-PLAIN = _presets_dynamo_disable()
+_preset_dynamo_disable()
 _ADAM_STEP = _raw_step(torch.optim.Adam)
 _ADAMW_STEP = _raw_step(torch.optim.AdamW)
 _SGD_STEP = _raw_step(torch.optim.SGD)

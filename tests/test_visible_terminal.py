@@ -37,10 +37,14 @@ class View:
         env = shell_env(home, PS1=PROMPT, COLUMNS="300")
         env["PATH"] = f"{BIN}:{env['PATH']}"  # `calm` and `calmd` as installed
         self.term = Terminal(["bash", "--norc", "--noprofile", "-i"], env, cwd=home, width=300, height=60)
-        self.term.tmux("set-option", "-g", "set-clipboard", "on")
-        self.term.wait_for("^PROMPT>")
-        self.title = self.title_now()
-        self.term.record_output(self.record)
+        try:
+            self.term.tmux("set-option", "-g", "set-clipboard", "on")
+            self.term.wait_for("^PROMPT>")
+            self.title = self.title_now()
+            self.term.record_output(self.record)
+        except BaseException:
+            self.term.close()  # no tmux server left behind
+            raise
 
     def title_now(self) -> str:
         return self.term.tmux("display-message", "-p", "-t", "t", "#{pane_title}").strip()

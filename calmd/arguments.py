@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 from calmd.errors import CalmError
+from calmd.visible import visible
 
 INT64_MAX = (1 << 63) - 1
 # A config dataclass's flags: field -> (the flag's names, argparse's keywords but its default)
@@ -25,10 +26,11 @@ C = TypeVar("C")
 
 class Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line, `prog: error: what; see prog --help` (its
-    subcommands' parsers too: add_subparsers makes them of the parser's class)."""
+    subcommands' parsers too: add_subparsers makes them of the parser's class), what it quotes
+    of the command line `visible` (calmd/visible.py)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        self.exit(2, f"{self.prog}: error: {visible(message)}; see `{self.prog} --help`\n")
 
 
 def whole(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
@@ -72,7 +74,7 @@ def run_tool(prog: str, main: Callable[[], int]) -> int:
     try:
         return main()
     except (CalmError, OSError) as exc:
-        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{prog}: error: {visible(' '.join(str(exc).split()))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

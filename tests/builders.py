@@ -5,6 +5,7 @@ Test modules import from here (and from daemon.py, tmux.py, tiny_model.py), neve
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,65 @@ def record_work(client: Any, rounds: int = 30) -> None:
     for i in range(rounds):
         for cmd in WORK:
             client.record(f"{cmd} {i}" if cmd.startswith("git commit") else cmd, exit=0, session="s")
+
+
+# --------------------------------------------------------------------------- hostile histories
+
+# What a recorded command or a folder may hold that a terminal would act on, or that changes what
+# the eye reads (issue 30): each form shown by every view as its escape (calmd/visible.py).
+HOSTILE_FORMS = {
+    "osc0-title": "\x1b]0;PWNED-TITLE\x07",  # sets the window (pane) title
+    "osc52-clipboard": "\x1b]52;c;ZWNobyBwd25lZA==\x07",  # writes "echo pwned" to the clipboard
+    "csi-clear": "\x1b[2J\x1b[H",  # clears the screen
+    "csi-conceal": "\x1b[8mHIDDEN",  # draws what follows invisibly
+    "bel": "\x07",
+    "cr": "\rOVER",  # CR: what follows is drawn over the start of the line
+    "bs": "\x08\x08\x08",
+    "del": "\x7f",
+    "c1-nel": "\x85",
+    "c1-csi": "\x9b2J",  # U+009B: an 8-bit CSI
+    "c1-st": "\x9c",
+    "c1-osc": "\x9d0;PWNED-C1\x9c",
+    "bidi-rlo": "\u202eevil",  # right-to-left override: the rest reads backwards
+    "zero-width": "\u200b",
+}
+HOSTILE_GROUPS = 5  # folders: `calm stats` shows the five busiest, so the forms share five
+
+
+def hostile_folder(group: int) -> str:
+    """The folder of HOSTILE_FORMS' group `group`: every form of the group in its name."""
+    forms = list(HOSTILE_FORMS.items())[group::HOSTILE_GROUPS]
+    return f"/tmp/g{group}-" + "-".join(f"{name}{payload}" for name, payload in forms)
+
+
+def hostile_rows(ts: float) -> list[dict[str, Any]]:
+    """Rows of a hostile history: per form, a command holding it in its first word (`tool3<form>
+    name`: `calm stats` counts it by that word) and a plain `echo name` (the search shows a line
+    with a control character in it nowhere, but draws its folder), both run in the form's group's
+    folder; `git` and `git` + U+200B beside them."""
+    rows: list[dict[str, Any]] = []
+    for k, (name, payload) in enumerate(HOSTILE_FORMS.items()):
+        folder = hostile_folder(k % HOSTILE_GROUPS)
+        rows.append({"cmd": f"tool{k}{payload} {name}", "cwd": folder, "exit": 0, "ts": ts + 2 * k})
+        rows.append({"cmd": f"echo {name}", "cwd": folder, "exit": 0, "ts": ts + 2 * k + 1})
+    rows.append({"cmd": "git status", "cwd": "/tmp", "exit": 0, "ts": ts + 100})
+    rows.append({"cmd": "git\u200b status", "cwd": "/tmp", "exit": 0, "ts": ts + 101})
+    return rows
+
+
+def write_rows(db: Path, rows: list[dict[str, Any]]) -> Path:
+    """`rows` written straight into the store at `db` (made by HistoryStore when missing), as an
+    older calmd or an import could have left them: no check, no cleaning, any value in any column."""
+    import sqlite3
+
+    from calmd.history.store import HistoryStore
+
+    if not db.exists():
+        HistoryStore(db).close()
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        for row in rows:
+            fields = {"session": "s", "source": "shell", **row}
+            names = ", ".join(fields)
+            conn.execute(f"INSERT INTO commands ({names}) VALUES ({', '.join('?' * len(fields))})",
+                         list(fields.values()))  # fmt: skip
+    return db

@@ -60,7 +60,7 @@ def test_what_a_line_shows() -> None:
     seconds = (0.2, 42, 300, 3 * 3600, 2 * 86400, 20 * 86400, 90 * 86400, 800 * 86400)
     assert [ago(now - s, now) for s in seconds] == ["now", "42s", "5m", "3h", "2d", "2w", "3mo", "2y"]
     # nothing from the history reaches the terminal as a control character
-    assert visible("echo one\necho\ttwo\x1b[31m\x9b") == "echo one↵echo two\ufffd[31m\ufffd"
+    assert visible("echo one\necho\ttwo\x1b[31m\x9b") == "echo one\\necho\\ttwo\\e[31m\\u009b"
     assert clip("git push origin main", 10) == "git push …" and clip("short", 10) == "short"
     assert clip("漢字漢字漢字", 7) == "漢字漢…"  # wide characters take two cells
     assert clip_left("/home/u/src/some/deep/folder", 12) == "…deep/folder"

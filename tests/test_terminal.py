@@ -17,7 +17,8 @@ import pytest
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator, SamplingOptions
 from calmd.shell.client import CalmClient
-from calmd.suggest.filters import continued_lines, terminal_safe, visible
+from calmd.suggest.filters import continued_lines, terminal_safe
+from calmd.visible import visible
 from tests.daemon import BIN, Daemon, daemon_env, running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 from tests.tmux import history_rows

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from calmd import paths
 from calmd.errors import CalmError
+from calmd.visible import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,7 +46,7 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if _stdout_closed():  # `calm ... | head`: the reader of our output left; say no more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 141
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)  # a socket, not our stdout
+        print(f"{parser.prog}: error: {visible(str(exc))}", file=sys.stderr)  # a socket, not our stdout
         return 1
     except (CalmError, OSError) as exc:
         print(f"{parser.prog}: error: {one_line(exc)}", file=sys.stderr)
@@ -67,12 +68,13 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 
 def one_line(exc: BaseException) -> str:
-    """The error as one line; an OSError as `FILE: what` (its text would be `[Errno 21] ...`)."""
+    """The error as one line; an OSError as `FILE: what` (its text would be `[Errno 21] ...`).
+    What it quotes (a file name, a value) is `visible`: an error never drives the terminal."""
     if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, CalmError):
         where = exc.filename2 if isinstance(exc, IsADirectoryError) and exc.filename2 else exc.filename
         text = f"{where}: {exc.strerror}" if where else exc.strerror
-        return " ".join(text.split())
-    return " ".join(str(exc).split()) or type(exc).__name__
+        return visible(" ".join(text.split()))
+    return visible(" ".join(str(exc).split())) or type(exc).__name__
 
 
 def probability(text: str) -> float:

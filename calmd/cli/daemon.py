@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
 from calmd.cli.common import connect, new_console
 from calmd.daemon.config import ServerConfig
 from calmd.errors import CalmError
+from calmd.visible import json_text, visible, visible_value
 
 if TYPE_CHECKING:
     from calmd.daemon.service import Engine
@@ -75,12 +75,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             status = client.status()["status"]
     except DaemonNotRunning as exc:
         if args.json:
-            print(json.dumps({"running": False, "error": str(exc)}))
+            print(json_text({"running": False, "error": str(exc)}))
         else:
-            print(f"calmd is not running ({exc})", file=sys.stderr)
+            print(f"calmd is not running ({visible(str(exc))})", file=sys.stderr)
         return 3
     if args.json:
-        print(json.dumps({"running": True, **status}, indent=2))
+        print(json_text({"running": True, **status}, indent=2))
         return 0
     from calmd.cli.status_view import status_table
 
@@ -118,9 +118,12 @@ def cmd_train_now(args: argparse.Namespace) -> int:
             if answer.get("started"):
                 print(f"training run started (pid {pid})", flush=True)
             elif answer.get("reason") == "a training run is in progress" or pid:
-                print(f"{answer.get('reason')}{f' (pid {pid})' if pid else ''}: following it", flush=True)
+                print(
+                    f"{visible_value(answer.get('reason'))}{f' (pid {pid})' if pid else ''}: following it",
+                    flush=True,
+                )
             else:
-                raise CalmError(f"the daemon started no training run: {answer.get('reason')}")
+                raise CalmError(f"the daemon started no training run: {visible_value(answer.get('reason'))}")
             return _follow_training(client, pid)
     except DaemonNotRunning as exc:
         print(f"calmd is not running ({exc}); start it with `calmd serve`", file=sys.stderr)
@@ -153,21 +156,20 @@ def _follow_training(client: CalmClient, pid: int | None, poll_s: float = 0.25) 
             if stage != shown:
                 shown = stage
                 words = f": {progress_words(progress)}" if "step" in progress else ""
-                print(f"{training.get('state')}{words}", flush=True)
+                print(f"{visible_value(training.get('state'))}{words}", flush=True)
         elif pid is not None or time.monotonic() > deadline:
             break
         time.sleep(poll_s)
     last = training.get("last_result") or {}
     if pid is None or not last:
         raise CalmError("the training run ended without a result; `calmd status` and training.log say more")
-    print(f"{last.get('state')}: {last.get('reason')}")
+    print(f"{visible_value(last.get('state'))}: {visible_value(last.get('reason'))}")
     return 0 if last.get("state") == "done" else 1
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
     from calmd.protocol import MAX_INPUT_BYTES
     from calmd.shell.client import DaemonError, DaemonNotRunning
-    from calmd.suggest.filters import visible
 
     if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
         raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")

@@ -15,6 +15,7 @@ from calmd.shell import (  # imports nothing heavy (`calm history` and `calm sta
     history_view,
     search_ui,
 )
+from calmd.visible import visible
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -40,7 +41,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 detail = (
                     exc if isinstance(exc, NotAHistory) else f"{name}: cannot read: {exc.strerror or exc}"
                 )
-                print(f"calm: error: {detail}", file=sys.stderr)
+                print(f"calm: error: {visible(str(detail))}", file=sys.stderr)
                 refused += 1
                 continue
             older = (
@@ -49,7 +50,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 else ""
             )
             print(
-                f"{result.path}: {result.imported} commands imported ({result.format} format), "
+                f"{visible(str(result.path))}: {result.imported} commands imported ({result.format} format), "
                 f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
                 + (
                     f", {result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)"
@@ -58,7 +59,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 )
                 + older
             )
-        print(f"history: {store.count()} commands in {store.path}")
+        print(f"history: {store.count()} commands in {visible(str(store.path))}")
     finally:
         store.close()
     return 1 if refused else 0
@@ -108,17 +109,20 @@ def cmd_forget(args: argparse.Namespace) -> int:
     try:
         if args.dry_run:
             n = store.count_matching(match)
-            print(f"{n} command{'s' * (n != 1)} in {db} match (dry run: nothing deleted)")
+            print(f"{n} command{'s' * (n != 1)} in {visible(str(db))} match (dry run: nothing deleted)")
             return 0
         n = store.forget(match)
     finally:
         store.close()
-    print(f"forgot {n} command{'s' * (n != 1)} in {db}")
+    print(f"forgot {n} command{'s' * (n != 1)} in {visible(str(db))}")
     if n:
         print("the training datasets built from them were removed; a running calmd stops suggesting them")
         built = paths.dataset_path()
         if built.exists():
-            print(f"note: {built} (written by `calm dataset`) may hold them too: delete or rebuild it")
+            print(
+                f"note: {visible(str(built))} (written by `calm dataset`) may hold them too: "
+                "delete or rebuild it"
+            )
     return 0
 
 

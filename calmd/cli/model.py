@@ -44,6 +44,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from calmd.model.checkpoint import load_model
     from calmd.model.generate import Generator, SamplingOptions
+    from calmd.visible import visible
 
     model_path = Path(args.model) if args.model else paths.serving_weights()
     loaded = load_model(model_path)
@@ -63,8 +64,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         cands.sort(key=lambda c: c.logprob, reverse=True)
     else:
         cands = list(gen.candidates(ctx, args.n, max_tokens=args.max_tokens, raw=args.raw))
-    for cand in cands:
-        print(f"{cand.logprob:8.3f}  {cand.text}" if args.scores else cand.text)
+    for cand in cands:  # what a model writes may hold any byte: printed escaped (calmd/visible.py)
+        print(f"{cand.logprob:8.3f}  {visible(cand.text)}" if args.scores else visible(cand.text))
     return 0
 
 

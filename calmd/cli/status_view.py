@@ -1,4 +1,8 @@
-"""`calmd status` as a table: the daemon's status reply (server.status()) rendered for a person."""
+"""`calmd status` as a table: the daemon's status reply (server.status()) rendered for a person.
+
+The reply carries text the daemon read from files (ranker.json's name, a weights path, a refused
+history file's name, a training run's reason): each cell is `visible` (calmd/visible.py) and
+given to rich as Text, never as markup."""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import time
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
+
+from calmd.visible import visible
 
 
 def status_table(status: dict[str, Any]) -> Table:
@@ -47,7 +54,7 @@ def status_table(status: dict[str, Any]) -> Table:
         ("socket", status.get("socket", "-")),
     ]  # fmt: skip
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, Text(visible(str(value))))
     return table
 
 

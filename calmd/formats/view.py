@@ -2,8 +2,9 @@
 
 Frame tokens (`<CWD>`, `<HIST>`, ...) are bold and coloured per frame; the bytes inside a frame take
 the frame's colour; sub-tokens (`<EXIT>`, `<NEXT>`) and control tokens (`<BOS>`, `<ATN>`) stand out;
-non-printable bytes show as escapes (`\\x07`, `\\n`). Tokens the loss supervises (everything after
-ATN) are underlined on a green background, so what the model learns to produce is visible at a glance.
+non-printable bytes show as escapes (`\\x07`, `\\n`: calmd/visible.py). Tokens the loss supervises
+(everything after ATN) are underlined on a green background, so what the model learns to produce
+is visible at a glance.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy.typing as npt
 from rich.text import Text
 
 from calmd.formats.tokenizer import BYTE_TOKENS, SPECIAL_NAMES, Special, validate_ids
+from calmd.visible import visible
 
 FRAME_STYLES: dict[int, str] = {
     Special.CWD: "cyan",
@@ -26,22 +28,13 @@ FRAME_STYLES: dict[int, str] = {
 CONTROL_STYLE = "bold red"
 SUBTOKEN_STYLE = "bold bright_black"
 SUPERVISED = " underline on dark_green"
-_ESCAPES = {9: "\\t", 10: "\\n", 13: "\\r", 27: "\\e"}
 
 
 def _byte_text(run: bytes) -> str:
-    """Printable text for a run of bytes: valid UTF-8 shown as characters, the rest escaped."""
-    text = run.decode("utf-8", "backslashreplace")
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if code in _ESCAPES:
-            out.append(_ESCAPES[code])
-        elif code < 32 or code == 127:
-            out.append(f"\\x{code:02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    """Printable text for a run of bytes: valid UTF-8 shown as characters, the rest escaped as
+    every view escapes what it prints (calmd/visible.py: `\\e`, `\\x07`, `\\u202e`, a byte that is
+    not UTF-8 as `\\xff`)."""
+    return visible(run.decode("utf-8", "surrogateescape"))
 
 
 def render(ids: npt.ArrayLike, cmd_position: int | None = None) -> Text:

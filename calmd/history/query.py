@@ -8,6 +8,12 @@ from a newer calmd (a schema this one does not know) is refused with a clear err
 misread. The filters are SQL over the store's indexes; what SQL cannot say (a regular
 expression) is a function registered on the connection.
 
+What is printed passes calmd/visible.py: a control character, a bidi override or an invisible
+character stored in a command or a folder is shown as an escape (`\\e`, `\\u202e`), never sent to
+the terminal; JSON writes them as `\\u` escapes. A timestamp that is not a time (none, not a number,
+before 1970 or past the year 9999: an old store, a hand-made one) is shown as unknown (`known_ts`),
+never a crash.
+
 Nothing here shows what the store would refuse. Every row passed the credential detector when it
 was stored, and the store is re-scanned when a newer detector comes (the daemon's next start);
 until then (the store's `detector_version` is older than this calmd's), every row read passes
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import math
 import re
 import sqlite3
@@ -33,6 +38,7 @@ from typing import Any, NamedTuple
 from calmd.errors import CalmError
 from calmd.history.secrets import DETECTOR_VERSION
 from calmd.history.store import SCHEMA_VERSION, HistoryStore
+from calmd.visible import json_escaped, json_text, visible
 
 BATCH = 20_000  # rows the search index reads per round trip
 TOP = 10  # rows in each of `calm stats`'s tables
@@ -105,11 +111,21 @@ class Entry(NamedTuple):
         return self.exit is not None and self.exit != 0
 
     def to_json(self) -> dict[str, Any]:
-        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them)."""
-        return {"id": self.id, "ts": round(self.ts, 3), "time": _iso(self.ts), "cmd": self.cmd,
-                "exit": self.exit, "duration": None if self.duration is None else round(self.duration, 3),
-                "cwd": self.cwd,
-                "git": self.git, "session": self.session, "source": self.source}  # fmt: skip
+        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them); a
+        time that is not one (`known_ts`) and a duration that is not a finite number are null."""
+        ts = known_ts(self.ts)
+        took = self.duration
+        duration = round(took, 3) if isinstance(took, int | float) and abs(took) <= 1e300 else None
+        return {"id": self.id, "ts": None if ts is None else round(ts, 3),
+                "time": None if ts is None else _iso(ts), "cmd": _text(self.cmd),
+                "exit": self.exit if isinstance(self.exit, int) else None, "duration": duration,
+                "cwd": _text(self.cwd), "git": _text(self.git), "session": _text(self.session),
+                "source": _text(self.source)}  # fmt: skip
+
+
+def _text(value: object) -> str:
+    """A text column as text, whatever an old or hand-made store holds in it (NULL: empty)."""
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration"
@@ -137,7 +153,7 @@ def generation(db: sqlite3.Connection) -> int:
 
 def shown(cmd: str) -> bool:
     """Whether a stored command may be shown: what the store would store today."""
-    return HistoryStore.check(cmd).stored
+    return isinstance(cmd, str) and HistoryStore.check(cmd).stored
 
 
 def scanned_by_this_detector(db: sqlite3.Connection) -> bool:
@@ -186,11 +202,13 @@ class HistoryFilter:
             clauses.append("exit IS NOT NULL AND exit != 0")
         elif self.failed is False:
             clauses.append("(exit IS NULL OR exit = 0)")
+        # a time that is not one (known_ts) is neither since nor until anything: a text or an
+        # infinity would sort after every number
         if self.since is not None:
-            clauses.append("ts >= ?")
+            clauses.append(f"ts BETWEEN ? AND {MAX_TS}")
             args.append(self.since)
         if self.until is not None:
-            clauses.append("ts < ?")
+            clauses.append("ts >= 0 AND ts < ?")
             args.append(self.until)
         if self.pattern:
             if self.regex:
@@ -274,6 +292,21 @@ def parse_when(text: str, now: float) -> float:
         ) from None
 
 
+# The times a view shows: from 1970 to the year 9999 (two days short of it, so that no time zone's
+# local time passes it). Anything else in `ts` (an old or hand-made store: NULL, text, an infinity,
+# 1e300, a time before 1970) is shown as unknown, left out of `calm stats`'s times, and never
+# raises: datetime cannot hold it, and a view must still show the rest.
+MAX_TS = 253_402_128_000.0  # 9999-12-30 00:00 UTC
+UNKNOWN_TIME = "unknown time"
+
+
+def known_ts(ts: object) -> float | None:
+    """`ts` when it is a time a view can show (a number from 0 to MAX_TS), else None."""
+    if isinstance(ts, int | float) and 0 <= ts <= MAX_TS:  # NaN fails both comparisons
+        return float(ts)
+    return None
+
+
 def _iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).isoformat(timespec="seconds")
 
@@ -283,10 +316,14 @@ def _minute(minute: int) -> str:
     return dt.datetime.fromtimestamp(minute * 60).strftime("%Y-%m-%d %H:%M")
 
 
-def local_time(ts: float) -> str:
-    """`2025-11-24 13:02:11`, local time. The minute's text is kept (every time zone's offset is
-    whole minutes): a history of 100,000 lines formats a few thousand minutes, not 100,000 times."""
-    whole = math.floor(ts)
+def local_time(ts: object) -> str:
+    """`2025-11-24 13:02:11`, local time; `unknown time` when `ts` is not one (`known_ts`). The
+    minute's text is kept (every time zone's offset is whole minutes): a history of 100,000 lines
+    formats a few thousand minutes, not 100,000 times."""
+    known = known_ts(ts)
+    if known is None:
+        return UNKNOWN_TIME
+    whole = math.floor(known)
     return f"{_minute(whole // 60)}:{whole % 60:02d}"
 
 
@@ -297,62 +334,63 @@ def short_path(path: str, home: str) -> str:
     return path
 
 
-def one_line(cmd: str) -> str:
-    """A multi-line command on one line: newlines written `\\n`, tabs `\\t` (for plain output)."""
-    if "\n" in cmd or "\t" in cmd:
-        return cmd.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-    return cmd
-
-
 PLAIN_COLUMNS = "ts, exit, cwd, cmd"
 
 
 def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
     """`time  status  folder  command` per (ts, exit, cwd, cmd) row (`rows(db, filt, PLAIN_COLUMNS)`),
-    status blank when unknown. One tight loop with the minutes' and folders' text kept: 100,000
-    lines in a fraction of a second."""
+    status blank when unknown, each line `visible` (a multi-line command on one line: `\\n`). One
+    tight loop with the minutes' and folders' text kept: 100,000 lines in a fraction of a second."""
     folders: dict[str, str] = {}
     minutes: dict[int, str] = {}
     statuses: dict[int | None, str] = {}
     seconds = [f":{s:02d}  " for s in range(60)]
+    unknown = f"{UNKNOWN_TIME:<19}  "
     for ts, code, cwd, cmd in rows:
-        whole = int(ts)
-        minute = minutes.get(whole // 60)
-        if minute is None:
-            minute = minutes[whole // 60] = _minute(whole // 60)
+        if isinstance(ts, int | float) and 0 <= ts <= MAX_TS:
+            whole = int(ts)
+            minute = minutes.get(whole // 60)
+            if minute is None:
+                minute = minutes[whole // 60] = _minute(whole // 60)
+            when = minute + seconds[whole % 60]
+        else:
+            when = unknown
         status = statuses.get(code)
         if status is None:
             status = statuses[code] = f"{'' if code is None else code:>3}  "
         folder = folders.get(cwd)
         if folder is None:
-            folder = folders[cwd] = short_path(cwd, home) or "-"
-        if "\n" in cmd or "\t" in cmd:
-            cmd = one_line(cmd)
-        yield f"{minute}{seconds[whole % 60]}{status}{folder}  {cmd}"
+            folder = folders[cwd] = short_path(_text(cwd), home) or "-"
+        yield visible(f"{when}{status}{folder}  {_text(cmd)}")
 
 
 def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
-    """One JSON object per ENTRY_COLUMNS row (`Entry.to_json`), as SQLite's json_object writes it."""
-    encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    """One JSON object per ENTRY_COLUMNS row (`Entry.to_json`), as SQLite's json_object writes it
+    (json_text: the hidden characters as `\\u` escapes, never a NaN)."""
     for row in rows:
-        yield encode(Entry._make(row).to_json())
+        yield json_text(Entry._make(row).to_json(), compact=True)
 
 
 # The same lines made by SQLite, a few times faster on 100,000 rows than formatting them in Python
-# (history_lines): what `calm history` runs when every row has passed this calmd's credential detector.
-_ONE_LINE_SQL = ("CASE WHEN instr(cmd, char(10)) OR instr(cmd, char(9)) THEN replace(replace(replace(cmd, "
-                 "'\\', '\\\\'), char(10), '\\n'), char(9), '\\t') ELSE cmd END")  # fmt: skip
+# (history_lines): what `calm history` runs when every row has passed this calmd's credential
+# detector. Python then passes each line through `visible` (plain, commands) or `json_escaped`
+# (json), as it does the lines it makes itself: the two ways print the same bytes.
+_KNOWN_TS = f"typeof(ts) IN ('integer', 'real') AND ts BETWEEN 0 AND {MAX_TS}"  # known_ts
 _PLAIN_SQL = (
-    "strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
+    f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') "
+    f"ELSE '{UNKNOWN_TIME:<19}' END || '  ' || "
     "printf('%3s', coalesce(exit, '')) || '  ' || "
-    "CASE WHEN cwd = '' THEN '-' "
+    "CASE WHEN coalesce(cwd, '') = '' THEN '-' "
     "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
-    "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL
+    "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || coalesce(cmd, '')"
 )
-_JSON_SQL = ("json_object('id', id, 'ts', round(ts, 3), "
-             "'time', strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime'), 'cmd', cmd, "
-             "'exit', exit, 'duration', round(duration, 3), 'cwd', cwd, 'git', git, "
-             "'session', session, 'source', source)")  # fmt: skip
+_JSON_SQL = (f"json_object('id', id, 'ts', CASE WHEN {_KNOWN_TS} THEN round(ts, 3) END, 'time', "
+             f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime') END, "
+             "'cmd', coalesce(cmd, ''), 'exit', CASE WHEN typeof(exit) = 'integer' THEN exit END, "
+             "'duration', CASE WHEN typeof(duration) IN ('integer', 'real') AND abs(duration) <= 1e300 "
+             "THEN round(duration, 3) END, "
+             "'cwd', coalesce(cwd, ''), 'git', coalesce(git, ''), 'session', coalesce(session, ''), "
+             "'source', coalesce(source, ''))")  # fmt: skip
 
 
 def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: str = "") -> list[str]:
@@ -361,17 +399,18 @@ def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: 
     if scanned_by_this_detector(db):
         home = "" if home in ("", "/") else home.rstrip("/")
         expr, extra = {"plain": (_PLAIN_SQL, [home] * 5), "json": (_JSON_SQL, []),
-                       "commands": (_ONE_LINE_SQL, [])}[form]  # fmt: skip
+                       "commands": ("coalesce(cmd, '')", [])}[form]  # fmt: skip
         try:
             sql, args = ordered(filt, expr, extra)
-            return [line for (line, *_) in db.execute(sql, args).fetchall()]
+            shown = json_escaped if form == "json" else visible
+            return [shown(line) for (line, *_) in db.execute(sql, args).fetchall()]
         except sqlite3.OperationalError as exc:  # an SQLite without json_object: Python writes it
             if "json_object" not in str(exc):
                 raise
     if form == "json":
         return list(json_lines(rows(db, filt, ENTRY_COLUMNS)))
     if form == "commands":
-        return [one_line(cmd) for (cmd,) in rows(db, filt, "cmd")]
+        return [visible(_text(cmd)) for (cmd,) in rows(db, filt, "cmd")]
     return list(plain_lines(rows(db, filt, PLAIN_COLUMNS), home))
 
 
@@ -473,6 +512,8 @@ def compute_stats(
     taking: dict[str, bool] = {}
     first_ts = last_ts = None
     for ts, cwd, cmd, code in entries:
+        if not isinstance(cmd, str) or not isinstance(cwd, str):
+            cmd, cwd = _text(cmd), _text(cwd)
         distinct.add(cmd)
         name, following = command_and_next(cmd)
         names[name] += 1
@@ -488,6 +529,8 @@ def compute_stats(
                 subs[f"{name} {following}"] += 1
         if cwd:
             by_folder[(cwd, name)] += 1
+        if not (isinstance(ts, int | float) and 0 <= ts <= MAX_TS):
+            continue  # not a time (known_ts): counted, but in no hour
         if first_ts is None or ts < first_ts:
             first_ts = ts
         if last_ts is None or ts > last_ts:

@@ -12,12 +12,15 @@ first (`time  status  folder  command`, a multi-line command on one line with `\
 subcommands (`git commit`, for the commands the packaged vocabulary knows to take subcommands),
 the busiest folders with their top commands, the failure rate (of the runs whose status the shell
 reported: imported history has none) and the busiest hours of the day.
+
+What they print of the store passes calmd/visible.py (`query.history_lines` for `calm history`;
+here each cell of `calm stats`, given to rich as Text, never as markup: a command holding
+`[link=...]` would otherwise be a hyperlink). Column widths are those of the escaped text.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,6 +29,7 @@ from pathlib import Path
 from calmd import paths
 from calmd.errors import CalmError
 from calmd.history import query
+from calmd.visible import json_text, visible
 
 
 def add_filters(p: argparse.ArgumentParser) -> None:
@@ -131,7 +135,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps(stats.to_json(), indent=2, ensure_ascii=False))
+        print(json_text(stats.to_json(), indent=2))
         return 0
     from rich.console import Console
 
@@ -144,11 +148,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def stats_tables(stats: query.Stats, home: str) -> list[object]:
     """The rich tables of `calm stats`."""
     from rich.table import Table
+    from rich.text import Text
 
     if not stats.commands:
         return ["no commands match"]
-    first = query.local_time(stats.first_ts or 0)[:10]
-    last = query.local_time(stats.last_ts or 0)[:10]
+    first = query.local_time(stats.first_ts)[:10] if stats.first_ts is not None else query.UNKNOWN_TIME
+    last = query.local_time(stats.last_ts)[:10] if stats.last_ts is not None else query.UNKNOWN_TIME
     rate = stats.failure_rate
     of = f"{stats.failed:,} of the {stats.with_status:,} runs with a known status"
     failures = f"{100 * rate:.1f}% failed ({of})" if rate is not None else "no exit status (imported)"
@@ -159,7 +164,7 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
                           ("failed", "right")):  # fmt: skip
         top.add_column(name, justify=justify)  # type: ignore[arg-type]
     for rank, (name, runs, failed, known) in enumerate(stats.top_commands, 1):
-        top.add_row(str(rank), name, f"{runs:,}", query.percent(runs, stats.commands),
+        top.add_row(str(rank), Text(visible(name)), f"{runs:,}", query.percent(runs, stats.commands),
                     query.percent(failed, known) if known else "-")  # fmt: skip
     tables.append(top)
     if stats.top_subcommands:
@@ -167,15 +172,15 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
         for name, justify in (("#", "right"), ("command", "left"), ("runs", "right")):
             subs.add_column(name, justify=justify)  # type: ignore[arg-type]
         for rank, (name, runs) in enumerate(stats.top_subcommands, 1):
-            subs.add_row(str(rank), name, f"{runs:,}")
+            subs.add_row(str(rank), Text(visible(name)), f"{runs:,}")
         tables.append(subs)
     if stats.folders:
         folders = Table(title="busiest folders", title_justify="left")
         for name, justify in (("folder", "left"), ("runs", "right"), ("top commands", "left")):
             folders.add_column(name, justify=justify)  # type: ignore[arg-type]
         for folder, runs, best in stats.folders:
-            folders.add_row(query.short_path(folder, home), f"{runs:,}",
-                            ", ".join(f"{c} ({n:,})" for c, n in best))  # fmt: skip
+            folders.add_row(Text(visible(query.short_path(folder, home))), f"{runs:,}",
+                            Text(", ".join(f"{visible(c)} ({n:,})" for c, n in best)))  # fmt: skip
         tables.append(folders)
     hours = Table(title="busiest hours (local time)", title_justify="left")
     for name, justify in (("hour", "right"), ("runs", "right"), ("", "left")):

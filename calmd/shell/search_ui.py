@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import select
 import signal
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmd.protocol import MAX_SEARCH_RESULTS, SEARCH_MODES
+from calmd.visible import hidden, visible
 
 CHOSEN, CANCELLED, UNAVAILABLE = 0, 1, 3
 FIRST_ANSWER_S = 1.0  # the daemon's first answer, at most; else the shell's own search opens
@@ -76,22 +78,6 @@ def cells(ch: str) -> int:
     if unicodedata.combining(ch):
         return 0
     return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
-
-
-def visible(text: str) -> str:
-    """`text` safe to draw on one line: newlines as `↵`, tabs as a space, other control
-    characters (an escape sequence stored in the history) as `�`."""
-    out = []
-    for ch in text:
-        if ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append(" ")
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029":
-            out.append("\ufffd")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def clip(text: str, width: int) -> str:
@@ -298,14 +284,16 @@ class Screen:
             out.append("\x1b[K\r\n")
         status = state.status or KEYS
         out.append(self.style("2" if not state.status else "1", clip(status, width - 1)) + "\x1b[K")
-        cursor = len(prompt) + sum(cells(c) for c in visible(state.query[: state.cursor])) + 1
+        before = visible(state.query[: state.cursor], doubled=hidden(state.query))  # as drawn above
+        cursor = len(prompt) + sum(cells(c) for c in before) + 1
         out.append(f"\x1b[2;{min(cursor, width)}H\x1b[?25h")
         self.write("".join(out))
 
     def _result_line(self, result: dict[str, Any], selected: bool, query: str, width: int, now: float,
                      home: str) -> str:  # fmt: skip
-        when = ago(float(result.get("ts") or 0.0), now) if result.get("ts") else "?"
-        where = clip_left(home_short(str(result.get("cwd") or ""), home), 20)
+        ts = result.get("ts")
+        when = ago(float(ts), now) if isinstance(ts, int | float) and 0 < ts < math.inf else "?"
+        where = clip_left(visible(home_short(str(result.get("cwd") or ""), home)), 20)
         code = result.get("exit")
         failed = isinstance(code, int) and code != 0
         mark = f"✗{code}" if failed else ""
@@ -387,7 +375,7 @@ class Search:
             elif rid == self.newest:
                 state.waiting = False
                 if "error" in message:
-                    state.status = f"calmd: {message['error'].get('message', 'error')}"
+                    state.status = f"calmd: {visible(str(message['error'].get('message', 'error')))}"
                 elif not message.get("superseded"):
                     state.results = list(message.get("results", []))
                     state.matches = int(message.get("matches", 0))

@@ -66,8 +66,6 @@ _CLOSE = {")", "]", "}"}
 # lone surrogates (bytes that were not UTF-8), which no terminal draws either.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CONTROL_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_CONTROL_OR_BACKSLASH = re.compile("[\\\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_NAMED_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e", "\\": "\\\\"}
 
 
 # What a suggestion may hold at most: what a shell can send back as its input (the protocol's
@@ -144,23 +142,6 @@ def _compound_depth(line: str) -> int:
             elif word not in _RESERVED:
                 break
     return depth
-
-
-def visible(text: str) -> str:
-    """`text` as a command line prints a candidate: each control character written as an escape
-    (`\\e`, `\\n`, `\\x07`, `\\u009b`), never raw. A text that holds one has its backslashes
-    doubled too, so that the escapes cannot be mistaken for what was typed; any other is as it is."""
-    if _CONTROL.search(text) is None:
-        return text
-
-    def escape(found: re.Match[str]) -> str:
-        c = found.group(0)
-        named = _NAMED_CONTROLS.get(c)
-        if named is not None:
-            return named
-        return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}"
-
-    return _CONTROL_OR_BACKSLASH.sub(escape, text)
 
 
 # --------------------------------------------------------------------------- quotes and brackets

@@ -44,13 +44,16 @@ CACHE = Path.home() / ".cache" / "calm"  # the compiled kernels: a user's own, b
 
 
 class Daemon:
-    """`calmd serve` from `tree` in a scratch HOME, with the client the zsh hook's helper would hold."""
+    """`calmd serve` from `tree` in a scratch HOME, with the client the zsh hook's helper would hold;
+    it serves `weights` (copied in as the user's weights), else the model `tree` packaged."""
 
-    def __init__(self, tree: Path) -> None:
+    def __init__(self, tree: Path, weights: Path | None = None) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="calmd-newuser-"))
         run = self.home / "run"
         run.mkdir(mode=0o700)
         (self.home / "data").mkdir(mode=0o700)
+        if weights is not None:
+            shutil.copy(weights, self.home / "data" / "shell.cwgt")
         self.socket = run / "calm" / "calmd.sock"
         env = {**os.environ, "HOME": str(self.home), "CALM_HOME": str(self.home / "data"),
                "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(self.socket),

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# ab_latency compares two checkouts (--baseline PATH): run it by hand.
-BENCHMARKS = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("run_all", "ab_latency"))
+# ab_latency compares two checkouts (--baseline PATH): run it by hand; gpu is the GPU run's driver
+# (bench/gpu.sh), not a benchmark.
+BENCHMARKS = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("run_all", "ab_latency", "gpu"))
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from calmd.arguments import run_tool
 from calmd.training import recipe, train
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
@@ -78,3 +79,31 @@ def test_an_interrupted_recipe_resumes_to_the_same_model(
     assert "python -m calmd.training.recipe --steps 6 --seed 0 --size nano --threads 1" in note
     assert "finished with --resume; the optimizer steps took" in note
     assert "finished with --resume" not in (whole.parent / "DEFAULT_MODEL.md").read_text()
+
+
+def test_a_corpus_built_before_trains_without_the_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--corpus: what the GPU machine runs (bench/gpu.py), which has the corpus but not the data;
+    --epochs and --batch-size scale the run, and the note says so."""
+    data = data_folder(tmp_path / "data")
+    corpus = tmp_path / "carried" / "corpus.ctds"
+    corpus.parent.mkdir()
+    counts = recipe.write_corpus(data, corpus)
+    assert counts["users"] == 3 and counts["sequences"] > 0
+    out = tmp_path / "model" / "model.cwgt"
+    argv = ["--corpus", str(corpus), "--data", str(tmp_path / "nowhere"), "--work", str(tmp_path / "work"),
+            "--output", str(out), "--steps", "4", "--epochs", "3", "--batch-size", "8",
+            "--threads", "1"]  # fmt: skip
+    assert recipe.main(argv) == 0
+    assert "corpus: reusing" in capsys.readouterr().out
+    assert not (tmp_path / "work" / "corpus.ctds").exists()
+    note = (out.parent / "DEFAULT_MODEL.md").read_text()
+    assert "--steps 4 --seed 0 --size nano --threads 1 --epochs 3 --batch-size 8`" in note
+    assert f"Public shell histories of {counts['trained_users']} of the 3 users" in note
+    assert "4 steps" in note
+    corpus.with_suffix(".json").unlink()
+    assert run_tool(recipe.PROG, lambda: recipe.main([*argv, "--output", str(tmp_path / "other.cwgt")])) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"{recipe.PROG}: error: --corpus {corpus}: needs the corpus and its stamp")
+    assert not (tmp_path / "other.cwgt").exists()

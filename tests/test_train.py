@@ -240,6 +240,41 @@ def test_resume_refuses_other_settings_and_broken_checkpoints(
     assert "--resume needs --checkpoint" in capsys.readouterr().err
 
 
+def test_bfloat16_autocast_trains_near_float32_and_resumes_only_in_bfloat16(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--precision bf16 (autocast: the products in bfloat16, the scan and the loss in float32)
+    follows the float32 run closely without being it; its checkpoint is not continued in float32.
+    (tests/test_cuda.py holds the same on a GPU.)"""
+    data = dataset(tmp_path / "a.ctds", TASK_A + TASK_B, n=24)
+    start = tiny_model_file(tmp_path / "start.cwgt")
+
+    def losses(precision: str) -> np.ndarray:
+        cfg = TrainConfig(model=str(start), dataset=str(data), output=str(tmp_path / f"{precision}.cwgt"),
+                          batch_size=8, epochs=4, lr=3e-3, threads=1, fisher_samples=4, val_fraction=0,
+                          precision=precision, quiet=True)  # fmt: skip
+        return np.array(train(cfg).losses)
+
+    fp32, bf16 = losses("fp32"), losses("bf16")
+    assert len(bf16) == len(fp32) == 12 and np.isfinite(bf16).all()
+    assert not np.array_equal(bf16, fp32)  # autocast reached the products
+    assert np.abs(bf16 - fp32).max() < 0.05
+    assert bf16[-1] < bf16[0]
+    ckpt, out = tmp_path / "run.ckpt", tmp_path / "out.cwgt"
+    argv = ["train", "-m", str(start), "-d", str(data), "-o", str(out), "--checkpoint", str(ckpt),
+            "--max-steps", "2"]  # fmt: skip
+    assert calm(*argv, "--precision", "bf16", *QUICK) == 0
+    assert calm(*argv, "--resume", *QUICK) == 1
+    assert "saved by a run with precision bf16, this run has fp32" in capsys.readouterr().err
+    assert calm(*argv, "--precision", "bf16", "--resume", *QUICK) == 0
+    # a checkpoint saved before --precision existed names none: it was float32, and resumes so
+    assert calm(*argv, *QUICK) == 0
+    blob = torch.load(ckpt, weights_only=True)
+    del blob["key"]["precision"]
+    torch.save(blob, ckpt)
+    assert calm(*argv, "--resume", *QUICK) == 0
+
+
 def test_calm_init_then_calm_train_fits_a_few_commands(tmp_path: Path) -> None:
     """The specification's workflow: a file from `calm init` holds untrained weights and is trained
     at a new model's learning rate (1e-3), not fine-tuned at 1e-4 (which fits nothing in 40 steps)."""

@@ -33,6 +33,7 @@ norm_f.weight; then lm_head.weight only when untied. Each array is flattened row
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -231,7 +232,28 @@ def selective_scan(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Dispatch: the reference loop, mamba-ssm's CUDA kernel (CUDA tensors, mamba_ssm installed,
     no initial state: its kernel cannot take one), the fused C++ kernel of calmd/model/fastscan.py
-    (CPU, when it could be built), or the chunked PyTorch fast path. Same results."""
+    (CPU, when it could be built), or the chunked PyTorch fast path. Same results.
+
+    The scan runs in the inputs' widest floating type, float32 at least, with autocast off: under
+    autocast (`calm train --precision bf16`) u, B, C and z come in bfloat16 and delta in float32,
+    and a bfloat16 state (8 bits of mantissa) would lose the sum over time within a few dozen
+    steps; mamba-ssm's kernel accumulates in float32 too. y and the last state go back in u's type."""
+    dtype, given = torch.float32, u.dtype
+    for t in (u, delta, A, B, C, D, z, h0):
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    with torch.autocast(u.device.type, enabled=False):
+        u, delta, A, B, C, D = (t.to(dtype) for t in (u, delta, A, B, C, D))
+        z = None if z is None else z.to(dtype)
+        h0 = None if h0 is None else h0.to(dtype)
+        y, h = _dispatch_scan(u, delta, A, B, C, D, z, h0, reference)
+    return y.to(given), h.to(given)
+
+
+def _dispatch_scan(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None,
+    h0: Tensor | None, reference: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     if reference:
         return selective_scan_ref(u, delta, A, B, C, D, z, h0)
     if h0 is None and _cuda_scan_available(u):
@@ -242,7 +264,7 @@ def selective_scan(
         return y, last
     if h0 is None:
         h0 = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
-    if all(t.dtype == u.dtype for t in (delta, A, B, C, D, h0)) and fastscan.supports(u):
+    if fastscan.supports(u):  # selective_scan gave every input u's type
         y, h = fastscan.CppScanFn.apply(u, delta, A, B, C, D, h0)  # the fused kernel, when built
     else:
         y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)
@@ -252,8 +274,12 @@ def selective_scan(
 
 
 def _cuda_scan_available(x: Tensor) -> bool:
-    if not x.is_cuda:
-        return False
+    return x.is_cuda and mamba_ssm_importable()
+
+
+@functools.cache
+def mamba_ssm_importable() -> bool:
+    """Asked once: a failed import is not cached by Python, and every layer of every step asks."""
     try:
         import mamba_ssm  # noqa: F401  (only imported on a CUDA device)
     except ImportError:

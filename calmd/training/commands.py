@@ -55,6 +55,8 @@ TRAIN_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                "help": "continue the run saved in --checkpoint (same settings): the same model as "
                "one uninterrupted run"}),
     "device": (("--device",), {"choices": ["auto", "cpu", "cuda"], "help": "auto"}),
+    "precision": (("--precision",), {"choices": ["fp32", "bf16"], "help": "fp32, or bf16 autocast "
+                  "(matrix products in bfloat16; weights, scan and loss in float32)"}),
     "force": (("--force",), {"action": "store_true", "default": None,
               "help": "let --model new replace an existing output file"}),
     "quiet": (("-q", "--quiet"), {"action": "store_true", "default": None, "help": "no output"}),

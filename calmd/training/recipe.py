@@ -1,6 +1,7 @@
 """The default model's recipe: corpus from ../shared/data, training, and the packaged weight file.
 
     python -m calmd.training.recipe [--data ../shared/data] [--steps 4800] [--output calmd/data/default.cwgt]
+    python -m calmd.training.recipe --corpus CORPUS.ctds --epochs N --batch-size B ...   (bench/gpu.py)
 
 1. Corpus (calmd/data/DEFAULT_MODEL.md records the last): every tldr example (CC-BY 4.0, tldr-pages;
    placeholders filled, alternatives resolved, two variants each) and the public histories of
@@ -13,7 +14,10 @@
 2. Training: a new nano model with `calm train`'s loop (calmd/training/train.py), cosine schedule.
    The run saves its state to `<work>/train.ckpt` every 200 steps; `--resume` continues an
    interrupted run from there (the corpus is rebuilt only when missing: it is deterministic) and
-   gives the same model as one uninterrupted run of the same steps.
+   gives the same model as one uninterrupted run of the same steps. `--corpus` trains on a corpus
+   this recipe built before (on a machine without the data: the GPU run of bench/gpu.py), its
+   counts read from the stamp beside it; `--epochs`, `--batch-size` and `--precision` scale the
+   run up there, where the defaults are the packaged model's.
 3. The result is written atomically to the package (`calmd/data/default.cwgt`) with a provenance
    note next to it (`calmd/data/DEFAULT_MODEL.md`): the corpus counts, the seed, the time taken.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -30,7 +35,7 @@ from pathlib import Path
 from calmd import paths
 from calmd.arguments import Parser, number, run_tool, whole
 from calmd.atomic import atomic_write
-from calmd.errors import SequenceTooLong
+from calmd.errors import CalmError, SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
 from calmd.suggest.context import HISTORY_FRAMES
@@ -64,8 +69,11 @@ def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Ite
 
 
 def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> dict[str, int]:
-    """Write the corpus as CTDS; returns counts (sequences, skipped, tokens)."""
-    counts = {"sequences": 0, "skipped_too_long": 0, "tokens": 0}
+    """Write the corpus as CTDS; returns counts (sequences, skipped, tokens, and the history users:
+    all of them and those trained on), what the provenance note says of it."""
+    users = history_users(data)
+    counts = {"sequences": 0, "skipped_too_long": 0, "tokens": 0, "users": len(users),
+              "trained_users": sum(not held_out(p.stem) for p in users)}  # fmt: skip
     with CtdsWriter(out) as writer:
         for ex in corpus_examples(data, seed=seed):
             try:
@@ -79,18 +87,38 @@ def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> d
     return counts
 
 
+def write_corpus(data: Path, corpus: Path, *, seed: int = 0) -> dict[str, int]:
+    """`build_corpus`, with its counts in the stamp beside it (`corpus` with .json), which
+    `--corpus` and `--resume` read instead of building it again."""
+    counts = build_corpus(data, corpus, seed=seed)
+    with atomic_write(corpus.with_suffix(".json")) as f:
+        f.write(json.dumps(counts).encode())
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
     parser.add_argument("--output", type=Path, default=paths.PACKAGE_DATA / "default.cwgt")
+    parser.add_argument("--corpus", type=Path,
+                        help="train on this corpus, built by the recipe before (its stamp, the same name "
+                        "with .json, beside it) instead of building one from --data")  # fmt: skip
     parser.add_argument(
         "--steps",
         type=whole(1, 10**9),
         default=4800,
-        help="optimizer steps of 32 sequences, at most one epoch (default 4800: the whole corpus once, "
-        "4725 steps, about 22 min on 2 cores)",
+        help="optimizer steps of --batch-size sequences, at most --epochs epochs (default 4800: the whole "
+        "corpus once, 4725 steps, about 22 min on 2 cores)",
     )
+    parser.add_argument(
+        "--epochs", type=whole(1, 100_000), default=1, help="passes over the corpus (default 1)"
+    )
+    parser.add_argument(
+        "--batch-size", type=whole(1, 65536), default=32, help="sequences per step (default 32)"
+    )
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: autocast, for a GPU (calm train --precision; default fp32)")  # fmt: skip
     parser.add_argument(
         "--steps-minutes-cap",
         type=number(0, 10**6),
@@ -107,26 +135,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from calmd.training.train import TrainConfig, train
 
-    if not (args.resume and (args.work / "corpus.ctds").exists()):
+    corpus = args.corpus or args.work / "corpus.ctds"
+    stamp = corpus.with_suffix(".json")
+    if args.corpus and not (corpus.is_file() and stamp.is_file()):
+        raise CalmError(f"--corpus {corpus}: needs the corpus and its stamp {stamp.name} beside it")
+    if not (args.corpus or (args.resume and corpus.exists())):
         check_data(args.data)
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
-    corpus = args.work / "corpus.ctds"
-    stamp = args.work / "corpus.json"
-    if args.resume and corpus.exists() and stamp.exists():
+    if args.corpus or (args.resume and corpus.exists() and stamp.exists()):
         counts = json.loads(stamp.read_text())
         print(f"corpus: reusing {corpus}")
     else:
-        counts = build_corpus(args.data, corpus, seed=args.seed)
-        with atomic_write(stamp) as f:
-            f.write(json.dumps(counts).encode())
+        counts = write_corpus(args.data, corpus, seed=args.seed)
     print(f"corpus: {counts['sequences']:,} sequences, {counts['tokens']:,} tokens "
           f"({counts['skipped_too_long']} too long) in {time.time() - started:.0f} s")  # fmt: skip
     cfg = TrainConfig(
-        model="new", size=args.size, dataset=str(corpus), output=str(args.output), epochs=1,
-        lr=3e-3, lr_schedule="cosine", batch_size=32, seed=args.seed, threads=args.threads,
+        model="new", size=args.size, dataset=str(corpus), output=str(args.output), epochs=args.epochs,
+        lr=3e-3, lr_schedule="cosine", batch_size=args.batch_size, seed=args.seed, threads=args.threads,
         val_fraction=0.01, max_steps=args.steps, max_minutes=args.steps_minutes_cap, force=True,
-        checkpoint=str(args.work / "train.ckpt"), resume=args.resume,
+        checkpoint=str(args.work / "train.ckpt"), resume=args.resume, precision=args.precision,
     )  # fmt: skip
     result = train(cfg)
     elapsed = time.time() - started
@@ -138,10 +166,18 @@ def main(argv: list[str] | None = None) -> int:
 def write_provenance(
     args: argparse.Namespace, counts: dict[str, int], summary: str, elapsed: float, step_seconds: float
 ) -> None:
-    users = history_users(args.data)
-    trained_on = [p.stem for p in users if not held_out(p.stem)]
+    if "users" in counts:
+        n_users, trained_on = counts["users"], counts["trained_users"]
+    else:  # a stamp written before it counted them
+        users = history_users(args.data)
+        n_users, trained_on = len(users), sum(not held_out(p.stem) for p in users)
     command = f"python -m calmd.training.recipe --steps {args.steps} --seed {args.seed} --size {args.size}"
     command += f" --threads {args.threads}"  # the thread count changes the float sums, so the bits
+    scaled = {"--epochs": (args.epochs, 1), "--batch-size": (args.batch_size, 32),
+              "--precision": (args.precision, "fp32")}  # fmt: skip
+    command += "".join(f" {flag} {value}" for flag, (value, default) in scaled.items() if value != default)
+    if args.steps_minutes_cap:  # where the cap ended the run, the steps it made are in the summary
+        command += f" --steps-minutes-cap {args.steps_minutes_cap:g}"
     # A resumed run's wall time covers only its last invocation: the steps' own time is summed
     # across invocations by the training state, so that is the figure to read.
     took = (
@@ -152,14 +188,14 @@ def write_provenance(
     text = f"""# The packaged default model
 
 Built by `{command}`
-({took}, on a 2-core CPU).
+({took}, on {machine()}).
 
 - Corpus: {counts["sequences"]:,} sequences, {counts["tokens"]:,} tokens.
 - tldr-pages examples (https://github.com/tldr-pages/tldr), CC-BY 4.0, (c) the tldr-pages
   contributors; placeholders filled and option alternatives resolved by calmd/training/corpus.py.
-- Public shell histories of {len(trained_on)} of the {len(users)} users of shared/data/histories
+- Public shell histories of {trained_on} of the {n_users} users of shared/data/histories
   (their repositories are listed in that folder's manifest.tsv), scrubbed of personal names,
-  hosts and addresses. The other {len(users) - len(trained_on)} users are held out for `calm replay`.
+  hosts and addresses. The other {n_users - trained_on} users are held out for `calm replay`.
 - Every example carries a COMP frame (completion candidates, calmd/suggest/frames.py) built from
   the files and directories earlier commands created or named (calmd/suggest/reconstruct.py),
   and ENV where a history activated a virtualenv or conda env.
@@ -168,6 +204,15 @@ Training: {summary}
 """
     with atomic_write(args.output.parent / "DEFAULT_MODEL.md") as f:  # beside the weights, like them
         f.write(text.encode())
+
+
+def machine() -> str:
+    """What the steps ran on, for the note: the GPU train() picks when there is one."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"one {torch.cuda.get_device_name(0)} GPU"
+    return f"a {os.cpu_count()}-core CPU"
 
 
 if __name__ == "__main__":

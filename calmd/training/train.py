@@ -68,6 +68,7 @@ from calmd.training import optim
 from calmd.training.plot import check_available, write_loss_plot
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+PRECISIONS = ("fp32", "bf16")
 DEFAULT_LR_NEW = 1e-3  # from random weights
 DEFAULT_LR_FINETUNE = 1e-4  # continuing a trained model
 
@@ -100,6 +101,9 @@ class TrainConfig:
     checkpoint_every: int = 200  # optimizer steps between checkpoints (and one when the run stops)
     resume: bool = False  # continue the run saved in --checkpoint: the same model as one uninterrupted run
     device: str = "auto"  # auto | cpu | cuda
+    # fp32 | bf16: autocast, the matrix products and the conv in bfloat16 (a GPU's fast path), the
+    # weights, the optimizer, the scan's recurrence (calmd/model/mamba.py) and the loss in float32
+    precision: str = "fp32"
     force: bool = False  # let a new model replace an existing output file
     quiet: bool = False  # no progress bar, no summary
 
@@ -121,6 +125,7 @@ class TrainConfig:
             (self.max_minutes >= 0, "--max-minutes must be >= 0"),
             (self.lr_schedule in ("constant", "cosine"), "--lr-schedule must be constant or cosine"),
             (self.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
+            (self.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}"),
             (self.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
             (not self.resume or bool(self.checkpoint), "--resume needs --checkpoint PATH"),
         ]
@@ -481,6 +486,7 @@ def _run_key(
         "EWC lambda": repr(cfg.ewc_lambda),
         "total steps": str(total_steps),
         "ranks": str(world),
+        "precision": cfg.precision,
     }
 
 
@@ -533,7 +539,7 @@ def load_checkpoint(
         blob = torch.load(path, map_location=device, weights_only=True)
         if not isinstance(blob, dict) or blob.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"not a version-{CHECKPOINT_VERSION} calm training checkpoint")
-        saved_key = blob["key"]
+        saved_key = {"precision": "fp32", **blob["key"]}  # saved before --precision: all were fp32
         for name, value in key.items():
             if saved_key.get(name) != value:
                 raise CalmError(
@@ -637,7 +643,8 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
                 )
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(cfg, lr, step, total_steps)
-            nll = supervised_nll(wrapped, tokens.to(device), mask.to(device))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                nll = supervised_nll(wrapped, tokens.to(device), mask.to(device))
             loss = nll * (dist.world / global_count)
             if ewc is not None:
                 loss = loss + cfg.ewc_lambda / 2 * ewc_penalty(model, *ewc)

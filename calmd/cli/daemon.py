@@ -63,8 +63,19 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
         import_shell_history=not args.no_import,
         train_args=tuple(args.train_arg or ()),
         prefetch=not args.no_prefetch,
+        hangup_stops=_in_a_terminal(),
     )  # fmt: skip
     return run_server(config, engine_loader)
+
+
+def _in_a_terminal() -> bool:
+    """Whether `calmd serve` was typed at a prompt (its standard input is the terminal): then
+    closing the terminal (SIGHUP) stops it, like any program started there. Under systemd, from
+    CALM_AUTOSTART or under nohup, stdin is no terminal and SIGHUP reloads the weights."""
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -82,6 +82,17 @@ def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
         os.close(fd)
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    """`calm search` typed at a prompt: what Ctrl-R opens (`python -m calmd.shell.search_ui`,
+    whose output the hooks read through `$(...)`), and the line it prints ends with a newline,
+    so that the prompt after it starts on a line of its own."""
+    status = search_ui.cmd_search(args)
+    if status == search_ui.CHOSEN:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return status
+
+
 def cmd_forget(args: argparse.Namespace) -> int:
     """Delete the history rows that match PATTERN, for good. The pattern is never written
     anywhere (it may be the secret); `-` reads it from standard input, so that it is not on a
@@ -138,7 +149,7 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         description=search_ui.parser().description,
     )
     search_ui.add_arguments(p)
-    p.set_defaults(func=search_ui.cmd_search)
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser(
         "history",

@@ -169,6 +169,30 @@ def test_calm_disable_and_enable_need_no_rc_edit(home: Path, daemon: Daemon, she
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_calm_record_0_pauses_recording_in_this_shell(home: Path, daemon: Daemon, shell: Shell) -> None:
+    """README, "Turn it off": `CALM_RECORD=0` typed at a prompt (fish: `set CALM_RECORD 0`), and
+    nothing this shell runs is recorded until `CALM_RECORD=1`; suggestions go on meanwhile."""
+    pause, resume = (
+        ("set CALM_RECORD 0", "set CALM_RECORD 1")
+        if shell.name == "fish"
+        else ("CALM_RECORD=0", "CALM_RECORD=1")
+    )
+    with shell.start(home) as term:
+        shell.run(term, "echo before-pause")
+        wait_recorded(home, "echo before-pause")
+        shell.run(term, pause)
+        shell.run(term, "echo while-paused")
+        term.wait_for("^while-paused$")
+        shell.suggests(term, "echo be", "echo before-pause")
+        shell.run(term, resume)
+        shell.run(term, "echo after-pause")
+        wait_recorded(home, "echo after-pause")  # recorded in order: what came before is there now
+        recorded = [row.cmd for row in history_rows(home)]
+        assert "echo while-paused" not in recorded and pause not in recorded, recorded
+        assert_quiet(term.screen())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon, shell: Shell) -> None:
     """The first start has no hook file: docs/shells.md's line runs `calmd init`, which leaves one
     (owner-only). Later starts source it and start no Python: calmd is not even on the PATH then.

@@ -225,7 +225,7 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
     if target.exists() and not target.is_dir():
         raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
-    for path in install_units(target, calmd_bin):
+    for path in install_units(target, calmd_bin, ("--no-import",) if args.no_import else ()):
         print(f"wrote {path}")
     problem = user_manager_problem()
     if problem is not None:
@@ -287,4 +287,6 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.set_defaults(func=cmd_complete)
     p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
+    p.add_argument("--no-import", action="store_true",
+                   help="the daemon imports no shell's history file (calmd serve --no-import)")  # fmt: skip
     p.set_defaults(func=cmd_install_systemd)

@@ -149,7 +149,11 @@ def test_a_daemon_stores_no_forget_command_and_an_old_store_loses_them(tmp_path:
 @pytest.mark.parametrize(
     "unit",
     ["grep password ~/.netrc ", "printf 'password %s' x >> .netrc ", "aws configure set ", "ghp_a1",
-     "npm config set _authToken ", "a"],
+     "npm config set _authToken ", "a",
+     # issue 30's rules: the tokenizer's pipes, process substitutions, here-documents, quoting;
+     # key material, inline code, SQL
+     "echo x | ", "<(", "<<-A\n\tA\n", '"-p', "$'\\x", "( ", "-----BEGIN RSA PRIVATE KEY----- ab", "MIIE",
+     "auth=('a', ", "user x password '", "PDO(a, b, "],
 )  # fmt: skip
 def test_no_rule_is_quadratic_on_a_64_kib_command(unit: str) -> None:
     """The record limit's worst shapes for the new rules, and a 64 KiB run of letters before a

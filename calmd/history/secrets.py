@@ -1720,7 +1720,8 @@ def _key_material_rule(cmd: str) -> str | None:
 # (`mysqli('h', 'u', 'x')`), and SQL that sets one (`IDENTIFIED BY 'x'`, `WITH PASSWORD 'x'`).
 _QUOTED = r"""\\?(?P<{0}>['"])(?P<{1}>[^'"\\\n]*)\\?(?P={0})"""
 _CODE_FIELD = re.compile(
-    r"""(?:^|[\s{(,;:\[])[:$]?["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?\s*(?::|=>|=|\?\?=)\s*"""
+    # `name: 'x'`, `name => 'x'`, `name = 'x'` (spaced: `NAME='x'` is the shell's, rule 2's)
+    r"""(?:^|[\s{(,;:\[])[:$]?["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?(?:\s*(?::|=>)|\s+=|=(?=\s))\s*"""
     + _QUOTED.format("q", "value")
 )
 _ARGUMENT = r"""(?:\\?['"][^'"\\\n]*\\?['"]|\$?[A-Za-z_][\w.\[\]'"]*)"""
@@ -1738,7 +1739,9 @@ _SQL_PASSWORD = re.compile(
     r"""\b(?:user|role|login)\b[^;]{0,80}?\bpassword\s*=?|\bset\s+password\b[^;]{0,80}?=\s*(?:password\s*\()?|"""
     r"""\b(?:requirepass|masterauth)\b)\s*""" + _QUOTED.format("q", "value")
 )
-_CODE_HINT = re.compile(r"(?i)pass|pwd|auth|login|identified|connect|ftp|secret|token|key|pdo|mysqli")
+_SQL_HINT = re.compile(r"identified|password|requirepass|masterauth")
+_AUTH_HINT = re.compile(r"auth|login")
+_CONNECT_HINT = re.compile(r"connect|pdo|mysqli|ftp")
 
 
 def _code_literal(value: str) -> bool:
@@ -1750,16 +1753,21 @@ def _code_literal(value: str) -> bool:
     )  # fmt: skip
 
 
-def _inline_code_rule(cmd: str) -> str | None:
-    if not _CODE_HINT.search(cmd):
-        return None
-    for found in _SQL_PASSWORD.finditer(cmd):
-        if _code_literal(found.group("value")):
-            return "sql-password"
-    for pattern in (_AUTH_PAIR, _CONNECT):
-        for found in pattern.finditer(cmd):
+def _inline_code_rule(cmd: str, lowered: str) -> str | None:
+    """(Each pattern is tried only when a word it needs is in the command: most commands have none.)"""
+    if "'" not in cmd and '"' not in cmd:
+        return None  # a code literal is quoted
+    if _SQL_HINT.search(lowered):
+        for found in _SQL_PASSWORD.finditer(cmd):
             if _code_literal(found.group("value")):
-                return "code-credential"
+                return "sql-password"
+    for hint, pattern in ((_AUTH_HINT, _AUTH_PAIR), (_CONNECT_HINT, _CONNECT)):
+        if hint.search(lowered):
+            for found in pattern.finditer(cmd):
+                if _code_literal(found.group("value")):
+                    return "code-credential"
+    if not _HINT.search(lowered):
+        return None
     for found in _CODE_FIELD.finditer(cmd):
         kind = name_kind(found.group("name"))
         value = found.group("value")
@@ -1784,7 +1792,8 @@ def find_secret(cmd: str) -> str | None:
         rule = _credential_file_rule(cmd)
     return (
         rule or _tool_rule(cmd) or _config_rule(cmd) or _fed_rule(cmd)
-        or _key_material_rule(cmd) or _inline_code_rule(cmd) or _prefix_rule(cmd) or _random_string_rule(cmd)
+        or _key_material_rule(cmd) or _inline_code_rule(cmd, lowered) or _prefix_rule(cmd)
+        or _random_string_rule(cmd)
     )  # fmt: skip
 
 

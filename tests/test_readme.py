@@ -147,10 +147,13 @@ def test_the_readmes_figures_are_the_files(tmp_path: Path) -> None:
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:
-    """A user's environment: their HOME, the default data and cache dirs (no CALM_*, no XDG_*)."""
+    """A user's environment: their HOME, the default data and cache dirs (no CALM_*, no other
+    XDG_*), and a runtime dir of their own (a daemon's socket there is this test's alone)."""
     keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM", "USER", "LOGNAME")}
+    run = home / "run"
+    run.mkdir(mode=0o700, exist_ok=True)
     return {**keep, "HOME": str(home), "PATH": f"{home}/.local/bin:/usr/bin:/bin", "TERM": "xterm-256color",
-            **extra}  # fmt: skip
+            "XDG_RUNTIME_DIR": str(run), **extra}  # fmt: skip
 
 
 def install(home: Path) -> Path:

@@ -14,6 +14,7 @@ its default plugins and filters over each command as one line of a file named hi
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -28,9 +29,22 @@ sys.path.insert(0, str(REPO))
 
 from calmd.history.secrets import find_secret  # noqa: E402
 
-OLD_COMMITS = {"before issue 23": "ad7d2a1", "before issue 12": "aa4422d"}  # earlier detectors
+OLD_COMMITS = {"before issue 30": "ffe7a68", "before issue 23": "ad7d2a1", "before issue 12": "aa4422d"}
 CORPUS = REPO / "tests" / "data" / "secrets"
-HISTORIES = REPO.parent / "shared" / "data" / "histories" / "users"
+# the public histories: $CALM_SHARED_DATA, beside the checkout, or where this project's machines
+# mount them (the places tests/tools.py looks)
+HISTORIES = next(
+    (
+        base / "histories" / "users"
+        for base in (
+            *([Path(os.environ["CALM_SHARED_DATA"])] if os.environ.get("CALM_SHARED_DATA") else []),
+            REPO.parent / "shared" / "data",
+            Path("/work/shared/data"),
+        )
+        if (base / "histories" / "users").is_dir()
+    ),
+    REPO.parent / "shared" / "data" / "histories" / "users",
+)
 
 Detector = Callable[[str], "str | None"]
 _KEEP: list[object] = []

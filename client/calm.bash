@@ -27,6 +27,7 @@ _CALM_ARMED=0 _CALM_NEXT_HIST=0 _CALM_CMD= _CALM_TS= _CALM_BRANCH= _CALM_BRANCH_
 _CALM_CMD_CWD= _CALM_CMD_GIT= _CALM_ENV=
 _CALM_TYPED= _CALM_INSERTED= _CALM_IDX=0 _CALM_CYCLING=0
 _CALM_CANDS=() _CALM_FLAGS= _CALM_PRED=() _CALM_PRED_FLAGS= _CALM_PRED_READY=0
+_CALM_SAID=0 _CALM_GONE=0  # the one line saying the helper cannot run was printed; it exited
 
 # --------------------------------------------------------------------------- the helper
 
@@ -34,6 +35,10 @@ _calm_start() {
   [[ -n $_CALM_WFD ]] && return 0
   (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
   _CALM_STARTED_AT=$EPOCHSECONDS
+  if [[ ! -x ${_CALM_HELPER[0]} ]]; then  # the Python calmd was installed with is gone
+    _calm_say "${_CALM_HELPER[0]} is not there (\`calmd init bash\` writes the hook for the calmd you have now)"
+    return 1
+  fi
   _calm_pipe || return 1
   # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go). The
   # terminal's hangup does not stop it: it goes when the shell does.
@@ -41,6 +46,20 @@ _calm_start() {
   local argv=("${_CALM_HELPER[@]}" --format 2 --session "$_CALM_SESSION")
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(trap '' HUP; exec 2>/dev/null "${argv[@]}" <&"$_CALM_WFD" {_CALM_WFD}>&-)
+}
+
+# Say once per shell, in one line, why calm is off in it: the helper cannot start, or stopped
+# (its errors go nowhere: running the command shows them). The shell goes on without calm.
+_calm_say() {
+  (( _CALM_SAID )) && return
+  _CALM_SAID=1
+  printf 'calm: no suggestions or recording in this shell: %s\n' "$1" >&2
+}
+
+# The helper's replies ended: it exited. Said at the next prompt (not in the middle of a key).
+_calm_gone() {
+  _calm_stop
+  _CALM_GONE=1
 }
 
 # _CALM_WFD: a pipe of which the shell holds both ends (read-write), so that opening it waits for
@@ -85,7 +104,7 @@ _calm_write() {
 _calm_drain() {
   local line
   while [[ -n $_CALM_RFD ]] && read -t 0 -u "$_CALM_RFD" 2>/dev/null; do
-    IFS= read -r -u "$_CALM_RFD" line || { _calm_stop; return; }
+    IFS= read -r -u "$_CALM_RFD" line || { _calm_gone; return; }
   done
 }
 
@@ -98,7 +117,7 @@ _calm_collect() {
     IFS= read -r -t "$CALM_TIMEOUT" -u "$_CALM_RFD" line
     status=$?
     if (( status > 128 )); then return 1; fi  # timed out: leave the line alone
-    if (( status )); then _calm_stop; return 1; fi
+    if (( status )); then _calm_gone; return 1; fi
     [[ ${line%%$'\t'*} == "$1" ]] || continue
     rest=${line#*$'\t'}
     [[ ${rest%%$'\t'*} == 1 ]] || continue
@@ -248,6 +267,10 @@ _calm_precmd() {
   if [[ -n ${_CALM_DISABLED_FILE-} && -e $_CALM_DISABLED_FILE ]]; then _CALM_OFF=1; else _CALM_OFF=0; fi
   [[ -z $_CALM_WFD ]] && _calm_start
   _calm_drain
+  if (( _CALM_GONE )); then
+    _CALM_GONE=0
+    _calm_say "its helper stopped (\`${_CALM_HELPER[*]}\` shows why)"
+  fi
   _calm_esc "$PWD"; local cwd=$REPLY
   # A line whose commands all ran in a subshell, like `(exit 3)`, or that only defined a function,
   # never reached the DEBUG trap; it is in the history all the same.

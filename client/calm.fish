@@ -31,6 +31,7 @@ set -g _calm_session fish-(string split -m 1 . -- $hostname)[1]-$fish_pid-(rando
 set -g _calm_dir ''
 set -g _calm_pid 0
 set -g _calm_retry 0  # prompts until a helper that went away is started again
+set -g _calm_said 0  # the one line saying the helper cannot run was printed
 set -g _calm_seq 0
 set -g _calm_cmd ''
 set -g _calm_cmd_cwd ''
@@ -46,16 +47,34 @@ set -g _calm_inserted ''
 
 # --------------------------------------------------------------------------- the helper
 
-# Whether the helper runs (or is starting: it reads what was written before it started).
+# Whether the helper runs (or is starting: it reads what was written before it started). One
+# that exited and that fish has not reaped yet is a zombie: state Z, after its name's `)`.
 function _calm_alive
     test -n "$_calm_dir" -a -d "$_calm_dir"; or return 1
     test -d /proc; or return 0
-    test -d /proc/$_calm_pid
+    read -l stat </proc/$_calm_pid/stat 2>/dev/null; or return 1
+    not string match -q '* Z *' -- (string replace -r '.*\)' '' -- $stat)
+end
+
+# Say once per shell, in one line, why calm is off in it: the helper cannot start, or stopped
+# (its errors go nowhere: running the command shows them). The shell goes on without calm.
+function _calm_say
+    test $_calm_said = 1; and return
+    set -g _calm_said 1
+    printf 'calm: no suggestions or recording in this shell: %s\n' $argv[1] >&2
 end
 
 # Start the helper (at a prompt; after it went away, at every tenth prompt only).
 function _calm_start
     _calm_alive; and return 0
+    if test $_calm_pid -ne 0  # it ran, and exited
+        set -l helper (string join ' ' -- (string escape -- $_CALM_HELPER))
+        _calm_say "its helper stopped (`$helper --spool DIR` shows why)"
+    end
+    if not test -x "$_CALM_HELPER[1]"  # the Python calmd was installed with is gone
+        _calm_say "$_CALM_HELPER[1] is not there (`calmd init fish` writes the hook for the calmd you have now)"
+        return 1
+    end
     if test $_calm_retry -gt 0
         set -g _calm_retry (math $_calm_retry - 1)
         return 1

@@ -36,6 +36,7 @@ typeset -g _CALM_WFD= _CALM_RFD= _CALM_INBUF= _CALM_REDRAW_FN= _CALM_CWD= _CALM_
 typeset -g _CALM_SHOWN= _CALM_LAST_BUF= _CALM_CMD= _CALM_TS= _CALM_CMD_CWD= _CALM_CMD_GIT=
 typeset -g _CALM_BRANCH= _CALM_BRANCH_DIR= _CALM_OFF=0 _CALM_RAN=0 _CALM_IDX=0 _CALM_SEQ=0
 typeset -g _CALM_STARTED_AT=0
+typeset -gi _CALM_SAID=0  # the one line that says the helper cannot run was printed
 typeset -gi _CALM_CYCLED=0  # the user cycled to the candidate shown: typing along it keeps it
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_LIST_SEQ=-1  # the request _CALM_CANDS answer
 typeset -ga _CALM_CANDS=()
@@ -51,6 +52,10 @@ _calm_start() {
   [[ -n $_CALM_WFD ]] && return 0
   (( EPOCHSECONDS - _CALM_STARTED_AT < 10 )) && return 1
   _CALM_STARTED_AT=$EPOCHSECONDS
+  if [[ ! -x $_CALM_HELPER[1] ]]; then  # the Python calmd was installed with is gone
+    _calm_say "$_CALM_HELPER[1] is not there (\`calmd init zsh\` writes the hook for the calmd you have now)"
+    return 1
+  fi
   _calm_pipe || return 1
   # The helper gets the pipe as stdin (it reopens it read-only, to see the shell go); its end
   # shows here as the end of its replies. The terminal's hangup does not stop it: it goes when
@@ -66,6 +71,15 @@ _calm_start() {
   read -r -u $_CALM_RFD started
   zle -F -w $_CALM_RFD _calm_on_reply 2>/dev/null
   return 0
+}
+
+# Say once per shell, in one line, why calm is off in it: the helper cannot start, or stopped
+# (its errors go nowhere: running the command shows them). The shell goes on without calm.
+_calm_say() {
+  (( _CALM_SAID )) && return
+  _CALM_SAID=1
+  [[ -n ${WIDGET-} ]] && zle -I  # from a zle handler: print above the prompt, which zle redraws
+  print -ru2 -- "calm: no suggestions or recording in this shell: $1"
 }
 
 # _CALM_WFD: a pipe of which the shell holds both ends (read-write), so that opening it waits for
@@ -126,7 +140,10 @@ _calm_on_reply() {
   case $? in
     0) ;;
     4) return ;;
-    *) _calm_stop; return ;;
+    *)  # end of file: the helper exited
+      _calm_stop
+      _calm_say "its helper stopped (\`${(j: :)${(q-)_CALM_HELPER}}\` shows why)"
+      return ;;
   esac
   _CALM_INBUF+=$data
   [[ $_CALM_INBUF == *$'\n'* ]] || return

@@ -102,7 +102,9 @@ def running_daemon(
         write_test_weights(home / "data" / "shell.cwgt")
     argv = [*prefix, *(CALMD_SERVE if engine == "model" else SCRIPTED_SERVE), *args]
     full_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # tests.serve_scripted
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
+    # (stdin no terminal, as under systemd: SIGHUP reloads; typed at a prompt, it would stop it)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=full_env)  # fmt: skip
     daemon = Daemon(proc, sock, home)
     pump = threading.Thread(target=daemon._pump, daemon=True)
     pump.start()

@@ -372,6 +372,36 @@ def test_sighup_reloads(tmp_path: Path) -> None:
             time.sleep(0.05)
 
 
+@pytest.mark.needs("tmux")
+def test_a_calmd_serve_typed_in_a_terminal_stops_when_the_terminal_closes(tmp_path: Path) -> None:
+    """SIGHUP reloads a daemon that runs apart from a terminal (systemd, CALM_AUTOSTART; the test
+    above); a `calmd serve` typed at a prompt stops with its terminal, as any program there."""
+    from tests.tmux import Terminal
+
+    write_test_weights(tmp_path / "data" / "shell.cwgt")
+    env = {**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    term = Terminal([*SCRIPTED_SERVE, "--no-import"], env, cwd=tmp_path)
+    try:
+        term.wait_for("calmd ready on", timeout=30)
+        pid = int(term.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
+        sock = Path(env["CALMD_SOCKET"])
+        assert sock.exists()
+    finally:
+        term.close()  # the terminal goes: its processes get SIGHUP
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+        assert time.monotonic() < deadline, "calmd serve outlived its terminal"
+        time.sleep(0.05)
+    assert not sock.exists()  # it stopped as SIGTERM stops it: the socket is removed
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
 def test_first_start_imports_shell_history(tmp_path: Path) -> None:
     tmp_path.joinpath(".bash_history").write_text("ls -la\ngit status\n")
     tmp_path.joinpath(".zsh_history").write_text(": 1700000000:0;make test\n")

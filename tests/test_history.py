@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import random
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
 from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
@@ -438,6 +440,89 @@ def test_calm_forget_with_a_running_daemon(tmp_path: Path) -> None:
         assert regex.returncode == 0 and "forgot 1 command " in regex.stdout
         assert calm(tmp_path, "forget", "--regex", "(").returncode == 1
         assert calm(tmp_path, "forget", "").returncode == 1
+
+
+def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
+    """`calm forget --all`, with a daemon running: every command (no byte of them left in the
+    store or its WAL), the user's model and ranker and the ones they replaced, the datasets, the
+    training run's files, the helpers' log and the cache; the hook files and `calm disable`'s flag
+    stay. It asks first: with no terminal to ask on it wants --yes; a training run holds it off.
+    The daemon serves the packaged model at once, and its next start imports nothing again."""
+    from calmd.training.background import TrainingLock
+
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    (tmp_path / ".zsh_history").write_text(": 1700000000:0;make XYZZY-ALL\n")
+    env = {"CALM_CACHE": str(cache)}
+    learned = "shell.prev.cwgt ranker.json ranker.prev.json train.ctds training.json training.log"
+    learned += " shell-helper.log training/train.ctds training/heldout.ctds"
+    kept = ["calm.zsh", "calm.fish", "shell-disabled"]
+    data.mkdir()
+    shutil.copy(paths.packaged_weights(), data / "shell.cwgt")  # "your" model: a real one, to load
+    with running_daemon(tmp_path, engine="model", env=env, weights=False) as d, CalmClient(d.socket) as c:
+        assert wait_imported(c)["history"]["commands"] == 1
+        assert c.status()["status"]["model"]["path"] == str(data / "shell.cwgt")
+        for cmd in ("git status", "deploy --tag XYZZY-ALL", "ls"):
+            assert c.record(cmd, session="s")["stored"]
+        for name in learned.split() + kept:
+            (data / name).parent.mkdir(parents=True, exist_ok=True)
+            (data / name).write_text(f"XYZZY-ALL {name}\n")
+        (cache / "kernels").mkdir(parents=True)
+        (cache / "kernels" / "scan.so").write_bytes(b"\0")
+
+        def forget(*args: str) -> subprocess.CompletedProcess[str]:
+            argv = [str(BIN / "calm"), "forget", "--all", *args]
+            return subprocess.run(argv, env=daemon_env(tmp_path, **env), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+
+        asked = forget()  # no terminal to ask on
+        assert asked.returncode == 1 and "--yes" in asked.stderr and "Traceback" not in asked.stderr
+        dry = forget("--dry-run")
+        assert dry.returncode == 0 and "4 stored commands" in dry.stdout and "shell.cwgt" in dry.stdout
+        with TrainingLock(data) as lock:
+            assert lock.acquire()
+            held = forget("--yes")
+            assert held.returncode == 1 and "training run" in held.stderr
+        assert c.status()["status"]["history"]["commands"] == 4 and (data / "shell.cwgt").exists()
+
+        done = forget("--yes")
+        assert done.returncode == 0, done.stderr
+        assert "forgot 4 commands" in done.stdout and "packaged model" in done.stdout
+        status = c.status()["status"]
+        assert status["history"]["commands"] == 0 and status["model"]["path"] == str(paths.packaged_weights())
+        assert not (data / "shell.cwgt").exists() and not cache.exists()
+        assert [name for name in learned.split() if (data / name).exists()] == []
+        assert [name for name in kept if (data / name).exists()] == kept
+        raw = b"".join(p.read_bytes() for p in data.glob("history.sqlite3*"))
+        assert b"XYZZY" not in raw and b"git status" not in raw
+        assert "XYZZY" not in "".join(candidates(c, "", session="s") + candidates(c, "deploy", session="s"))
+    with running_daemon(tmp_path, env=env) as d, CalmClient(d.socket) as c:  # nothing imported again
+        assert wait_imported(c)["history"]["commands"] == 0
+
+
+@pytest.mark.needs("tmux")
+def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
+    from tests.tmux import Terminal
+
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store.record("git status", session="s")
+    store.close()
+    env = daemon_env(tmp_path, CALM_CACHE=str(tmp_path / "cache"))
+    with Terminal(["bash", "--norc", "--noprofile"], env, cwd=tmp_path) as term:
+        term.type(f"PS1='$ '; {BIN / 'calm'} forget --all; echo status=$?")
+        term.send("Enter")
+        term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+        term.type("n")
+        term.send("Enter")
+        term.wait_for(r"nothing deleted\nstatus=1", timeout=10)
+        term.type(f"{BIN / 'calm'} forget --all; echo status=$?")
+        term.send("Enter")
+        term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+        term.type("y")
+        term.send("Enter")
+        term.wait_for(r"forgot 1 command[\s\S]*status=0", timeout=30)
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    assert store.count() == 0
+    store.close()
 
 
 @pytest.mark.parametrize("frames", [1, 3, HISTORY_FRAMES])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -394,6 +396,35 @@ def test_hooks_of_earlier_versions_still_start_their_helper(home: Path) -> None:
         env=shell_env(home), capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "-m calmd shell-helper" in out.stdout  # and the hook it prints is the new one
+
+
+def test_the_hooks_run_calmd_isolated_from_the_current_folder(tmp_path: Path) -> None:
+    """`python -m calmd` imports the current folder's `calmd/` or `calmd.py` first: the hooks
+    start this interpreter with `-I` when it still finds this calmd so (a virtual environment,
+    as here), else with `-P` (a calmd found through PYTHONPATH or the user site, which `-I`
+    ignores): both leave the current folder out."""
+    quoted = shlex.quote(sys.executable)
+    text = shell_helper.init_script("zsh")
+    assert f"_CALM_HELPER=({quoted} -I -m calmd shell-helper --shell zsh)" in text
+    assert f"_CALM_SEARCH=({quoted} -I -m calmd.shell.search_ui)" in text
+    shadow = tmp_path / "clone"
+    (shadow / "calmd").mkdir(parents=True)
+    (shadow / "calmd" / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    (shadow / "calmd.py").write_text("raise SystemExit('shadowed')\n")
+    alt = tmp_path / "alt"  # a calmd that only PYTHONPATH reaches
+    package = Path(shell_helper.__file__).resolve().parents[1]
+    shutil.copytree(package, alt / "calmd", ignore=shutil.ignore_patterns("data", "__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(alt)}
+    code = "import calmd, calmd.shell.helper as h; print(calmd.__file__, h.python_command()[1])"
+
+    def run(argv: list[str], cwd: Path) -> str:
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
+
+    where, flag = run([sys.executable, "-c", code], tmp_path).split()
+    assert (Path(where).parent.parent, flag) == (alt, "-P")
+    for option in ("-P", "-I"):
+        found = run([sys.executable, option, "-c", "import calmd; print(calmd.__file__)"], shadow).strip()
+        assert Path(found).parent.parent == (alt if option == "-P" else package.parent), option
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:

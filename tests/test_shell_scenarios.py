@@ -169,6 +169,30 @@ def test_calm_disable_and_enable_need_no_rc_edit(home: Path, daemon: Daemon, she
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_calm_record_0_pauses_recording_in_this_shell(home: Path, daemon: Daemon, shell: Shell) -> None:
+    """README, "Turn it off": `CALM_RECORD=0` typed at a prompt (fish: `set CALM_RECORD 0`), and
+    nothing this shell runs is recorded until `CALM_RECORD=1`; suggestions go on meanwhile."""
+    pause, resume = (
+        ("set CALM_RECORD 0", "set CALM_RECORD 1")
+        if shell.name == "fish"
+        else ("CALM_RECORD=0", "CALM_RECORD=1")
+    )
+    with shell.start(home) as term:
+        shell.run(term, "echo before-pause")
+        wait_recorded(home, "echo before-pause")
+        shell.run(term, pause)
+        shell.run(term, "echo while-paused")
+        term.wait_for("^while-paused$")
+        shell.suggests(term, "echo be", "echo before-pause")
+        shell.run(term, resume)
+        shell.run(term, "echo after-pause")
+        wait_recorded(home, "echo after-pause")  # recorded in order: what came before is there now
+        recorded = [row.cmd for row in history_rows(home)]
+        assert "echo while-paused" not in recorded and pause not in recorded, recorded
+        assert_quiet(term.screen())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon, shell: Shell) -> None:
     """The first start has no hook file: docs/shells.md's line runs `calmd init`, which leaves one
     (owner-only). Later starts source it and start no Python: calmd is not even on the PATH then.
@@ -197,3 +221,87 @@ def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon, shell: Shell) ->
             time.sleep(0.05)
         assert stat.S_IMODE(hook.stat().st_mode) == 0o600
         assert_quiet(term.screen())
+
+
+# The folder a clone of calmd leaves: `python -m calmd` run there imports this, not calmd.
+SHADOW = 'raise SystemExit("the calmd of the current folder was imported")\n'
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_folder_holding_calmd_or_calmd_py_does_not_shadow_the_hook(
+    home: Path, daemon: Daemon, shell: Shell
+) -> None:
+    """The shell starts in a folder with a `calmd/` package and a `calmd.py` that would break:
+    commands are recorded, suggestions come, and Ctrl-R opens calm search (the hooks run calmd's
+    Python isolated from the current folder, `-I`)."""
+    (home / "calmd").mkdir()
+    (home / "calmd" / "__init__.py").write_text(SHADOW)
+    (home / "calmd.py").write_text(SHADOW)
+    record(daemon, "git status")
+    with shell.start(home) as term:
+        shell.run(term, "echo in-a-clone")
+        assert wait_recorded(home, "echo in-a-clone").cwd == str(home)
+        shell.suggests(term, "git st", "git status")
+        term.send("C-r")
+        term.wait_for(r"^ calm search · all", timeout=15)
+        term.send("Escape")
+        term.wait(lambda screen: "calm search" not in screen, what="the search to close")
+        shell.run(term, "echo still-calm")
+        wait_recorded(home, "echo still-calm")
+        assert_quiet(term.screen())
+
+
+SAID = "calm: no suggestions or recording in this shell"
+
+
+def broken_hook(shell: str, home: Path, old: str, new: str) -> str:
+    """The shell's rc line: `calmd init`'s hook with `old` replaced by `new` in the commands
+    it starts (the helper's, the search's)."""
+    from tests.tmux import init_script
+
+    path = init_script(shell, home)
+    text = path.read_text()
+    head, sep, rest = text.partition("\n# calm.")
+    assert old in head, head
+    path.write_text(head.replace(old, new) + sep + rest)
+    if shell == "fish":
+        return f"source {path}"
+    return f'eval "$(< {path})"'
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("cause", ["the interpreter is gone", "calmd is not importable"])
+def test_a_helper_that_cannot_run_is_said_once_and_the_shell_works(
+    home: Path, shell: Shell, cause: str
+) -> None:
+    """A venv deleted or moved (the baked interpreter is missing), or a calmd uninstalled from
+    it: one line says so, once, however many prompts and restarts follow; commands run as
+    without calm, Ctrl-R is the shell's own search."""
+    if cause == "the interpreter is gone":
+        setup = broken_hook(shell.name, home, sys.executable, str(home / "gone" / "bin" / "python3"))
+    elif shell.name == "fish":
+        setup = broken_hook(shell.name, home, "'-m' 'calmd' ", "'-m' 'calmd_not_installed' ")
+    else:
+        setup = broken_hook(shell.name, home, " -m calmd ", " -m calmd_not_installed ")
+    with shell.start(home, setup=setup) as term:
+        # A helper that exits is seen at a prompt (bash, fish) or when its pipe ends (zsh);
+        # then zsh and bash start one again after 10 s, fish after ten prompts: still one line.
+        n, said_at = 0, 0.0
+        while not said_at or time.monotonic() < said_at + 11 or n < 15:
+            shell.run(term, f"echo run-{n}")
+            term.wait_for(f"^run-{n}$")
+            n += 1
+            if not said_at and SAID in term.tmux("capture-pane", "-p", "-J", "-t", "t", "-S", "-200"):
+                said_at = time.monotonic()
+            assert said_at or n < 40, "nothing said"
+            time.sleep(0.5)
+        shell.run(term, "echo after")
+        term.wait_for("^after$")
+        history = term.tmux("capture-pane", "-p", "-J", "-t", "t", "-S", "-200")  # -J: wrapped lines joined
+        assert history.count(SAID) == 1, history
+        said = next(line for line in history.splitlines() if SAID in line)
+        assert ("is not there" in said) == (cause == "the interpreter is gone"), said
+        if shell.name != "fish":
+            term.send("C-r")  # no calm search to open: the shell's own
+            term.wait_for(r"bck-i-search|reverse-i-search", timeout=10)
+            term.send("C-g")

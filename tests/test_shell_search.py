@@ -176,3 +176,21 @@ def test_zsh_falls_back_to_the_widget_ctrl_r_had_before(home: Path, daemon: Daem
         daemon.wait()
         term.send("C-r")
         term.wait_line(r"^PROMPT> from my own widget\s*$", timeout=5)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_calm_search_typed_at_a_prompt_ends_its_line(shell: str, home: Path, daemon: Daemon) -> None:
+    """Run by hand (not from Ctrl-R), `calm search` prints `run` or `edit` and the line chosen,
+    and the next prompt starts on a line of its own (it came after the line: `git status$ `)."""
+    from tests.daemon import BIN
+
+    fill(daemon, home)
+    with SHELLS[shell](home, **QUIET) as term:
+        term.wait_for("^PROMPT>")
+        term.type(f"{BIN / 'calm'} search git push")
+        term.send("Enter")
+        term.wait_for(r"^ calm search · all.*\n> git push", timeout=15)
+        term.send("Tab")
+        term.wait_for(r"^edit\ngit push origin main\nPROMPT>", timeout=10)
+        term.type("echo next")
+        term.wait_line(r"^PROMPT> echo next\s*$")

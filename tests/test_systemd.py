@@ -48,13 +48,17 @@ def test_install_systemd_writes_units_with_the_real_binary(tmp_path: Path) -> No
     with user_manager(tmp_path) as env:
         out = subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(units)],
                              capture_output=True, text=True, check=True, env=env).stdout  # fmt: skip
-    tmp_path = units
+        service = (units / "calmd.service").read_text()
+        # opting out of the first-start import of the shells' history files
+        subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(units), "--no-import"],
+                       capture_output=True, text=True, check=True, env=env)  # fmt: skip
     assert "systemctl --user enable --now calmd.socket" in out
-    service = (tmp_path / "calmd.service").read_text()
     exec_line = next(line for line in service.splitlines() if line.startswith("ExecStart="))
     binary = exec_line.removeprefix("ExecStart=").split()[0]
     assert Path(binary).is_file() and Path(binary).name == "calmd"
-    assert (tmp_path / "calmd.socket").read_text() == (REPO / "systemd" / "calmd.socket").read_text()
+    assert exec_line == f"ExecStart={binary} serve"
+    assert f"ExecStart={binary} serve --no-import\n" in (units / "calmd.service").read_text()
+    assert (units / "calmd.socket").read_text() == (REPO / "systemd" / "calmd.socket").read_text()
 
 
 @pytest.mark.needs("systemd-analyze")

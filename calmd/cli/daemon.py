@@ -63,8 +63,19 @@ def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] 
         import_shell_history=not args.no_import,
         train_args=tuple(args.train_arg or ()),
         prefetch=not args.no_prefetch,
+        hangup_stops=_in_a_terminal(),
     )  # fmt: skip
     return run_server(config, engine_loader)
+
+
+def _in_a_terminal() -> bool:
+    """Whether `calmd serve` was typed at a prompt (its standard input is the terminal): then
+    closing the terminal (SIGHUP) stops it, like any program started there. Under systemd, from
+    CALM_AUTOSTART or under nohup, stdin is no terminal and SIGHUP reloads the weights."""
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -216,7 +227,7 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
     if target.exists() and not target.is_dir():
         raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
-    for path in install_units(target, calmd_bin):
+    for path in install_units(target, calmd_bin, ("--no-import",) if args.no_import else ()):
         print(f"wrote {path}")
     problem = user_manager_problem()
     if problem is not None:
@@ -278,4 +289,6 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.set_defaults(func=cmd_complete)
     p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
+    p.add_argument("--no-import", action="store_true",
+                   help="the daemon imports no shell's history file (calmd serve --no-import)")  # fmt: skip
     p.set_defaults(func=cmd_install_systemd)

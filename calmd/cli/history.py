@@ -83,6 +83,17 @@ def _starts_like(name: str, check: Callable[[bytes], bool]) -> bool:
         os.close(fd)
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    """`calm search` typed at a prompt: what Ctrl-R opens (`python -m calmd.shell.search_ui`,
+    whose output the hooks read through `$(...)`), and the line it prints ends with a newline,
+    so that the prompt after it starts on a line of its own."""
+    status = search_ui.cmd_search(args)
+    if status == search_ui.CHOSEN:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return status
+
+
 def cmd_forget(args: argparse.Namespace) -> int:
     """Delete the history rows that match PATTERN, for good. The pattern is never written
     anywhere (it may be the secret); `-` reads it from standard input, so that it is not on a
@@ -91,6 +102,12 @@ def cmd_forget(args: argparse.Namespace) -> int:
 
     from calmd.history.store import HistoryStore
 
+    if args.all:
+        if args.pattern is not None or args.regex or args.db:
+            raise CalmError("--all deletes everything calm holds: give it no PATTERN, --regex or --db")
+        return forget_everything(dry_run=args.dry_run, yes=args.yes)
+    if args.pattern is None:
+        raise CalmError("give the text to forget (PATTERN; - reads it from stdin), or --all for everything")
     pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
     if not pattern:
         raise CalmError("an empty pattern would match every command; give the text to forget")
@@ -126,6 +143,86 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `calm forget --all` deletes in the data dir besides the history's rows: everything built
+# from them or about them. The shells' hook files and `calm disable`'s flag are settings: kept.
+LEARNED_FILES = (
+    paths.WEIGHTS, paths.PREV_WEIGHTS, paths.RANKER, paths.PREV_RANKER, paths.DATASET, paths.TRAINING_STATUS,
+    paths.TRAINING_LOG, paths.TRAINING_LOG + ".old", paths.HELPER_LOG, paths.HELPER_LOG + ".old",
+)  # fmt: skip
+
+
+def forget_everything(*, dry_run: bool, yes: bool) -> int:
+    """`calm forget --all`: every stored command (deleted for good, as `calm forget` deletes: the
+    store stays, empty, and remembers that the shells' history files were imported, so the next
+    start does not bring them back), the model and ranker trained on them and the ones they
+    replaced, the datasets, the training run's status and log, the helpers' log, and the cache
+    (the compiled kernels). Asks first on a terminal; elsewhere it wants --yes. A running daemon
+    is asked to reload: it serves the packaged model at once."""
+    import shutil
+
+    from calmd.history.store import HistoryStore
+    from calmd.training.background import TrainingLock, lock_holder
+
+    data, cache = paths.data_dir(), paths.cache_dir()
+    db = paths.history_path(data)
+    files = [data / name for name in LEARNED_FILES if (data / name).is_file()]
+    folders = [folder for folder in (paths.training_dir(data), cache) if folder.is_dir()]
+    commands = 0
+    if db.is_file():
+        store = HistoryStore(db)
+        try:
+            commands = store.count()
+        finally:
+            store.close()
+    listing = [f"{commands} stored command{'s' * (commands != 1)} ({db})"] + [str(p) for p in files + folders]
+    if dry_run:
+        print("calm forget --all would delete (dry run: nothing deleted):\n  " + "\n  ".join(listing))
+        return 0
+    if not yes:
+        if not sys.stdin.isatty():
+            raise CalmError("--all deletes everything calm holds and asks first: on no terminal, give --yes")
+        print("calm forget --all deletes, for good:\n  " + "\n  ".join(listing))
+        answer = input("delete all of it? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    with TrainingLock(data) as lock:
+        if not lock.acquire():  # the run would write a model trained on what is being deleted
+            holder = lock_holder(data)
+            raise CalmError(f"a training run (pid {holder}) is in progress: run this again once it ends "
+                            "(calmd status), or after `calmd stop`")  # fmt: skip
+        if db.is_file():
+            store = HistoryStore(db)
+            try:
+                commands = store.forget(lambda _cmd: True)
+            finally:
+                store.close()
+        for path in files:
+            path.unlink(missing_ok=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(
+        f"forgot {commands} command{'s' * (commands != 1)} and deleted "
+        + (", ".join(map(str, files + folders)) or "nothing else")
+    )
+    _reload_daemon()
+    print("the shells' own history files (~/.zsh_history ...) are yours: untouched, and not imported again")
+    return 0
+
+
+def _reload_daemon() -> None:
+    """A running daemon serves the packaged model now, not the deleted one (it would notice the
+    file go within a moment anyway)."""
+    from calmd.shell.client import CalmClient
+
+    try:
+        with CalmClient(None, timeout=10.0) as client:
+            client.reload()
+    except (OSError, ValueError, RuntimeError):  # no daemon (DaemonNotRunning), or one that failed
+        return
+    print("the running calmd serves the packaged model now")
+
+
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """import, search, history, stats, forget"""
     p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
@@ -142,7 +239,7 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         description=search_ui.parser().description,
     )
     search_ui.add_arguments(p)
-    p.set_defaults(func=search_ui.cmd_search)
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser(
         "history",
@@ -171,8 +268,13 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         "not stored anywhere; type the command with a leading space so that your shell does not keep "
         "it either, or give - and type the pattern on standard input.",
     )
-    p.add_argument("pattern", metavar="PATTERN", help="text to look for in commands; - reads it from stdin")
+    p.add_argument("pattern", metavar="PATTERN", nargs="?",
+                   help="text to look for in commands; - reads it from stdin")  # fmt: skip
     p.add_argument("--regex", "-E", action="store_true", help="PATTERN is a regular expression")
+    p.add_argument("--all", action="store_true",
+                   help="delete everything calm holds: every command, your model and ranker, the datasets, "
+                   "logs and caches (asks first; --yes does not)")  # fmt: skip
+    p.add_argument("--yes", "-y", action="store_true", help="with --all: do not ask")
     p.add_argument("--dry-run", "-n", action="store_true", help="only count the matching commands")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.set_defaults(func=cmd_forget)

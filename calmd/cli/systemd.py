@@ -24,15 +24,16 @@ def unit_source() -> Path:
     return Path(str(resources.files("calmd") / "data" / "systemd"))
 
 
-def install_units(target: Path, calmd_bin: str) -> list[Path]:
-    """Write both units into `target` (created), the service pointing at `calmd_bin`."""
+def install_units(target: Path, calmd_bin: str, serve_args: tuple[str, ...] = ()) -> list[Path]:
+    """Write both units into `target` (created), the service running `calmd_bin serve SERVE_ARGS`."""
     source = unit_source()
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name in UNITS:
         text = (source / name).read_text()
         if name == "calmd.service":
-            text = text.replace("ExecStart=%h/.local/bin/calmd serve", f"ExecStart={calmd_bin} serve")
+            serve = " ".join([calmd_bin, "serve", *serve_args])
+            text = text.replace("ExecStart=%h/.local/bin/calmd serve", f"ExecStart={serve}")
         (target / name).write_text(text)
         written.append(target / name)
     return written

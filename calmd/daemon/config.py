@@ -31,3 +31,6 @@ class ServerConfig:
     graceful_timeout: float = 5.0  # SIGTERM to exit, at most (in-flight answers, the trainer's stop)
     fallback_weights: Path = field(default_factory=paths.packaged_weights)  # when the user's do not load
     prefetch: bool = True  # after a record, prepare the session's next empty prompt (its context's state)
+    # SIGHUP stops the daemon, as the terminal it runs in closes (`calmd serve` typed at a prompt),
+    # instead of reloading the weights (systemd's `reload`, a daemon started in the background)
+    hangup_stops: bool = False

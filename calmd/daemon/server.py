@@ -15,7 +15,8 @@ means), hosts the model and reports status.
 - SIGTERM/SIGINT (or a `shutdown` request): stop accepting, answer in-flight requests, stop the
   training run, remove the socket file we bound, exit, all within `graceful_timeout` seconds: a
   worker thread that does not finish (a hung model) is abandoned, and a watchdog ends the
-  process if anything else hangs. SIGHUP: reload the weights.
+  process if anything else hangs. SIGHUP: reload the weights; or, for a `calmd serve` typed at a
+  prompt (stdin a terminal: `hangup_stops`), stop as SIGTERM does, since its terminal closed.
 """
 
 from __future__ import annotations
@@ -117,7 +118,10 @@ class Server:
         await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if self.config.hangup_stops:  # the terminal `calmd serve` was typed in closed
+            loop.add_signal_handler(signal.SIGHUP, self._on_stop_signal, signal.SIGHUP)
+        else:
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         scheduler = asyncio.ensure_future(self.scheduler.run())
         self.listener.start(sock)
         watcher = asyncio.ensure_future(self._watch_weights())

@@ -31,8 +31,10 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-DETECTOR_VERSION = 3  # 3: credential files, `config set`, token prefixes at any length, forget
+DETECTOR_VERSION = 4  # 4: fed to stdin, admin positionals, key material, inline code, quoting
+# (3: credential files, `config set`, token prefixes at any length, forget)
 
 # --------------------------------------------------------------------------- 1. token formats
 
@@ -286,13 +288,21 @@ def name_kind(name: str, *, bare_key: bool = False) -> str | None:
 
 
 def _unquote(word: str) -> str:
-    """A shell word without its quotes (`'a b'`, `"x"`, `a'b'c`), backslash escapes resolved."""
+    """A shell word without its quotes (`'a b'`, `"x"`, `a'b'c`, ANSI-C `$'a\\x21'`), backslash
+    escapes resolved."""
     if "'" not in word and '"' not in word and "\\" not in word:
         return word
     out: list[str] = []
     i, n = 0, len(word)
     while i < n:
         c = word[i]
+        if c == "$" and i + 1 < n and word[i + 1] in "'\"":
+            if word[i + 1] == "'":  # ANSI-C quoting: the escapes are the value's characters
+                text, i = _ansi_c(word, i + 2)
+                out.append(text)
+                continue
+            i += 1  # `$"..."` (a translated string) is a double-quoted one
+            continue
         if c == "'":
             j = word.find("'", i + 1)
             j = n if j < 0 else j
@@ -315,6 +325,42 @@ def _unquote(word: str) -> str:
     return "".join(out)
 
 
+_ANSI_C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b",
+                   "f": "\f", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+_ANSI_C_NUMBER = re.compile(r"x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|[0-7]{1,3}")
+
+
+def _ansi_c(word: str, start: int) -> tuple[str, int]:
+    """The text of an ANSI-C quoted string (`$'...'`) whose body starts at `start`, and the index
+    after its closing quote: `\\n`, `\\x21`, `\\041`, `\\u00e9`, `\\'` as bash and zsh read them."""
+    out: list[str] = []
+    i, n = start, len(word)
+    while i < n and word[i] != "'":
+        if word[i] == "\\" and i + 1 < n:
+            number = _ANSI_C_NUMBER.match(word, i + 1)
+            if number:
+                digits = number.group(0)
+                base = 8 if digits[0].isdigit() else 16
+                code = int(digits if base == 8 else digits[1:], base)
+                out.append(chr(code) if code < 0x110000 else "?")
+                i = number.end()
+                continue
+            out.append(_ANSI_C_ESCAPES.get(word[i + 1], "\\" + word[i + 1]))
+            i += 2
+            continue
+        out.append(word[i])
+        i += 1
+    return "".join(out), i + 1
+
+
+def _is_expansion(raw: str) -> bool:
+    """A shell word that starts with an expansion (`$VAR`, `${X}`, `$(cmd)`, `"$X"`), not with
+    ANSI-C or translated quoting (`$'...'`, `$"..."`), whose content is literal."""
+    if raw.startswith(("$'", '$"')):
+        return False
+    return raw.startswith(("$", '"$', "'$"))
+
+
 def is_reference(value: str) -> bool:
     """A value that names where a secret lives, or that asks for it: `$VAR`, `$(cmd)`, `<(...)`,
     `-` (stdin), a path, `@file`, `env:X`/`file:X`/`fd:N`/`stdin` (openssl), nothing at all."""
@@ -323,15 +369,56 @@ def is_reference(value: str) -> bool:
         not v
         or v.startswith(("$", "<", "`", "/", "~/", "./", "../", "@", "env:", "file:", "fd:", "%(", "{{"))
         or v in ("-", "stdin", "''", '""', "<secret>", "***", "xxx", "...")
+        or _PLACEHOLDER.fullmatch(v) is not None
     )
 
 
+# What documentation and templates put where a secret goes: `<token>`, `{password}`, `[pass]`,
+# `YOUR_API_KEY`, `***`, `xxxx`. Not a secret: a reader is to put theirs there.
+_PLACEHOLDER = re.compile(
+    r"<[^<>\s]*>|\{\{?[^{}\s]*\}?\}|\[[A-Za-z][\w -]*\]|\*{3,}|[xX]{3,}|\.{3,}|"
+    r"(?i:your[_-][a-z_-]*(?:token|key|secret|pass|password|pwd|pat))"
+)
+
+
+def is_placeholder(value: str) -> bool:
+    """A value that stands for a secret in documentation (`<token>`, `{password}`, `YOUR_TOKEN`)."""
+    return _PLACEHOLDER.fullmatch(value.strip("'\"")) is not None
+
+
 def _literal(raw: str) -> str | None:
-    """The value of a shell word when it is a literal secret candidate, else None."""
-    if raw.startswith(("$", '"$', "'$")):
+    """The value of a shell word when it is a literal secret candidate, else None. A quoted
+    word is what it holds (`'/:jN'` and `'@ee5{R'` are generated passwords, not a path or an
+    `@file`): only a placeholder, an empty value or an `env:`/`file:` source is none."""
+    if _is_expansion(raw):
         return None
     value = _unquote(raw)
-    return None if is_reference(value) else value
+    return None if _names_no_secret(raw, value) else value
+
+
+def _names_no_secret(raw: str, value: str) -> bool:
+    """Whether `value` (the shell word `raw`, unquoted) is no secret: a reference when unquoted,
+    and when quoted only what `_quoted_reference` says (in double quotes, an expansion too)."""
+    if raw.startswith(("'", "$'")):
+        return _quoted_reference(value)
+    if raw.startswith('"'):
+        return _quoted_reference(value) or value.startswith(("$", "`"))
+    return is_reference(value)
+
+
+def _quoted_reference(value: str) -> bool:
+    """A quoted value that is no secret: empty, `-`, a placeholder, a source (`env:X`), a
+    template, a path made of path characters (`"~/.config/askpass"`; `'/:jN%c'` is no path)."""
+    v = value.strip()
+    return (
+        v in ("", "-", "stdin", "***", "xxx", "...")
+        or is_placeholder(v)
+        or v.startswith(("env:", "file:", "fd:", "{{", "%("))
+        or _CLEAN_PATH.fullmatch(v) is not None
+    )
+
+
+_CLEAN_PATH = re.compile(r"(?:~|\.{1,2})?/[\w.+,=~-]*(?:/[\w.+,=~-]+)*/?")
 
 
 # --------------------------------------------------------------------------- 2. named values
@@ -372,12 +459,15 @@ def _named_value_rule(cmd: str) -> str | None:
                 return "password-argument" if kind == "password" else "token-argument"
     for found in URL_CREDENTIALS.finditer(cmd):
         password = found.group(2)
-        if not password.startswith(("$", "{", "%")):
-            return "url-credentials"
+        if not password.startswith(("$", "{", "%")) and not is_placeholder(password):
+            return "url-credentials"  # (`https://<user>:<token>@host` is documentation)
     for found in QUERY_PARAM.finditer(cmd):
         kind = name_kind(found.group(1), bare_key=True)
         value = found.group(2)
-        if kind and not value.startswith(("$", "{", "%7B")) and (kind == "password" or looks_random(value)):
+        if (
+            kind and not value.startswith(("$", "{", "%7B")) and not is_placeholder(value)
+            and (kind == "password" or looks_random(value))
+        ):  # fmt: skip
             return "url-query-secret"
     for found in JSON_FIELD.finditer(cmd):
         kind = name_kind(found.group(1))
@@ -404,9 +494,11 @@ _SEPARATORS = frozenset({"|", "||", "&&", ";", "&", "|&"})
 
 def _option_value(args: Sequence[str], flags: tuple[str, ...], *, attached: bool = True,
                   separate: bool = True) -> list[str]:  # fmt: skip
-    """Values of short/long options in `args`: `-p X`, `-pX`, `--password=X` (raw words)."""
+    """Values of short/long options in `args`: `-p X`, `-pX`, `--password=X` (raw words; a quoted
+    option, `"--password=x"`, is the option its quotes hold)."""
     values: list[str] = []
-    for i, arg in enumerate(args):
+    for i, raw in enumerate(args):
+        arg = _as_option(raw)
         for flag in flags:
             if arg == flag:
                 if separate and i + 1 < len(args):
@@ -418,6 +510,14 @@ def _option_value(args: Sequence[str], flags: tuple[str, ...], *, attached: bool
     return values
 
 
+def _as_option(word: str) -> str:
+    """A word as an option: `"--password=x"` and `'-pX'` are `--password="x"` and `-pX` to the
+    tool (the value keeps its quotes: `"--password=$PW"` gives `"$PW"`, an expansion)."""
+    if word[:1] in ("'", '"') and word[1:2] == "-":
+        return _requote_options(word)
+    return word
+
+
 def _any_literal(values: Sequence[str]) -> bool:
     return any(_literal(v) for v in values)
 
@@ -425,18 +525,46 @@ def _any_literal(values: Sequence[str]) -> bool:
 def _pair_secret(values: Sequence[str], sep: str) -> bool:
     """`user:password` (curl -u), `user%password` (smbclient -U): the password part is literal."""
     for raw in values:
-        if raw.startswith(("$", '"$', "'$")):
+        if _is_expansion(raw):
             continue
         value = _unquote(raw)
         _, found, secret = value.partition(sep)
-        if found and secret and not is_reference(secret):
+        if found and secret and not _names_no_secret(raw, secret):
             return True
     return False
 
 
 def _mysql(args: Sequence[str]) -> bool:
     # `-pSECRET` attached; `-p` alone prompts (and `-p db` names the database).
-    return _any_literal([a[2:] for a in args if a.startswith("-p") and len(a) > 2 and not a.startswith("--")])
+    options = [_as_option(a) for a in args]
+    if _any_literal([a[2:] for a in options if a.startswith("-p") and len(a) > 2 and not a.startswith("--")]):
+        return True
+    return args[0].endswith("admin") and _positional_after(args, ("password", "old-password"))
+
+
+def _positional_after(args: Sequence[str], verbs: Sequence[str], skip: int = 0) -> bool:
+    """A literal word `skip` words after one of `verbs` (`mysqladmin password NEW`, `AUTH pw`,
+    `user set password 2 NEW`): an admin tool's password given as a positional argument."""
+    lowered = [_unquote(a).lower() for a in args]
+    for verb in verbs:
+        if verb in lowered:
+            at = lowered.index(verb) + 1 + skip
+            if at < len(args) and not args[at].startswith("-") and _literal(args[at]):
+                return True
+    return False
+
+
+def _positional(args: Sequence[str], verbs: Sequence[str], index: int) -> bool:
+    """After the words `verbs` (in order), the `index`-th word that is not an option is a literal
+    (`mc admin user add ALIAS USER PASSWORD`: index 2)."""
+    lowered = [_unquote(a).lower() for a in args]
+    at = 0
+    for verb in verbs:
+        if verb not in lowered[at:]:
+            return False
+        at = lowered.index(verb, at) + 1
+    operands = [a for a in args[at:] if not a.startswith("-")]
+    return len(operands) > index and _literal(operands[index]) is not None
 
 
 def _curl(args: Sequence[str]) -> bool:
@@ -466,6 +594,12 @@ def _htpasswd(args: Sequence[str]) -> bool:
 def _openssl(args: Sequence[str]) -> bool:
     if any(_unquote(a).startswith("pass:") and _literal(_unquote(a)[5:]) for a in args):
         return True
+    if "passwd" in args:  # `openssl passwd -6 -salt S PASSWORD`: the password to hash
+        rest = list(args[args.index("passwd") + 1 :])
+        operands = [w for k, w in enumerate(rest) if not w.startswith("-")
+                    and not (k and rest[k - 1] in ("-salt", "-in", "-rand", "-writerand"))]  # fmt: skip
+        if "-stdin" not in rest and "-in" not in rest and operands and _literal(operands[0]):
+            return True
     return _any_literal(_option_value(args, ("-k",), attached=False))
 
 
@@ -476,6 +610,10 @@ def _ldap(args: Sequence[str]) -> bool:
 
 
 def _smb(args: Sequence[str]) -> bool:
+    if args[0] == "net" and len(args) > 3 and _unquote(args[1]).lower() == "user":
+        new = _unquote(args[3])  # `net user NAME PASSWORD [/add]`; `*` asks for it
+        if new != "*" and _literal(args[3]) and not args[3].startswith("/"):
+            return True
     return _pair_secret(_option_value(args, ("-U", "--user")), "%")
 
 
@@ -490,7 +628,8 @@ def _upper_p(args: Sequence[str]) -> bool:
 
 
 def _seven_zip(args: Sequence[str]) -> bool:
-    return _any_literal([a[2:] for a in args if a.startswith("-p") and len(a) > 2])
+    options = [_as_option(a) for a in args]
+    return _any_literal([a[2:] for a in options if a.startswith("-p") and len(a) > 2])
 
 
 def _ssh_keygen(args: Sequence[str]) -> bool:
@@ -502,7 +641,14 @@ def _atuin(args: Sequence[str]) -> bool:
 
 
 def _redis(args: Sequence[str]) -> bool:
-    return _any_literal(_option_value(args, ("-a", "--pass"), attached=False))
+    if _any_literal(_option_value(args, ("-a", "--pass"), attached=False)):
+        return True
+    lowered = [_unquote(a).lower() for a in args]
+    if "auth" in lowered:  # `AUTH [user] password`: the last word
+        rest = args[lowered.index("auth") + 1 :]
+        if rest and len(rest) <= 2 and _literal(rest[-1]):
+            return True
+    return _positional_after(args, ("requirepass", "masterauth"))
 
 
 def _impacket(args: Sequence[str]) -> bool:
@@ -527,13 +673,70 @@ def _az(args: Sequence[str]) -> bool:
 
 
 def _rabbitmqctl(args: Sequence[str]) -> bool:
-    for sub in ("add_user", "change_password"):
+    for sub in ("add_user", "change_password", "authenticate_user"):
         if sub in args:
             rest = args[args.index(sub) + 1 :]
             positional = [a for a in rest if not a.startswith("-")]
             if len(positional) >= 2 and _literal(positional[1]):
                 return True
     return False
+
+
+def _ipmitool(args: Sequence[str]) -> bool:
+    """`ipmitool -P x`, and `ipmitool user set password ID PASSWORD`."""
+    return _upper_p(args) or _positional(args, ("user", "set", "password"), 1)
+
+
+def _mosquitto_passwd(args: Sequence[str]) -> bool:
+    """`mosquitto_passwd -b FILE USER PASSWORD`."""
+    return "-b" in args and _positional(args, ("-b",), 2)
+
+
+def _minio(args: Sequence[str]) -> bool:
+    """`mc admin user add ALIAS USER PASSWORD`, `mc alias set NAME URL ACCESS SECRET` (and the
+    older `mc config host add`)."""
+    return (
+        _positional(args, ("admin", "user", "add"), 2)
+        or _positional(args, ("alias", "set"), 3)
+        or _positional(args, ("host", "add"), 3)
+    )
+
+
+def _samba_tool(args: Sequence[str]) -> bool:
+    """`samba-tool user create|add USER PASSWORD`."""
+    return _positional(args, ("user", "create"), 1) or _positional(args, ("user", "add"), 1)
+
+
+def _x11vnc(args: Sequence[str]) -> bool:
+    """`x11vnc -storepasswd PASSWORD FILE` (alone, it asks)."""
+    if "-storepasswd" not in args:
+        return False
+    rest = [a for a in args[args.index("-storepasswd") + 1 :] if not a.startswith("-")]
+    return len(rest) >= 2 and _literal(rest[0]) is not None
+
+
+def _mkpasswd(args: Sequence[str]) -> bool:
+    """`mkpasswd [-m METHOD] [-S SALT] [-R ROUNDS] PASSWORD`: the password to hash."""
+    valued = ("-m", "--method", "-S", "--salt", "-R", "--rounds", "-P")
+    operands = [w for k, w in enumerate(args[1:], 1) if not w.startswith("-") and args[k - 1] not in valued]
+    return "-s" not in args and "--stdin" not in args and bool(operands) and _literal(operands[0]) is not None
+
+
+def _rclone(args: Sequence[str]) -> bool:
+    """`rclone obscure PASSWORD`, `rclone config create|update NAME TYPE ... pass|password VALUE`."""
+    return _positional(args, ("obscure",), 0) or (
+        "config" in args and _positional_after(args, ("pass", "password", "pass2"))
+    )
+
+
+def _cf(args: Sequence[str]) -> bool:
+    """Cloud Foundry: `cf auth USER PASSWORD`, `cf login -p PASSWORD`."""
+    return _positional(args, ("auth",), 1) or ("login" in args and _dash_p(args))
+
+
+def _wpa_cli(args: Sequence[str]) -> bool:
+    """`wpa_cli set_network ID psk|password VALUE`."""
+    return _positional(args, ("set_network",), 2) and any(_unquote(a) in ("psk", "password") for a in args)
 
 
 def _nmcli(args: Sequence[str]) -> bool:
@@ -607,7 +810,7 @@ def _helm(args: Sequence[str]) -> bool:
 def _written_value(raw: str) -> str | None:
     """The value of a shell word that sets a secret, unless it is an expansion (`$VAR`, `$(...)`,
     a backquote): single quotes keep anything literal, and a password may start with `/` or `@`."""
-    if raw.startswith(("$", '"$', "`", '"`')):
+    if raw.startswith(("$", '"$', "`", '"`')) and not raw.startswith(("$'", '$"')):
         return None
     return _unquote(raw) or None
 
@@ -641,7 +844,8 @@ def _names(spaced: str) -> list[str]:
 
 # Tool names, as they are spelled on command lines.
 _MYSQL = _names(
-    "mysql mysqldump mysqladmin mysqlimport mysqlcheck mysqlshow mysqlsh mariadb mariadb-dump mysqlpump"
+    "mysql mysqldump mysqladmin mysqlimport mysqlcheck mysqlshow mysqlsh mariadb mariadb-dump mysqlpump "
+    "mariadb-admin"
 )
 _REGISTRIES = _names("docker podman buildah nerdctl oras skopeo crane regctl")
 _LDAP = _names(
@@ -650,9 +854,9 @@ _LDAP = _names(
 _SMB = _names("smbclient rpcclient smbcacls smbget smbtree net smbcquotas mount.cifs")
 _DASH_P = _names(
     "sshpass smbmap crackmapexec cme netexec nxc evil-winrm rdesktop ncftp ncftpget ncftpput mongo mongosh "
-    "mongodump mongorestore mongoexport mongoimport kerbrute bloodhound-python"
+    "mongodump mongorestore mongoexport mongoimport kerbrute bloodhound-python couchbase-cli"
 )
-_UPPER_P = _names("zip unzip zipcloak sqlcmd bcp osql isql ipmitool mosquitto_pub mosquitto_sub mosquitto_rr")
+_UPPER_P = _names("zip unzip zipcloak sqlcmd bcp osql isql mosquitto_pub mosquitto_sub mosquitto_rr")
 _IMPACKET_TOOLS = (
     "psexec wmiexec smbexec secretsdump mssqlclient GetUserSPNs GetNPUsers smbclient atexec dcomexec"
 )
@@ -685,18 +889,22 @@ TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
     "wpa_passphrase": ("wifi-password", _wpa_passphrase),
     **{t: ("password-option", _sqlplus) for t in _ORACLE},
     "lftp": ("password-option", _lftp),
+    "ipmitool": ("password-option", _ipmitool),
+    "mosquitto_passwd": ("admin-password", _mosquitto_passwd),
+    "mc": ("admin-password", _minio),
+    "mcli": ("admin-password", _minio),
+    "samba-tool": ("admin-password", _samba_tool),
+    "x11vnc": ("admin-password", _x11vnc),
+    "mkpasswd": ("admin-password", _mkpasswd),
+    "rclone": ("admin-password", _rclone),
+    "cf": ("admin-password", _cf),
+    "cf8": ("admin-password", _cf),
+    "wpa_cli": ("wifi-password", _wpa_cli),
     "vault": ("vault-token", _vault),
     **{t: ("kubectl-literal", _from_literal) for t in ("kubectl", "oc", "microk8s.kubectl")},
 }
 _TOOL_NAMES = frozenset(TOOL_RULES)
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.+-]+")  # words as tool names are spelled (`mount.cifs`, `7z`)
-
-# `echo PASSWORD | sudo -S`, `echo 'user:pass' | chpasswd`, `chpasswd <<< user:pass`
-_PIPED_PASSWORD = re.compile(
-    r"""(?:echo|printf)\s+(?:-[a-zA-Z]+\s+)*((?:'[^']*'|"[^"]*"|[^\s|'"]+))\s*\|\s*"""
-    r"""(?:sudo\s+(?:-[A-Za-z]+\s+)*-[A-Za-z]*S\b|(?:sudo\s+)?chpasswd\b)"""
-)
-_CHPASSWD_HERE = re.compile(r"""chpasswd\s*<<<\s*['"]?[^\s:'"]+:([^\s'"]+)""")
 
 
 def _tool_rule(cmd: str) -> str | None:
@@ -709,7 +917,7 @@ def _tool_rule(cmd: str) -> str | None:
         if word in _SEPARATORS:
             seen.clear()
             continue
-        base = word.rsplit("/", 1)[-1]
+        base = word.lstrip("$(<`").rsplit("/", 1)[-1]  # `$(openssl passwd x)` runs openssl too
         entry = TOOL_RULES.get(base)
         if entry is None or base in seen:
             continue
@@ -718,7 +926,7 @@ def _tool_rule(cmd: str) -> str | None:
         while end < len(words) and words[end] not in _SEPARATORS:
             end += 1
         rule, check = entry
-        if check(words[i:end]):
+        if check([base, *words[i + 1 : end]]):
             return rule
     return None
 
@@ -738,18 +946,6 @@ def _config_rule(cmd: str) -> str | None:
             if _config_set(words[i:end]):
                 return "config-set-secret"
             judged = end
-    return None
-
-
-def _piped_rule(cmd: str) -> str | None:
-    if "sudo" not in cmd and "chpasswd" not in cmd:
-        return None
-    piped = _PIPED_PASSWORD.search(cmd)
-    if piped and _literal(piped.group(1)):
-        return "piped-password"
-    here = _CHPASSWD_HERE.search(cmd)
-    if here and not here.group(1).startswith("$"):
-        return "piped-password"
     return None
 
 
@@ -976,6 +1172,610 @@ def forget_command(cmd: str) -> bool:
     return "forget" in cmd and _FORGET.search(cmd) is not None
 
 
+# --------------------------------------------------------------------------- 8. fed to a reader of secrets
+
+# A secret fed to a command that reads one from standard input (`--password-stdin`, `passwd
+# --stdin`, `openssl passwd -stdin`, `--from-file=k=/dev/stdin`, `sudo -S`, `cryptsetup`), or from
+# a file argument that is a process substitution (`--password-file <(echo x)`): the literal comes
+# from `echo`/`printf`/`yes` on the pipe's left, a here-string (`<<< 'x'`), a here-document, or
+# `< <(echo x)`. A pipe from `cat ~/.token`, `pass show x` or `"$TOKEN"` names where the secret
+# lives, and is not one.
+
+_SHELL_OPERATORS = ("<<<", "<<-", "&&", "||", "|&", ";;", "<<", ">>", "<&", ">&", "<>", ">|", "|", "&", ";",
+                    "<", ">", "(", ")", "\n")  # fmt: skip
+_OPERATOR_CHARS = frozenset("|&;<>()\n")
+_REDIRECTIONS = frozenset({">", ">>", ">|", "<>", "<&", ">&"})
+_LIST_OPERATORS = frozenset({"&&", "||", ";", ";;", "&", "\n"})
+_TOKEN_LIMIT = 2048  # a command line longer than this in words is judged on its first ones
+
+
+def _closing(text: str, i: int, opening: str, closing: str) -> int:
+    """The index after the `closing` that balances the `opening` before `i`, quotes respected."""
+    depth, n = 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "'":
+            end = text.find("'", i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            continue
+        if c == opening:
+            depth += 1
+        elif c == closing:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _shell_tokens(cmd: str) -> list[tuple[str, str]]:
+    """The command line as ("word", raw word), ("op", operator) and ("heredoc", body) tokens (a
+    here-document's body replaces its delimiter word; "heredoc-literal" when the delimiter was
+    quoted: then nothing in it expands). Linear in the length of `cmd`."""
+    tokens: list[tuple[str, str]] = []
+    pending: list[tuple[int, str, bool, bool]] = []  # (token index, delimiter, quoted, strip tabs)
+    i, n = 0, len(cmd)
+    word_start = -1
+    while i < n and len(tokens) < _TOKEN_LIMIT:
+        c = cmd[i]
+        if c in " \t" or c in _OPERATOR_CHARS:
+            if word_start >= 0 and c in "<>" and cmd[word_start:i].isdigit():
+                word_start = -1  # `2>`: a file descriptor, not a word
+            elif word_start >= 0:
+                tokens.append(("word", cmd[word_start:i]))
+                word_start = -1
+            if c in " \t":
+                i += 1
+                continue
+            if c in "<>" and i + 1 < n and cmd[i + 1] == "(":  # a process substitution: a word
+                word_start = i
+                i = _closing(cmd, i + 2, "(", ")")
+                continue
+            op = next(o for o in _SHELL_OPERATORS if cmd.startswith(o, i))
+            i += len(op)
+            if op in ("<<", "<<-"):
+                tokens.append(("op", op))
+                match = re.match(r"[ \t]*((?:'[^'\n]*'|\"[^\"\n]*\"|\\\\.|[^\s|&;<>()])+)", cmd[i:])
+                if match:
+                    raw = match.group(1)
+                    pending.append((len(tokens), _unquote(raw), raw != _unquote(raw), op == "<<-"))
+                    tokens.append(("heredoc", ""))
+                    i += match.end()
+                continue
+            if op == "\n" and pending:
+                for index, delimiter, quoted, strip_tabs in pending:
+                    body: list[str] = []
+                    while i < n:
+                        end = cmd.find("\n", i)
+                        end = n if end < 0 else end
+                        line = cmd[i:end]
+                        i = end + 1
+                        if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                            break
+                        body.append(line)
+                    tokens[index] = ("heredoc-literal" if quoted else "heredoc", "\n".join(body))
+                pending.clear()
+            tokens.append(("op", op))
+            continue
+        if word_start < 0:
+            word_start = i
+        if c == "\\":
+            i += 2
+        elif c == "'":
+            end = cmd.find("'", i + 1)
+            i = n if end < 0 else end + 1
+        elif c == '"':
+            i += 1
+            while i < n and cmd[i] != '"':
+                if cmd[i] == "\\":
+                    i += 1
+                elif cmd.startswith("$(", i):
+                    i = _closing(cmd, i + 2, "(", ")") - 1
+                i += 1
+            i += 1
+        elif c == "$" and i + 1 < n and cmd[i + 1] == "'":
+            i += 2
+            while i < n and cmd[i] != "'":
+                i += 2 if cmd[i] == "\\" else 1
+            i += 1
+        elif c == "$" and i + 1 < n and cmd[i + 1] in "({":
+            i = _closing(cmd, i + 2, cmd[i + 1], ")" if cmd[i + 1] == "(" else "}")
+        elif c == "`":
+            end = cmd.find("`", i + 1)
+            i = n if end < 0 else end + 1
+        else:
+            i += 1
+    if word_start >= 0 and len(tokens) < _TOKEN_LIMIT:
+        tokens.append(("word", cmd[word_start:]))
+    return tokens
+
+
+_EXPANSION = re.compile(r"\$(?:\{[^}]*\}?|\([^)]*\)?|[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])|`[^`]*`?")
+
+
+def _fed_text(raw: str) -> str:
+    """What a shell word puts on a pipe, with its expansions taken out (`"$PW"` puts nothing of
+    its own; `'user:pw'` all of it): the literal part a secret could be."""
+    out: list[str] = []
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c == "'":
+            end = raw.find("'", i + 1)
+            end = n if end < 0 else end
+            out.append(raw[i + 1 : end])
+            i = end + 1
+        elif c == "$" and i + 1 < n and raw[i + 1] == "'":
+            text, i = _ansi_c(raw, i + 2)
+            out.append(text)
+        elif c == '"':
+            end = i + 1
+            while end < n and raw[end] != '"':
+                end += 2 if raw[end] == "\\" else 1
+            out.append(_EXPANSION.sub("", raw[i + 1 : end]).replace('\\"', '"'))
+            i = end + 1
+        else:
+            found = _EXPANSION.match(raw, i)
+            if found:
+                i = found.end()
+                continue
+            out.append(raw[i + 1] if c == "\\" and i + 1 < n else c)
+            i += 2 if c == "\\" else 1
+    return "".join(out)
+
+
+def _fed_literal(raw: str) -> str | None:
+    """The literal a word feeds, when it could be a secret: not a path, an expansion or a
+    placeholder, not empty."""
+    text = _fed_text(raw).strip()
+    if not text or text in ("-", "''", '""') or is_placeholder(text) or raw.startswith("~"):
+        return None  # (a password may well start with `/` or `@`: fed, it is not a file's name)
+    return text
+
+
+_PRINTF_PARTS = re.compile(r"%%|%[-+ #0-9.*]*[a-zA-Z]|\\(?:[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|.)")
+
+
+def _printf_output(fmt: str, args: Sequence[str]) -> str:
+    """What `printf FORMAT ARGS...` prints, with the arguments' expansions left out (`printf
+    'user:%s\\n' "$PW"` prints `user:` of its own): the literal text it writes, stripped."""
+    values = iter([_fed_text(a) for a in args])
+
+    def part(found: re.Match[str]) -> str:
+        piece = found.group(0)
+        if piece == "%%":
+            return "%"
+        if piece.startswith("%"):
+            return next(values, "")
+        return "\n" if piece == "\\n" else ""
+
+    printed = _PRINTF_PARTS.sub(part, _fed_text(fmt))
+    return (printed + "".join(values)).strip()
+
+
+@dataclass
+class _Stage:
+    """One command of a pipeline: its words, and what is fed to its standard input."""
+
+    words: list[str]
+    here: list[str]  # here-strings' literals, here-documents' literal bodies
+    stdin_procsub: list[str]  # `< <(...)`: the inner command line
+    stdin_file: bool  # `< file`: its input is a file
+
+
+def _stages(tokens: list[tuple[str, str]]) -> list[list[_Stage]]:
+    """The pipelines of a command line (split at `;`, `&&`, `||`, `&`, newlines), each a list
+    of stages (split at `|`). A group `( ... )` or `{ ...; }` stays one stage: its commands'
+    words are all its words."""
+    pipelines: list[list[_Stage]] = []
+    stage = _Stage([], [], [], False)
+    pipeline: list[_Stage] = [stage]
+    depth = 0
+    i = 0
+    while i < len(tokens):
+        kind, text = tokens[i]
+        if (kind == "op" and text == "(") or (kind == "word" and text == "{"):
+            depth += 1
+            stage.words.append(_GROUP)
+        elif (kind == "op" and text == ")") or (kind == "word" and text == "}"):
+            depth = max(0, depth - 1)
+            stage.words.append(_GROUP)
+        elif kind == "op" and text in _LIST_OPERATORS and depth > 0:
+            stage.words.append(_GROUP)
+        elif kind == "op" and text in ("|", "|&") and depth == 0:
+            stage = _Stage([], [], [], False)
+            pipeline.append(stage)
+        elif kind == "op" and text in _LIST_OPERATORS and depth == 0:
+            pipelines.append(pipeline)
+            stage = _Stage([], [], [], False)
+            pipeline = [stage]
+        elif kind == "op" and text == "<<<" and i + 1 < len(tokens) and tokens[i + 1][0] == "word":
+            literal = _fed_literal(tokens[i + 1][1])
+            if literal:
+                stage.here.append(literal)
+            i += 1
+        elif kind in ("heredoc", "heredoc-literal"):
+            body = text if kind == "heredoc-literal" else _EXPANSION.sub("", text)
+            if body.strip() and not is_placeholder(body.strip()):
+                stage.here.append(body.strip())
+        elif kind == "op" and text == "<" and i + 1 < len(tokens) and tokens[i + 1][0] == "word":
+            target = tokens[i + 1][1]
+            if target.startswith("<("):
+                stage.stdin_procsub.append(target[2:-1] if target.endswith(")") else target[2:])
+            else:
+                stage.stdin_file = True
+            i += 1
+        elif kind == "op" and text in _REDIRECTIONS:
+            i += 1  # its target is no argument
+        elif kind == "word":
+            stage.words.append(text)
+        i += 1
+    pipelines.append(pipeline)
+    return pipelines
+
+
+# Filters that pass what they read on, changed (`base64 -d`, `tr -d '\\n'`): a literal goes through.
+_PASS_THROUGH = {"cat": 0, "tee": 99, "tr": 2, "base64": 0, "head": 0, "tail": 0, "sed": 1, "rev": 0}
+
+
+def _writes(stage: _Stage, fed: list[str]) -> list[str]:
+    """The literals a stage writes on its standard output: `echo`/`printf`/`yes` arguments
+    (each command of a group), or what a filter like `cat` passes on from its input."""
+    written: list[str] = []
+    for start in _command_starts(stage.words):
+        name = _unquote(stage.words[start]).rsplit("/", 1)[-1]
+        args = stage.words[start + 1 :]
+        args = args[: next((k for k, w in enumerate(args) if w == _GROUP), len(args))]
+        if name == "echo":
+            while args and re.fullmatch(r"-[neE]+", args[0]):
+                args = args[1:]
+            written += [v for v in map(_fed_literal, args) if v]
+        elif name == "printf" and args and args[0] != "-v":
+            printed = _printf_output(args[0], args[1:])
+            if printed and not is_placeholder(printed):
+                written.append(printed)
+        elif name == "yes":
+            written += [v for v in map(_fed_literal, args) if v]
+        elif name in _PASS_THROUGH and fed:
+            operands = [a for a in args if not a.startswith("-")]
+            if len(operands) <= _PASS_THROUGH[name]:  # no file of its own to read
+                written += fed
+    return written
+
+
+_GROUP = "\0"  # between two commands of a group `( a; b )`, `{ a; b; }` in a stage's words
+_WRAPPERS = frozenset({"sudo", "doas", "env", "command", "builtin", "exec", "nice", "nohup", "time",
+                       "timeout", "stdbuf", "ionice", "chrt", "taskset", "xargs", "run0", "npx", "bunx",
+                       "{", "(", _GROUP})  # fmt: skip
+_WRAPPER_VALUES = frozenset({"-u", "-g", "-C", "-h", "-p", "-r", "-t", "-U", "-n", "-c", "-s", "-k", "-D"})
+
+
+def _command_starts(words: Sequence[str]) -> list[int]:
+    """Where commands start among a stage's words: the first word, the word after a wrapper
+    (`sudo -u root`, `env A=b`, `timeout 5`) and the first of each command of a group."""
+    starts: list[int] = []
+    k, n = 0, len(words)
+    expect = True
+    while k < n:
+        word = words[k]
+        if word == _GROUP or word in ("{", "}"):
+            expect = True
+            k += 1
+            continue
+        if not expect:
+            k += 1
+            continue
+        base = _unquote(word).rsplit("/", 1)[-1]
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", word, re.S):
+            k += 1  # an assignment before the command
+            continue
+        starts.append(k)
+        if base not in _WRAPPERS:
+            expect = False
+            k += 1
+            continue
+        k += 1
+        while k < n and (
+            words[k].startswith("-") or "=" in words[k] or re.fullmatch(r"[\d.]+[smhd]?", words[k])
+        ):
+            k += 2 if words[k] in _WRAPPER_VALUES and base in ("sudo", "doas", "nice", "run0") else 1
+    return starts
+
+
+_STDIN_VALUES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0", "stdin", "fd:0",
+                           "file:/dev/stdin", "file:///dev/stdin", "pass:stdin"})  # fmt: skip
+_SECRET_PARTS = frozenset({"password", "passwd", "pass", "passphrase", "pwd", "psk", "secret", "secrets",
+                           "token", "key", "cred", "creds", "credential", "credentials", "auth", "pin",
+                           "passin", "passout", "kfile"})  # fmt: skip
+
+
+_PUBLIC_PARTS = frozenset({"ssh", "public", "pub", "gpg", "host", "ca", "known", "authorized", "pgp"})
+
+
+def _secret_option(name: str) -> bool:
+    """An option whose name says it takes a secret (or where one is): `--password-file`,
+    `--passphrase-fd`, `-passin`, `--key-file`; not `--ssh-key`, `--public-key`."""
+    parts = {p.lower() for p in _NAME_SPLIT.split(name) if p}
+    if not _SECRET_PARTS.isdisjoint(parts - {"key"}):
+        return True
+    return "key" in parts and _PUBLIC_PARTS.isdisjoint(parts)
+
+
+def _stdin_option(args: Sequence[str]) -> bool:
+    """An option that says the secret comes from standard input: its name says so
+    (`--password-stdin`, `--token-stdin`, `--with-token`), or it names a secret and its value is
+    stdin (`--password-file=/dev/stdin`, `--passphrase-fd 0`, `--key-file -`, `-passin stdin`),
+    or it is kubectl's `--from-file=[KEY=]/dev/stdin` of a secret."""
+    for k, arg in enumerate(args):
+        if not arg.startswith("-") or arg in ("-", "--"):
+            continue
+        name, eq, value = arg.lstrip("-").partition("=")
+        parts = {p.lower() for p in _NAME_SPLIT.split(name) if p}
+        if ("stdin" in parts and _secret_option(name)) or name == "with-token":
+            return True
+        if not eq and k + 1 < len(args):
+            value = args[k + 1]
+        if name in ("from-file", "from-env-file"):
+            key, _, path = value.rpartition("=")
+            if path in _STDIN_VALUES and ("secret" in args or name_kind(key) is not None):
+                return True
+        elif _secret_option(name) and (value in _STDIN_VALUES or (value == "0" and "fd" in parts)):
+            return True
+    return False
+
+
+def _after(args: Sequence[str], *verbs: str) -> bool:
+    """Whether the words hold these verbs in this order (`gh auth login`, `docker secret create`)."""
+    at = 0
+    for verb in verbs:
+        try:
+            at = args.index(verb, at) + 1
+        except ValueError:
+            return False
+    return True
+
+
+# Tools that read a password (or key) from standard input, in the form they do it.
+_NOT_READING = frozenset(
+    {"-l", "-u", "-d", "-e", "-S", "--lock", "--unlock", "--delete", "--expire", "--status"}
+)
+_STDIN_READERS: dict[str, Callable[[Sequence[str]], bool]] = {
+    "passwd": lambda a: not _NOT_READING & set(a),
+    "chpasswd": lambda a: True,
+    "chgpasswd": lambda a: True,
+    "smbpasswd": lambda a: "-s" in a,
+    "vncpasswd": lambda a: "-f" in a,
+    "tightvncpasswd": lambda a: "-f" in a,
+    "kinit": lambda a: True,
+    "mkpasswd": lambda a: "-s" in a or "--stdin" in a,
+    "htpasswd": lambda a: any(w.startswith("-") and not w.startswith("--") and "i" in w for w in a),
+    "openssl": lambda a: "passwd" in a and "-stdin" in a,
+    "sudo": lambda a: "--stdin" in a or any(re.fullmatch(r"-[A-Za-z]*S[A-Za-z]*", w) for w in a[:4]),
+    "cryptsetup": lambda a: bool({"open", "luksOpen", "luksFormat", "luksAddKey", "luksResume"} & set(a)),
+    "zfs": lambda a: "load-key" in a,
+    "ssh-add": lambda a: "-" in a,
+    "secret-tool": lambda a: "store" in a,
+    "keyring": lambda a: "set" in a,
+    "pass": lambda a: "insert" in a or "add" in a,
+    "gh": lambda a: _after(a, "auth", "login") or _after(a, "secret", "set"),
+    "glab": lambda a: "--stdin" in a,
+    "vault": lambda a: _after(a, "login", "-") or any(w.endswith("=-") for w in a),
+    "docker": lambda a: _after(a, "secret", "create") and a[-1] == "-",
+    "podman": lambda a: _after(a, "secret", "create") and a[-1] == "-",
+    "wrangler": lambda a: _after(a, "secret", "put"),
+    "vercel": lambda a: _after(a, "env", "add"),
+    "ansible-vault": lambda a: "encrypt_string" in a,
+    "sshpass": lambda a: not {"-p", "-f", "-e"} & {w[:2] for w in a},
+    "wpa_passphrase": lambda a: len([w for w in a[1:] if not w.startswith("-")]) == 1,
+    "argon2": lambda a: True,
+    "systemd-creds": lambda a: "encrypt" in a and "-" in a,
+}
+_PAIR_READERS = frozenset({"chpasswd", "chgpasswd"})  # they read `user:password` lines
+
+
+def _reads_secret(words: Sequence[str]) -> str | None:
+    """How a stage reads a secret on its standard input: "plain", "pair" (`user:password` lines),
+    or None when it does not."""
+    args = [_unquote(w) for w in words]
+    if _stdin_option(args):
+        return "plain"
+    for k in _command_starts(words):
+        name = args[k].rsplit("/", 1)[-1]
+        check = _STDIN_READERS.get(name)
+        if check is not None and check(args[k:]):
+            return "pair" if name in _PAIR_READERS else "plain"
+    return None
+
+
+def _secret_fed(literals: Sequence[str], how: str) -> bool:
+    if how == "pair":
+        return any(line.partition(":")[2].strip() for text in literals for line in text.splitlines())
+    return any(literals)
+
+
+def _procsub_literals(inner: str) -> list[str]:
+    """What the command line inside a process substitution writes (`echo x`, `printf x`)."""
+    written: list[str] = []
+    for pipeline in _stages(_shell_tokens(inner)):
+        fed: list[str] = []
+        for stage in pipeline:
+            fed = _writes(stage, fed + stage.here)
+        written += fed
+    return written
+
+
+def _secret_file_argument(words: Sequence[str]) -> bool:
+    """A process substitution that prints a literal, given where a secret file goes:
+    `--password-file <(echo x)`, `--from-file=password=<(echo x)`, `sshpass -f <(echo x)`."""
+    for k, raw in enumerate(words):
+        if "<(" not in raw:
+            continue
+        option, key, value = "", "", raw
+        if raw.startswith("-"):
+            option, _, value = raw.partition("=")
+        elif k and words[k - 1].startswith("-"):
+            option = words[k - 1]
+        if not value.startswith("<("):
+            key, _, value = value.partition("=")  # `--from-file=password=<(...)`
+        if not value.startswith("<(") or not _procsub_literals(value[2:].removesuffix(")")):
+            continue
+        name = option.lstrip("-")
+        if _secret_option(name) or (key and name_kind(key) is not None):
+            return True
+        if option == "-f" and any(_unquote(w).rsplit("/", 1)[-1] == "sshpass" for w in words[:k]):
+            return True
+        if name in ("from-file", "from-env-file") and "secret" in words:
+            return True
+    return False
+
+
+_FED_SOURCES = re.compile(r"echo|printf|yes\b|<<|<\(")
+
+
+def _fed_rule(cmd: str) -> str | None:
+    if ("|" not in cmd and "<" not in cmd) or not _FED_SOURCES.search(cmd):
+        return None
+    for pipeline in _stages(_shell_tokens(cmd)):
+        piped: list[str] = []
+        for stage in pipeline:
+            fed = piped + stage.here
+            for inner in stage.stdin_procsub:
+                fed += _procsub_literals(inner)
+            if stage.stdin_file and not stage.here and not stage.stdin_procsub:
+                fed = []  # `< file` replaces the pipe
+            how = _reads_secret(stage.words) if fed else None
+            if how is not None and _secret_fed(fed, how):
+                return "fed-secret"
+            if "<(" in cmd and _secret_file_argument(stage.words):
+                return "fed-secret"
+            piped = _writes(stage, fed)
+    return None
+
+
+# --------------------------------------------------------------------------- 9. key material
+
+# A private key printed piece by piece (`printf '%s\n' '-----BEGIN ... PRIVATE KEY-----' 'MIIE...'`,
+# `echo 'b3BlbnNzaC1rZXktdjE...' >> id_ed25519`): the header with key-like base64 anywhere after
+# it, or a base64 run that decodes to the start of a private key (a DER structure opening with a
+# version number, as PKCS#1, PKCS#8 and SEC1 keys do, not certificates or public keys; OpenSSH's
+# `openssh-key-v1`), or PuTTY's `Private-Lines:`.
+_PEM_HEADER = re.compile(
+    r"-----BEGIN[A-Z0-9 ]{0,30} PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File|Private-Lines:"
+)
+_BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_.-])[A-Za-z0-9+/]{16,}={0,2}")
+_KEY_START = re.compile(
+    r"(?<![A-Za-z0-9+/=_.-])(?:M[A-P][A-Za-z0-9+/]{14,}|b3BlbnNzaC1rZXktdjE[A-Za-z0-9+/]*)"
+)
+
+
+def _decodes_to_private_key(word: str) -> bool:
+    head = word[: len(word) // 4 * 4][:24]
+    try:
+        raw = base64.b64decode(head, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    if raw.startswith(b"openssh-key-v1"):
+        return True
+    if len(raw) < 8 or raw[0] != 0x30:
+        return False
+    at = {0x81: 3, 0x82: 4, 0x83: 5}.get(raw[1], 2 if raw[1] < 0x80 else 0)
+    # version 0 or 1, then the key's first part: an INTEGER (RSA, DSA), an AlgorithmIdentifier
+    # (PKCS#8) or an OCTET STRING (SEC1 EC keys)
+    return at > 0 and raw[at : at + 3] in (b"\x02\x01\x00", b"\x02\x01\x01") and raw[at + 3 : at + 4] in (
+        b"\x02", b"\x30", b"\x04",
+    )  # fmt: skip
+
+
+def _key_material_rule(cmd: str) -> str | None:
+    if "M" in cmd or "b3Blbn" in cmd:
+        for found in _KEY_START.finditer(cmd):
+            if _decodes_to_private_key(found.group(0)):
+                return "private-key-material"
+    if "PRIVATE KEY" in cmd or "PuTTY" in cmd or "Private-Lines" in cmd:
+        header = _PEM_HEADER.search(cmd)
+        if header:
+            for found in itertools.islice(_BASE64_RUN.finditer(cmd, header.end()), 64):
+                word = found.group(0).rstrip("=")
+                has_all, change = _mixes(word)
+                if has_all and change >= 0.4 and not _decodes_to_text(found.group(0)):
+                    return "private-key-material"
+    return None
+
+
+# --------------------------------------------------------------------------- 10. inline code
+
+# Credentials in code given on the command line (`python3 -c`, `node -e`, `ruby -e`, `php -r`,
+# `mongosh --eval`, `psql -c`, `mysql -e`): a password-named field or keyword argument with a
+# quoted literal (`password: 'x'`, `:password => 'x'`, `pwd = "x"`), an auth pair (`auth=('u',
+# 'x')`, `HTTPBasicAuth('u', 'x')`, `.login('u', 'x')`), a connect call's password argument
+# (`mysqli('h', 'u', 'x')`), and SQL that sets one (`IDENTIFIED BY 'x'`, `WITH PASSWORD 'x'`).
+_QUOTED = r"""\\?(?P<{0}>['"])(?P<{1}>[^'"\\\n]*)\\?(?P={0})"""
+_CODE_FIELD = re.compile(
+    # `name: 'x'`, `name => 'x'`, `name = 'x'` (spaced: `NAME='x'` is the shell's, rule 2's)
+    r"""(?:^|[\s{(,;:\[])[:$]?["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?(?:\s*(?::|=>)|\s+=|=(?=\s))\s*"""
+    + _QUOTED.format("q", "value")
+)
+_ARGUMENT = r"""(?:\\?['"][^'"\\\n]*\\?['"]|\$?[A-Za-z_][\w.\[\]'"]*)"""
+_AUTH_PAIR = re.compile(
+    r"""(?i)(?:\bauth\s*=\s*|\b\w*(?:basic|digest)auth|\.login|\.auth|\.authenticate|\bauthenticate)\s*"""
+    r"""[(\[]\s*""" + _ARGUMENT + r"""\s*,\s*""" + _QUOTED.format("q", "value")
+)
+_CONNECT = re.compile(
+    r"""(?i)(?:\bmysqli(?:_connect)?|\bmysql_connect|\bMySQLdb\.connect|\bpymysql\.connect|\bPDO|"""
+    r"""\bDBI->connect|\bftplib\.FTP|\bFTP(?:_TLS)?)\s*\(\s*"""
+    + rf"""{_ARGUMENT}\s*,\s*{_ARGUMENT}\s*,\s*{_QUOTED.format("q", "value")}"""
+)
+_SQL_PASSWORD = re.compile(
+    r"""(?i)(?:\bidentified\s+(?:with\s+\S+\s+)?by(?:\s+password)?|"""
+    r"""\b(?:user|role|login)\b[^;]{0,80}?\bpassword\s*=?|\bset\s+password\b[^;]{0,80}?=\s*(?:password\s*\()?|"""
+    r"""\b(?:requirepass|masterauth)\b)\s*""" + _QUOTED.format("q", "value")
+)
+_SQL_HINT = re.compile(r"identified|password|requirepass|masterauth")
+_AUTH_HINT = re.compile(r"auth|login")
+_CONNECT_HINT = re.compile(r"connect|pdo|mysqli|ftp")
+
+
+def _code_literal(value: str) -> bool:
+    """A string literal in code that could be a password (not `''`, `<password>`, `${PW}`, `%s`)."""
+    v = value.strip()
+    return (
+        v not in ("", "-", "***", "xxx", "...") and not is_placeholder(v)
+        and not v.startswith(("$", "%s", "#{", "{{", "%("))
+    )  # fmt: skip
+
+
+def _inline_code_rule(cmd: str, lowered: str) -> str | None:
+    """(Each pattern is tried only when a word it needs is in the command: most commands have none.)"""
+    if "'" not in cmd and '"' not in cmd:
+        return None  # a code literal is quoted
+    if _SQL_HINT.search(lowered):
+        for found in _SQL_PASSWORD.finditer(cmd):
+            if _code_literal(found.group("value")):
+                return "sql-password"
+    for hint, pattern in ((_AUTH_HINT, _AUTH_PAIR), (_CONNECT_HINT, _CONNECT)):
+        if hint.search(lowered):
+            for found in pattern.finditer(cmd):
+                if _code_literal(found.group("value")):
+                    return "code-credential"
+    if not _HINT.search(lowered):
+        return None
+    for found in _CODE_FIELD.finditer(cmd):
+        kind = name_kind(found.group("name"))
+        value = found.group("value")
+        if kind and _code_literal(value) and (kind == "password" or looks_random(value)):
+            return "code-credential"
+    return None
+
+
 # --------------------------------------------------------------------------- the detector
 
 
@@ -987,13 +1787,35 @@ def find_secret(cmd: str) -> str | None:
     rule = _token_rule(cmd)
     lowered = cmd.lower()
     if rule is None and _HINT.search(lowered):
-        rule = _named_value_rule(cmd)
+        rule = _named_value_rule(_requote_options(cmd))  # `"--password=x"` read as `--password="x"`
     if rule is None and _CREDENTIAL_HINT.search(lowered):
         rule = _credential_file_rule(cmd)
     return (
-        rule or _tool_rule(cmd) or _config_rule(cmd) or _piped_rule(cmd) or _prefix_rule(cmd)
+        rule or _tool_rule(cmd) or _config_rule(cmd) or _fed_rule(cmd)
+        or _key_material_rule(cmd) or _inline_code_rule(cmd, lowered) or _prefix_rule(cmd)
         or _random_string_rule(cmd)
     )  # fmt: skip
+
+
+# A quoted option (`"--password=x"`, `'-pX'`, `"--db-pass" x`) is the option its quotes hold: the
+# quote moves after the name, as the shell reads it (`--password="x"`).
+# (A quoted `-pVALUE` keeps its value quoted: `"-PSq1Pass!"` is `-P"Sq1Pass!"`.)
+_QUOTED_OPTION = re.compile(
+    r"""(?<![^\s=(|;&])(['"])(?:(--?[A-Za-z][A-Za-z0-9_.-]*)(?:(\1)|(=))|(-[A-Za-z])(?=[^'"\s][^'"]*\1))"""
+)
+
+
+def _requote_options(cmd: str) -> str:
+    if "'-" not in cmd and '"-' not in cmd:
+        return cmd
+
+    def moved(found: re.Match[str]) -> str:
+        quote, flag, closed, eq, short = found.groups()
+        if short:
+            return short + quote
+        return flag if closed else flag + eq + quote
+
+    return _QUOTED_OPTION.sub(moved, cmd)
 
 
 _CREDENTIAL_HINT = re.compile(

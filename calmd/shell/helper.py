@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import logging
 import os
 import select
@@ -118,12 +119,34 @@ def script_path(shell: str) -> Path:
     raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
 
 
+@functools.cache
+def python_command() -> tuple[str, ...]:
+    """How the hooks start this calmd's Python: this interpreter by its path, and never the
+    `calmd` folder or `calmd.py` of the shell's current folder, which `python -m` imports first
+    (a clone of calmd: the hook did nothing there, silently). `-I` (isolated: no current folder,
+    no PYTHON* variables, no user site) when it still finds this calmd, as in a virtual
+    environment or a system install; else `-P`, which only leaves the current folder out (a
+    `pip install --user` calmd, or one on PYTHONPATH). Asked once, of a child started in /."""
+    import calmd
+
+    here = Path(calmd.__file__).resolve()
+    try:
+        found = subprocess.run(
+            [sys.executable, "-I", "-c", "import calmd, sys; sys.stdout.write(calmd.__file__)"],
+            cwd="/", capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        isolated = found.returncode == 0 and Path(found.stdout).resolve() == here
+    except (OSError, subprocess.SubprocessError):
+        isolated = False
+    return (sys.executable, "-I" if isolated else "-P")
+
+
 def init_script(shell: str, socket: str | None = None) -> str:
     """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
     from calmd import __version__
 
-    helper = [sys.executable, "-m", "calmd", "shell-helper", "--shell", shell]
-    search = [sys.executable, "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
+    helper = [*python_command(), "-m", "calmd", "shell-helper", "--shell", shell]
+    search = [*python_command(), "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
     if socket:
         helper += ["--socket", socket]
         search += ["--socket", socket]
@@ -398,7 +421,7 @@ class Helper:
             return
         self.autostarted = True
         calmd = Path(sys.executable).parent / "calmd"
-        argv = [str(calmd)] if calmd.exists() else [sys.executable, "-m", "calmd.cli"]
+        argv = [str(calmd)] if calmd.exists() else [*python_command(), "-m", "calmd.cli"]
         with open(log_path(), "ab") as out:
             subprocess.Popen(
                 [*argv, "serve"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True

@@ -23,7 +23,10 @@ MAX_MESSAGE_DEPTH = 16
 # wraps to 0-255); SQLite stores 64-bit integers, and ids are echoed back as they came.
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
+# Seconds since the epoch: 2100-01-01 UTC. Beyond is not a time a command ran at (a clock set
+# wrong, `: 999999999999:0;ls` in a history file: the year 33658, which no view can print); the
+# imports of history files hold their times to the same range (calmd/history/store.py `valid_time`).
+TS_MAX = 4_102_444_800.0
 DURATION_MAX = 1e9  # seconds a command ran: 31 years
 # The error codes of docs/protocol.md; no reply carries any other.
 ERROR_CODES = frozenset(
@@ -443,7 +446,9 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
     if ts is not None and (
         isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TS_MAX  # NaN fails too
     ):
-        raise ProtocolError("bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0e}", rid)
+        raise ProtocolError(
+            "bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0f} (2100)", rid
+        )
     duration = msg.get("duration")
     if duration is not None and (
         isinstance(duration, bool)

@@ -223,3 +223,68 @@ def test_sqlite_writes_the_lines_python_writes(filled: Path) -> None:
     assert any("  /src/application  ls" in line for line in plain)
     doc = json.loads(by_sqlite[3][-2])
     assert doc["duration"] == 1.235 and doc["exit"] == -1 and doc["cmd"] == "echo \x01 control"
+
+
+# --------------------------------------------------------------------------- impossible times (issue 30)
+
+
+def _strict_json(line: str) -> object:
+    """json.loads that refuses what is not JSON (Python's reader takes Infinity and NaN)."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_times_an_older_calmd_stored_are_shown_then_repaired(
+    filled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before issue 30 an import stored `: 999999999999:0;ls` as the year 33658, a 400-digit fish
+    `when:` as infinity, a negative one as 1969: `calm history` failed ("unexpected TypeError"),
+    `calm stats` too ("year 33658 is out of range"), `--json` wrote Infinity. They are shown as
+    unknown times now, and the store gives them the time of the command before when it opens."""
+    with sqlite3.connect(filled) as raw:
+        raw.execute(
+            "INSERT INTO commands (ts, cmd, source) VALUES (999999999999, 'year 33658', 'import:zsh')"
+        )
+        raw.execute("INSERT INTO commands (ts, cmd, source) VALUES (9e999, 'infinite', 'import:fish')")
+        raw.execute("INSERT INTO commands (ts, cmd, source) VALUES (-5, 'before 1970', 'import:fish')")
+    for argv in (["history"], ["history", "--commands"], ["history", "--limit", "3"], ["stats"],
+                 ["stats", "--json"]):  # fmt: skip
+        assert calm_main([*argv, "--db", str(filled)]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "year 33658" in out or argv[0] == "stats"
+    assert calm_main(["history", "--db", str(filled), "--json"]) == 0
+    docs = [_strict_json(line) for line in capsys.readouterr().out.splitlines()]
+    odd = {d["cmd"]: (d["ts"], d["time"]) for d in docs if isinstance(d, dict) and d["cmd"] in
+           ("year 33658", "infinite", "before 1970")}  # fmt: skip
+    assert odd == dict.fromkeys(("year 33658", "infinite", "before 1970"), (None, None))
+    assert calm_main(["history", "--db", str(filled), "year"]) == 0
+    assert capsys.readouterr().out.startswith(query.NO_TIME + "       -  year 33658")
+    conn = query.open_read_only(filled)
+    python_made = list(query.plain_lines(query.rows(conn, query.HistoryFilter(pattern="infinite"),
+                                                    query.PLAIN_COLUMNS), ""))  # fmt: skip
+    assert [_strict_json(line) for line in query.json_lines(query.rows(conn, query.HistoryFilter(),
+                                                                       query.ENTRY_COLUMNS))]  # fmt: skip
+    conn.close()
+    assert python_made == [query.NO_TIME + "       -  infinite"]
+    store = HistoryStore(filled)  # opened for writing (the daemon, an import): repaired
+    rows = [(r.cmd, r.ts) for r in store.all_rows()]
+    assert store.counter("import_bad_times") == 3
+    store.close()
+    assert rows[-4][0] == "ls"  # the last row before them: each takes its time
+    assert [ts for _, ts in rows[-3:]] == [rows[-4][1]] * 3
+
+
+def test_stats_say_how_many_runs_failed_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's 17 commands, none failed: not "0.0% failed (0 of the 17 runs ...)"."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    for i in range(17):
+        store.record(f"echo {i}", exit=0, ts=NOW - i)
+    store.close()
+    assert calm_main(["--no-color", "stats", "--db", str(tmp_path / "h.sqlite3")]) == 0
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert "17 commands, 17 distinct" in summary
+    assert "none of the 17 runs with a known status failed" in summary
+    assert "0.0%" not in summary

@@ -22,7 +22,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     and the others are still imported; exit 1 when any was refused. fish's history is told apart
     by its first entry (or --format fish) and read by calmd/history/fish.py."""
     from calmd.history.fish import import_fish_history, is_fish_history
-    from calmd.history.store import HistoryStore, NotAHistory
+    from calmd.history.store import HistoryStore, NotAHistory, import_summary
 
     if args.max_mib <= 0:
         raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
@@ -43,21 +43,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 print(f"calm: error: {detail}", file=sys.stderr)
                 refused += 1
                 continue
-            older = (
-                f"; its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
-                if result.skipped_bytes
-                else ""
-            )
-            print(
-                f"{result.path}: {result.imported} commands imported ({result.format} format), "
-                f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
-                + (
-                    f", {result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)"
-                    if result.undecodable
-                    else ""
-                )
-                + older
-            )
+            print(import_summary(result))
         print(f"history: {store.count()} commands in {store.path}")
     finally:
         store.close()

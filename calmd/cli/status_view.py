@@ -138,4 +138,8 @@ def _import_line(imported: dict[str, Any]) -> str:
         parts.append(f"{refused} file{'s' * (refused != 1)} refused as not a shell history{last}")
     if failures:
         parts.append(f"{failures} could not be read (the daemon's log says which)")
+    bad_times = imported.get("bad_times") or 0
+    if bad_times:
+        plural = "s" * (bad_times != 1)
+        parts.append(f"{bad_times} imported command{plural} had an impossible time (kept without it)")
     return "; ".join(parts)

@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 
 from calmd.errors import CalmError
 from calmd.history.secrets import DETECTOR_VERSION
-from calmd.history.store import SCHEMA_VERSION, HistoryStore
+from calmd.history.store import SCHEMA_VERSION, HistoryStore, valid_time
+from calmd.protocol import TS_MAX
 
 BATCH = 20_000  # rows the search index reads per round trip
 TOP = 10  # rows in each of `calm stats`'s tables
@@ -57,7 +58,11 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     except sqlite3.DatabaseError as exc:
         db.close()
         raise CalmError(f"{path}: not a calmd history store ({exc})") from None
-    version = int(row[0]) if row else 0
+    text = str(row[0]) if row else "0"
+    if not text.isdigit():
+        db.close()
+        raise CalmError(f"{path}: its schema version {text[:20]!r} is not a number: not a calmd store")
+    version = int(text)
     if version > SCHEMA_VERSION:
         db.close()
         raise CalmError(
@@ -105,8 +110,11 @@ class Entry(NamedTuple):
         return self.exit is not None and self.exit != 0
 
     def to_json(self) -> dict[str, Any]:
-        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them)."""
-        return {"id": self.id, "ts": round(self.ts, 3), "time": _iso(self.ts), "cmd": self.cmd,
+        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them; an
+        impossible one, stored by a calmd before issue 30, as null: JSON has no infinity)."""
+        known = valid_time(self.ts)
+        return {"id": self.id, "ts": round(self.ts, 3) if known else None,
+                "time": _iso(self.ts) if known else None, "cmd": self.cmd,
                 "exit": self.exit, "duration": None if self.duration is None else round(self.duration, 3),
                 "cwd": self.cwd,
                 "git": self.git, "session": self.session, "source": self.source}  # fmt: skip
@@ -283,9 +291,14 @@ def _minute(minute: int) -> str:
     return dt.datetime.fromtimestamp(minute * 60).strftime("%Y-%m-%d %H:%M")
 
 
+NO_TIME = "????-??-?? ??:??:??"  # a time no calendar prints (stored by a calmd before issue 30)
+
+
 def local_time(ts: float) -> str:
     """`2025-11-24 13:02:11`, local time. The minute's text is kept (every time zone's offset is
     whole minutes): a history of 100,000 lines formats a few thousand minutes, not 100,000 times."""
+    if not valid_time(ts):
+        return NO_TIME
     whole = math.floor(ts)
     return f"{_minute(whole // 60)}:{whole % 60:02d}"
 
@@ -316,10 +329,14 @@ def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
     statuses: dict[int | None, str] = {}
     seconds = [f":{s:02d}  " for s in range(60)]
     for ts, code, cwd, cmd in rows:
-        whole = int(ts)
-        minute = minutes.get(whole // 60)
-        if minute is None:
-            minute = minutes[whole // 60] = _minute(whole // 60)
+        if valid_time(ts):
+            whole = int(ts)
+            minute = minutes.get(whole // 60)
+            if minute is None:
+                minute = minutes[whole // 60] = _minute(whole // 60)
+            when = f"{minute}{seconds[whole % 60]}"
+        else:
+            when = NO_TIME + "  "
         status = statuses.get(code)
         if status is None:
             status = statuses[code] = f"{'' if code is None else code:>3}  "
@@ -328,7 +345,7 @@ def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
             folder = folders[cwd] = short_path(cwd, home) or "-"
         if "\n" in cmd or "\t" in cmd:
             cmd = one_line(cmd)
-        yield f"{minute}{seconds[whole % 60]}{status}{folder}  {cmd}"
+        yield f"{when}{status}{folder}  {cmd}"
 
 
 def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
@@ -342,15 +359,18 @@ def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
 # (history_lines): what `calm history` runs when every row has passed this calmd's credential detector.
 _ONE_LINE_SQL = ("CASE WHEN instr(cmd, char(10)) OR instr(cmd, char(9)) THEN replace(replace(replace(cmd, "
                  "'\\', '\\\\'), char(10), '\\n'), char(9), '\\t') ELSE cmd END")  # fmt: skip
+_KNOWN_TS = f"ts BETWEEN 0 AND {TS_MAX:.0f}"  # valid_time, in SQL
 _PLAIN_SQL = (
-    "strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
+    f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') "
+    f"ELSE '{NO_TIME}' END || '  ' || "
     "printf('%3s', coalesce(exit, '')) || '  ' || "
     "CASE WHEN cwd = '' THEN '-' "
     "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
     "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL
 )
-_JSON_SQL = ("json_object('id', id, 'ts', round(ts, 3), "
-             "'time', strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime'), 'cmd', cmd, "
+_JSON_SQL = (f"json_object('id', id, 'ts', CASE WHEN {_KNOWN_TS} THEN round(ts, 3) END, 'time', "
+             f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime') END, "
+             "'cmd', cmd, "
              "'exit', exit, 'duration', round(duration, 3), 'cwd', cwd, 'git', git, "
              "'session', session, 'source', source)")  # fmt: skip
 
@@ -488,6 +508,8 @@ def compute_stats(
                 subs[f"{name} {following}"] += 1
         if cwd:
             by_folder[(cwd, name)] += 1
+        if not valid_time(ts):  # stored by a calmd before issue 30: counted, never a time
+            continue
         if first_ts is None or ts < first_ts:
             first_ts = ts
         if last_ts is None or ts > last_ts:

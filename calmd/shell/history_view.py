@@ -150,8 +150,11 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
     first = query.local_time(stats.first_ts or 0)[:10]
     last = query.local_time(stats.last_ts or 0)[:10]
     rate = stats.failure_rate
-    of = f"{stats.failed:,} of the {stats.with_status:,} runs with a known status"
-    failures = f"{100 * rate:.1f}% failed ({of})" if rate is not None else "no exit status (imported)"
+    with_status = f"the {stats.with_status:,} runs" if stats.with_status != 1 else "the one run"
+    of = f"{stats.failed:,} of {with_status} with a known status"
+    failures = f"{100 * rate:.1f}% failed ({of})" if rate else "no exit status (imported)"
+    if rate == 0:
+        failures = f"none of {with_status} with a known status failed"
     summary = f"{stats.commands:,} commands, {stats.distinct:,} distinct, {first} to {last}; {failures}"
     tables: list[object] = [summary]
     top = Table(title="top commands", title_justify="left")

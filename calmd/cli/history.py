@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from calmd import paths
-from calmd.arguments import Parser, number
+from calmd.arguments import Parser, number, whole
 from calmd.errors import CalmError
 from calmd.shell import (  # imports nothing heavy (`calm history` and `calm stats`; `calm search`)
     history_view,
@@ -74,9 +74,10 @@ def cmd_forget(args: argparse.Namespace) -> int:
     command line either."""
     import re
 
-    from calmd.history.store import HistoryStore
+    from calmd.history.store import HistoryStore, clean_text
 
     pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
+    pattern = clean_text(pattern)[0]  # bytes that are not UTF-8 as the store keeps them: U+FFFD
     if not pattern:
         raise CalmError("an empty pattern would match every command; give the text to forget")
     if args.regex:
@@ -142,7 +143,7 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         description="Tables of the stored commands (the same filters as `calm history`).",
     )
     history_view.add_filters(p)
-    p.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.add_argument("--top", type=whole(1), default=10, metavar="N", help="rows per table (default 10)")
     p.set_defaults(func=history_view.cmd_stats)
 
     p = sub.add_parser(

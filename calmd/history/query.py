@@ -21,6 +21,7 @@ import datetime as dt
 import functools
 import json
 import math
+import os
 import re
 import sqlite3
 import urllib.parse
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 
 from calmd.errors import CalmError
 from calmd.history.secrets import DETECTOR_VERSION
-from calmd.history.store import SCHEMA_VERSION, HistoryStore, valid_time
+from calmd.history.store import SCHEMA_VERSION, HistoryStore, clean_text, valid_time
 from calmd.protocol import TS_MAX
 
 BATCH = 20_000  # rows the search index reads per round trip
@@ -48,7 +49,7 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     a file that is not a calmd history or is newer than this calmd."""
     if not path.is_file():
         raise NoHistory(f"{path}: no history yet (start calmd, or run `calm import FILE`)")
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path.resolve())) + "?mode=ro"  # a path's own bytes
     # autocommit: no statement ever opens a transaction that would outlive it (an open read would
     # hold up the checkpoint after the daemon's next deletion)
     db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
@@ -173,10 +174,12 @@ class HistoryFilter:
     limit: int = 0  # only the newest `limit` (0: all)
 
     def where(self) -> tuple[str, list[Any]]:
+        """SQL and its arguments. A text holding bytes that are not UTF-8 (a Latin-1 folder's name,
+        a pattern typed so) is looked for as the store keeps such bytes: U+FFFD (`clean_text`)."""
         clauses: list[str] = []
         args: list[Any] = []
         if self.cwd is not None:
-            folder = self.cwd.rstrip("/") or "/"
+            folder = clean_text(self.cwd)[0].rstrip("/") or "/"
             if self.below:
                 clauses.append("(cwd = ? OR substr(cwd, 1, ?) = ?)")
                 inside = folder if folder.endswith("/") else folder + "/"
@@ -186,7 +189,7 @@ class HistoryFilter:
                 args.append(folder)
         if self.session is not None:
             clauses.append("session = ?")
-            args.append(self.session)
+            args.append(clean_text(self.session)[0])
         if self.exit is not None:
             clauses.append("exit = ?")
             args.append(self.exit)
@@ -201,9 +204,10 @@ class HistoryFilter:
             clauses.append("ts < ?")
             args.append(self.until)
         if self.pattern:
+            pattern = clean_text(self.pattern)[0]
             if self.regex:
                 try:
-                    _compiled(self.pattern)
+                    _compiled(pattern)
                 except re.error as exc:
                     raise CalmError(
                         f"--regex: {self.pattern!r} is not a valid regular expression: {exc}"
@@ -211,7 +215,7 @@ class HistoryFilter:
                 clauses.append("calm_regexp(?, cmd)")
             else:
                 clauses.append("instr(cmd, ?) > 0")
-            args.append(self.pattern)
+            args.append(pattern)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 

@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 
 from calmd import paths
+from calmd.arguments import whole
 from calmd.errors import CalmError
 from calmd.history import query
+from calmd.protocol import EXIT_MAX, EXIT_MIN
 
 
 def add_filters(p: argparse.ArgumentParser) -> None:
@@ -48,7 +50,9 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--below", action="store_true", help="with --cwd: also in the folders under it")
     p.add_argument("--session", metavar="ID", help="only this shell session's commands (see --json)")
     status = p.add_mutually_exclusive_group()
-    status.add_argument("--exit", type=int, metavar="N", help="only commands that exited with N")
+    status.add_argument(
+        "--exit", type=whole(EXIT_MIN, EXIT_MAX), metavar="N", help="only commands that exited with N"
+    )  # a status a shell reports: a C int
     status.add_argument("--failed", action="store_true", help="only commands that failed (non-zero status)")
     status.add_argument(
         "--succeeded",
@@ -57,7 +61,7 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--since", metavar="WHEN", help="from this time on: 30m, 2h, 3d, 1w, today, 2025-11-24...")
     p.add_argument("--until", metavar="WHEN", help="before this time (same forms)")
-    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="only the newest N (0: all)")
+    p.add_argument("--limit", "-n", type=whole(0), default=0, metavar="N", help="only the newest N (0: all)")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

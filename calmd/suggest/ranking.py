@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import json
 import logging
 import math
 from collections import Counter, defaultdict
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import read_json, read_regular_file
+from calmd.atomic import parse_json, read_json, read_regular_file
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.suggest.filters import UserVocabulary, terminal_safe
@@ -653,9 +652,11 @@ def packaged_ranker() -> Ranker:
 
 def read_user_ranker(path: Path) -> Ranker:
     """A user's ranker file (`ranker.json`, `ranker.prev.json`), read safely: a regular file of at
-    most MAX_RANKER_BYTES, then validated. OSError, ValueError (bad JSON) or FormatError when it
-    is not one."""
-    return Ranker.from_json(json.loads(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES))), str(path))
+    most MAX_RANKER_BYTES, then validated. OSError, or FormatError when it is not one (bad or too
+    deeply nested JSON, the wrong fields)."""
+    return Ranker.from_json(
+        parse_json(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES)), path), str(path)
+    )
 
 
 def serving_ranker(path: Path) -> tuple[Ranker, str | None]:

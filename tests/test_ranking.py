@@ -394,3 +394,32 @@ def test_the_users_ranker_serves_when_it_loads_and_the_packaged_one_otherwise(
     os.mkfifo(path)  # read without blocking: refused, not waited on
     served, error = serving_ranker(path)
     assert served is packaged_ranker() and error is not None and "not a regular file" in error
+
+
+def test_a_users_ranker_that_makes_no_sense_is_refused_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: a `scale` of 5e-324 (subnormal) with a layer of zeros loaded, and every confidence
+    became 0.0: no ghost was ever drawn. Weights are checked for sense now, not only for shape."""
+    path = tmp_path / "ranker.json"
+    base = packaged_ranker().to_json()
+    features = len(base["scale"])
+    zeros = [[0.0] * len(base["b1"]) for _ in range(features)]
+    cases = {
+        "the probe's file": ({"scale": [5e-324] * features, "w1": zeros}, "'scale'"),
+        "a subnormal weight": ({"w1": [[5e-324, *row[1:]] for row in base["w1"]]}, "'w1'"),
+        "a scale of about 0": ({"scale": [1e-9] * features}, "'scale' is below"),
+        "a huge weight": ({"w2": [1e9] * len(base["w2"])}, "'w2'"),
+        "a layer of zeros": ({"w2": [0.0] * len(base["w2"])}, "'w2' is all zeros"),
+    }
+    for name, (fields, why) in cases.items():
+        path.write_text(json.dumps({**base, **fields}))
+        caplog.clear()
+        served, error = serving_ranker(path)
+        assert served is packaged_ranker() and error is not None, name
+        assert str(path) in error and why in error, (name, error)
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1, name  # one line in the log
+    near = {**base, "w1": [[w * 0.9 for w in row] for row in base["w1"]], "b2": 0.0}  # a refit's kind
+    path.write_text(json.dumps(near))
+    served, error = serving_ranker(path)
+    assert error is None and served is not packaged_ranker()

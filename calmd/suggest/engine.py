@@ -74,6 +74,7 @@ from calmd.suggest.ranking import (
     first_word,
     outside_git,
     packaged_ranker,
+    packaged_ranker_path,
     serving_ranker,
 )
 
@@ -308,15 +309,19 @@ class ModelEngine:
         }
 
     def _ranker_words(self) -> str:
+        """Which ranker serves, named by its file: the user's `ranker.json` (refitted by a run, or
+        put there by hand: a file without `info.refit` was called "packaged"), else the packaged
+        one, with why the user's did not load."""
         fitted = f"learned, {len(self.ranker.mean)} features, fitted on " \
             f"{self.ranker.info.get('training_users', '?')} users' histories"  # fmt: skip
-        refit = self.ranker.info.get("refit")
-        if isinstance(refit, dict):
-            examples = refit.get("examples", "?")
-            return f"{fitted}, refitted on {examples} examples of yours ({self.ranker_path})"
+        if self.ranker_path is not None:
+            refit = self.ranker.info.get("refit")
+            examples = refit.get("examples", "?") if isinstance(refit, dict) else None
+            yours = f", refitted on {examples} examples of yours" if examples is not None else ", yours"
+            return f"{fitted}{yours} ({self.ranker_path})"
         if self.ranker_error:
-            return f"{fitted} (packaged: {self.ranker_error})"
-        return f"{fitted} (packaged)"
+            return f"{fitted} (packaged, {packaged_ranker_path()}: {self.ranker_error})"
+        return f"{fitted} (packaged, {packaged_ranker_path()})"
 
     def complete(
         self,

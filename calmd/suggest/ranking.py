@@ -52,6 +52,9 @@ from calmd.suggest.filters import UserVocabulary, terminal_safe
 log = logging.getLogger("calmd")
 
 RANKER_VERSION = 1
+# What a fitted scorer's weights may be (check_sense): the packaged ones lie from 5e-12 to 6.
+WEIGHT_FLOOR, WEIGHT_LIMIT = 1e-30, 1e4  # below the floor, only 0 (and no subnormal number)
+SCALE_FLOOR = 1e-4  # a feature's standard deviation: the packaged ones are 0.001 or more
 MAX_RANKER_BYTES = 4 << 20  # the user's ranker file is read whole: 26 kB written, anything larger is not ours
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
@@ -637,7 +640,33 @@ def read_scorer_weights(
         raise FormatError(f"{source}: weights are not finite")
     if (arrays["scale"] <= 0).any():
         raise FormatError(f"{source}: field 'scale' must be positive")
+    check_sense(arrays, b2, source)
     return arrays, b2
+
+
+def check_sense(arrays: dict[str, np.ndarray], b2: float, source: str) -> None:
+    """FormatError naming the field unless a scorer's weights make sense, not only their shape:
+    each one 0 or of a magnitude from WEIGHT_FLOOR (no subnormal number: a subnormal `scale`
+    divides the features into infinities) to WEIGHT_LIMIT, a `scale` of SCALE_FLOOR or more, no
+    layer all zeros, and scores that are finite and tell the probe rows apart. A ranker file with
+    a subnormal scale and a zero layer loaded, and every confidence became 0.0: no ghost was ever
+    drawn (issue 30)."""
+    for key, values in {**arrays, "b2": np.asarray([b2])}.items():
+        magnitude = np.abs(values)
+        if ((magnitude > 0) & (magnitude < WEIGHT_FLOOR)).any() or (magnitude > WEIGHT_LIMIT).any():
+            raise FormatError(f"{source}: field {key!r} holds a weight outside {WEIGHT_FLOOR:g} to "
+                              f"{WEIGHT_LIMIT:g} (nor 0): not weights a fit writes")  # fmt: skip
+    if (arrays["scale"] < SCALE_FLOOR).any():
+        raise FormatError(f"{source}: field 'scale' is below {SCALE_FLOOR:g}: it would blow the features up")
+    for key in ("w1", "w2"):
+        if not arrays[key].any():
+            raise FormatError(f"{source}: field {key!r} is all zeros: every candidate would score the same")
+    mean, scale = arrays["mean"], arrays["scale"]
+    probes = np.vstack([mean, mean + np.diag(scale), mean - np.diag(scale)])  # each feature at +-1
+    with np.errstate(all="ignore"):
+        scores = np.tanh(((probes - mean) / scale) @ arrays["w1"] + arrays["b1"]) @ arrays["w2"] + b2
+    if not np.isfinite(scores).all() or np.ptp(scores) == 0:
+        raise FormatError(f"{source}: its scores are not finite or do not depend on the features")
 
 
 def packaged_ranker_path() -> Path:

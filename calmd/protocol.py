@@ -40,6 +40,11 @@ MAX_PATH_BYTES = 8192  # a shell's PATH
 # and a reply holds at most MAX_SEARCH_RESULTS lines (the screen's worth `calm search` asks for).
 MAX_QUERY_BYTES = 1024
 MAX_SEARCH_RESULTS = 100
+# A line longer than this is cut in a search reply (`cut`: its whole length; `row`: what a search
+# with `row` gives back whole), and a folder keeps its last SEARCH_CWD_BYTES: 100 lines always fit
+# the reply's 256 KiB (50 lines of 60 KiB left room for 4 when 20 were asked).
+SEARCH_LINE_BYTES = 2048
+SEARCH_CWD_BYTES = 512
 SEARCH_MODES = ("global", "folder", "session", "success")
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
@@ -307,6 +312,7 @@ class SearchRequest:
     n: int = 20
     session: str = ""
     cwd: str = ""
+    row: int | None = None  # a cut line's `row`: that line, whole, and nothing else
 
 
 @dataclass(frozen=True)
@@ -482,6 +488,7 @@ def _parse_search(msg: dict[str, Any], rid: int) -> SearchRequest:
         n=_int(msg.get("n", 20), "n", rid, 0, MAX_SEARCH_RESULTS),
         session=_str(msg, "session", rid, limit=256),
         cwd=_str(msg, "cwd", rid),
+        row=None if msg.get("row") is None else _int(msg["row"], "row", rid, 1, INT64_MAX),
     )
 
 

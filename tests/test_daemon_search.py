@@ -86,6 +86,8 @@ def test_forget_deletes_every_run_for_good(tmp_path: Path) -> None:
         assert b"XYZZY" not in files
         assert c.forget("deploy --target prod-XYZZY")["forgotten"] == 0
         assert c.status()["status"]["search"]["forgotten"] == 3
+        history = c.status()["status"]["history"]  # no more since the last training than there are
+        assert history["commands"] == history["since_last_training"] == 50, history
         c.record("deploy --target prod-XYZZY", exit=0, session="s")  # run again: back
         assert texts(c.search("XYZZY")) == ["deploy --target prod-XYZZY"]
 

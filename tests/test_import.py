@@ -349,3 +349,13 @@ def test_the_first_start_leaves_the_running_command_to_the_hooks(tmp_path: Path)
     assert [r.cmd for r in store.all_rows()] == ["make"]
     assert store.import_file(home / ".zsh_history").imported == 0  # read: not imported later either
     store.close()
+
+
+def test_calmd_status_counts_the_impossible_times_of_the_first_start(tmp_path: Path) -> None:
+    (tmp_path / ".zsh_history").write_text(": 1700000000:0;make\n: 999999999999:0;top\n: -5:0;htop\n")
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        status = wait_imported(c)
+        assert status["history"]["commands"] == 3 and status["history"]["import"]["bad_times"] == 1
+        shown = subprocess.run([str(BIN / "calmd"), "status"], env={**daemon_env(tmp_path), "COLUMNS": "400"},
+                               capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+        assert "1 imported command had an impossible time (kept without it)" in shown

@@ -21,6 +21,8 @@ def status_table(status: dict[str, Any]) -> Table:
     if status.get("serving_fallback"):
         yours = status.get("weights_path", "your weights")
         why = "did not load" if status.get("last_reload_error") else "does not exist yet"
+        if status.get("rolled_back") and not status.get("last_reload_error"):
+            why = "was rolled back: `calm rollback` again brings it back from shell.prev.cwgt"
         model_path += f" (the packaged model: {yours} {why})"
     table = Table(title="calmd status", show_header=False)
     table.add_column("field", style="bold")

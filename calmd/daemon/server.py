@@ -393,6 +393,10 @@ class Server:
             "model": engine,
             "weights_path": str(self.config.weights_path),
             "serving_fallback": self.serving_fallback,
+            # the user's weights were rolled back to the packaged model (`calm rollback` moved them
+            # to shell.prev.cwgt, which the next rollback brings back): not "not trained yet"
+            "rolled_back": not self.config.weights_path.exists()
+            and paths.prev_weights_path(self.config.weights_path).is_file(),
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_reload_error,
             "requests": self.listener.requests,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -423,3 +424,36 @@ def test_a_users_ranker_that_makes_no_sense_is_refused_with_one_line(
     path.write_text(json.dumps(near))
     served, error = serving_ranker(path)
     assert error is None and served is not packaged_ranker()
+
+
+def test_a_sync_reads_what_is_there_and_never_chases_an_import(tmp_path: Path) -> None:
+    """A keystroke during the first-start import synced the index with the store, which read on
+    while the import added rows: 1.6 million, 27 s for one completion (issue 30). A sync reads up
+    to the newest row there is when it starts, and a keystroke's sync at most `budget` rows."""
+    from calmd.history.store import HistoryStore
+
+    class Importing(HistoryStore):
+        """A store an import writes to while it is read: each batch read, 50 more rows come."""
+
+        importing = False
+        imported = 0
+
+        def _rows(self, sql: str, args: tuple[object, ...]) -> list[Any]:
+            rows = super()._rows(sql, args)
+            if self.importing and self.imported < 2000:  # an end: a sync that chases it still stops
+                for _ in range(50):
+                    self.imported += 1
+                    self.record(f"imported {self.imported}", session="import")
+            return rows
+
+    store = Importing(tmp_path / "h.sqlite3")
+    for i in range(120):
+        store.record(f"typed {i}", session="s")
+    store.importing = True
+    index = HistoryIndex()
+    assert index.sync(store, budget=7) == 7  # a keystroke's share; the import adds rows meanwhile
+    for _ in range(3):
+        there = store.count()
+        index.sync(store)
+        assert len(index) == there < store.count()  # what there was when it started, not what came
+    store.close()

@@ -40,7 +40,7 @@ from calmd import paths
 from calmd.errors import CalmError, DiskFull
 from calmd.history.recorded import COMP_ITEMS, clean_env
 from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
-from calmd.protocol import TS_MAX
+from calmd.protocol import INT64_MAX, TS_MAX
 
 log = logging.getLogger("calmd.history.store")
 
@@ -336,13 +336,17 @@ class HistoryStore:
         with self._lock:
             if self._db.execute(f"SELECT 1 FROM commands WHERE {bad} LIMIT 1", (TS_MAX,)).fetchone() is None:
                 return
-        with self._write_transaction(immediate=True):
-            repaired = self._db.execute(
-                f"UPDATE commands SET ts = coalesce((SELECT c.ts FROM commands c WHERE c.id < commands.id "
-                f"AND c.ts BETWEEN 0 AND ? ORDER BY c.id DESC LIMIT 1), 0) WHERE {bad}",
-                (TS_MAX, TS_MAX),
-            ).rowcount
-            self._meta_add("import_bad_times", repaired)
+        try:
+            before = "SELECT c.ts FROM commands c WHERE c.id < commands.id AND c.ts BETWEEN 0 AND ? " \
+                "ORDER BY c.id DESC"  # fmt: skip
+            with self._write_transaction(immediate=True):
+                repaired = self._db.execute(
+                    f"UPDATE commands SET ts = coalesce(({before} LIMIT 1), 0) WHERE {bad}", (TS_MAX, TS_MAX)
+                ).rowcount
+                self._meta_add("import_bad_times", repaired)
+        except (DiskFull, sqlite3.OperationalError) as exc:  # the store still opens: the next open repairs
+            log.warning("could not repair the impossible times of %s: %s", self.path, exc)
+            return
         log.info("%d stored commands had an impossible time: given the time of the command before", repaired)
 
     def _migrate(self, version: int) -> None:
@@ -620,12 +624,17 @@ class HistoryStore:
         sql = f"SELECT {self._COLUMNS} FROM commands WHERE session {op} ? ORDER BY id DESC LIMIT ?"
         return self._rows(sql, (session, limit))[::-1]
 
-    def all_rows(self, *, after: int = 0, batch: int = 10_000) -> Iterator[HistoryRow]:
-        """Every stored command (with a row id above `after`), oldest first, read in batches."""
+    def all_rows(
+        self, *, after: int = 0, until: int | None = None, batch: int = 10_000
+    ) -> Iterator[HistoryRow]:
+        """Every stored command (with a row id above `after`, and at most `until`), oldest first,
+        read in batches."""
         last = after
+        end = INT64_MAX if until is None else until
         while True:
             rows = self._rows(
-                f"SELECT {self._COLUMNS} FROM commands WHERE id > ? ORDER BY id LIMIT ?", (last, batch)
+                f"SELECT {self._COLUMNS} FROM commands WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+                (last, end, batch),
             )
             if not rows:
                 return

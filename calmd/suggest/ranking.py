@@ -375,11 +375,15 @@ class HistoryIndex:
         heads = self.heads_by_word.get(first_word(head))
         return heads[head] if heads is not None else 0
 
-    def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
+    def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT, budget: int | None = None) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
         sync starts at the newest `limit` commands: memory stays bounded for huge histories; so
         does a sync after an import added more than `limit` (it starts again from the newest).
-        Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it."""
+        Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it. It reads
+        up to the newest row there is when it starts: a keystroke during the first-start import
+        read on while the import added rows, 1.6 million of them, and waited 27 s (issue 30).
+        `budget`: at most that many rows this time (a keystroke's sync, while an import adds
+        thousands a second: the index catches up over the next keystrokes)."""
         generation = store.generation()
         if generation != getattr(self, "_generation", generation):
             self.__init__(self.prior)  # type: ignore[misc]  # forget everything, then re-read what remains
@@ -388,11 +392,14 @@ class HistoryIndex:
             self.__init__(self.prior)  # type: ignore[misc]  # an import added more than it holds
         if self.last_id == 0:
             self.last_id = store.newest_after(limit)
+        newest = store.newest_after(0)  # what is there now: an import adding rows meanwhile is not chased
         added = 0
-        for row in store.all_rows(after=self.last_id):
+        for row in store.all_rows(after=self.last_id, until=newest, batch=min(budget or 10_000, 10_000)):
             self.add(row.cmd, row.session, row.exit, row.ts, row.cwd, row.git)
             self.last_id = row.id
             added += 1
+            if added == budget:  # a keystroke's share: the next one goes on, in order
+                break
         return added
 
     def pool(self, prefix: str, prev: str | None, size: int = POOL_RECENT, carry: bool = True) -> list[str]:

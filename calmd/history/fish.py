@@ -40,7 +40,7 @@ from calmd.history.store import (  # the checks and bounds bash's and zsh's impo
     ImportResult,
     NotAHistory,
     file_lines,
-    import_summary,
+    import_log_line,
     open_regular,
     refusal,
     valid_time,
@@ -284,5 +284,5 @@ def import_first_start(
         with contextlib.suppress(Exception):
             store.add_to_counter("import_failures")
         return None
-    log.info("imported %s", import_summary(result))
+    log.info("%s", import_log_line(result))
     return result

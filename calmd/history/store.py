@@ -146,10 +146,20 @@ class ImportResult:
 
 
 def import_summary(result: ImportResult) -> str:
-    """What an import did, in one line (`calm import` prints it, the daemon logs it)."""
-    parts = [f"{result.path}: {result.imported} commands imported ({result.format} format)",
-             f"{result.dropped_secrets} dropped as credentials",
-             f"{result.skipped} empty or space-prefixed"]  # fmt: skip
+    """What an import did, in one line, as `calm import` prints it."""
+    return f"{result.path}: {result.imported} commands imported ({result.format} format), " + ", ".join(
+        import_details(result)
+    )
+
+
+def import_log_line(result: ImportResult) -> str:
+    """What an import did, as the daemon logs it."""
+    return f"imported {result.imported} commands from {result.path} ({', '.join(import_details(result))})"
+
+
+def import_details(result: ImportResult) -> list[str]:
+    """The counts of an import besides the commands stored."""
+    parts = [f"{result.dropped_secrets} dropped as credentials", f"{result.skipped} empty or space-prefixed"]
     if result.undecodable:
         parts.append(f"{result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)")
     if result.bad_times:
@@ -163,7 +173,7 @@ def import_summary(result: ImportResult) -> str:
             if result.format != "fish"  # fish's mark is a time: what is older than it is not read later
             else f"its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
         )
-    return ", ".join(parts)
+    return parts
 
 
 _COUNTS = ("imported", "dropped", "skipped", "undecodable", "bad_times", "left")
@@ -923,7 +933,7 @@ class HistoryStore:
                     self._meta_add("import_failures", 1)
                 continue
             outcome.results.append(result)
-            log.info("imported %s", import_summary(result))
+            log.info("%s", import_log_line(result))
             if not result.complete:
                 return outcome  # stopped: the next start goes on
         with self._lock:

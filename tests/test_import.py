@@ -268,6 +268,7 @@ def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path
     bash = tmp_path / ".bash_history"
     bash.write_text(
         "#1700000000\ngit status\n#999999999999\nls\n#" + "9" * 400 + "\nmake\n#1700000100\npwd\n"
+        "#0000000000001700000200\nwho\n"  # zeros first: still too many digits for a time
     )
     zsh = tmp_path / ".zsh_history"
     zsh.write_text(
@@ -278,16 +279,16 @@ def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path
     out = subprocess.run([str(BIN / "calm"), "import", "--db", str(db), str(bash), str(zsh)], env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
-    assert f"{bash}: 4 commands imported (bash format)" in out.stdout
-    assert out.stdout.count("2 with an impossible time") == 2, out.stdout
+    assert f"{bash}: 5 commands imported (bash format)" in out.stdout
+    assert "3 with an impossible time" in out.stdout and "2 with an impossible time" in out.stdout, out.stdout
     store = HistoryStore(db)
     times = {r.cmd: r.ts for r in store.all_rows()}
-    assert store.counter("import_bad_times") == 4
+    assert store.counter("import_bad_times") == 5
     store.close()
     assert times["git status"] == 1700000000 and times["pwd"] == 1700000100 and times["cd"] == 1700000200
     assert all(0 < ts < time.time() + 60 for ts in times.values()), times
     mtime = bash.stat().st_mtime
-    assert mtime - 1 < times["ls"] < times["make"] < mtime  # their place in the file, before its mtime
+    assert mtime - 1 < times["ls"] < times["make"] < times["who"] <= mtime  # their place, before mtime
     for argv in (["history"], ["history", "--json"], ["stats"]):
         shown = subprocess.run([str(BIN / "calm"), *argv, "--db", str(db)], env=env, capture_output=True,
                                text=True, timeout=60)  # fmt: skip

@@ -35,6 +35,7 @@ from typing import Any
 
 from calmd.history.store import (  # the checks and bounds bash's and zsh's imports are held to
     MAX_IMPORT_BYTES,
+    TIME_DIGITS,
     FileEntry,
     HistoryStore,
     ImportResult,
@@ -49,7 +50,6 @@ from calmd.history.store import (  # the checks and bounds bash's and zsh's impo
 log = logging.getLogger("calmd.history.fish")
 
 CMD, WHEN = b"- cmd: ", b"  when: "
-WHEN_DIGITS = 12  # seconds since the epoch take 10 digits until 2286; more is no time
 SPILL_CACHE_KIB = 4096  # the page cache of the file that sorts entries out of time order
 
 
@@ -87,7 +87,7 @@ def parse_when(value: bytes) -> int | None:
     a time a command ran at: not digits (`soon`, `-5`, `1.5`), more than 12 of them (a 400-digit
     one), before 1970 or after 2100 (store.valid_time)."""
     digits = value.strip()
-    if not digits.isdigit() or len(digits) > WHEN_DIGITS:
+    if not digits.isdigit() or len(digits) > TIME_DIGITS:
         return None
     when = int(digits)
     return when if valid_time(when) else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -81,6 +82,15 @@ CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
 CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+TIME_DIGITS = 12  # seconds since the epoch take 10 digits until 2286: a longer string is no time
+
+
+def time_of(digits: bytes) -> float:
+    """A history file's time (`#1700000000`, `: 1700000000:0;`): its digits as a number, infinite
+    (impossible: `valid_time`) when there are more than TIME_DIGITS of them, zeros first or not."""
+    return float(digits) if len(digits) <= TIME_DIGITS else math.inf
 
 
 def valid_time(ts: float | None) -> bool:
@@ -1135,7 +1145,7 @@ def _bash_entries(lines: Iterator[tuple[bytes | None, int]], multiline: bool) ->
                 yield pending_ts, None if too_long else b"\n".join(pending), pending_end
                 pending, too_long = None, False
             digits = re.match(rb"#(\d+)", line)  # all of them: a time cut to 12 digits is no time either
-            stamp = float(digits.group(1)) if digits else None  # an impossible one: `valid_time`
+            stamp = time_of(digits.group(1)) if digits else None  # an impossible one: `valid_time`
             continue
         if multiline and pending is not None:
             if line is None or too_long or sum(map(len, pending)) + len(line) > MAX_ENTRY_BYTES:
@@ -1189,7 +1199,7 @@ def _zsh_entry(raw: bytes) -> tuple[float | None, bytes]:
     raw = unmetafy(raw)
     match = _ZSH_EXTENDED.match(raw)
     if match:
-        return float(match.group(1)), raw[match.end() :]
+        return time_of(match.group(1)), raw[match.end() :]
     if raw.startswith(b"\\:"):
         raw = raw[1:]  # a plain line that starts with `:` is written `\:`
     return None, raw

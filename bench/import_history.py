@@ -1,6 +1,7 @@
 """Importing history files: memory and time, whatever the file (issue 23, docs/performance.md).
 
     python bench/import_history.py [--big-gib 2] [--cli-mib 256] [--whole-mib 64] [--skip-dense]
+                                   [--fish-mib 16] [--fish-big-mib 64] [--only fish]
 
 1. The daemon's first start (`calmd serve`, the packaged model) with a --big-gib sparse
    ~/.bash_history (a hole of NULs, as a crash leaves one), and with a dense text one of the same
@@ -10,6 +11,12 @@
 2. `calm import` of a --cli-mib text history with the default bound (the newest 16 MiB), and of
    a --whole-mib one read whole (`--max-mib` its size): peak memory (ru_maxrss) less that of
    `calm import` of a 1 MiB file, the time, and the commands stored per second.
+
+3. fish's history (issue 30): `calm import` of a --fish-mib file of short entries (`- cmd: ls`,
+   no `when`: 1.8 million of them in 16 MiB), of one with a `when` per entry, of a --fish-big-mib
+   one with the default bound and read whole: peak memory less that of `calm import` of a 1 MiB
+   fish file; and the daemon's first start with the short-entry file as fish_history, against
+   the same daemon without one.
 
 The files are written under a temporary folder and removed (the dense ones take disk space, not
 memory: the page cache may hold them).
@@ -65,6 +72,30 @@ def write_sparse(path: Path, size: int) -> None:
         f.truncate(size)
 
 
+FISH_SHORT = [b"ls", b"l", b"cd", b"gs", b"vi", b"ll", b"pwd", b"top", b"fg", b"cd .."]
+
+
+def write_fish(path: Path, size: int, *, when: bool = False) -> int:
+    """A fish history of about `size` bytes: short commands (`- cmd: ls`, 9 to 13 bytes an
+    entry), with `  when: <epoch>` after each when `when`. Returns the number of entries."""
+    entries = 0
+    with open(path, "wb") as f:
+        written = 0
+        block: list[bytes] = []
+        while written < size:
+            entry = b"- cmd: " + FISH_SHORT[entries % len(FISH_SHORT)] + b"\n"
+            if when:
+                entry += b"  when: %d\n" % (1_700_000_000 + entries // 3)
+            block.append(entry)
+            written += len(entry)
+            entries += 1
+            if len(block) >= 65536:
+                f.write(b"".join(block))
+                block.clear()
+        f.write(b"".join(block))
+    return entries
+
+
 def env_for(home: Path) -> dict[str, str]:
     run = home / "run"
     run.mkdir(mode=0o700, exist_ok=True)
@@ -80,8 +111,9 @@ def peak_kib(pid: int) -> int:
 
 
 def daemon_start(home: Path) -> tuple[float, float, int, dict[str, object]]:
-    """(seconds to ready, seconds until the import is over, peak KiB, the status's import)."""
-    env = env_for(home)
+    """(seconds to ready, seconds until the import is over, peak KiB, the status's import, with
+    `slowest_ms`: the slowest of the completions asked every 0.2 s while it ran)."""
+    env = {**env_for(home), "XDG_DATA_HOME": str(home / ".local" / "share")}
     argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--train-threshold", "0"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -93,15 +125,20 @@ def daemon_start(home: Path) -> tuple[float, float, int, dict[str, object]]:
         else:
             raise SystemExit("calmd did not start")
         ready = time.perf_counter() - t0
-        with CalmClient(Path(env["CALMD_SOCKET"]), timeout=60) as client:
+        slowest = 0.0
+        with CalmClient(Path(env["CALMD_SOCKET"]), timeout=120) as client:
             while True:
                 status = client.status()["status"]
                 if not status["history"]["import"]["running"]:
                     break
-                time.sleep(0.05)
+                asked = time.perf_counter()
+                list(client.complete("git st", n=3, session="bench"))  # a keystroke meanwhile
+                slowest = max(slowest, time.perf_counter() - asked)
+                time.sleep(0.2)
             done = time.perf_counter() - t0
             peak = peak_kib(proc.pid)
-            imported = {**status["history"]["import"], "commands": status["history"]["commands"]}
+            imported = {**status["history"]["import"], "commands": status["history"]["commands"],
+                        "slowest_ms": round(slowest * 1e3)}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -140,47 +177,92 @@ def main() -> None:
     parser.add_argument("--cli-mib", type=int, default=256, help="calm import's file (256 MiB)")
     parser.add_argument("--whole-mib", type=int, default=64, help="a file calm import reads whole (64 MiB)")
     parser.add_argument("--skip-dense", action="store_true", help="no dense big file (saves disk and time)")
+    parser.add_argument("--fish-mib", type=int, default=16, help="fish's short-entry history (16 MiB)")
+    parser.add_argument("--fish-big-mib", type=int, default=64, help="a bigger fish history (64 MiB)")
+    parser.add_argument("--only", choices=["bash", "fish"], help="one part of the bench")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="calm-import-bench-"))
     try:
-        big = int(args.big_gib * (1 << 30))
-        print(f"daemon first start (calmd serve, packaged model); history files of {args.big_gib:g} GiB")
-        base_home = work / "none"
-        base_home.mkdir()
-        ready0, done0, peak0, _ = daemon_start(base_home)
-        print(f"  no history file:   ready {ready0:.2f} s, import over {done0:.2f} s, peak {mb(peak0)}")
-        cases = [("sparse", write_sparse)] + ([] if args.skip_dense else [("dense text", write_dense)])
-        for name, write in cases:
-            home = work / name.replace(" ", "-")
-            home.mkdir()
-            write(home / ".bash_history", big)
-            ready, done, peak, imported = daemon_start(home)
-            print(f"  {name + ':':<18} ready {ready:.2f} s, import over {done:.2f} s, peak {mb(peak)} "
-                  f"(+{mb(peak - peak0)} over no history, {ready / ready0:.2f}x its time to ready); "
-                  f"{imported['commands']:,} commands, refused {imported['refused']}")  # fmt: skip
-            shutil.rmtree(home)
-
-        print(f"\ncalm import of a {args.cli_mib} MiB text history (bound: the newest 16 MiB by default)")
-        small = work / "small_history"
-        write_dense(small, MIB)
-        cli_home = work / "cli"
-        cli_home.mkdir()
-        t_small, peak_small, _ = calm_import(cli_home, small)
-        print(f"  1 MiB file:            {t_small:.1f} s, peak {mb(peak_small)}")
-        file = work / "big_history"
-        write_dense(file, args.cli_mib * MIB)
-        whole = work / "whole_history"
-        write_dense(whole, args.whole_mib * MIB)
-        runs = [(f"{args.cli_mib} MiB, default bound", file, ()),
-                (f"{args.whole_mib} MiB read whole", whole, ("--max-mib", str(args.whole_mib)))]  # fmt: skip
-        for label, path, extra in runs:
-            seconds, peak, out = calm_import(cli_home, path, *extra)
-            stored = int(out.split(": ", 1)[1].split(" commands", 1)[0])
-            print(f"  {label + ':':<28} {seconds:.1f} s, {stored:,} commands ({stored / seconds:,.0f}/s), "
-                  f"peak {mb(peak)}: +{mb(peak - peak_small)} over the 1 MiB file, "
-                  f"{peak * 1024 / path.stat().st_size:.2f}x the file")  # fmt: skip
+        if args.only != "fish":
+            bash_part(args, work)
+        if args.only != "bash":
+            fish_part(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def fish_part(args: argparse.Namespace, work: Path) -> None:
+    print("calm import of fish histories (peak less that of a 1 MiB fish file's import)")
+    cli_home = work / "fish-cli"
+    cli_home.mkdir()
+    small = work / "small_fish_history"
+    write_fish(small, MIB)
+    t_small, peak_small, _ = calm_import(cli_home, small)
+    print(f"  1 MiB file:                        {t_small:.1f} s, peak {mb(peak_small)}")
+    runs = [(f"{args.fish_mib} MiB, short entries", args.fish_mib, False, ()),
+            (f"{args.fish_mib} MiB, with `when`", args.fish_mib, True, ()),
+            (f"{args.fish_big_mib} MiB, default bound", args.fish_big_mib, False, ()),
+            (f"{args.fish_big_mib} MiB read whole", args.fish_big_mib, False,
+             ("--max-mib", str(args.fish_big_mib)))]  # fmt: skip
+    for label, size, when, extra in runs:
+        path = work / "fish_history"
+        entries = write_fish(path, size * MIB, when=when)
+        seconds, peak, out = calm_import(cli_home, path, *extra)
+        stored = int(out.split(": ", 1)[1].split(" commands", 1)[0])
+        print(f"  {label + ':':<34} {entries:,} entries, {seconds:.1f} s, {stored:,} stored, "
+              f"peak {mb(peak)}: +{mb(peak - peak_small)} over the 1 MiB file")  # fmt: skip
+        path.unlink()
+    print(f"\ndaemon first start (calmd serve, packaged model) with a {args.fish_mib} MiB fish_history")
+    base_home = work / "fish-none"
+    base_home.mkdir()
+    _, done0, peak0, _ = daemon_start(base_home)
+    print(f"  no history file:   import over {done0:.2f} s, peak {mb(peak0)}")
+    home = work / "fish-daemon"
+    (home / ".local" / "share" / "fish").mkdir(parents=True)
+    write_fish(home / ".local" / "share" / "fish" / "fish_history", args.fish_mib * MIB)
+    _, done, peak, imported = daemon_start(home)
+    print(f"  short-entry fish:  import over {done:.2f} s, peak {mb(peak)} (+{mb(peak - peak0)} over no "
+          f"history); {imported['commands']:,} commands; the slowest completion while it ran: "
+          f"{imported['slowest_ms']} ms")  # fmt: skip
+
+
+def bash_part(args: argparse.Namespace, work: Path) -> None:
+    big = int(args.big_gib * (1 << 30))
+    print(f"daemon first start (calmd serve, packaged model); history files of {args.big_gib:g} GiB")
+    base_home = work / "none"
+    base_home.mkdir()
+    ready0, done0, peak0, _ = daemon_start(base_home)
+    print(f"  no history file:   ready {ready0:.2f} s, import over {done0:.2f} s, peak {mb(peak0)}")
+    cases = [("sparse", write_sparse)] + ([] if args.skip_dense else [("dense text", write_dense)])
+    for name, write in cases:
+        home = work / name.replace(" ", "-")
+        home.mkdir()
+        write(home / ".bash_history", big)
+        ready, done, peak, imported = daemon_start(home)
+        print(f"  {name + ':':<18} ready {ready:.2f} s, import over {done:.2f} s, peak {mb(peak)} "
+              f"(+{mb(peak - peak0)} over no history, {ready / ready0:.2f}x its time to ready); "
+              f"{imported['commands']:,} commands, refused {imported['refused']}")  # fmt: skip
+        shutil.rmtree(home)
+
+    print(f"\ncalm import of a {args.cli_mib} MiB text history (bound: the newest 16 MiB by default)")
+    small = work / "small_history"
+    write_dense(small, MIB)
+    cli_home = work / "cli"
+    cli_home.mkdir()
+    t_small, peak_small, _ = calm_import(cli_home, small)
+    print(f"  1 MiB file:            {t_small:.1f} s, peak {mb(peak_small)}")
+    file = work / "big_history"
+    write_dense(file, args.cli_mib * MIB)
+    whole = work / "whole_history"
+    write_dense(whole, args.whole_mib * MIB)
+    runs = [(f"{args.cli_mib} MiB, default bound", file, ()),
+            (f"{args.whole_mib} MiB read whole", whole, ("--max-mib", str(args.whole_mib)))]  # fmt: skip
+    for label, path, extra in runs:
+        seconds, peak, out = calm_import(cli_home, path, *extra)
+        stored = int(out.split(": ", 1)[1].split(" commands", 1)[0])
+        print(f"  {label + ':':<28} {seconds:.1f} s, {stored:,} commands ({stored / seconds:,.0f}/s), "
+              f"peak {mb(peak)}: +{mb(peak - peak_small)} over the 1 MiB file, "
+              f"{peak * 1024 / path.stat().st_size:.2f}x the file")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -150,12 +150,24 @@ def remove_stale_temp_files(folder: Path, *, older_than_s: float = 60.0) -> list
     return removed
 
 
+def parse_json(data: str | bytes, source: str | os.PathLike[str]) -> Any:
+    """json.loads of a file's text, FormatError naming `source` when it is not JSON, and when it
+    nests deeper than Python's recursion (`[[[[...]]]]`: json.loads raises RecursionError, which
+    ended `calm rollback` in "unexpected RecursionError")."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise FormatError(f"{source}: JSON nested too deeply to be a file calmd wrote") from None
+    except ValueError as exc:  # JSONDecodeError, and bytes that are not UTF-8
+        raise FormatError(f"{source}: not JSON ({exc})") from None
+
+
 def read_json(path: Path, what: str) -> Any:
     """A JSON file calmd wrote (the ranker, the calibration, the vocabulary); FormatError naming
     `what` and the file when it cannot be read or parsed."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_json(path.read_text(encoding="utf-8"), path)
+    except (OSError, UnicodeDecodeError, FormatError) as exc:
         raise FormatError(f"{path}: cannot read the {what}: {exc}") from exc
 
 

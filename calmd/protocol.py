@@ -23,7 +23,10 @@ MAX_MESSAGE_DEPTH = 16
 # wraps to 0-255); SQLite stores 64-bit integers, and ids are echoed back as they came.
 EXIT_MIN, EXIT_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-TS_MAX = 1e11  # seconds since the epoch: year 5138; beyond is not a time a shell reports
+# Seconds since the epoch: 2100-01-01 UTC. Beyond is not a time a command ran at (a clock set
+# wrong, `: 999999999999:0;ls` in a history file: the year 33658, which no view can print); the
+# imports of history files hold their times to the same range (calmd/history/store.py `valid_time`).
+TS_MAX = 4_102_444_800.0
 DURATION_MAX = 1e9  # seconds a command ran: 31 years
 # The error codes of docs/protocol.md; no reply carries any other.
 ERROR_CODES = frozenset(
@@ -37,6 +40,11 @@ MAX_PATH_BYTES = 8192  # a shell's PATH
 # and a reply holds at most MAX_SEARCH_RESULTS lines (the screen's worth `calm search` asks for).
 MAX_QUERY_BYTES = 1024
 MAX_SEARCH_RESULTS = 100
+# A line longer than this is cut in a search reply (`cut`: its whole length; `row`: what a search
+# with `row` gives back whole), and a folder keeps its last SEARCH_CWD_BYTES: 100 lines always fit
+# the reply's 256 KiB (50 lines of 60 KiB left room for 4 when 20 were asked).
+SEARCH_LINE_BYTES = 2048
+SEARCH_CWD_BYTES = 512
 SEARCH_MODES = ("global", "folder", "session", "success")
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
@@ -304,6 +312,7 @@ class SearchRequest:
     n: int = 20
     session: str = ""
     cwd: str = ""
+    row: int | None = None  # a cut line's `row`: that line, whole, and nothing else
 
 
 @dataclass(frozen=True)
@@ -443,7 +452,9 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
     if ts is not None and (
         isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TS_MAX  # NaN fails too
     ):
-        raise ProtocolError("bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0e}", rid)
+        raise ProtocolError(
+            "bad_field", f"'ts' must be seconds since the epoch, 0 to {TS_MAX:.0f} (2100)", rid
+        )
     duration = msg.get("duration")
     if duration is not None and (
         isinstance(duration, bool)
@@ -477,6 +488,7 @@ def _parse_search(msg: dict[str, Any], rid: int) -> SearchRequest:
         n=_int(msg.get("n", 20), "n", rid, 0, MAX_SEARCH_RESULTS),
         session=_str(msg, "session", rid, limit=256),
         cwd=_str(msg, "cwd", rid),
+        row=None if msg.get("row") is None else _int(msg["row"], "row", rid, 1, INT64_MAX),
     )
 
 

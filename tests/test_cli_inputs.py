@@ -277,3 +277,220 @@ def test_config_flags_are_the_dataclass_fields_with_their_defaults() -> None:
     assert set(DATASET_FLAGS) == {f.name for f in dataclasses.fields(DatasetOptions)}
     help_text = calm_parser()._subparsers._group_actions[0].choices["dataset"].format_help()  # type: ignore[union-attr]
     assert f"(default {DatasetOptions().max_dup})" in help_text
+
+
+# --------------------------------------------------------------------------- issue 30
+
+
+def _number_flags() -> list[tuple[str, list[str], str]]:
+    """(program, the subcommand and the positionals it needs, flag) of every whole-number flag of
+    every subcommand: found in the parsers, so that a flag added later is walked too."""
+    import argparse
+
+    from calmd.cli import calm_parser, calmd_parser
+
+    positionals = {"tokenize": ["x"], "detokenize": ["1"], "inspect": ["f"], "import": ["f"], "replay": ["f"],
+                   "forget": ["x"], "complete": ["x"], "init": [], "search": []}  # fmt: skip
+    found = []
+    for program, parser in (("calm", calm_parser()), ("calmd", calmd_parser())):
+        for action in parser._actions:
+            if action.option_strings and action.type is not None and getattr(action.type, "__name__", "") in (
+                "whole number", "int"
+            ):  # fmt: skip
+                found.append((program, [], action.option_strings[0]))
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    for option in sub._actions:
+                        kind = getattr(option.type, "__name__", "")
+                        if option.option_strings and (option.type is int or kind == "whole number"):
+                            found.append(
+                                (program, [name, *positionals.get(name, [])], option.option_strings[0])
+                            )
+    return found
+
+
+def test_every_whole_number_flag_refuses_a_number_past_64_bits(capsys: pytest.CaptureFixture[str]) -> None:
+    """`calm history --limit 2**70` (and --exit, calm stats) ended in "unexpected OverflowError":
+    every whole-number flag of every command is walked with a number past 64 bits."""
+    walked = _number_flags()
+    assert {("calm", "--limit"), ("calm", "--exit"), ("calm", "--top"), ("calmd", "-n")} <= {
+        (program, flag) for program, _, flag in walked
+    }
+    for program, argv, flag in walked:
+        main = calm_main if program == "calm" else calmd_main
+        with pytest.raises(SystemExit) as stopped:
+            main([*argv, flag, HUGE])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1, (program, argv, flag, err)
+        assert f"argument {flag}" in err and "unexpected" not in err, err
+
+
+def test_a_store_of_a_newer_schema_is_one_line_for_every_command_that_takes_db(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`calm import F --db` of a store a newer calmd wrote said "unexpected RuntimeError"."""
+    import sqlite3
+
+    from calmd.history.store import HistoryStore
+
+    monkeypatch.setenv("CALM_HOME", str(files["root"] / "newer-home"))
+    db = files["root"] / "newer.sqlite3"
+    HistoryStore(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    for argv in (["import", str(files["text"])], ["forget", "x"], ["forget", "x", "--dry-run"],
+                 ["dataset", "-o", str(files["root"] / "n.ctds")], ["history"], ["stats"]):  # fmt: skip
+        assert calm_main([*argv, "--db", str(db)]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert (
+            line.startswith("calm: error: ") and f"{db}: history schema 99 is newer than this calmd" in line
+        )
+        assert "unexpected" not in line
+
+
+def _nested(depth: int = 100_000) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_json_in_the_users_files_is_one_line(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calm rollback` with a deeply nested ranker.prev.json said "unexpected RecursionError"."""
+    from calmd import paths as calm_paths
+    from calmd.suggest.ranking import read_user_ranker, serving_ranker
+    from calmd.training.background import read_status
+
+    home = files["root"] / "nested"
+    home.mkdir()
+    weights = home / calm_paths.WEIGHTS
+    ranker = calm_paths.ranker_path(weights)
+    calm_paths.prev_ranker_path(ranker).write_text(_nested())
+    assert calm_main(["rollback", "--weights", str(weights)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "ranker.prev.json" in line and "nested" in line and "unexpected" not in line
+    ranker.write_text(_nested())
+    with pytest.raises(Exception, match="nested") as refused:
+        read_user_ranker(ranker)
+    assert not isinstance(refused.value, RecursionError)
+    assert serving_ranker(ranker)[1] is not None  # the daemon: the packaged ranker serves, and says why
+    (home / "training.json").write_text(_nested())
+    assert read_status(home) == {}  # `calmd status`: no run known
+
+
+BAD_UTF8 = b"caf\xe9 \xff\xfe"  # Latin-1 and bytes no encoding has: as a shell passes them
+
+
+def _bytes_cases(f: dict[str, Path], db: Path) -> list[list[bytes]]:
+    """argv (bytes, as execve passes them) with undecodable bytes in every text argument."""
+    b = BAD_UTF8
+    root = bytes(f["root"])
+    text, ds, m, out = bytes(f["text"]), bytes(f["ctds"]), bytes(f["model"]), root + b"/bytes-out"
+    bad_path = root + b"/" + b
+    d = bytes(db)
+    calm = [
+        [b"tokenize", b],
+        [b"tokenize", b"--frame", b, b"x"],
+        [b"detokenize", b],
+        [b"inspect", bad_path],
+        [b"import", bad_path],
+        [b"import", text, b"--db", bad_path + b".sqlite3"],
+        [b"import", text, b"--format", b],
+        [b"dataset", b"--from", bad_path, b"-o", out + b".ctds"],
+        [b"dataset", b"--from", text, b"-o", bad_path],
+        [b"dataset", b"--from", text, b"-o", out + b"2.ctds", b"--template", b],
+        [b"dataset", b"--view", b"--ds", b],
+        [b"dataset", b"--db", bad_path, b"-o", out + b"3.ctds"],
+        [b"init", b"-o", bad_path + b".cwgt"],
+        [b"init", b"--size", b, b"-o", out + b".cwgt"],
+        [b"evaluate", b"-m", bad_path, b"-d", ds],
+        [b"train", b"-m", bad_path, b"-d", ds, b"-o", out + b"t.cwgt", b"-q"],
+        [b"train", b"-m", b"new", b"-d", ds, b"-o", out + b"u.cwgt", b"--device", b, b"-q"],
+        [b"generate", b"-m", m, b"--input", b, b"-n", b"1", b"--max-tokens", b"4"],
+        [
+            b"generate",
+            b"-m",
+            m,
+            b"--input",
+            b"ls",
+            b"--cwd",
+            b,
+            b"--git",
+            b,
+            b"--env",
+            b,
+            b"--history",
+            b,
+            b"-n",
+            b"1",
+            b"--max-tokens",
+            b"4",
+        ],
+        [b"rollback", b"--weights", bad_path],
+        [b"search", b],
+        [b"search", b"--session", b, b"--cwd", b, b"x"],
+        [b"replay", bad_path],
+        [b"replay", text, b"--weight", b],
+        [b"replay", text, b"-m", bad_path],
+        [b"forget", b, b"--db", d, b"--dry-run"],
+        [b"forget", b"-E", b, b"--db", d + b".forget"],
+        [b"forget", b, b"--db", bad_path],
+    ]
+    for command in (b"history", b"stats"):
+        calm += [
+            [command, b, b"--db", d],
+            [command, b"-E", b, b"--db", d],
+            [command, b"--session", b, b"--db", d],
+            [command, b"--cwd", b, b"--db", d],
+            [command, b"--since", b, b"--db", d],
+            [command, b"--until", b, b"--db", d],
+            [command, b"--db", bad_path],
+        ]
+    calmd = [
+        [b"complete", b],
+        [b"complete", b"x", b"--cwd", b, b"--git", b, b"--session", b, b"--history", b],
+        [b"--socket", bad_path, b"status"],
+        [b"--socket", bad_path, b"stop"],
+        [b"init", b],
+        [b"install-systemd", b"--dir", bad_path],
+        [b"shell-helper", b"--session", b, b"--shell", b],
+    ]
+    return [[bytes(BIN / "calm"), *argv] for argv in calm] + [[bytes(BIN / "calmd"), *argv] for argv in calmd]
+
+
+@pytest.mark.slow  # ~70 processes
+def test_undecodable_bytes_in_every_text_argument(files: dict[str, Path]) -> None:
+    """A query or --session holding bytes that are not UTF-8 ended in "unexpected ...": every text
+    argument of every command gets such bytes, through execve as a shell passes them. Each command
+    either does its work (a path of Latin-1 bytes is a path) or says what is wrong in one line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from calmd.history.store import HistoryStore
+
+    db = files["root"] / "bytes.sqlite3"
+    store = HistoryStore(db)
+    store.record("caf\udce9 \udcff\udcfe", exit=1, cwd="/tmp", session="s")  # kept with U+FFFD
+    store.record("ls", exit=0, cwd="/tmp", session="s")
+    store.close()
+    shutil.copy(db, str(db) + ".forget")  # what `calm forget` deletes from
+    (files["root"] / "bytes-home").mkdir()
+    env = {k: v for k, v in daemon_env(files["root"] / "bytes-home").items() if k != "CALM_DEBUG"}
+
+    def run(argv: list[bytes]) -> tuple[list[bytes], subprocess.CompletedProcess[bytes]]:
+        return argv, subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(run, _bytes_cases(files, db)))
+    wrong = []
+    for argv, out in outcomes:
+        err = out.stderr.decode("utf-8", "backslashreplace")
+        lines = [line for line in err.splitlines() if line.strip()]
+        # 3: no daemon (calmd complete, calm search without a terminal)
+        one_line = out.returncode in (0, 3) or (len(lines) == 1 and ": error: " in lines[0])
+        if "Traceback" in err or "unexpected" in err or not one_line:
+            wrong.append(([a[:40] for a in argv[1:]], out.returncode, err[-300:]))
+    assert not wrong, "\n".join(map(str, wrong))
+    by_argv = {tuple(argv[1:]): out for argv, out in outcomes}
+    found = by_argv[(b"history", BAD_UTF8, b"--db", bytes(db))]
+    assert found.returncode == 0 and "caf\ufffd" in found.stdout.decode(), found  # as the store keeps it
+    forgot = by_argv[(b"forget", b"-E", BAD_UTF8, b"--db", bytes(db) + b".forget")]
+    assert forgot.returncode == 0 and b"forgot 1 command" in forgot.stdout, forgot

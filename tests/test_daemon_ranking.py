@@ -4,6 +4,7 @@ calibrated confidences and the early proposal."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from calmd.shell.client import CalmClient
 from tests.builders import month_old_history
-from tests.daemon import running_daemon, wait_imported
+from tests.daemon import BIN, running_daemon, wait_imported
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -93,3 +94,31 @@ def test_early_proposal_and_confidences_from_the_real_engine(tmp_path: Path) -> 
         assert messages[-1]["done"] is True and sum("early" in m for m in messages) == 1
         # a request without `early` gets no early message
         assert not any("early" in m for m in c.complete("", n=3, session="s"))
+
+
+def test_a_users_ranker_that_passes_the_check_draws_ghosts_and_status_names_it(tmp_path: Path) -> None:
+    """The sense check (calmd/suggest/ranking.py `check_sense`) refuses what cannot rank, never a
+    ranker that can: a file near the packaged one, without `info.refit` (put there by hand, or by
+    an older calmd), serves, draws ghosts, and `calmd status` names it (it was called "packaged")."""
+    import json
+
+    from calmd.suggest.ranking import packaged_ranker
+
+    data = tmp_path / "data"
+    data.mkdir()
+    ranker = data / "ranker.json"
+    mine = packaged_ranker().to_json()
+    mine["w1"] = [[w * 0.9 for w in row] for row in mine["w1"]]
+    ranker.write_text(json.dumps(mine))
+    with serve(tmp_path) as d, CalmClient(d.socket) as c:
+        model = c.status()["status"]["model"]
+        assert model["ranker_path"] == str(ranker) and model["ranker_error"] is None, model
+        assert model["ranker"].endswith(f", yours ({ranker})"), model["ranker"]
+        for _ in range(20):
+            for cmd in ("vim main.c", "make", "./main", "ls"):
+                c.record(cmd, exit=0, session="s")
+        drawn = [m for m in c.complete("", n=3, session="s") if m.get("ghost")]
+        assert drawn and drawn[0]["candidate"] == "vim main.c", drawn
+        argv = [str(BIN / "calmd"), "--socket", str(d.socket), "--no-color", "status"]
+        table = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        assert "yours" in table and "packaged" not in table.split("ranking", 1)[1].split("loaded at")[0]

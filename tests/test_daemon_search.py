@@ -86,6 +86,8 @@ def test_forget_deletes_every_run_for_good(tmp_path: Path) -> None:
         assert b"XYZZY" not in files
         assert c.forget("deploy --target prod-XYZZY")["forgotten"] == 0
         assert c.status()["status"]["search"]["forgotten"] == 3
+        history = c.status()["status"]["history"]  # no more since the last training than there are
+        assert history["commands"] == history["since_last_training"] == 50, history
         c.record("deploy --target prod-XYZZY", exit=0, session="s")  # run again: back
         assert texts(c.search("XYZZY")) == ["deploy --target prod-XYZZY"]
 
@@ -166,3 +168,35 @@ def test_a_client_that_sends_a_search_as_raw_msgpack_is_answered(tmp_path: Path)
         c.send_raw(msgpack.packb({"op": "search", "id": 2**62, "query": "ht"}))
         reply = c.read_message()
         assert reply["id"] == 2**62 and texts(reply) == ["htop"]
+
+
+def test_long_lines_are_cut_so_the_count_asked_for_comes_back_and_a_row_gives_one_whole(
+    tmp_path: Path,
+) -> None:
+    """50 lines of 60 KiB: the 256 KiB reply cap left 4 to 7 results where 20 were asked. Each is
+    cut to 2 KiB now, with `cut` (its length) and `row`; a search with that `row` answers it whole."""
+    from calmd.protocol import SEARCH_CWD_BYTES, SEARCH_LINE_BYTES
+
+    folder = "/srv/" + "deep/" * 300  # 1.5 KiB: kept by its end
+    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
+        lines = [f"echo {i:02d} " + "é" * (30 << 10) for i in range(50)]  # 60 KiB each (2 bytes a char)
+        for line in lines:
+            assert c.record(line, exit=0, cwd=folder, session="s")["stored"]
+        c.record("echo short", exit=0, cwd="/tmp", session="s")
+        reply = c.search("echo", n=20)
+        assert len(reply["results"]) == 20 and reply["matches"] == 51
+        long = [r for r in reply["results"] if r["cmd"] != "echo short"]
+        for result in long:
+            assert (
+                result["cut"] == len(lines[0].encode()) and len(result["cmd"].encode()) <= SEARCH_LINE_BYTES
+            )
+            assert result["cwd"].startswith("…") and folder.endswith(result["cwd"][1:])
+            assert len(result["cwd"].encode()) <= SEARCH_CWD_BYTES
+        short = next(r for r in reply["results"] if r["cmd"] == "echo short")
+        assert "cut" not in short and "row" not in short and short["cwd"] == "/tmp"
+        whole = c.call("search", row=long[0]["row"])["results"]
+        assert [r["cmd"] for r in whole] == [next(line for line in lines if line.startswith(long[0]["cmd"]))]
+        assert c.call("search", row=10**9)["results"] == []  # no such row: nothing
+        for row in (0, -1, "3", 2**63):
+            c.send("search", row=row)
+            assert c.read_message()["error"]["code"] == "bad_field"

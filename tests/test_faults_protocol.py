@@ -227,6 +227,8 @@ OUT_OF_RANGE: list[tuple[dict[str, Any], int | None]] = [
     ({"op": "record", "id": 1, "cmd": "ls", "ts": -1.0}, 1),
     ({"op": "record", "id": 1, "cmd": "ls", "ts": math.nan}, 1),
     ({"op": "record", "id": 1, "cmd": "ls", "ts": math.inf}, 1),
+    ({"op": "record", "id": 1, "cmd": "ls", "ts": 999999999999}, 1),  # the year 33658 (issue 30)
+    ({"op": "record", "id": 1, "cmd": "ls", "ts": 4102444801}, 1),  # 2100 and a second
     ({"op": "complete", "id": 1, "ctx": {"input": "", "history": [{"cmd": "ls", "exit": 2**63}]}}, 1),
     ({"op": "complete", "id": 1, "n": -1, "ctx": {"input": ""}}, 1),
     ({"op": "complete", "id": 1, "n": 2**64 - 1, "ctx": {"input": ""}}, 1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +128,164 @@ def test_the_daemon_imports_fish_history_once_at_start(tmp_path: Path) -> None:
     broken.write_bytes(b"not fish at all")
     assert import_first_start(store, broken) is None and store.count() == 0  # logged, never raised
     store.close()
+
+
+# --------------------------------------------------------------------------- bounds (issue 30)
+
+
+def test_impossible_whens_are_dropped_and_counted_and_the_commands_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 400-digit `when:` failed the whole import ("unexpected OverflowError"), a negative one was
+    stored as 1969: each command is kept now, without that time, and counted."""
+    path = tmp_path / "fish_history"
+    path.write_bytes(b"- cmd: make\n  when: 1700000000\n- cmd: ls\n  when: " + b"9" * 400 + b"\n"
+                     b"- cmd: pwd\n  when: -5\n- cmd: top\n  when: 999999999999\n"
+                     b"- cmd: cargo build\n  when: 1700000100\n")  # fmt: skip
+    db = str(tmp_path / "h.sqlite3")
+    assert calm_main(["import", "--db", db, str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "5 commands imported (fish format)" in out and "3 with an impossible time" in out
+    store = HistoryStore(Path(db))
+    rows = list(store.all_rows())
+    assert store.counter("import_bad_times") == 3
+    store.close()
+    times = {r.cmd: r.ts for r in rows}
+    assert times["make"] == 1700000000 and times["cargo build"] == 1700000100
+    assert [r.cmd for r in rows][:3] == ["ls", "pwd", "top"]  # no time: the oldest, in file order
+    assert all(path.stat().st_mtime - 1 < times[c] < path.stat().st_mtime for c in ("ls", "pwd", "top"))
+    assert list(parse_fish_history(path.read_bytes()))[1:4] == [(None, "ls"), (None, "pwd"), (None, "top")]
+    assert calm_main(["import", "--db", db, str(path)]) == 0  # nothing twice
+    assert "0 commands imported" in capsys.readouterr().out
+    for argv in (["history", "--json"], ["stats"]):
+        assert calm_main([*argv, "--db", db]) == 0
+    assert "Infinity" not in capsys.readouterr().out
+
+
+def _fish_file(path: Path, size: int, *, shuffled: bool) -> int:
+    """A fish history of `size` bytes of short entries (in time order, or with times shuffled)."""
+    entries: list[bytes] = []
+    total = 0
+    while total < size:
+        n = len(entries)
+        entry = b"- cmd: l%d\n" % (n % 7)
+        if shuffled:
+            entry += b"  when: %d\n" % (1700000000 + (n * 7919) % 99991)
+        entries.append(entry)
+        total += len(entry)
+    path.write_bytes(b"".join(entries))
+    return len(entries)
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "out-of-order"])
+def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            shuffled: bool) -> None:  # fmt: skip
+    """The Python memory an import allocates at its peak (tracemalloc: counted, not timed) is the
+    same for a file with four times the entries: it reads a chunk at a time (made small here) and
+    holds no entry (1.8 million `- cmd: ls` entries held 640 MB; 20 bytes an entry would show)."""
+    import tracemalloc
+
+    from calmd.history import store as store_module
+
+    monkeypatch.setattr(store_module, "IMPORT_CHUNK", 16 << 10)
+    peaks = []
+    for size in (128 << 10, 512 << 10):
+        folder = tmp_path / str(size)
+        folder.mkdir()
+        entries = _fish_file(folder / "fish_history", size, shuffled=shuffled)
+        store = HistoryStore(folder / "h.sqlite3")
+        tracemalloc.start()
+        try:
+            result = import_fish_history(store, folder / "fish_history")
+            peaks.append((entries, tracemalloc.get_traced_memory()[1]))
+        finally:
+            tracemalloc.stop()
+        assert result.imported == entries
+        stored = [r.ts for r in store.all_rows()]
+        store.close()
+        assert stored == sorted(stored)  # in time order, whatever the file's
+    (small, small_peak), (big, big_peak) = peaks
+    assert big - small > 12_000
+    assert big_peak - small_peak < 4 * (big - small), peaks  # not even 4 bytes an entry more
+
+
+def test_an_import_stopped_out_of_time_order_goes_on_where_it_was(tmp_path: Path) -> None:
+    from calmd.history.store import IMPORT_BATCH
+
+    path = tmp_path / "fish_history"
+    n = _fish_file(path, 3 * IMPORT_BATCH * 25, shuffled=True)
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    stop = threading.Event()
+    stop.set()  # as the daemon's shutdown does: the import ends after its first batch
+    first = import_fish_history(store, path, stop=stop)
+    assert not first.complete and first.imported == IMPORT_BATCH
+    rest = import_fish_history(store, path)
+    assert rest.complete and first.imported + rest.imported == n
+    rows = list(store.all_rows())
+    store.close()
+    assert [r.ts for r in rows] == sorted(r.ts for r in rows)  # one run of the import: time order
+    assert len({(r.ts, r.cmd, i) for i, r in enumerate(rows)}) == n == len(rows)  # none twice, none lost
+
+
+def test_the_first_start_leaves_the_running_command_and_counts_a_failure(tmp_path: Path) -> None:
+    path = tmp_path / "fish_history"
+    path.write_bytes(FISH_HISTORY + b"- cmd: calmd serve\n  when: 1800000000\n")
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    result = import_first_start(store, path, leave_after=1800000000 - 2)
+    assert result is not None and (result.imported, result.left_to_hooks) == (4, 1)
+    assert "calmd serve" not in [r.cmd for r in store.all_rows()]
+    assert import_first_start(store, path) is None  # read whole: done
+    unreadable = Path("/proc/self/clear_refs")  # a regular file whose read fails (EINVAL)
+    if unreadable.exists():
+        (tmp_path / "link").symlink_to(unreadable)
+        assert import_first_start(store, tmp_path / "link") is None
+        assert store.counter("import_failures") == 1  # `calmd status` said 0 failures
+    store.close()
+
+
+@pytest.mark.slow  # a daemon process
+def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_path: Path) -> None:
+    """`calmd serve` typed at a prompt: fish wrote it to its history when it started, and the
+    first-start import read it as a finished command without a status, which the hook then
+    recorded a second time when it ended. It is left to the hook now."""
+    import signal
+
+    from calmd.shell.client import CalmClient
+    from tests.daemon import SCRIPTED_SERVE, daemon_env, wait_imported, wait_ready, write_test_weights
+
+    data = tmp_path / "xdg"
+    (data / "fish").mkdir(parents=True)
+    now = int(time.time())
+    (data / "fish" / "fish_history").write_bytes(FISH_HISTORY + b"- cmd: calmd serve\n  when: %d\n" % now)
+    env = daemon_env(
+        tmp_path, XDG_DATA_HOME=str(data), PYTHONPATH=str(Path(__file__).resolve().parent.parent)
+    )
+    write_test_weights(tmp_path / "data" / "shell.cwgt")
+    # a shell runs it, as at a prompt (`&` and `wait`: bash stays its parent)
+    proc = subprocess.Popen(["bash", "-c", '"$@" & wait', "bash", *SCRIPTED_SERVE], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
+    pump = threading.Thread(target=daemon._pump, daemon=True)
+    pump.start()
+    pid = None
+    try:
+        wait_ready(daemon)
+        with CalmClient(daemon.socket) as client:
+            pid = client.status()["status"]["pid"]
+            wait_imported(client)
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        pump.join(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()
+    assert [r.cmd for r in history_rows(tmp_path)] == [
+        "echo 'a\\b'  # back\\slash",
+        "echo one\necho two",
+        "vim src/main.rs",
+        "café \ufffd",
+    ]
 
 
 # --------------------------------------------------------------------------- the helper's transport

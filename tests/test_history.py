@@ -293,6 +293,23 @@ def test_first_start_import_survives_a_file_it_cannot_read(store: HistoryStore, 
 # --------------------------------------------------------------------------- forgetting
 
 
+def test_deleting_commands_takes_them_out_of_the_count_since_the_last_training(store: HistoryStore) -> None:
+    """After one Ctrl-D in `calm search`, `calmd status` said 19 commands but 20 since the last
+    training: a deleted command the count held leaves it."""
+    for i in range(10):
+        store.record(f"old {i}", session="s")
+    store.reset_counter("recorded_since_train")  # a training run started here
+    for i in range(5):
+        store.record(f"new {i}", session="s")
+    assert store.counter("recorded_since_train") == 5
+    assert store.forget(lambda cmd: cmd == "old 3") == 1  # from before the run: not counted
+    assert store.counter("recorded_since_train") == 5
+    assert store.forget_command("new 2") == 1
+    assert store.counter("recorded_since_train") == 4
+    assert store.forget(lambda cmd: cmd.startswith(("new", "old"))) == 13
+    assert store.counter("recorded_since_train") == 0 == store.count()
+
+
 def test_commands_starting_with_a_space_or_calm_forget_are_not_recorded(store: HistoryStore) -> None:
     assert store.record(" export TOKEN=whatever").reason == "leading-space"
     assert store.record("calm forget hunter2").reason == "forget-command"

@@ -14,7 +14,8 @@ import pytest
 from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history import query
-from calmd.history.store import HistoryStore
+from calmd.history.store import HistoryStore, valid_time
+from calmd.protocol import TS_MAX
 
 NOW = dt.datetime(2025, 11, 24, 15, 0).timestamp()
 HOUR = 3600.0
@@ -223,3 +224,105 @@ def test_sqlite_writes_the_lines_python_writes(filled: Path) -> None:
     assert any("  /src/application  ls" in line for line in plain)
     doc = json.loads(by_sqlite[3][-2])
     assert doc["duration"] == 1.235 and doc["exit"] == -1 and doc["cmd"] == "echo \x01 control"
+
+
+# --------------------------------------------------------------------------- impossible times (issue 30)
+
+
+def _strict_json(line: str) -> object:
+    """json.loads that refuses what is not JSON (Python's reader takes Infinity and NaN)."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_times_an_older_calmd_stored_are_shown_then_repaired(
+    filled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before issue 30 an import stored `: 999999999999:0;ls` as the year 33658, a 400-digit fish
+    `when:` as infinity, a negative one as 1969: `calm history` failed ("unexpected TypeError"),
+    `calm stats` too ("year 33658 is out of range"), `--json` wrote Infinity. They are shown as
+    unknown times now, and the store gives them the time of the command before when it opens."""
+    with sqlite3.connect(filled) as raw:
+        raw.execute(
+            "INSERT INTO commands (ts, cmd, source) VALUES (999999999999, 'year 33658', 'import:zsh')"
+        )
+        raw.execute("INSERT INTO commands (ts, cmd, source) VALUES (9e999, 'infinite', 'import:fish')")
+        raw.execute("INSERT INTO commands (ts, cmd, source) VALUES (-5, 'before 1970', 'import:fish')")
+    for argv in (["history"], ["history", "--commands"], ["history", "--limit", "3"], ["stats"],
+                 ["stats", "--json"]):  # fmt: skip
+        assert calm_main([*argv, "--db", str(filled)]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "year 33658" in out or argv[0] == "stats"
+    assert calm_main(["history", "--db", str(filled), "--json"]) == 0
+    docs = [_strict_json(line) for line in capsys.readouterr().out.splitlines()]
+    odd = {d["cmd"]: (d["ts"], d["time"]) for d in docs if isinstance(d, dict) and d["cmd"] in
+           ("year 33658", "infinite", "before 1970")}  # fmt: skip
+    assert odd == dict.fromkeys(("year 33658", "infinite", "before 1970"), (None, None))
+    assert calm_main(["history", "--db", str(filled), "year"]) == 0
+    assert capsys.readouterr().out.startswith(f"{query.UNKNOWN_TIME:<19}       -  year 33658")
+    conn = query.open_read_only(filled)
+    python_made = list(query.plain_lines(query.rows(conn, query.HistoryFilter(pattern="infinite"),
+                                                    query.PLAIN_COLUMNS), ""))  # fmt: skip
+    assert [_strict_json(line) for line in query.json_lines(query.rows(conn, query.HistoryFilter(),
+                                                                       query.ENTRY_COLUMNS))]  # fmt: skip
+    conn.close()
+    assert python_made == [f"{query.UNKNOWN_TIME:<19}       -  infinite"]
+    store = HistoryStore(filled)  # opened for writing (the daemon, an import): repaired
+    rows = [(r.cmd, r.ts) for r in store.all_rows()]
+    assert store.counter("import_bad_times") == 3
+    store.close()
+    assert rows[-4][0] == "ls"  # the last row before them: each takes its time
+    assert [ts for _, ts in rows[-3:]] == [rows[-4][1]] * 3
+
+
+def test_stats_say_how_many_runs_failed_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's 17 commands, none failed: not "0.0% failed (0 of the 17 runs ...)"."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    for i in range(17):
+        store.record(f"echo {i}", exit=0, ts=NOW - i)
+    store.close()
+    assert calm_main(["--no-color", "stats", "--db", str(tmp_path / "h.sqlite3")]) == 0
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert "17 commands, 17 distinct" in summary
+    assert "none of the 17 runs with a known status failed" in summary
+    assert "0.0%" not in summary
+
+
+def test_one_range_of_times_for_the_store_and_both_views(
+    filled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A time is known from 1970 to 2100 (protocol.TS_MAX) everywhere: what `record` and the imports
+    take (store.valid_time), what the views print (query.known_ts, and SQLite's lines the same),
+    and what opening the store repairs. The year 2500 is past it: unknown in every view (not a date
+    in one and unknown in the other), and repaired; TS_MAX itself is a time."""
+    with sqlite3.connect(filled) as raw:
+        raw.execute(f"INSERT INTO commands (ts, cmd, source) VALUES ({TS_MAX}, 'the last second', 'shell')")
+        raw.execute("INSERT INTO commands (ts, cmd, source) VALUES (16725225600, 'year 2500', 'shell')")
+    assert valid_time(TS_MAX) and not valid_time(16725225600)
+    assert query.known_ts(TS_MAX) == TS_MAX and query.known_ts(16725225600) is None
+    by_path = []
+    for detector in (None, "1"):  # this calmd's detector: SQLite makes the lines; an older one: Python
+        if detector:
+            with sqlite3.connect(filled) as raw:
+                raw.execute("UPDATE meta SET value = ? WHERE key = 'detector_version'", (detector,))
+        assert calm_main(["history", "--db", str(filled), "--limit", "2"]) == 0
+        plain = capsys.readouterr().out.splitlines()
+        assert calm_main(["history", "--db", str(filled), "--limit", "2", "--json"]) == 0
+        docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        by_path.append((plain, docs))
+    assert by_path[0] == by_path[1]
+    plain, docs = by_path[0]
+    assert plain[0].startswith(query.local_time(TS_MAX)) and plain[0].endswith("the last second")
+    assert plain[1] == f"{query.UNKNOWN_TIME:<19}       -  year 2500"
+    assert docs[0]["ts"] == TS_MAX and docs[1]["ts"] is None and docs[1]["time"] is None
+    assert calm_main(["history", "--db", str(filled), "--commands", "--since", "2099-01-01"]) == 0
+    assert capsys.readouterr().out == "the last second\n"  # year 2500 is after no time
+    assert calm_main(["stats", "--db", str(filled), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last"] == dt.datetime.fromtimestamp(TS_MAX).isoformat()
+    store = HistoryStore(filled)  # opened for writing: the same one out of range is repaired
+    times = {r.cmd: r.ts for r in store.all_rows()}
+    store.close()
+    assert times["the last second"] == TS_MAX and times["year 2500"] == TS_MAX

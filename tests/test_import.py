@@ -257,3 +257,106 @@ def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -
     store = HistoryStore(tmp_path / "data" / "history.sqlite3")
     assert [r.cmd for r in store.all_rows()] == [f"echo line-{i}" for i in range(n)]
     store.close()
+
+
+# --------------------------------------------------------------------------- bounds (issue 30)
+
+
+def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path: Path) -> None:
+    """`#999999999999` is the year 33658, a 400-digit time is infinity (`calm history` and `calm
+    stats` failed on both); each command is kept, timed by its place in the file, and counted."""
+    bash = tmp_path / ".bash_history"
+    bash.write_text(
+        "#1700000000\ngit status\n#999999999999\nls\n#" + "9" * 400 + "\nmake\n#1700000100\npwd\n"
+        "#0000000000001700000200\nwho\n"  # zeros first: still too many digits for a time
+    )
+    zsh = tmp_path / ".zsh_history"
+    zsh.write_text(
+        ": 1700000000:0;vim\n: 999999999999:0;top\n: " + "9" * 400 + ":0;htop\n: 1700000200:0;cd\n"
+    )
+    db = tmp_path / "h.sqlite3"
+    env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
+    out = subprocess.run([str(BIN / "calm"), "import", "--db", str(db), str(bash), str(zsh)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"{bash}: 5 commands imported (bash format)" in out.stdout
+    assert "3 with an impossible time" in out.stdout and "2 with an impossible time" in out.stdout, out.stdout
+    store = HistoryStore(db)
+    times = {r.cmd: r.ts for r in store.all_rows()}
+    assert store.counter("import_bad_times") == 5
+    store.close()
+    assert times["git status"] == 1700000000 and times["pwd"] == 1700000100 and times["cd"] == 1700000200
+    assert all(0 < ts < time.time() + 60 for ts in times.values()), times
+    mtime = bash.stat().st_mtime
+    assert mtime - 1 < times["ls"] < times["make"] < times["who"] <= mtime  # their place, before mtime
+    for argv in (["history"], ["history", "--json"], ["stats"]):
+        shown = subprocess.run([str(BIN / "calm"), *argv, "--db", str(db)], env=env, capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert shown.returncode == 0 and "Infinity" not in shown.stdout, shown.stderr
+
+
+def test_a_bounded_import_leaves_the_older_lines_for_the_next_one(tmp_path: Path) -> None:
+    """`--max-mib` below the file's size reads the newest part and marks only that as read: each
+    import after it reads the next older part (and what the shell appended), until all of it is
+    stored, each command once (the whole file used to be marked as read)."""
+    path = tmp_path / ".zsh_history"  # multi-line entries: a part never starts inside one
+    entries = [f": {1700000000 + i}:0;echo {i}\\\n  and more {i}\n" for i in range(3000)]
+    path.write_text("".join(entries))
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    first = store.import_file(path, max_bytes=20_000)
+    assert 0 < first.imported < 3000 and first.skipped_bytes > 0
+    assert [r.cmd for r in store.all_rows()][-1] == "echo 2999\n  and more 2999"  # the newest first
+    with open(path, "a") as f:
+        f.write(": 1700009999:0;appended meanwhile\n")
+    results = [first]
+    while results[-1].skipped_bytes:
+        results.append(store.import_file(path, max_bytes=20_000))
+        assert results[-1].imported > 0 and len(results) < 100
+    cmds = [r.cmd for r in store.all_rows()]
+    store.close()
+    expected = [f"echo {i}\n  and more {i}" for i in range(3000)] + ["appended meanwhile"]
+    assert sorted(cmds) == sorted(expected)  # all of them, each once, never half an entry
+    assert "appended meanwhile" in cmds[first.imported : first.imported + results[1].imported]  # newest first
+
+
+def test_calm_import_says_the_older_bytes_are_left_for_the_next_import(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from calmd.cli import calm_main
+
+    path = tmp_path / "bash_history"
+    path.write_text("".join(f"echo {i}\n" for i in range(4000)))
+    db = str(tmp_path / "h.sqlite3")
+    assert calm_main(["import", "--db", db, "--max-mib", "0.01", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "older bytes not read yet (--max-mib): import it again to read them" in out
+    while "not read yet" in out:
+        assert calm_main(["import", "--db", db, "--max-mib", "0.01", str(path)]) == 0
+        out = capsys.readouterr().out
+    assert "history: 4000 commands" in out
+
+
+def test_the_first_start_leaves_the_running_command_to_the_hooks(tmp_path: Path) -> None:
+    """zsh (INC_APPEND_HISTORY) and fish write a command when it starts: the `calmd serve` that
+    started the daemon is in the file, still running. The first-start import passes over what is
+    timed as the daemon started; the hook records it when it ends, with its status."""
+    home = tmp_path / "home"
+    home.mkdir()
+    started = 1700000100.0
+    (home / ".zsh_history").write_text(": 1700000000:0;make\n: 1700000099:0;calmd serve\n")
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    (result,) = store.import_shell_histories(home, leave_after=started - 2).results
+    assert (result.imported, result.left_to_hooks) == (1, 1)
+    assert [r.cmd for r in store.all_rows()] == ["make"]
+    assert store.import_file(home / ".zsh_history").imported == 0  # read: not imported later either
+    store.close()
+
+
+def test_calmd_status_counts_the_impossible_times_of_the_first_start(tmp_path: Path) -> None:
+    (tmp_path / ".zsh_history").write_text(": 1700000000:0;make\n: 999999999999:0;top\n: -5:0;htop\n")
+    with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
+        status = wait_imported(c)
+        assert status["history"]["commands"] == 3 and status["history"]["import"]["bad_times"] == 1
+        shown = subprocess.run([str(BIN / "calmd"), "status"], env={**daemon_env(tmp_path), "COLUMNS": "400"},
+                               capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+        assert "1 imported command had an impossible time (kept without it)" in shown

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -394,3 +395,65 @@ def test_the_users_ranker_serves_when_it_loads_and_the_packaged_one_otherwise(
     os.mkfifo(path)  # read without blocking: refused, not waited on
     served, error = serving_ranker(path)
     assert served is packaged_ranker() and error is not None and "not a regular file" in error
+
+
+def test_a_users_ranker_that_makes_no_sense_is_refused_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: a `scale` of 5e-324 (subnormal) with a layer of zeros loaded, and every confidence
+    became 0.0: no ghost was ever drawn. Weights are checked for sense now, not only for shape."""
+    path = tmp_path / "ranker.json"
+    base = packaged_ranker().to_json()
+    features = len(base["scale"])
+    zeros = [[0.0] * len(base["b1"]) for _ in range(features)]
+    cases = {
+        "the probe's file": ({"scale": [5e-324] * features, "w1": zeros}, "'scale'"),
+        "a subnormal weight": ({"w1": [[5e-324, *row[1:]] for row in base["w1"]]}, "'w1'"),
+        "a scale of about 0": ({"scale": [1e-9] * features}, "'scale' is below"),
+        "a huge weight": ({"w2": [1e9] * len(base["w2"])}, "'w2'"),
+        "a layer of zeros": ({"w2": [0.0] * len(base["w2"])}, "'w2' is all zeros"),
+    }
+    for name, (fields, why) in cases.items():
+        path.write_text(json.dumps({**base, **fields}))
+        caplog.clear()
+        served, error = serving_ranker(path)
+        assert served is packaged_ranker() and error is not None, name
+        assert str(path) in error and why in error, (name, error)
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1, name  # one line in the log
+    near = {**base, "w1": [[w * 0.9 for w in row] for row in base["w1"]], "b2": 0.0}  # a refit's kind
+    path.write_text(json.dumps(near))
+    served, error = serving_ranker(path)
+    assert error is None and served is not packaged_ranker()
+
+
+def test_a_sync_reads_what_is_there_and_never_chases_an_import(tmp_path: Path) -> None:
+    """A keystroke during the first-start import synced the index with the store, which read on
+    while the import added rows: 1.6 million, 27 s for one completion (issue 30). A sync reads up
+    to the newest row there is when it starts, and a keystroke's sync at most `budget` rows."""
+    from calmd.history.store import HistoryStore
+
+    class Importing(HistoryStore):
+        """A store an import writes to while it is read: each batch read, 50 more rows come."""
+
+        importing = False
+        imported = 0
+
+        def _rows(self, sql: str, args: tuple[object, ...]) -> list[Any]:
+            rows = super()._rows(sql, args)
+            if self.importing and self.imported < 2000:  # an end: a sync that chases it still stops
+                for _ in range(50):
+                    self.imported += 1
+                    self.record(f"imported {self.imported}", session="import")
+            return rows
+
+    store = Importing(tmp_path / "h.sqlite3")
+    for i in range(120):
+        store.record(f"typed {i}", session="s")
+    store.importing = True
+    index = HistoryIndex()
+    assert index.sync(store, budget=7) == 7  # a keystroke's share; the import adds rows meanwhile
+    for _ in range(3):
+        there = store.count()
+        index.sync(store)
+        assert len(index) == there < store.count()  # what there was when it started, not what came
+    store.close()

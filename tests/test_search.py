@@ -173,6 +173,45 @@ def test_the_index_follows_the_store_and_starts_over_after_a_deletion(tmp_path: 
     store.close()
 
 
+def test_a_sync_never_chases_an_import_and_starts_over_after_a_big_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search during the first-start import read on while the import added rows (issue 30): a
+    sync reads what there is when it starts; more than SEARCH_LIMIT new rows, and it reads the
+    newest SEARCH_LIMIT rather than all of them."""
+    from calmd.suggest import search as search_module
+
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    for i in range(30):
+        store.record(f"typed {i}", exit=0, session="s")
+    db = query.open_read_only(store.path)
+    rows_after = query.rows_after
+    imported = [0]
+
+    def importing(conn: sqlite3.Connection, after: int, limit: int = query.BATCH) -> list[tuple[object, ...]]:
+        rows = rows_after(conn, after, limit)
+        if imported[0] < 2000:  # the import goes on while the index reads
+            for _ in range(50):
+                imported[0] += 1
+                store.record(f"imported {imported[0]}", session="import")
+        return rows
+
+    monkeypatch.setattr(query, "rows_after", importing)
+    index = SearchIndex()
+    for _ in range(3):
+        there = store.count()
+        index.sync(db)
+        assert len(index) == there < store.count()
+    monkeypatch.setattr(query, "rows_after", rows_after)
+    monkeypatch.setattr(search_module, "SEARCH_LIMIT", 100)
+    for i in range(150):
+        store.record(f"bulk {i}", session="import")
+    index.sync(db)
+    assert len(index) == 100 and found(index, "bulk 149") and not found(index, "typed 5")
+    db.close()
+    store.close()
+
+
 def test_a_line_the_detector_flags_is_never_shown(tmp_path: Path) -> None:
     """A row stored before the credential detector knew its rule (the daemon re-scans at its
     next start) stays out of the search's answers meanwhile."""

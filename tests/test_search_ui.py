@@ -103,3 +103,72 @@ def test_a_bad_calm_search_mode_falls_back_to_global(mode: str, monkeypatch: pyt
     args = search_ui.parser().parse_args([])
     args.socket = os.devnull  # no daemon there
     assert search_ui.cmd_search(args) == search_ui.UNAVAILABLE and args.mode == "global"
+
+
+class _Daemon:
+    """What the UI's Search talks to: `send` gives request ids, `read_available` the replies queued."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str, dict[str, object]]] = []
+        self.replies: list[dict[str, object]] = []
+
+    def send(self, op: str, **fields: object) -> int:
+        self.sent.append((len(self.sent) + 1, op, fields))
+        return len(self.sent)
+
+    def read_available(self) -> list[dict[str, object]]:
+        replies, self.replies = self.replies, []
+        return replies
+
+
+def test_a_query_too_long_for_the_daemon_clears_the_lines_so_enter_runs_nothing() -> None:
+    """Typing past 1,024 bytes showed the daemon's error and kept the previous query's lines:
+    Enter then ran one of them."""
+    daemon = _Daemon()
+    search = search_ui.Search(daemon, "s", "/tmp", 20)
+    state = State("git")
+    state.results, state.matches = [{"cmd": "git push --force"}], 1
+    state.query = "g" * 1025
+    search.ask(state)
+    assert not daemon.sent and state.results == [] and state.matches == 0  # not even asked
+    assert "longer than 1,024 bytes" in state.status
+    assert search_ui.handle("run", "", state, search, 20) is None  # Enter: nothing to run
+    # the daemon's own error (a query it refuses) clears them too
+    state = State("git")
+    state.results = [{"cmd": "git push --force"}]
+    search.ask(state)
+    rid = daemon.sent[-1][0]
+    daemon.replies = [
+        {"id": rid, "error": {"code": "bad_field", "message": "'query' is longer than 1024 bytes"}}
+    ]
+    assert search.take(state) and state.results == [] and "calmd: 'query'" in state.status
+    assert search_ui.handle("run", "", state, search, 20) is None
+
+
+def test_enter_on_a_line_the_reply_cut_runs_it_whole() -> None:
+    whole = "printf '%s' " + "x" * 5000
+    cut = {"cmd": whole[:2048], "cut": len(whole), "row": 42, "ts": 0, "cwd": "/tmp", "exit": 0}
+    daemon = _Daemon()
+    search = search_ui.Search(daemon, "s", "/tmp", 20)
+    for key, expected in (("run", "run"), ("edit", "edit")):
+        state = State("printf")
+        state.results = [cut]
+        assert search_ui.handle(key, "", state, search, 20) is None  # not the cut text: the whole first
+        rid, op, fields = daemon.sent[-1]
+        assert op == "search" and fields["row"] == 42 and "reading the whole line" in state.status
+        daemon.replies = [{"id": rid, "results": [{"cmd": whole}], "matches": 1}]
+        search.take(state)
+        assert state.outcome == (search_ui.CHOSEN, f"{expected}\n{whole}")
+    state = State("printf")  # Ctrl-D: the y/n is about the whole line, which `forget` deletes
+    state.results = [cut]
+    search_ui.handle("forget", "", state, search, 20)
+    daemon.replies = [{"id": daemon.sent[-1][0], "results": [{"cmd": whole}], "matches": 1}]
+    search.take(state)
+    assert state.confirm == whole and state.outcome is None and "y/n" in state.status
+    # an answer that is not that line (an older daemon ignores `row`; the line was deleted): refused
+    state = State("printf")
+    state.results = [cut]
+    search_ui.handle("run", "", state, search, 20)
+    daemon.replies = [{"id": daemon.sent[-1][0], "results": [{"cmd": "ls"}], "matches": 1}]
+    search.take(state)
+    assert state.outcome is None and "could not be read" in state.status

@@ -96,6 +96,12 @@ def test_rollback_with_no_previous_file_goes_back_to_the_packaged_model(
         assert back.returncode == 0 and "the packaged model serves now" in back.stdout
         wait_for(lambda: served(c)[:2] == (str(paths.packaged_weights()), True), "the packaged model")
         assert not weights.exists() and (data / paths.PREV_WEIGHTS).read_bytes() == tiny_weights.read_bytes()
+        # `calmd status` says so: it said "shell.cwgt does not exist yet", as before any training
+        assert c.status()["status"]["rolled_back"] is True
+        shown = subprocess.run([str(BIN / "calmd"), "--no-color", "status"], env=daemon_env(tmp_path),
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        table = " ".join(shown.stdout.split())
+        assert "was rolled back" in table and "does not exist yet" not in table, table
         assert any("candidate" in m for m in c.complete("git st", n=2, session="s"))  # it answers
         again = calm(tmp_path, "rollback")  # and forward again
         assert again.returncode == 0 and "restored" in again.stdout

@@ -128,6 +128,11 @@ def test_parse_request() -> None:
             "1", 5, "x", "/", "m", None
         )
     assert shell_helper.parse_request("r\t\t\t\t\tls") == shell_helper.Record("ls", None, "", "", None)
+    # a clock or a status no shell reports (issue 30): the command is still recorded, without them
+    for ts, code, kept in (("inf", "1", 1), ("nan", "1", 1), ("1e20", "99999999999999999999", None),
+                           ("-5", "4294967296", None)):  # fmt: skip
+        odd = shell_helper.parse_request(f"r\t{code}\t\t\t{ts}\tls")
+        assert odd == shell_helper.Record("ls", kept, "", "", None), (ts, code)
     assert shell_helper.parse_request("e\t/p/.venv\t") == shell_helper.Env("/p/.venv", "")
     for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
         assert shell_helper.parse_request(bad) is None

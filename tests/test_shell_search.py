@@ -137,6 +137,47 @@ def test_ctrl_d_deletes_the_line_from_the_history(shell: str, home: Path, daemon
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_query_too_long_clears_the_lines_and_enter_runs_nothing(
+    shell: str, home: Path, daemon: Daemon
+) -> None:
+    """Typing past 1,024 bytes showed the daemon's error above the previous query's lines, and
+    Enter ran one of them (issue 30)."""
+    fill(daemon, home)
+    with SHELLS[shell](home, **QUIET) as term:
+        term.wait_for("^PROMPT>")
+        screen = open_search(term)
+        assert "echo searched-and-run" in screen
+        term.type("echo sea" + "x" * 1100)
+        term.wait_for(r"the query is longer than 1,024 bytes: shorten it", timeout=10)
+        screen = term.wait_for(r"0 matches")
+        assert "searched-and-run" not in screen.split("\n", 2)[2].split("the query is")[0]  # no line left
+        term.send("Enter")  # nothing to run: the search stays
+        time.sleep(0.5)
+        assert "calm search" in term.screen() and "the query is longer" in term.screen()
+        term.send("Escape")
+        term.wait_line(r"^PROMPT>\s*$")
+        assert not [r for r in history_rows(home) if r.session != ELSEWHERE]  # nothing ran
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_enter_on_a_line_cut_for_the_reply_runs_the_whole_line(
+    shell: str, home: Path, daemon: Daemon
+) -> None:
+    """A line over 2 KiB comes cut in the search's reply: Enter runs it whole (issue 30)."""
+    long = "echo long-line " + "y" * 3000
+    with CalmClient(daemon.socket) as c:
+        assert c.record(long, exit=0, cwd=str(home), session=ELSEWHERE, ts=time.time() - 60)["stored"]
+        assert c.search("long-line")["results"][0]["cut"] == len(long)
+    with SHELLS[shell](home, **QUIET) as term:
+        term.wait_for("^PROMPT>")
+        term.type("long-line")
+        open_search(term, "long-line")
+        term.send("Enter")
+        row = wait_recorded(home, long, timeout=15)  # run, and recorded by the hook: the whole line
+        assert row.exit == 0 and row.session.startswith(f"{shell}-")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_without_a_daemon_ctrl_r_is_the_shells_own_search(shell: str, home: Path, daemon: Daemon) -> None:
     with SHELLS[shell](home, **QUIET) as term:
         term.wait_for("^PROMPT>")

@@ -195,3 +195,31 @@ def test_every_exit_of_a_run_says_what_happened_in_words() -> None:
     mine = {"pid": 123, "state": "done", "reason": "held-out loss 2.1 -> 2.0, not worse: swapped in"}
     assert exit_words(123, 0, mine) == mine["reason"]
     assert exit_words(124, background.EXIT_LOCKED, mine) == words[background.EXIT_LOCKED]  # not its result
+
+
+def test_the_result_of_a_followed_run_wraps_between_words_on_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`calmd train` (and `calm train --now`) printed the result as one long line, which a terminal
+    cut anywhere: the next row began with a space. On a terminal each clause now has its lines,
+    cut between words; a pipe still gets the one line."""
+    from calmd.cli import daemon as daemon_cli
+
+    reason = ("only 0 training examples (need 50): nothing trained, the current model stays; only 0 ranking "
+              "examples (need 100): the packaged ranker stays")  # fmt: skip
+
+    class Finished:
+        def status(self) -> dict[str, object]:
+            last = {"state": "done", "reason": reason}
+            return {"status": {"training": {"pid": None, "last_result": last}}}
+
+    for width in (80, 40, 33):
+        monkeypatch.setattr(daemon_cli, "_terminal_width", lambda width=width: width)
+        assert daemon_cli._follow_training(Finished(), 4201, poll_s=0) == 0  # type: ignore[arg-type]
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("done: only 0 training examples") and len(lines) >= 2
+        assert all(line and not line.startswith(" ") and len(line) < width for line in lines), lines
+        assert " ".join(lines) == f"done: {reason}".replace("; ", " ")  # every word, in order
+    monkeypatch.setattr(daemon_cli, "_terminal_width", lambda: None)  # a pipe: one line, as before
+    daemon_cli._follow_training(Finished(), 4201, poll_s=0)  # type: ignore[arg-type]
+    assert capsys.readouterr().out == f"done: {reason}\n"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -174,8 +176,26 @@ def _follow_training(client: CalmClient, pid: int | None, poll_s: float = 0.25) 
     last = training.get("last_result") or {}
     if pid is None or not last:
         raise CalmError("the training run ended without a result; `calmd status` and training.log say more")
-    print(f"{visible_value(last.get('state'))}: {visible_value(last.get('reason'))}")
+    result = f"{visible_value(last.get('state'))}: {visible_value(last.get('reason'))}"
+    for line in result_lines(result, _terminal_width()):  # escapes hold no space: never wrapped inside
+        print(line)
     return 0 if last.get("state") == "done" else 1
+
+
+def _terminal_width() -> int | None:
+    """The terminal's columns when stdout is one (None for a pipe: a line a program reads whole)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def result_lines(text: str, width: int | None) -> list[str]:
+    """A run's result for a terminal `width` wide: each clause (the model's, the ranker's: `; `)
+    on its own line, wrapped between words. The terminal cut the one long line anywhere, a
+    continuation starting with a space ("the result line wraps with a leading space"). For a
+    pipe (`width` None), the one line a script reads."""
+    if width is None:
+        return [text]
+    wrap = textwrap.TextWrapper(max(20, width - 1), break_long_words=False, break_on_hyphens=False)
+    return [line for clause in text.split("; ") for line in wrap.wrap(clause)]
 
 
 def cmd_complete(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from calmd import paths
-from calmd.arguments import Parser, number
+from calmd.arguments import Parser, number, whole
 from calmd.errors import CalmError
 from calmd.shell import (  # imports nothing heavy (`calm history` and `calm stats`; `calm search`)
     history_view,
@@ -23,7 +23,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     and the others are still imported; exit 1 when any was refused. fish's history is told apart
     by its first entry (or --format fish) and read by calmd/history/fish.py."""
     from calmd.history.fish import import_fish_history, is_fish_history
-    from calmd.history.store import HistoryStore, NotAHistory
+    from calmd.history.store import HistoryStore, NotAHistory, import_summary
 
     if args.max_mib <= 0:
         raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
@@ -44,21 +44,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 print(f"calm: error: {visible(str(detail))}", file=sys.stderr)
                 refused += 1
                 continue
-            older = (
-                f"; its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
-                if result.skipped_bytes
-                else ""
-            )
-            print(
-                f"{visible(str(result.path))}: {result.imported} commands imported ({result.format} format), "
-                f"{result.dropped_secrets} dropped as credentials, {result.skipped} empty or space-prefixed"
-                + (
-                    f", {result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)"
-                    if result.undecodable
-                    else ""
-                )
-                + older
-            )
+            print(import_summary(result))  # its file name through `visible`
         print(f"history: {store.count()} commands in {visible(str(store.path))}")
     finally:
         store.close()
@@ -100,7 +86,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     command line either."""
     import re
 
-    from calmd.history.store import HistoryStore
+    from calmd.history.store import HistoryStore, clean_text
 
     if args.all:
         if args.pattern is not None or args.regex or args.db:
@@ -109,6 +95,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     if args.pattern is None:
         raise CalmError("give the text to forget (PATTERN; - reads it from stdin), or --all for everything")
     pattern = sys.stdin.readline().rstrip("\n") if args.pattern == "-" else args.pattern
+    pattern = clean_text(pattern)[0]  # bytes that are not UTF-8 as the store keeps them: U+FFFD
     if not pattern:
         raise CalmError("an empty pattern would match every command; give the text to forget")
     if args.regex:
@@ -257,7 +244,7 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         description="Tables of the stored commands (the same filters as `calm history`).",
     )
     history_view.add_filters(p)
-    p.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.add_argument("--top", type=whole(1), default=10, metavar="N", help="rows per table (default 10)")
     p.set_defaults(func=history_view.cmd_stats)
 
     p = sub.add_parser(

@@ -28,6 +28,8 @@ def status_table(status: dict[str, Any]) -> Table:
     if status.get("serving_fallback"):
         yours = status.get("weights_path", "your weights")
         why = "did not load" if status.get("last_reload_error") else "does not exist yet"
+        if status.get("rolled_back") and not status.get("last_reload_error"):
+            why = "was rolled back: `calm rollback` again brings it back from shell.prev.cwgt"
         model_path += f" (the packaged model: {yours} {why})"
     table = Table(title="calmd status", show_header=False)
     table.add_column("field", style="bold")
@@ -145,4 +147,8 @@ def _import_line(imported: dict[str, Any]) -> str:
         parts.append(f"{refused} file{'s' * (refused != 1)} refused as not a shell history{last}")
     if failures:
         parts.append(f"{failures} could not be read (the daemon's log says which)")
+    bad_times = imported.get("bad_times") or 0
+    if bad_times:
+        plural = "s" * (bad_times != 1)
+        parts.append(f"{bad_times} imported command{plural} had an impossible time (kept without it)")
     return "; ".join(parts)

@@ -14,7 +14,8 @@ from typing import Any
 
 from calmd.history import query
 from calmd.history.store import HistoryStore
-from calmd.protocol import ForgetRequest, SearchRequest
+from calmd.protocol import SEARCH_CWD_BYTES, SEARCH_LINE_BYTES, ForgetRequest, SearchRequest
+from calmd.suggest.filters import terminal_safe
 from calmd.suggest.search import Context, SearchIndex
 
 MAX_REPLY_BYTES = 256 << 10  # commands in one reply, at most (a command may be 64 KiB)
@@ -132,19 +133,48 @@ class SearchService:
             return {"results": [], "matches": 0, "superseded": True}
         started = time.perf_counter()
         index, stale = self._current()
+        if request.row is not None:
+            return self._whole_line(request.row)
         ctx = Context(request.cwd, request.session, history)
         answer = index.search(request.query, request.mode, ctx, request.n)
         results, size = [], 0
         for result in answer.results:
             if stale and not self._stored(result.cmd):
                 continue
-            size += len(result.cmd.encode("utf-8", "replace"))
+            item = self._cut(result.to_json())
+            size += len(item["cmd"].encode("utf-8", "replace")) + len(item["cwd"].encode("utf-8", "replace"))
             if size > MAX_REPLY_BYTES:
                 break
-            results.append(result.to_json())
+            results.append(item)
         self.counts["searches"] += 1
         self.last_ms = round((time.perf_counter() - started) * 1e3, 3)
         return {"results": results, "matches": answer.matches, "ms": self.last_ms}
+
+    def _cut(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A result as the reply carries it: a line over SEARCH_LINE_BYTES cut (at a character's
+        end), with `cut` (its whole length in bytes) and `row` (a row of it: a search with `row`
+        gives it back whole), a folder over SEARCH_CWD_BYTES kept by its end after `…`. So the
+        lines asked for fit in the reply, however long the history's lines are."""
+        line = item["cmd"].encode("utf-8", "replace")
+        if len(line) > SEARCH_LINE_BYTES:
+            assert self._db is not None
+            (row,) = self._db.execute("SELECT max(id) FROM commands WHERE cmd = ?", (item["cmd"],)).fetchone()
+            item |= {"cmd": line[:SEARCH_LINE_BYTES].decode("utf-8", "ignore"), "cut": len(line), "row": row}
+        folder = item["cwd"].encode("utf-8", "replace")
+        if len(folder) > SEARCH_CWD_BYTES:
+            item["cwd"] = "…" + folder[-(SEARCH_CWD_BYTES - 3) :].decode("utf-8", "ignore")
+        return item
+
+    def _whole_line(self, row: int) -> dict[str, Any]:
+        """The command of the history's row `row`, whole, when a search could answer it (what the
+        store would store today, no control character but a multi-line command's newlines)."""
+        assert self._db is not None
+        found = self._db.execute("SELECT cmd, ts, cwd, exit FROM commands WHERE id = ?", (row,)).fetchone()
+        if found is None or not (query.shown(found[0]) and terminal_safe(found[0].replace("\n", " "))):
+            return {"results": [], "matches": 0}
+        cmd, ts, cwd, code = found
+        return {"results": [{"cmd": cmd, "ts": ts, "cwd": cwd, "exit": code, "runs": 1, "failing": False}],
+                "matches": 1}  # fmt: skip
 
     def _stored(self, cmd: str) -> bool:
         assert self._db is not None

@@ -56,6 +56,10 @@ EXIT_STARTUP_FAILURE = 3
 EXIT_SHUTDOWN_TIMEOUT = 1  # the watchdog ended a shutdown that overran graceful_timeout
 RELOAD_ATTEMPTS = 5  # loads of a weight file that keeps changing under them before giving up
 FileId = tuple[int, int, int, int]  # (device, inode, mtime in ns, size) of the weight file
+# The first-start import leaves to the hooks the entries timed from this long before the process
+# started: a history's times are whole seconds, and the shell writes the line before it forks.
+START_SLACK_S = 2.0
+SHELLS = frozenset({"bash", "zsh", "fish", "sh", "dash", "ksh", "mksh", "tcsh", "csh"})
 SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
 
 # what the CLI and the tests take from here
@@ -186,9 +190,14 @@ class Server:
         read whole (calmd/history/fish.py): in batches, stopped by `_import_stop`."""
         history = self.history
         assert history is not None
-        history.import_shell_histories(Path.home(), self._import_stop)
+        # Started at a shell's prompt (`calmd serve`), the entry timed as this daemon started is
+        # the command that started it (zsh and fish write a command when it starts), still
+        # running: not imported as a finished command without a status; the hook records it when
+        # it ends, with its status. (Started by systemd or a hook's helper, no entry is.)
+        leave_after = process_started() - START_SLACK_S if started_by_a_shell() else None
+        history.import_shell_histories(Path.home(), self._import_stop, leave_after=leave_after)
         if not self._import_stop.is_set():
-            import_first_start(history, stop=self._import_stop)
+            import_first_start(history, stop=self._import_stop, leave_after=leave_after)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -367,6 +376,7 @@ class Server:
                 "refused": store.counter("import_refused"),
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),
+                "bad_times": store.counter("import_bad_times"),  # kept without their impossible time
             },
         }
 
@@ -387,6 +397,10 @@ class Server:
             "model": engine,
             "weights_path": str(self.config.weights_path),
             "serving_fallback": self.serving_fallback,
+            # the user's weights were rolled back to the packaged model (`calm rollback` moved them
+            # to shell.prev.cwgt, which the next rollback brings back): not "not trained yet"
+            "rolled_back": not self.config.weights_path.exists()
+            and paths.prev_weights_path(self.config.weights_path).is_file(),
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_reload_error,
             "requests": self.listener.requests,
@@ -400,6 +414,27 @@ class Server:
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
         }
+
+
+def process_started() -> float:
+    """When this process started, in seconds since the epoch (Linux's /proc), else now: the
+    moment its command line was run, before the interpreter's start."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))  # fmt: skip
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def started_by_a_shell() -> bool:
+    """Whether this process's parent is a shell (the user typed `calmd serve` at its prompt)."""
+    try:
+        parent = Path(f"/proc/{os.getppid()}/comm").read_text().strip().lstrip("-")
+    except OSError:
+        return False
+    return parent in SHELLS
 
 
 def file_id(path: Path) -> FileId | None:

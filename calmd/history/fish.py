@@ -22,25 +22,35 @@ comes back with a new `when`, and is imported as a new run).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
+import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from calmd.history.store import (  # the checks and bounds bash's and zsh's imports are held to
     MAX_IMPORT_BYTES,
+    TIME_DIGITS,
+    FileEntry,
     HistoryStore,
     ImportResult,
     NotAHistory,
+    file_lines,
+    import_log_line,
     open_regular,
     refusal,
+    valid_time,
 )
 
 log = logging.getLogger("calmd.history.fish")
 
 CMD, WHEN = b"- cmd: ", b"  when: "
+SPILL_CACHE_KIB = 4096  # the page cache of the file that sorts entries out of time order
 
 
 def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> Path:
@@ -72,23 +82,58 @@ def unescape(raw: bytes) -> bytes:
     return bytes(out)
 
 
+def parse_when(value: bytes) -> int | None:
+    """A `when:` value as fish writes it (whole seconds since the epoch), or None when it is not
+    a time a command ran at: not digits (`soon`, `-5`, `1.5`), more than 12 of them (a 400-digit
+    one), before 1970 or after 2100 (store.valid_time)."""
+    digits = value.strip()
+    if not digits.isdigit() or len(digits) > TIME_DIGITS:
+        return None
+    when = int(digits)
+    return when if valid_time(when) else None
+
+
+# (when or None, whether a `when:` was there but impossible, the file offset of the command's text,
+# its escaped bytes or None for a line too long to be a command)
+RawEntry = tuple[int | None, bool, int, bytes | None]
+
+
+def raw_entries(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[RawEntry]:
+    """The entries of fish's history from its lines (offset, line without its newline or None when
+    over MAX_ENTRY_BYTES), in file order. Lines of another shape are passed over; a line too long
+    to be anything fish writes is taken for a command too long to keep (an entry, skipped)."""
+    entry: list[Any] | None = None  # [when, bad, offset, raw]
+    for start, line in lines:
+        if line is None or line.startswith(CMD):
+            if entry is not None:
+                yield entry[0], entry[1], entry[2], entry[3]
+            entry = [None, False, start + len(CMD), None if line is None else line[len(CMD) :]]
+        elif line.startswith(WHEN) and entry is not None:
+            entry[0] = parse_when(line[len(WHEN) :])
+            entry[1] = entry[0] is None
+    if entry is not None:
+        yield entry[0], entry[1], entry[2], entry[3]
+
+
+def _numbered(lines: Iterable[tuple[bytes | None, int]], start: int) -> Iterator[tuple[int, bytes | None]]:
+    """store.file_lines' (line, offset after it) as (offset of the line, line): the lines follow
+    each other, so each starts where the one before ended."""
+    at = start
+    for line, after in lines:
+        yield at, line
+        at = after
+
+
 def parse_fish_history(raw: bytes) -> Iterator[tuple[float | None, str]]:
-    """(when or None, command) per entry, in file order."""
-    cmd: bytes | None = None
-    when: float | None = None
+    """(when or None, command) per entry of a fish history in memory, in file order (an
+    impossible `when` is None)."""
+    lines, at = [], 0
     for line in raw.split(b"\n"):
-        line = line[:-1] if line.endswith(b"\r") else line
-        if line.startswith(CMD):
-            if cmd is not None:
-                yield when, cmd.decode("utf-8", "surrogateescape")
-            cmd, when = unescape(line[len(CMD) :]), None
-        elif line.startswith(WHEN) and cmd is not None:
-            try:
-                when = float(int(line[len(WHEN) :].strip()))
-            except ValueError:
-                when = None
-    if cmd is not None:
-        yield when, cmd.decode("utf-8", "surrogateescape")
+        lines.append((at, line[:-1] if line.endswith(b"\r") else line))
+        at += len(line) + 1
+    for when, _, _, cmd in raw_entries(lines):
+        if cmd is not None:
+            yield None if when is None else float(when), unescape(cmd).decode("utf-8", "surrogateescape")
 
 
 def _position(text: str | None) -> tuple[float, int]:
@@ -103,9 +148,28 @@ def _position(text: str | None) -> tuple[float, int]:
     return float("-inf"), 0
 
 
+def _new_entries(fd: int, region: int, size: int, last: float, seen: int) -> Iterator[RawEntry]:
+    """The entries of the file's bytes [region, size) that the import takes, in file order: those
+    after the store's mark (`last`, `seen`: `_position`). Read a chunk at a time, never whole."""
+    lines = _numbered(file_lines(fd, region, size), region)
+    if region:  # cut inside an entry: the first whole one starts at a `- cmd:` line
+        lines = itertools.dropwhile(lambda item: item[1] is not None and not item[1].startswith(CMD),
+                                    itertools.islice(lines, 1, None))  # fmt: skip
+    at_last = 0
+    for entry in raw_entries(lines):
+        stamp = float("-inf") if entry[0] is None else float(entry[0])  # no time: the oldest
+        if stamp < last:
+            continue
+        if stamp == last:
+            at_last += 1
+            if at_last <= seen:
+                continue
+        yield entry
+
+
 def import_fish_history(
     store: HistoryStore, path: str | os.PathLike[str], *, max_bytes: int = MAX_IMPORT_BYTES,
-    stop: threading.Event | None = None,
+    stop: threading.Event | None = None, leave_after: float | None = None,
 ) -> ImportResult:  # fmt: skip
     """Import the entries of a fish history file that the previous import of it did not read.
 
@@ -113,62 +177,112 @@ def import_fish_history(
     file only; refused whole (NotAHistory) when it is not a history (NUL runs, binary data); at
     most its newest `max_bytes` read (fish keeps 256,000 entries at most: a few MB); committed in
     batches, the new entries in time order so that each batch's mark is where the next import
-    (or this one, stopped by `stop`) goes on."""
+    (or this one, stopped by `stop`) goes on; an impossible `when` dropped and counted, the
+    command kept; entries timed at `leave_after` or later left to the hooks.
+
+    Streamed, in memory that does not grow with the file: a first pass counts the new entries
+    and sees whether they come in time order (fish appends: the usual case); then they are read
+    again and stored as they come, or, out of order, their times and places go to a temporary
+    SQLite file that gives them back sorted (`_sorted_entries`). Before issue 30 the file was
+    read whole into lists: 640 MB for 16 MiB of 1.8 million `- cmd: ls` entries."""
     p = Path(path).expanduser()
     with open_regular(p) as f:
         fd = f.fileno()
         st = os.fstat(fd)
         region = max(0, st.st_size - max_bytes)
         reason = refusal(fd, region, st.st_size)
-        raw = os.pread(fd, st.st_size - region, region) if reason is None else b""
-    if reason is not None:
-        raise NotAHistory(f"{p}: not a shell history ({reason}); nothing was imported from it")
-    if region:  # cut inside an entry: the first whole one starts at a `- cmd:` line
-        at = raw.find(b"\n" + CMD)
-        raw = raw[at + 1 :] if at >= 0 else b""
-    if raw.strip() and not is_fish_history(raw):
-        raise NotAHistory(f"{p}: not a fish history (no `- cmd:` entry first); give fish's fish_history")
-    last, seen = _position(store.import_position(p))
-    entries = list(parse_fish_history(raw))
-    new: list[tuple[float, float | None, str]] = []
-    at_last = 0
-    for when, cmd in entries:
-        stamp = float("-inf") if when is None else when  # an entry without a time: the oldest
-        if stamp < last:
-            continue
-        if stamp == last:
-            at_last += 1
-            if at_last <= seen:
-                continue
-        new.append((stamp, when, cmd))
-    new.sort(key=lambda entry: entry[0])  # stable: file order within a second
-    marked: list[tuple[float | None, str, str]] = []
+        if reason is not None:
+            store.count_refused(p, reason)
+            raise NotAHistory(f"{p}: not a fish history ({reason}); nothing was imported from it")
+        if not region and (head := os.pread(fd, 4096, 0)).strip() and not is_fish_history(head):
+            raise NotAHistory(f"{p}: not a fish history (no `- cmd:` entry first); give fish's fish_history")
+        last, seen = _position(store.import_position(p))
+        count, in_order, previous = 0, True, -1
+        for when, *_ in _new_entries(fd, region, st.st_size, last, seen):
+            count += 1
+            time_order = -1 if when is None else when  # an entry without a time: the oldest
+            in_order, previous = in_order and time_order >= previous, time_order
+        new = _new_entries(fd, region, st.st_size, last, seen)
+        with contextlib.ExitStack() as cleanup:
+            ordered = new if in_order else cleanup.enter_context(_sorted_entries(fd, new))
+            entries = _marked(ordered, count, last, seen, leave_after)
+            result = store.import_entries(p, "fish", entries, count, st.st_mtime, stop, mark_text)
+    return replace(result, skipped_bytes=region)
+
+
+@contextlib.contextmanager
+def _sorted_entries(fd: int, entries: Iterable[RawEntry]) -> Iterator[Iterator[RawEntry]]:
+    """`entries` in time order (file order within a second), sorted on disk: a private temporary
+    SQLite database (deleted when closed) holds each one's time and where its text is, never the
+    text, and gives them back in order; its cache is bounded, so memory is too."""
+    spill = sqlite3.connect("")
+    try:
+        spill.execute(f"PRAGMA cache_size = -{SPILL_CACHE_KIB}")
+        spill.execute("CREATE TABLE entry (t INTEGER, n INTEGER, bad INTEGER, at INTEGER, len INTEGER, "
+                      "PRIMARY KEY (t, n)) WITHOUT ROWID")  # fmt: skip
+        spill.executemany(
+            "INSERT INTO entry VALUES (?, ?, ?, ?, ?)",
+            ((-1 if when is None else when, n, bad, at, -1 if raw is None else len(raw))
+             for n, (when, bad, at, raw) in enumerate(entries)),
+        )  # fmt: skip
+
+        def read() -> Iterator[RawEntry]:
+            for when, bad, at, length in spill.execute("SELECT t, bad, at, len FROM entry ORDER BY t, n"):
+                raw = None if length < 0 else os.pread(fd, length, at)
+                yield (None if when < 0 else when), bool(bad), at, raw
+
+        yield read()
+    finally:
+        spill.close()
+
+
+def _marked(
+    entries: Iterable[RawEntry], total: int, last: float, seen: int, leave_after: float | None
+) -> Iterator[FileEntry]:
+    """The new entries, in time order, as the store takes them: each with the mark the import is
+    at after it (`mark_text`)."""
     count = 0
-    for i, (stamp, when, cmd) in enumerate(new):
-        count = count + 1 if i and stamp == new[i - 1][0] else (seen + 1 if stamp == last else 1)
-        marked.append((when, cmd, f"fish:{stamp}:{count}" + (":done" if i == len(new) - 1 else "")))
-    return replace(store.import_entries(p, "fish", marked, st.st_mtime, stop), skipped_bytes=region)
+    previous: float | None = None
+    for n, (when, bad, _, raw) in enumerate(entries):
+        stamp = float("-inf") if when is None else float(when)
+        count = count + 1 if stamp == previous else (seen + 1 if stamp == last else 1)
+        previous = stamp
+        text: str | None = "" if raw is None else unescape(raw).decode("utf-8", "surrogateescape")
+        if leave_after is not None and when is not None and when >= leave_after:
+            text = None  # the command that started the daemon, still running: its hook records it
+        yield (None if when is None else stamp), text, (stamp, count, n == total - 1), bad
+
+
+def mark_text(mark: tuple[float, int, bool]) -> str:
+    """The store's mark of where a fish import is: `fish:<when>:<entries with that when imported>`,
+    and `:done` after the last entry (made at the end of a batch only: `_stored_in_order`)."""
+    stamp, count, done = mark
+    return f"fish:{stamp}:{count}" + (":done" if done else "")
 
 
 def import_first_start(
-    store: HistoryStore, path: Path | None = None, stop: threading.Event | None = None
-) -> ImportResult | None:
+    store: HistoryStore, path: Path | None = None, stop: threading.Event | None = None,
+    leave_after: float | None = None,
+) -> ImportResult | None:  # fmt: skip
     """What the daemon does at start for a fish user, as it imports ~/.bash_history and
     ~/.zsh_history at its first start: import fish's history file while it was never read
-    whole (an import stopped by `stop` goes on at the next start). A file that cannot be read or
-    is not a history is logged (its path and why, never its text); this never fails."""
+    whole (an import stopped by `stop` goes on at the next start; entries timed at `leave_after`
+    or later are left to the hooks). A file that cannot be read or is not a history is logged
+    (its path and why, never its text) and counted (`import_refused`, `import_failures`: `calmd
+    status` shows them); this never fails."""
     p = path or default_path()
     try:
         mark = store.import_position(p)
         if not p.is_file() or (mark is not None and mark.endswith(":done")):
             return None
-        result = import_fish_history(store, p, stop=stop)
+        result = import_fish_history(store, p, stop=stop, leave_after=leave_after)
     except NotAHistory as exc:
         log.warning("did not import %s", exc)
         return None
     except Exception as exc:  # the daemon starts whatever the file holds
         log.warning("could not import %s: %s", p, type(exc).__name__)
+        with contextlib.suppress(Exception):
+            store.add_to_counter("import_failures")
         return None
-    log.info("imported %d commands from %s (%d dropped as credentials)", result.imported, p,
-             result.dropped_secrets)  # fmt: skip
+    log.info("%s", import_log_line(result))
     return result

@@ -11,8 +11,8 @@ expression) is a function registered on the connection.
 What is printed passes calmd/visible.py: a control character, a bidi override or an invisible
 character stored in a command or a folder is shown as an escape (`\\e`, `\\u202e`), never sent to
 the terminal; JSON writes them as `\\u` escapes. A timestamp that is not a time (none, not a number,
-before 1970 or past the year 9999: an old store, a hand-made one) is shown as unknown (`known_ts`),
-never a crash.
+before 1970 or after 2100: an older calmd's store, a hand-made one) is shown as unknown
+(`known_ts`), never a crash.
 
 Nothing here shows what the store would refuse. Every row passed the credential detector when it
 was stored, and the store is re-scanned when a newer detector comes (the daemon's next start);
@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
+import os
 import re
 import sqlite3
 import urllib.parse
@@ -37,7 +38,8 @@ from typing import Any, NamedTuple
 
 from calmd.errors import CalmError
 from calmd.history.secrets import DETECTOR_VERSION
-from calmd.history.store import SCHEMA_VERSION, HistoryStore
+from calmd.history.store import SCHEMA_VERSION, HistoryStore, clean_text, valid_time
+from calmd.protocol import TS_MAX
 from calmd.visible import json_escaped, json_text, visible
 
 BATCH = 20_000  # rows the search index reads per round trip
@@ -53,7 +55,7 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     a file that is not a calmd history or is newer than this calmd."""
     if not path.is_file():
         raise NoHistory(f"{path}: no history yet (start calmd, or run `calm import FILE`)")
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path.resolve())) + "?mode=ro"  # a path's own bytes
     # autocommit: no statement ever opens a transaction that would outlive it (an open read would
     # hold up the checkpoint after the daemon's next deletion)
     db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
@@ -63,7 +65,11 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     except sqlite3.DatabaseError as exc:
         db.close()
         raise CalmError(f"{path}: not a calmd history store ({exc})") from None
-    version = int(row[0]) if row else 0
+    text = str(row[0]) if row else "0"
+    if not text.isdigit():
+        db.close()
+        raise CalmError(f"{path}: its schema version {text[:20]!r} is not a number: not a calmd store")
+    version = int(text)
     if version > SCHEMA_VERSION:
         db.close()
         raise CalmError(
@@ -181,10 +187,12 @@ class HistoryFilter:
     limit: int = 0  # only the newest `limit` (0: all)
 
     def where(self) -> tuple[str, list[Any]]:
+        """SQL and its arguments. A text holding bytes that are not UTF-8 (a Latin-1 folder's name,
+        a pattern typed so) is looked for as the store keeps such bytes: U+FFFD (`clean_text`)."""
         clauses: list[str] = []
         args: list[Any] = []
         if self.cwd is not None:
-            folder = self.cwd.rstrip("/") or "/"
+            folder = clean_text(self.cwd)[0].rstrip("/") or "/"
             if self.below:
                 clauses.append("(cwd = ? OR substr(cwd, 1, ?) = ?)")
                 inside = folder if folder.endswith("/") else folder + "/"
@@ -194,7 +202,7 @@ class HistoryFilter:
                 args.append(folder)
         if self.session is not None:
             clauses.append("session = ?")
-            args.append(self.session)
+            args.append(clean_text(self.session)[0])
         if self.exit is not None:
             clauses.append("exit = ?")
             args.append(self.exit)
@@ -205,15 +213,16 @@ class HistoryFilter:
         # a time that is not one (known_ts) is neither since nor until anything: a text or an
         # infinity would sort after every number
         if self.since is not None:
-            clauses.append(f"ts BETWEEN ? AND {MAX_TS}")
+            clauses.append(f"ts BETWEEN ? AND {TS_MAX:.0f}")
             args.append(self.since)
         if self.until is not None:
             clauses.append("ts >= 0 AND ts < ?")
             args.append(self.until)
         if self.pattern:
+            pattern = clean_text(self.pattern)[0]
             if self.regex:
                 try:
-                    _compiled(self.pattern)
+                    _compiled(pattern)
                 except re.error as exc:
                     raise CalmError(
                         f"--regex: {self.pattern!r} is not a valid regular expression: {exc}"
@@ -221,7 +230,7 @@ class HistoryFilter:
                 clauses.append("calm_regexp(?, cmd)")
             else:
                 clauses.append("instr(cmd, ?) > 0")
-            args.append(self.pattern)
+            args.append(pattern)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
@@ -292,17 +301,19 @@ def parse_when(text: str, now: float) -> float:
         ) from None
 
 
-# The times a view shows: from 1970 to the year 9999 (two days short of it, so that no time zone's
-# local time passes it). Anything else in `ts` (an old or hand-made store: NULL, text, an infinity,
-# 1e300, a time before 1970) is shown as unknown, left out of `calm stats`'s times, and never
-# raises: datetime cannot hold it, and a view must still show the rest.
-MAX_TS = 253_402_128_000.0  # 9999-12-30 00:00 UTC
+# The times a view shows are the times a command can have run at: a number from 1970 to 2100
+# (protocol.TS_MAX), the range every time is held to where it enters (`record`, the imports:
+# store.valid_time). Anything else in `ts` (an older calmd's store not yet opened for writing,
+# which repairs it; a hand-made one: NULL, text, an infinity, 1e300, a time before 1970 or after
+# 2100) is shown as unknown, left out of `calm stats`'s times, never selected by --since or
+# --until, and never raises: datetime cannot hold some of them, and a view must still show the rest.
+# The one rule: `known_ts` here, `_KNOWN_TS` for the lines SQLite makes.
 UNKNOWN_TIME = "unknown time"
 
 
 def known_ts(ts: object) -> float | None:
-    """`ts` when it is a time a view can show (a number from 0 to MAX_TS), else None."""
-    if isinstance(ts, int | float) and 0 <= ts <= MAX_TS:  # NaN fails both comparisons
+    """`ts` when it is a time a view can show (a number store.valid_time takes), else None."""
+    if isinstance(ts, int | float) and valid_time(ts):  # NaN fails both comparisons
         return float(ts)
     return None
 
@@ -347,7 +358,7 @@ def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
     seconds = [f":{s:02d}  " for s in range(60)]
     unknown = f"{UNKNOWN_TIME:<19}  "
     for ts, code, cwd, cmd in rows:
-        if isinstance(ts, int | float) and 0 <= ts <= MAX_TS:
+        if known_ts(ts) is not None:
             whole = int(ts)
             minute = minutes.get(whole // 60)
             if minute is None:
@@ -375,7 +386,7 @@ def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
 # (history_lines): what `calm history` runs when every row has passed this calmd's credential
 # detector. Python then passes each line through `visible` (plain, commands) or `json_escaped`
 # (json), as it does the lines it makes itself: the two ways print the same bytes.
-_KNOWN_TS = f"typeof(ts) IN ('integer', 'real') AND ts BETWEEN 0 AND {MAX_TS}"  # known_ts
+_KNOWN_TS = f"typeof(ts) IN ('integer', 'real') AND ts BETWEEN 0 AND {TS_MAX:.0f}"  # known_ts
 _PLAIN_SQL = (
     f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') "
     f"ELSE '{UNKNOWN_TIME:<19}' END || '  ' || "
@@ -529,7 +540,7 @@ def compute_stats(
                 subs[f"{name} {following}"] += 1
         if cwd:
             by_folder[(cwd, name)] += 1
-        if not (isinstance(ts, int | float) and 0 <= ts <= MAX_TS):
+        if known_ts(ts) is None:
             continue  # not a time (known_ts): counted, but in no hour
         if first_ts is None or ts < first_ts:
             first_ts = ts

@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,6 +41,8 @@ from calmd import paths
 from calmd.errors import CalmError, DiskFull
 from calmd.history.recorded import COMP_ITEMS, clean_env
 from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
+from calmd.protocol import INT64_MAX, TS_MAX
+from calmd.visible import visible
 
 log = logging.getLogger("calmd.history.store")
 
@@ -80,6 +83,23 @@ CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
 CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+TIME_DIGITS = 12  # seconds since the epoch take 10 digits until 2286: a longer string is no time
+
+
+def time_of(digits: bytes) -> float:
+    """A history file's time (`#1700000000`, `: 1700000000:0;`): its digits as a number, infinite
+    (impossible: `valid_time`) when there are more than TIME_DIGITS of them, zeros first or not."""
+    return float(digits) if len(digits) <= TIME_DIGITS else math.inf
+
+
+def valid_time(ts: float | None) -> bool:
+    """Whether `ts` is a time a command can have run at: seconds since the epoch from 1970 to 2100
+    (protocol.TS_MAX). A negative, infinite or NaN time is not, nor one read from a digit string
+    too long to be a time (`#999999999999` is the year 33658): an import keeps such a command
+    without its time (`ImportResult.bad_times`)."""
+    return ts is not None and 0.0 <= ts <= TS_MAX
 
 
 @dataclass(frozen=True)
@@ -130,8 +150,123 @@ class ImportResult:
     dropped_secrets: int
     skipped: int  # empty, leading-space or over-long entries
     undecodable: int = 0  # entries kept with U+FFFD for bytes that were not UTF-8 (or NULs)
-    skipped_bytes: int = 0  # the oldest part of a file over the import bound, left out
+    skipped_bytes: int = 0  # bytes over the import bound not read yet (the next import reads them)
     complete: bool = True  # False: stopped after a batch; the next import goes on from there
+    bad_times: int = 0  # commands kept without their time: it was impossible (`valid_time`)
+    left_to_hooks: int = 0  # entries timed as the daemon started: still running (`leave_after`)
+
+
+def import_summary(result: ImportResult) -> str:
+    """What an import did, in one line, as `calm import` prints it: the file's name through
+    `visible` (a name is the user's bytes; calmd/visible.py), the rest calmd's own words."""
+    imported = f"{result.imported} commands imported ({result.format} format)"
+    return f"{visible(str(result.path))}: {imported}, " + ", ".join(import_details(result))
+
+
+def import_log_line(result: ImportResult) -> str:
+    """What an import did, as the daemon logs it."""
+    return f"imported {result.imported} commands from {result.path} ({', '.join(import_details(result))})"
+
+
+def import_details(result: ImportResult) -> list[str]:
+    """The counts of an import besides the commands stored."""
+    parts = [f"{result.dropped_secrets} dropped as credentials", f"{result.skipped} empty or space-prefixed"]
+    if result.undecodable:
+        parts.append(f"{result.undecodable} with bytes that are not UTF-8 (kept as U+FFFD)")
+    if result.bad_times:
+        parts.append(f"{result.bad_times} with an impossible time (before 1970, after 2100 or not a number: "
+                     "kept, timed by their place in the file)")  # fmt: skip
+    if result.left_to_hooks:
+        parts.append(f"{result.left_to_hooks} run as calmd started left to the shell's hook")
+    if result.skipped_bytes:
+        parts.append(
+            f"{result.skipped_bytes:,} older bytes not read yet (--max-mib): import it again to read them"
+            if result.format != "fish"  # fish's mark is a time: what is older than it is not read later
+            else f"its oldest {result.skipped_bytes:,} bytes left out (--max-mib)"
+        )
+    return parts
+
+
+_COUNTS = ("imported", "dropped", "skipped", "undecodable", "bad_times", "left")
+# An entry another parser read (calmd/history/fish.py): (timestamp or None, the command or None
+# when it is left to the hooks, the parser's mark after it, whether its time was impossible)
+FileEntry = tuple[float | None, str | None, Any, bool]
+
+
+@dataclass(frozen=True)
+class ReadMark:
+    """What of a bash or zsh history file the imports read, as `meta` keeps it:
+    `<done>:<fingerprint>[:<lo>-<hi>,...]`: the bytes [0, done), and the ranges after it (an
+    import bounded by --max-mib reads the newest bytes first and leaves the older unread, for the
+    next import); `fingerprint`: the hex of the file's first 64 bytes, which tells a file the shell
+    rewrote (trimmed to HISTSIZE) from one it appended to."""
+
+    done: int
+    ranges: tuple[tuple[int, int], ...]
+    fingerprint: str
+
+    @property
+    def extent(self) -> int:
+        return max([self.done, *(hi for _, hi in self.ranges)])
+
+    @classmethod
+    def parse(cls, text: str) -> ReadMark | None:
+        parts = text.split(":")
+        if not parts[0].isdigit() or len(parts) not in (2, 3):
+            return None
+        ranges: list[tuple[int, int]] = []
+        for item in parts[2].split(",") if len(parts) == 3 else ():
+            lo, _, hi = item.partition("-")
+            if not (lo.isdigit() and hi.isdigit()) or int(lo) >= int(hi):
+                return None
+            ranges.append((int(lo), int(hi)))
+        done = int(parts[0])
+        ends = [done] + [hi for _, hi in ranges]
+        if any(lo <= after for (lo, _), after in zip(ranges, ends, strict=False)):
+            return None  # not sorted, overlapping, or touching: not a mark this calmd wrote
+        return cls(done, tuple(ranges), parts[1])
+
+    def text(self) -> str:
+        spans = ",".join(f"{lo}-{hi}" for lo, hi in self.ranges)
+        return f"{self.done}:{self.fingerprint}" + (f":{spans}" if spans else "")
+
+    def unread(self, size: int) -> list[tuple[int, int]]:
+        """The byte ranges of a file of `size` bytes that no import read, oldest first."""
+        gaps, at = [], self.done
+        for lo, hi in (*self.ranges, (size, size)):
+            if lo > at:
+                gaps.append((at, min(lo, size)))
+            at = max(at, hi)
+        return [(lo, hi) for lo, hi in gaps if lo < hi]
+
+    def with_read(self, lo: int, hi: int) -> ReadMark:
+        """This mark with [lo, hi) read too (merged with the ranges it touches)."""
+        if lo >= hi:
+            return self
+        spans = sorted([*self.ranges, (lo, hi)])
+        done, merged = self.done, list[tuple[int, int]]()
+        for a, b in spans:
+            if a <= done:
+                done = max(done, b)
+            elif merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return ReadMark(done, tuple((a, b) for a, b in merged if b > done), self.fingerprint)
+
+
+@dataclass(frozen=True)
+class _FileSource:
+    """The file an import reads, and what it knows of it (import_file -> _import_ranges)."""
+
+    fd: int
+    key: str  # its `meta` key
+    mark: ReadMark  # what was read before
+    size: int
+    kind: str  # bash or zsh
+    multiline: bool  # a bash file delimited by timestamps
+    mtime: float
+    name: str
 
 
 @dataclass(frozen=True)
@@ -196,15 +331,44 @@ class HistoryStore:
             version = self._meta_get("schema_version")
             if version is None:
                 self._meta_set("schema_version", str(SCHEMA_VERSION))
+            elif not version.isdigit():
+                raise CalmError(
+                    f"{self.path}: its schema version {version[:20]!r} is not a number: not a calmd history "
+                    "store; give a history.sqlite3 calm wrote, or a new path"
+                )
             elif int(version) > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION})"
+                raise CalmError(
+                    f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION}): "
+                    "upgrade calm to use it, or give another store"
                 )
         if version is not None and int(version) < SCHEMA_VERSION:
             self._migrate(int(version))
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
         self.last_disk_full: float | None = None  # when a write last failed for lack of space
         self.rescanned = self._rescan_if_outdated()
+        self._repair_times()
+
+    def _repair_times(self) -> None:
+        """Give the rows an older calmd stored with an impossible time (an import before issue 30
+        kept `: 999999999999:0;ls` as the year 33658, a negative fish `when:` as 1969, a 400-digit
+        one as infinity) the time of the row before them: `calm history`, `calm stats` and the
+        rankings read times as times. Two probes of the `ts` index when there are none."""
+        bad = "ts < 0 OR ts > ?"
+        with self._lock:
+            if self._db.execute(f"SELECT 1 FROM commands WHERE {bad} LIMIT 1", (TS_MAX,)).fetchone() is None:
+                return
+        try:
+            before = "SELECT c.ts FROM commands c WHERE c.id < commands.id AND c.ts BETWEEN 0 AND ? " \
+                "ORDER BY c.id DESC"  # fmt: skip
+            with self._write_transaction(immediate=True):
+                repaired = self._db.execute(
+                    f"UPDATE commands SET ts = coalesce(({before} LIMIT 1), 0) WHERE {bad}", (TS_MAX, TS_MAX)
+                ).rowcount
+                self._meta_add("import_bad_times", repaired)
+        except (DiskFull, sqlite3.OperationalError) as exc:  # the store still opens: the next open repairs
+            log.warning("could not repair the impossible times of %s: %s", self.path, exc)
+            return
+        log.info("%d stored commands had an impossible time: given the time of the command before", repaired)
 
     def _migrate(self, version: int) -> None:
         """Bring a history written by an older calmd to SCHEMA_VERSION, in one transaction."""
@@ -236,6 +400,10 @@ class HistoryStore:
     def _meta_add(self, key: str, delta: int) -> None:
         current = int(self._meta_get(key) or 0)
         self._meta_set(key, str(current + delta))
+
+    def add_to_counter(self, key: str, delta: int = 1) -> None:
+        with self._lock:
+            self._meta_add(key, delta)
 
     def reset_counter(self, key: str) -> None:
         with self._lock:
@@ -303,6 +471,7 @@ class HistoryStore:
         if not doomed:
             return 0
         with self._write_transaction(immediate=True):
+            self._uncount_recent(doomed)
             for start in range(0, len(doomed), 500):
                 chunk = doomed[start : start + 500]
                 self._db.execute(f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk)
@@ -313,6 +482,20 @@ class HistoryStore:
             self._truncate_wal()
         self.remove_derived_datasets()
         return len(doomed)
+
+    def _uncount_recent(self, doomed: list[int]) -> None:
+        """Take the rows about to be deleted out of `recorded_since_train` when they are among the
+        commands it counts (the newest ones): `calmd status` said 20 commands since the last
+        training in a history of 19 after one deletion. Inside the caller's transaction."""
+        since = int(self._meta_get("recorded_since_train") or 0)
+        if since <= 0:
+            return
+        sql = "SELECT id FROM commands ORDER BY id DESC LIMIT 1 OFFSET ?"
+        row = self._db.execute(sql, (since,)).fetchone()
+        after = int(row[0]) if row else 0  # the counted commands are the rows with an id above it
+        counted = sum(1 for rid in doomed if rid > after)
+        total = int(self._db.execute("SELECT COUNT(*) FROM commands").fetchone()[0])
+        self._meta_set("recorded_since_train", str(max(0, min(since, total) - counted)))
 
     def _truncate_wal(self) -> None:
         """Copy the WAL into the database and truncate it to zero bytes (under the lock). Another
@@ -462,12 +645,17 @@ class HistoryStore:
         sql = f"SELECT {self._COLUMNS} FROM commands WHERE session {op} ? ORDER BY id DESC LIMIT ?"
         return self._rows(sql, (session, limit))[::-1]
 
-    def all_rows(self, *, after: int = 0, batch: int = 10_000) -> Iterator[HistoryRow]:
-        """Every stored command (with a row id above `after`), oldest first, read in batches."""
+    def all_rows(
+        self, *, after: int = 0, until: int | None = None, batch: int = 10_000
+    ) -> Iterator[HistoryRow]:
+        """Every stored command (with a row id above `after`, and at most `until`), oldest first,
+        read in batches."""
         last = after
+        end = INT64_MAX if until is None else until
         while True:
             rows = self._rows(
-                f"SELECT {self._COLUMNS} FROM commands WHERE id > ? ORDER BY id LIMIT ?", (last, batch)
+                f"SELECT {self._COLUMNS} FROM commands WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+                (last, end, batch),
             )
             if not rows:
                 return
@@ -506,17 +694,22 @@ class HistoryStore:
         *,
         max_bytes: int = MAX_IMPORT_BYTES,
         stop: threading.Event | None = None,
+        leave_after: float | None = None,
     ) -> ImportResult:
-        """Import a bash or zsh history file, from where the previous import of it stopped.
+        """Import a bash or zsh history file: the bytes of it no import read yet.
 
         Streamed: the file is read in chunks and committed in batches of IMPORT_BATCH commands,
-        each with the position it reached (an import that is stopped or killed goes on from there
-        next time), so memory does not grow with the file and the store's lock is free between
-        batches. At most the newest `max_bytes` of what is new are read (older commands are left
-        out and counted in `skipped_bytes`): the time an import takes is bounded too. A file that
-        is not a shell history (NUL runs or holes, binary data, records like /etc/passwd) is
-        refused whole (NotAHistory), counted in `meta` `import_refused`. Bytes that are not UTF-8
-        never fail an import: they are kept as U+FFFD and counted. `stop` ends it after a batch."""
+        each with the part of the file read so far (`ReadMark`: an import that is stopped or
+        killed goes on from there next time), so memory does not grow with the file and the
+        store's lock is free between batches. At most `max_bytes` are read, the newest unread
+        ones first: the older are counted in `skipped_bytes` and stay unread, for the next import
+        (never marked as read). A file that is not a shell history (NUL runs or holes, binary
+        data, records like /etc/passwd) is refused whole (NotAHistory), counted in `meta`
+        `import_refused`. Bytes that are not UTF-8 never fail an import: they are kept as U+FFFD
+        and counted; an impossible time (`valid_time`) is dropped and counted, the command kept.
+        Entries timed at `leave_after` or later are read but not stored (the daemon's first start:
+        the command that started it is still running; its hook records it when it ends). `stop`
+        ends it after a batch."""
         p = Path(path).expanduser()
         if fmt not in ("auto", "bash", "zsh"):
             raise ValueError(f"unknown history format {fmt!r} (auto, bash or zsh)")
@@ -527,48 +720,48 @@ class HistoryStore:
             head = os.pread(fd, FORMAT_SNIFF_BYTES, 0)
             key = f"imported:{p.resolve()}"
             with self._lock:
-                state = self._meta_get(key)
-            start = 0
-            if state:
-                done, _, fingerprint = state.partition(":")
-                # Continue only if the file still starts with what was read (not truncated/rewritten).
-                if done.isdigit() and int(done) <= size and head[: min(64, int(done))].hex() == fingerprint:
-                    start = int(done)
+                mark = ReadMark.parse(self._meta_get(key) or "")
+            if mark is None or mark.extent > size or head[: min(64, mark.extent)].hex() != mark.fingerprint:
+                mark = ReadMark(0, (), head[:64].hex())  # never read, or rewritten (trimmed): from the start
             kind = detect_format(head, p.name) if fmt == "auto" else fmt
             multiline = kind == "bash" and _bash_timestamped(head)
-            result = ImportResult(str(p), kind, 0, 0, 0)
-            if start >= size:
-                return result
-            region = max(start, size - max_bytes)  # what is read: the newest max_bytes at most
-            reason = refusal(fd, region, size)
-            skipped_bytes = 0
-            if reason is None and region > start:
-                begin = _entry_start(fd, region, size, kind, multiline)
-                skipped_bytes, start = begin - start, begin
+            spans, budget = [], max_bytes  # what this import reads: the newest unread bytes, max_bytes
+            for lo, hi in reversed(mark.unread(size)):
+                if budget > 0:
+                    spans.append((max(lo, hi - budget), hi))
+                    budget -= hi - lo
+            reason = next((why for lo, hi in spans if (why := refusal(fd, lo, hi)) is not None), None)
             if reason is not None:
-                with self._lock:
-                    self._meta_add("import_refused", 1)
-                    self._meta_set("last_import_refused", f"{p}: {reason}")
+                self.count_refused(p, reason)
                 raise NotAHistory(
                     f"{p}: not a shell history ({reason}); nothing was imported from it. Check that it "
                     "is the file you meant; a history has one command per line"
                 )
-            return self._import_entries(
-                fd, key, head, start, size, kind, multiline, st.st_mtime, stop,
-                ImportResult(str(p), kind, 0, 0, 0, skipped_bytes=skipped_bytes), p.name,
-            )  # fmt: skip
+            plan = []
+            for lo, hi in reversed(spans):
+                if (lo, hi) not in mark.unread(size):  # cut inside an entry: the first whole one after it
+                    lo = _entry_start(fd, lo, hi, kind, multiline)
+                if lo < hi:
+                    plan.append((lo, hi))
+            left_out = sum(hi - lo for lo, hi in mark.unread(size)) - sum(hi - lo for lo, hi in plan)
+            result = ImportResult(str(p), kind, 0, 0, 0, skipped_bytes=left_out)
+            if not plan:
+                return result
+            source = _FileSource(fd, key, mark, size, kind, multiline, st.st_mtime, p.name)
+            return self._import_ranges(source, plan, stop, result, leave_after)
 
-    def _import_entries(
-        self, fd: int, key: str, head: bytes, start: int, size: int, kind: str, multiline: bool,
-        mtime: float, stop: threading.Event | None, result: ImportResult, name: str,
+    def _import_ranges(
+        self, source: _FileSource, plan: list[tuple[int, int]], stop: threading.Event | None,
+        result: ImportResult, leave_after: float | None,
     ) -> ImportResult:  # fmt: skip
-        """Read the entries of [start, size) and store them batch by batch (see import_file)."""
-        counts = {"imported": 0, "dropped": 0, "skipped": 0, "undecodable": 0}
-        session, source = f"import:{name}", f"import:{kind}"
-        fingerprint = head[:64].hex()
+        """Read the entries of each byte range of `plan` (oldest first) and store them batch by
+        batch, each batch with the mark of what is read (see import_file)."""
+        counts = dict.fromkeys(_COUNTS, 0)
+        tally = dict.fromkeys(_COUNTS, 0)
+        session, kind = f"import:{source.name}", f"import:{source.kind}"
         batch: list[tuple[Any, ...]] = []
-        tally = dict.fromkeys(counts, 0)
-        position = start
+        read = source.mark  # the ranges read completely, this import's included
+        lo = position = 0  # the range being read, and how far
         complete = True
         verdicts: dict[str, RecordResult] = {}
 
@@ -580,48 +773,75 @@ class HistoryStore:
                         "VALUES (?, ?, '', '', ?, NULL, ?, '', '')",
                         batch,
                     )
-                self._meta_add("recorded_since_train", tally["imported"])
-                self._meta_add("dropped_secrets", tally["dropped"])
-                self._meta_add("undecodable", tally["undecodable"])
-                self._meta_set(key, f"{position}:{fingerprint}")
+                self._add_import_counts(tally)
+                self._meta_set(source.key, read.with_read(lo, position).text())
             for name in counts:
                 counts[name] += tally[name]
                 tally[name] = 0
             batch.clear()
 
-        for ts, raw, end in read_entries(fd, start, size, kind, multiline=multiline):
-            position = end
-            if raw is None:  # longer than any command: skipped unread
-                tally["skipped"] += 1
-            else:
-                cmd, replaced = clean_text(_text(raw))
-                verdict = verdicts.get(cmd)
-                if verdict is None:  # a history repeats itself: each distinct command is checked once
-                    if len(verdicts) >= VERDICT_CACHE:
-                        verdicts.clear()
-                    verdict = verdicts[cmd] = self.check(cmd)
-                if verdict.stored:
-                    # Without timestamps the file's order is kept: one microsecond per byte before mtime.
-                    stamp = ts if ts is not None else mtime - (size - end) * 1e-6
-                    batch.append((stamp, session, cmd, source))
-                    tally["imported"] += 1
-                    tally["undecodable"] += replaced
-                elif verdict.reason.startswith("secret:"):
-                    tally["dropped"] += 1
+        entries = 0  # read since the last batch
+        for lo, hi in plan:
+            position = lo
+            for ts, raw, end in read_entries(source.fd, lo, hi, source.kind, multiline=source.multiline):
+                position = end
+                entries += 1
+                if ts is not None and not valid_time(ts):
+                    ts, bad_time = None, True
                 else:
+                    bad_time = False
+                if raw is None:  # longer than any command: skipped unread
                     tally["skipped"] += 1
-            if sum(tally.values()) - tally["undecodable"] >= IMPORT_BATCH:
-                flush()
-                if stop is not None and stop.is_set():
-                    complete = False
-                    break
-        else:
-            position = size
-        if complete or any(tally.values()):
+                elif leave_after is not None and ts is not None and ts >= leave_after:
+                    tally["left"] += 1
+                else:
+                    cmd, replaced = clean_text(_text(raw))
+                    verdict = verdicts.get(cmd)
+                    if verdict is None:  # a history repeats itself: each distinct command is checked once
+                        if len(verdicts) >= VERDICT_CACHE:
+                            verdicts.clear()
+                        verdict = verdicts[cmd] = self.check(cmd)
+                    if verdict.stored:
+                        # Without a time, the file's order is kept: one microsecond per byte before mtime.
+                        stamp = ts if ts is not None else source.mtime - (source.size - end) * 1e-6
+                        batch.append((stamp, session, cmd, kind))
+                        tally["imported"] += 1
+                        tally["undecodable"] += replaced
+                        tally["bad_times"] += bad_time
+                    elif verdict.reason.startswith("secret:"):
+                        tally["dropped"] += 1
+                    else:
+                        tally["skipped"] += 1
+                if entries >= IMPORT_BATCH:
+                    entries = 0
+                    flush()
+                    if stop is not None and stop.is_set():
+                        complete = False
+                        break
+            else:
+                read = read.with_read(lo, hi)
+                lo = position = hi
+                continue
+            break
+        if complete:
             flush()
         return replace(result, imported=counts["imported"], dropped_secrets=counts["dropped"],
                        skipped=counts["skipped"], undecodable=counts["undecodable"],
+                       bad_times=counts["bad_times"], left_to_hooks=counts["left"],
                        complete=complete)  # fmt: skip
+
+    def _add_import_counts(self, tally: dict[str, int]) -> None:
+        """An import batch's counts into `meta` (inside its transaction)."""
+        for name, key in (("imported", "recorded_since_train"), ("dropped", "dropped_secrets"),
+                          ("undecodable", "undecodable"), ("bad_times", "import_bad_times")):  # fmt: skip
+            if tally[name]:
+                self._meta_add(key, tally[name])
+
+    def count_refused(self, path: Path, reason: str) -> None:
+        """An import refused `path` as not a history (`calmd status` shows the count and the last)."""
+        with self._lock:
+            self._meta_add("import_refused", 1)
+            self._meta_set("last_import_refused", f"{path}: {reason}")
 
     def import_position(self, path: Path) -> str | None:
         """Where the last import of `path` stopped, as its importer wrote it (None: never read)."""
@@ -629,50 +849,77 @@ class HistoryStore:
             return self._meta_get(f"imported:{path.resolve()}")
 
     def import_entries(
-        self, path: Path, kind: str, entries: Sequence[tuple[float | None, str, str]], mtime: float,
-        stop: threading.Event | None = None,
+        self, path: Path, kind: str, entries: Iterable[FileEntry], count: int, mtime: float,
+        stop: threading.Event | None = None, mark_text: Callable[[Any], str] = str,
     ) -> ImportResult:  # fmt: skip
-        """Store the commands another parser read from a history file (calmd/history/fish.py):
-        (timestamp or None, command, that parser's mark of where the import is after it), checked
-        and counted as `import_file`'s, committed in batches of IMPORT_BATCH, each with the mark of
-        its last entry (`import_position` gives it back: a stopped or killed import goes on from
-        there). Entries without a timestamp keep their order, a microsecond apart before `mtime`."""
+        """Store the commands another parser read from a history file (calmd/history/fish.py), as
+        they come (an iterator: they are not held): (timestamp or None, the command or None for
+        an entry read but left to the hooks, that parser's mark of where the import is after it,
+        whether the entry's time was impossible). Checked and counted as `import_file`'s,
+        committed in batches of IMPORT_BATCH, each with the mark of its last entry (written by
+        `mark_text`, once a batch; `import_position` gives it back: a stopped or killed import
+        goes on from there). Entries without a timestamp keep their order, a microsecond apart
+        before `mtime` (`count`: how many entries there are)."""
         key = f"imported:{path.resolve()}"
         session, source = f"import:{path.name}", f"import:{kind}"
-        counts = dict.fromkeys(("imported", "dropped", "skipped", "undecodable"), 0)
+        counts = dict.fromkeys(_COUNTS, 0)
+        tally = dict.fromkeys(_COUNTS, 0)
         verdicts: dict[str, RecordResult] = {}
+        batch: list[tuple[Any, ...]] = []
         complete = True
-        for first in range(0, len(entries), IMPORT_BATCH):
-            batch = entries[first : first + IMPORT_BATCH]
-            tally = dict.fromkeys(counts, 0)
+
+        def flush(mark: Any) -> None:
             with self._write_transaction():  # a batch and its mark: all of it or none of it
-                for i, (ts, text, _) in enumerate(batch, first):
-                    cmd, replaced = clean_text(text)
-                    verdict = verdicts.get(cmd)
-                    if verdict is None:
-                        if len(verdicts) >= VERDICT_CACHE:
-                            verdicts.clear()
-                        verdict = verdicts[cmd] = self.check(cmd)
-                    stamp = ts if ts is not None else mtime - (len(entries) - i) * 1e-6
-                    self._store(verdict, cmd, None, "", "", session, stamp, source)
-                    if verdict.stored:
-                        tally["imported"] += 1
-                        tally["undecodable"] += replaced
-                    else:
-                        tally["dropped" if verdict.reason.startswith("secret:") else "skipped"] += 1
-                if tally["undecodable"]:
-                    self._meta_add("undecodable", tally["undecodable"])
-                self._meta_set(key, batch[-1][2])
+                if batch:
+                    self._db.executemany(
+                        "INSERT INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env) "
+                        "VALUES (?, ?, '', '', ?, NULL, ?, '', '')",
+                        batch,
+                    )
+                self._add_import_counts(tally)
+                self._meta_set(key, mark_text(mark))
             for name in counts:
                 counts[name] += tally[name]
-            if stop is not None and stop.is_set() and first + IMPORT_BATCH < len(entries):
-                complete = False
-                break
-        return ImportResult(str(path), kind, counts["imported"], counts["dropped"], counts["skipped"],
-                            counts["undecodable"], complete=complete)  # fmt: skip
+                tally[name] = 0
+            batch.clear()
 
-    def import_shell_histories(self, home: Path, stop: threading.Event | None = None) -> ShellImport:
-        """The daemon's first start: import ~/.bash_history and ~/.zsh_history once. A file that
+        read, mark = 0, None
+        for i, (ts, text, mark, bad_time) in enumerate(entries):
+            read += 1
+            if text is None:
+                tally["left"] += 1
+            else:
+                cmd, replaced = clean_text(text)
+                verdict = verdicts.get(cmd)
+                if verdict is None:
+                    if len(verdicts) >= VERDICT_CACHE:
+                        verdicts.clear()
+                    verdict = verdicts[cmd] = self.check(cmd)
+                if verdict.stored:
+                    stamp = ts if ts is not None else mtime - (count - i) * 1e-6
+                    batch.append((stamp, session, cmd, source))
+                    tally["imported"] += 1
+                    tally["undecodable"] += replaced
+                    tally["bad_times"] += bad_time
+                else:
+                    tally["dropped" if verdict.reason.startswith("secret:") else "skipped"] += 1
+            if read >= IMPORT_BATCH:
+                read = 0
+                flush(mark)
+                if stop is not None and stop.is_set() and i + 1 < count:
+                    complete = False
+                    break
+        if read:
+            flush(mark)
+        return ImportResult(str(path), kind, counts["imported"], counts["dropped"], counts["skipped"],
+                            counts["undecodable"], complete=complete, bad_times=counts["bad_times"],
+                            left_to_hooks=counts["left"])  # fmt: skip
+
+    def import_shell_histories(
+        self, home: Path, stop: threading.Event | None = None, leave_after: float | None = None
+    ) -> ShellImport:
+        """The daemon's first start: import ~/.bash_history and ~/.zsh_history once (entries timed
+        at `leave_after` or later are left to the hooks: `import_file`). A file that
         cannot be read or is not a history is logged (its path and why, never its text) and
         counted (`import_failures`, `import_refused`), and the other is still imported: this never
         fails. Stopped (`stop`) before it is done, it goes on from where it was at the next start."""
@@ -684,7 +931,7 @@ class HistoryStore:
             try:
                 if not path.is_file():
                     continue
-                result = self.import_file(path, stop=stop)
+                result = self.import_file(path, stop=stop, leave_after=leave_after)
             except NotAHistory as exc:
                 log.warning("did not import %s", exc)
                 outcome.failures.append((str(path), "NotAHistory"))
@@ -697,11 +944,7 @@ class HistoryStore:
                     self._meta_add("import_failures", 1)
                 continue
             outcome.results.append(result)
-            log.info(
-                "imported %d commands from %s (%d dropped as credentials, %d with undecodable bytes%s)",
-                result.imported, path, result.dropped_secrets, result.undecodable,
-                f", the oldest {result.skipped_bytes:,} bytes left out" if result.skipped_bytes else "",
-            )  # fmt: skip
+            log.info("%s", import_log_line(result))
             if not result.complete:
                 return outcome  # stopped: the next start goes on
         with self._lock:
@@ -841,7 +1084,7 @@ def _bash_timestamped(head: bytes) -> bool:
 Entry = tuple[float | None, bytes | None, int]  # (timestamp, command bytes or None: too long, end offset)
 
 
-def _lines(fd: int, start: int, end: int) -> Iterator[tuple[bytes | None, int]]:
+def file_lines(fd: int, start: int, end: int) -> Iterator[tuple[bytes | None, int]]:
     """(line without its newline or None when it is longer than MAX_ENTRY_BYTES, offset after
     it) for the bytes [start, end) of `fd`, read a chunk at a time. A CR before the newline is
     dropped (a file that went through Windows); a last line without a newline counts."""
@@ -864,6 +1107,7 @@ def _lines(fd: int, start: int, end: int) -> Iterator[tuple[bytes | None, int]]:
             else:
                 yield (part[:-1] if part.endswith(b"\r") else part), after
             base = after
+        del parts, chunk  # before the next chunk is read: one chunk's lines in memory, not two
         if len(carry) > MAX_ENTRY_BYTES:
             dropping = True
             base += len(carry)
@@ -886,7 +1130,7 @@ def read_entries(fd: int, start: int, end: int, kind: str, *, multiline: bool = 
     """
     if kind not in ("bash", "zsh"):
         raise ValueError(f"unknown history format {kind!r} (bash or zsh)")
-    lines = _lines(fd, start, end)
+    lines = file_lines(fd, start, end)
     yield from (_zsh_entries(lines) if kind == "zsh" else _bash_entries(lines, multiline))
 
 
@@ -901,8 +1145,8 @@ def _bash_entries(lines: Iterator[tuple[bytes | None, int]], multiline: bool) ->
             if pending is not None:
                 yield pending_ts, None if too_long else b"\n".join(pending), pending_end
                 pending, too_long = None, False
-            digits = re.match(rb"#(\d{1,12})", line)
-            stamp = float(digits.group(1)) if digits else None
+            digits = re.match(rb"#(\d+)", line)  # all of them: a time cut to 12 digits is no time either
+            stamp = time_of(digits.group(1)) if digits else None  # an impossible one: `valid_time`
             continue
         if multiline and pending is not None:
             if line is None or too_long or sum(map(len, pending)) + len(line) > MAX_ENTRY_BYTES:
@@ -956,7 +1200,7 @@ def _zsh_entry(raw: bytes) -> tuple[float | None, bytes]:
     raw = unmetafy(raw)
     match = _ZSH_EXTENDED.match(raw)
     if match:
-        return float(match.group(1)), raw[match.end() :]
+        return time_of(match.group(1)), raw[match.end() :]
     if raw.startswith(b"\\:"):
         raw = raw[1:]  # a plain line that starts with `:` is written `\:`
     return None, raw
@@ -965,18 +1209,21 @@ def _zsh_entry(raw: bytes) -> tuple[float | None, bytes]:
 def _entry_start(fd: int, offset: int, end: int, kind: str, multiline: bool) -> int:
     """The offset of the first entry that starts at or after `offset`: the start of a line that
     follows a line not ending in a backslash (zsh), a timestamp line (a multi-line bash file),
-    any line (bash); `end` when there is none."""
-    prev_end: int | None = None  # offset after the line before (the first one read is partial)
+    any line (bash); `end` when there is none. The line before is read from 3 bytes before
+    `offset` on: when `offset` is a line's start, the end of the line before (`\\`, `\\\r`) says
+    whether it goes on (an entry once seemed to start at a zsh continuation line so)."""
+    start = max(0, offset - 3)
     prev_line: bytes | None = None
-    for line, after in _lines(fd, max(0, offset - 1), end):
-        if prev_end is not None:
+    first = True  # the first line read is partial: never an entry's start
+    for line, after in file_lines(fd, start, end):
+        if not first and start >= offset:
             if kind == "bash" and multiline:
                 begins = line is not None and _is_bash_timestamp(line)
             else:
                 begins = kind == "bash" or prev_line is None or not prev_line.endswith(b"\\")
             if begins:
-                return prev_end
-        prev_end, prev_line = after, line
+                return start
+        first, prev_line, start = False, line, after
     return end
 
 

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.atomic import atomic_write, read_regular_file
-from calmd.protocol import MAX_CANDIDATES, MAX_PATH_BYTES
+from calmd.protocol import EXIT_MAX, EXIT_MIN, MAX_CANDIDATES, MAX_PATH_BYTES, TS_MAX
 
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
@@ -217,6 +217,14 @@ def parse_duration(text: str) -> float | None:
     return value if 0.0 <= value <= 1e9 else None
 
 
+def parse_time(text: str) -> float | None:
+    """The shell's time of a command: seconds since the epoch from 1970 to 2100 (protocol.TS_MAX),
+    else None (the daemon's clock times it: a clock that is wrong costs the time, not the
+    command, which the daemon refused with `bad_field`). ValueError when it is not a number."""
+    value = float(text) if text else None
+    return value if value is not None and 0.0 <= value <= TS_MAX else None
+
+
 def parse_confidence(text: str) -> float | None:
     """A threshold from the shell: a number in [0, 1], else None (the default)."""
     try:
@@ -265,9 +273,11 @@ def parse_request(line: str) -> Complete | Record | Env | None:
             cwd, git = unescape(parts[3]), unescape(parts[4])
             return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
         if parts[0] == "r" and len(parts) in (6, 7):  # 7: with the seconds it ran
-            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() and len(parts[1]) < 12 else None
+            if exit_code is not None and not EXIT_MIN <= exit_code <= EXIT_MAX:
+                exit_code = None  # no status a shell reports: unknown, and the command still recorded
             duration = parse_duration(parts[6]) if len(parts) == 7 else None
-            ts = float(parts[4]) if parts[4] else None
+            ts = parse_time(parts[4])
             if ts is None and duration is not None:  # the shell had no clock: it started that long ago
                 ts = time.time() - duration
             cwd, git = unescape(parts[2]), unescape(parts[3])

@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 from calmd import paths
+from calmd.arguments import whole
 from calmd.errors import CalmError
 from calmd.history import query
+from calmd.protocol import EXIT_MAX, EXIT_MIN
 from calmd.visible import json_text, visible
 
 
@@ -52,7 +54,9 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--below", action="store_true", help="with --cwd: also in the folders under it")
     p.add_argument("--session", metavar="ID", help="only this shell session's commands (see --json)")
     status = p.add_mutually_exclusive_group()
-    status.add_argument("--exit", type=int, metavar="N", help="only commands that exited with N")
+    status.add_argument(
+        "--exit", type=whole(EXIT_MIN, EXIT_MAX), metavar="N", help="only commands that exited with N"
+    )  # a status a shell reports: a C int
     status.add_argument("--failed", action="store_true", help="only commands that failed (non-zero status)")
     status.add_argument(
         "--succeeded",
@@ -61,7 +65,7 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--since", metavar="WHEN", help="from this time on: 30m, 2h, 3d, 1w, today, 2025-11-24...")
     p.add_argument("--until", metavar="WHEN", help="before this time (same forms)")
-    p.add_argument("--limit", "-n", type=int, default=0, metavar="N", help="only the newest N (0: all)")
+    p.add_argument("--limit", "-n", type=whole(0), default=0, metavar="N", help="only the newest N (0: all)")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -155,8 +159,11 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
     first = query.local_time(stats.first_ts)[:10] if stats.first_ts is not None else query.UNKNOWN_TIME
     last = query.local_time(stats.last_ts)[:10] if stats.last_ts is not None else query.UNKNOWN_TIME
     rate = stats.failure_rate
-    of = f"{stats.failed:,} of the {stats.with_status:,} runs with a known status"
-    failures = f"{100 * rate:.1f}% failed ({of})" if rate is not None else "no exit status (imported)"
+    with_status = f"the {stats.with_status:,} runs" if stats.with_status != 1 else "the one run"
+    of = f"{stats.failed:,} of {with_status} with a known status"
+    failures = f"{100 * rate:.1f}% failed ({of})" if rate else "no exit status (imported)"
+    if rate == 0:
+        failures = f"none of {with_status} with a known status failed"
     summary = f"{stats.commands:,} commands, {stats.distinct:,} distinct, {first} to {last}; {failures}"
     tables: list[object] = [summary]
     top = Table(title="top commands", title_justify="left")

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calmd.protocol import MAX_SEARCH_RESULTS, SEARCH_MODES
+from calmd.protocol import MAX_QUERY_BYTES, MAX_SEARCH_RESULTS, SEARCH_MODES
 from calmd.visible import hidden, visible
 
 CHOSEN, CANCELLED, UNAVAILABLE = 0, 1, 3
@@ -152,6 +152,7 @@ class State:
     status: str = ""  # a message on the status line (replaces the keys' help)
     confirm: str = ""  # the line awaiting a y/n to be deleted
     waiting: bool = False  # a search is on its way
+    outcome: tuple[int, str] | None = None  # what the UI ends with, decided by a reply (a whole line)
 
     def __post_init__(self) -> None:
         if self.cursor < 0:
@@ -159,6 +160,17 @@ class State:
 
     def chosen(self) -> str | None:
         return str(self.results[self.selected]["cmd"]) if 0 <= self.selected < len(self.results) else None
+
+    def chosen_cut(self) -> dict[str, Any] | None:
+        """The selected result when the daemon cut its line for the reply (it has `cut` and `row`)."""
+        if 0 <= self.selected < len(self.results) and self.results[self.selected].get("cut"):
+            return self.results[self.selected]
+        return None
+
+    def clear(self, why: str) -> None:
+        """No results (a query the daemon cannot take): Enter has nothing to run."""
+        self.results, self.matches, self.selected, self.top = [], 0, 0, 0
+        self.status = why
 
     def edit(self, action: str, text: str = "") -> bool:
         """Apply an editing action to the query; True when the query changed."""
@@ -337,10 +349,18 @@ class Search:
         self.n = max(1, min(MAX_SEARCH_RESULTS, 3 * rows))
         self.newest = -1
         self.forgetting = -1
+        self.fetching = -1  # a cut line's whole text, asked for by `row`
+        self.fetch_for: tuple[str, dict[str, Any]] = ("", {})  # the key that asked, the cut result
         self.gone = False
 
     def ask(self, state: State) -> None:
         if self.gone:
+            return
+        if len(state.query.encode("utf-8", "replace")) > MAX_QUERY_BYTES:
+            # what the daemon refuses: the lines of a shorter query would stay, and Enter ran one
+            self.newest = -1
+            state.waiting = False
+            state.clear(f"the query is longer than {MAX_QUERY_BYTES:,} bytes: shorten it")
             return
         try:
             self.newest = self.client.send("search", query=state.query, mode=state.mode, n=self.n,
@@ -348,6 +368,30 @@ class Search:
             state.waiting = True
         except OSError:
             self.gone = True
+
+    def fetch(self, action: str, result: dict[str, Any], state: State) -> None:
+        """Ask for the whole of a line the reply cut: `action` (run, edit, forget) waits for it."""
+        try:
+            self.fetching = self.client.send("search", row=int(result.get("row") or 0), n=1)
+            self.fetch_for = (action, result)
+            state.status = f"reading the whole line ({int(result['cut']):,} bytes)…"
+        except (OSError, ValueError):
+            self.gone = True
+
+    def fetched(self, message: dict[str, Any], state: State) -> None:
+        """The whole line, checked against what was cut, goes where its key asked; else it is said."""
+        action, cut = self.fetch_for
+        self.fetching = -1
+        lines = [] if "error" in message else [str(r.get("cmd", "")) for r in message.get("results", [])]
+        whole = next((line for line in lines if line.startswith(str(cut["cmd"]))
+                      and len(line.encode("utf-8", "replace")) == cut["cut"]), None)  # fmt: skip
+        if whole is None:
+            state.status = "the whole line could not be read (deleted meanwhile?): nothing run"
+        elif action == "forget":
+            state.confirm = whole
+            state.status = f"delete every run of `{clip(visible(whole), 40)}` from the history for good? y/n"
+        else:
+            state.outcome = (CHOSEN, f"{action}\n{whole}")
 
     def forget(self, cmd: str) -> None:
         try:
@@ -367,15 +411,18 @@ class Search:
         changed = False
         for message in messages:
             rid = message.get("id")
-            if rid == self.forgetting:
+            if rid == self.fetching:
+                self.fetched(message, state)
+                changed = True
+            elif rid == self.forgetting:
                 n = int(message.get("forgotten", 0)) if "error" not in message else 0
                 state.status = f"deleted {n} run{'s' * (n != 1)} from the history" if n else "nothing deleted"
                 self.ask(state)
                 changed = True
             elif rid == self.newest:
                 state.waiting = False
-                if "error" in message:
-                    state.status = f"calmd: {visible(str(message['error'].get('message', 'error')))}"
+                if "error" in message:  # the lines shown answer another query: Enter must not run one
+                    state.clear(f"calmd: {visible(str(message['error'].get('message', 'error')))}")
                 elif not message.get("superseded"):
                     state.results = list(message.get("results", []))
                     state.matches = int(message.get("matches", 0))
@@ -472,6 +519,8 @@ def interact(screen: Screen, state: State, search: Search) -> tuple[int, str]:
                 redraw = True
             if not search.gone and search.client.fileno() in ready:
                 redraw |= search.take(state)
+                if state.outcome is not None:
+                    return state.outcome
             if screen.fd in ready:
                 data = os.read(screen.fd, 4096)
                 if not data:
@@ -517,6 +566,9 @@ def handle(action: str, text: str, state: State, search: Search, rows: int) -> t
         return None
     if action == "cancel":
         return CANCELLED, ""
+    if action in ("run", "edit", "forget") and state.chosen_cut() is not None:
+        search.fetch(action, state.chosen_cut() or {}, state)  # the reply cut it: the whole line first
+        return None
     if action in ("run", "edit"):
         chosen = state.chosen()
         if chosen is None:

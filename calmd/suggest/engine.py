@@ -74,6 +74,7 @@ from calmd.suggest.ranking import (
     first_word,
     outside_git,
     packaged_ranker,
+    packaged_ranker_path,
     serving_ranker,
 )
 
@@ -81,6 +82,9 @@ from calmd.suggest.ranking import (
 # below every line that belongs here, and never drawn (confidence 0)
 ELSEWHERE_PENALTY = 25.0
 DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
+# Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
+# 50,000 commands a second is caught up with over the next keystrokes, never waited for.
+KEYSTROKE_SYNC_ROWS = 5_000
 # Junk lines (calmd/suggest/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
@@ -308,15 +312,19 @@ class ModelEngine:
         }
 
     def _ranker_words(self) -> str:
+        """Which ranker serves, named by its file: the user's `ranker.json` (refitted by a run, or
+        put there by hand: a file without `info.refit` was called "packaged"), else the packaged
+        one, with why the user's did not load."""
         fitted = f"learned, {len(self.ranker.mean)} features, fitted on " \
             f"{self.ranker.info.get('training_users', '?')} users' histories"  # fmt: skip
-        refit = self.ranker.info.get("refit")
-        if isinstance(refit, dict):
-            examples = refit.get("examples", "?")
-            return f"{fitted}, refitted on {examples} examples of yours ({self.ranker_path})"
+        if self.ranker_path is not None:
+            refit = self.ranker.info.get("refit")
+            examples = refit.get("examples", "?") if isinstance(refit, dict) else None
+            yours = f", refitted on {examples} examples of yours" if examples is not None else ", yours"
+            return f"{fitted}{yours} ({self.ranker_path})"
         if self.ranker_error:
-            return f"{fitted} (packaged: {self.ranker_error})"
-        return f"{fitted} (packaged)"
+            return f"{fitted} (packaged, {packaged_ranker_path()}: {self.ranker_error})"
+        return f"{fitted} (packaged, {packaged_ranker_path()})"
 
     def complete(
         self,
@@ -751,7 +759,7 @@ class ModelEngine:
         store, index = self.history, self.index
         if store is None or index is None:
             return HistorySide({}, set(), set())
-        index.sync(store)  # what any shell recorded since the last keystroke
+        index.sync(store, budget=KEYSTROKE_SYNC_ROWS)  # what any shell recorded since the last keystroke
         if self.parts == "model":
             return HistorySide({}, set(), set())  # the ablation without the history's proposals
         context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]

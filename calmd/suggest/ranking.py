@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import json
 import logging
 import math
 from collections import Counter, defaultdict
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import read_json, read_regular_file
+from calmd.atomic import parse_json, read_json, read_regular_file
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.suggest.filters import UserVocabulary, terminal_safe
@@ -53,6 +52,9 @@ from calmd.suggest.filters import UserVocabulary, terminal_safe
 log = logging.getLogger("calmd")
 
 RANKER_VERSION = 1
+# What a fitted scorer's weights may be (check_sense): the packaged ones lie from 5e-12 to 6.
+WEIGHT_FLOOR, WEIGHT_LIMIT = 1e-30, 1e4  # below the floor, only 0 (and no subnormal number)
+SCALE_FLOOR = 1e-4  # a feature's standard deviation: the packaged ones are 0.001 or more
 MAX_RANKER_BYTES = 4 << 20  # the user's ranker file is read whole: 26 kB written, anything larger is not ours
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
@@ -373,11 +375,15 @@ class HistoryIndex:
         heads = self.heads_by_word.get(first_word(head))
         return heads[head] if heads is not None else 0
 
-    def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT) -> int:
+    def sync(self, store: HistoryStore, limit: int = INDEX_LIMIT, budget: int | None = None) -> int:
         """Add the store's commands recorded since the last sync; returns how many. The first
         sync starts at the newest `limit` commands: memory stays bounded for huge histories; so
         does a sync after an import added more than `limit` (it starts again from the newest).
-        Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it."""
+        Rows deleted from the store (a new generation: calm forget, a re-scan) rebuild it. It reads
+        up to the newest row there is when it starts: a keystroke during the first-start import
+        read on while the import added rows, 1.6 million of them, and waited 27 s (issue 30).
+        `budget`: at most that many rows this time (a keystroke's sync, while an import adds
+        thousands a second: the index catches up over the next keystrokes)."""
         generation = store.generation()
         if generation != getattr(self, "_generation", generation):
             self.__init__(self.prior)  # type: ignore[misc]  # forget everything, then re-read what remains
@@ -386,11 +392,14 @@ class HistoryIndex:
             self.__init__(self.prior)  # type: ignore[misc]  # an import added more than it holds
         if self.last_id == 0:
             self.last_id = store.newest_after(limit)
+        newest = store.newest_after(0)  # what is there now: an import adding rows meanwhile is not chased
         added = 0
-        for row in store.all_rows(after=self.last_id):
+        for row in store.all_rows(after=self.last_id, until=newest, batch=min(budget or 10_000, 10_000)):
             self.add(row.cmd, row.session, row.exit, row.ts, row.cwd, row.git)
             self.last_id = row.id
             added += 1
+            if added == budget:  # a keystroke's share: the next one goes on, in order
+                break
         return added
 
     def pool(self, prefix: str, prev: str | None, size: int = POOL_RECENT, carry: bool = True) -> list[str]:
@@ -638,7 +647,33 @@ def read_scorer_weights(
         raise FormatError(f"{source}: weights are not finite")
     if (arrays["scale"] <= 0).any():
         raise FormatError(f"{source}: field 'scale' must be positive")
+    check_sense(arrays, b2, source)
     return arrays, b2
+
+
+def check_sense(arrays: dict[str, np.ndarray], b2: float, source: str) -> None:
+    """FormatError naming the field unless a scorer's weights make sense, not only their shape:
+    each one 0 or of a magnitude from WEIGHT_FLOOR (no subnormal number: a subnormal `scale`
+    divides the features into infinities) to WEIGHT_LIMIT, a `scale` of SCALE_FLOOR or more, no
+    layer all zeros, and scores that are finite and tell the probe rows apart. A ranker file with
+    a subnormal scale and a zero layer loaded, and every confidence became 0.0: no ghost was ever
+    drawn (issue 30)."""
+    for key, values in {**arrays, "b2": np.asarray([b2])}.items():
+        magnitude = np.abs(values)
+        if ((magnitude > 0) & (magnitude < WEIGHT_FLOOR)).any() or (magnitude > WEIGHT_LIMIT).any():
+            raise FormatError(f"{source}: field {key!r} holds a weight outside {WEIGHT_FLOOR:g} to "
+                              f"{WEIGHT_LIMIT:g} (nor 0): not weights a fit writes")  # fmt: skip
+    if (arrays["scale"] < SCALE_FLOOR).any():
+        raise FormatError(f"{source}: field 'scale' is below {SCALE_FLOOR:g}: it would blow the features up")
+    for key in ("w1", "w2"):
+        if not arrays[key].any():
+            raise FormatError(f"{source}: field {key!r} is all zeros: every candidate would score the same")
+    mean, scale = arrays["mean"], arrays["scale"]
+    probes = np.vstack([mean, mean + np.diag(scale), mean - np.diag(scale)])  # each feature at +-1
+    with np.errstate(all="ignore"):
+        scores = np.tanh(((probes - mean) / scale) @ arrays["w1"] + arrays["b1"]) @ arrays["w2"] + b2
+    if not np.isfinite(scores).all() or np.ptp(scores) == 0:
+        raise FormatError(f"{source}: its scores are not finite or do not depend on the features")
 
 
 def packaged_ranker_path() -> Path:
@@ -653,9 +688,11 @@ def packaged_ranker() -> Ranker:
 
 def read_user_ranker(path: Path) -> Ranker:
     """A user's ranker file (`ranker.json`, `ranker.prev.json`), read safely: a regular file of at
-    most MAX_RANKER_BYTES, then validated. OSError, ValueError (bad JSON) or FormatError when it
-    is not one."""
-    return Ranker.from_json(json.loads(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES))), str(path))
+    most MAX_RANKER_BYTES, then validated. OSError, or FormatError when it is not one (bad or too
+    deeply nested JSON, the wrong fields)."""
+    return Ranker.from_json(
+        parse_json(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES)), path), str(path)
+    )
 
 
 def serving_ranker(path: Path) -> tuple[Ranker, str | None]:

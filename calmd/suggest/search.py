@@ -458,18 +458,22 @@ class SearchIndex:
         """Read the rows the store gained since the last sync (a read-only connection,
         calmd/history/query.py); returns how many. The first sync reads the newest SEARCH_LIMIT.
         Rows deleted meanwhile (the generation moved) start it over; so does growing past
-        SEARCH_LIMIT by a quarter (the oldest are then left out)."""
+        SEARCH_LIMIT by a quarter (the oldest are then left out), and more than SEARCH_LIMIT new
+        rows (an import: it reads the newest then). It reads up to the newest row there is when it
+        starts, never chasing an import that adds rows meanwhile (issue 30)."""
         generation = query.generation(db)
         deleted = self.generation is not None and generation != self.generation
-        if deleted or len(self) > SEARCH_LIMIT * 5 // 4:
+        behind = len(self) and query.newest_after(db, SEARCH_LIMIT) > self.last_id  # an import added more
+        if deleted or behind or len(self) > SEARCH_LIMIT * 5 // 4:
             self.__init__(self.ranker, self.history_ranker)  # type: ignore[misc]  # start over
         self.generation = generation
         if not len(self):
             self.last_id = query.newest_after(db, SEARCH_LIMIT)
             self.transitions_from = query.newest_after(db, INDEX_LIMIT)
+        newest = query.newest_after(db, 0)  # what is there now: an import adding rows is not chased
         added = 0
         while True:
-            rows = query.rows_after(db, self.last_id)
+            rows = [row for row in query.rows_after(db, self.last_id) if row[0] <= newest]
             if not rows:
                 return added
             for rid, ts, session, cwd, git, cmd, code in rows:

@@ -50,6 +50,7 @@ from calmd.atomic import (
     exchange,
     fsync_dir,
     keep_copy,
+    parse_json,
     read_regular_file,
     remove_stale_temp_files,
 )
@@ -110,9 +111,11 @@ def write_status(data_dir: Path, **fields: Any) -> None:
 
 def read_status(data_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads(bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)))
+        data = parse_json(
+            bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)), "training.json"
+        )
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # FormatError: not JSON, or nested too deeply
         return {}
 
 
@@ -425,7 +428,10 @@ def rollback(weights: Path) -> list[str]:
         if model_files and prev.exists():
             load_model(prev)  # refuse to restore a file that does not load (read safely, into memory)
         if prev_ranker.is_file():  # the same for the ranker, before anything moves
-            read_user_ranker(prev_ranker)
+            try:
+                read_user_ranker(prev_ranker)
+            except CalmError as exc:
+                raise CalmError(f"{exc}: nothing was rolled back") from None
         if model_files:
             done.append(_swap_back(weights, prev, "weights", "model"))
         if ranker_files:

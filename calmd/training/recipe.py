@@ -34,7 +34,7 @@ from pathlib import Path
 
 from calmd import paths
 from calmd.arguments import Parser, number, run_tool, whole
-from calmd.atomic import atomic_write
+from calmd.atomic import atomic_write, parse_json
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.corpus or (args.resume and corpus.exists() and stamp.exists()):
-        counts = json.loads(stamp.read_text())
+        counts = parse_json(stamp.read_bytes(), stamp)  # FormatError (one line) for a broken stamp
         print(f"corpus: reusing {corpus}")
     else:
         counts = write_corpus(args.data, corpus, seed=args.seed)

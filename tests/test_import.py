@@ -295,6 +295,21 @@ def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path
         assert shown.returncode == 0 and "Infinity" not in shown.stdout, shown.stderr
 
 
+def test_the_import_summary_names_a_hostile_file_escaped(tmp_path: Path) -> None:
+    """`calm import`'s line (the counts of issue 30's bounds: "N with an impossible time") names the
+    file through calmd/visible.py: a name holding an OSC sequence sets no terminal title."""
+    hostile = tmp_path / "hist\x1b]0;pwned\x07"
+    hostile.write_text("#1700000000\ngit status\n#999999999999\nls\n")
+    env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
+    out = subprocess.run([str(BIN / "calm"), "import", "--db", str(tmp_path / "h.sqlite3"), str(hostile)],
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    escaped = str(tmp_path).replace("\\", "\\\\") + "/hist\\e]0;pwned\\x07"
+    assert f"{escaped}: 2 commands imported (bash format)" in out.stdout, out.stdout
+    assert "1 with an impossible time" in out.stdout
+
+
 def test_a_bounded_import_leaves_the_older_lines_for_the_next_one(tmp_path: Path) -> None:
     """`--max-mib` below the file's size reads the newest part and marks only that as read: each
     import after it reads the next older part (and what the shell appended), until all of it is

@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
+from calmd.cli.sync import status_lines
+
 
 def status_table(status: dict[str, Any]) -> Table:
     """The status reply as rows of a rich Table (`calmd status --json` prints the reply itself)."""
@@ -40,6 +42,7 @@ def status_table(status: dict[str, Any]) -> Table:
                     f"{hist['since_last_training']} since last training"),
         ("import", _import_line(hist.get("import") or {})),
         ("search", _search_line(status.get("search") or {})),
+        ("sync", "\n".join(status_lines(status.get("sync") or {"enabled": False}))),
         ("training", _training_line(status.get("training") or {})),
         ("disk", _disk_line(status.get("disk") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),

@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import re
+import socket
 import sqlite3
 import urllib.parse
 from collections import Counter, defaultdict
@@ -98,21 +99,24 @@ class Entry(NamedTuple):
     exit: int | None
     source: str
     duration: float | None  # seconds it ran, when the shell said
+    host: str = ""  # the machine that recorded it ('' : this one; calmd/history/sync.py)
 
     @property
     def failed(self) -> bool:
         """The shell reported a non-zero status (imported commands carry none: never failed)."""
         return self.exit is not None and self.exit != 0
 
-    def to_json(self) -> dict[str, Any]:
-        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them)."""
+    def to_json(self, this: str = "") -> dict[str, Any]:
+        """The fields of `calm history --json` (times to the millisecond, as SQLite writes them);
+        `this`: this machine's name, for the records it made."""
         return {"id": self.id, "ts": round(self.ts, 3), "time": _iso(self.ts), "cmd": self.cmd,
                 "exit": self.exit, "duration": None if self.duration is None else round(self.duration, 3),
                 "cwd": self.cwd,
-                "git": self.git, "session": self.session, "source": self.source}  # fmt: skip
+                "git": self.git, "session": self.session, "source": self.source,
+                "host": host_label(self.host, this)}  # fmt: skip
 
 
-ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration"
+ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration, host"
 
 
 def rows_after(db: sqlite3.Connection, after: int, limit: int = BATCH) -> list[tuple[Any, ...]]:
@@ -163,6 +167,8 @@ class HistoryFilter:
     pattern: str = ""  # a substring of the command (case-sensitive), or with `regex` a Python regex
     regex: bool = False
     limit: int = 0  # only the newest `limit` (0: all)
+    host: str | None = None  # recorded on this machine (its name, or '' for this one)
+    this_host: str = ""  # this machine's name (`this_host(db)`): its records are stored with host ''
 
     def where(self) -> tuple[str, list[Any]]:
         clauses: list[str] = []
@@ -179,6 +185,13 @@ class HistoryFilter:
         if self.session is not None:
             clauses.append("session = ?")
             args.append(self.session)
+        if self.host is not None:
+            if self.host in ("", self.this_host):
+                clauses.append("host IN ('', ?)")  # this machine's records keep '' (and its name, if renamed)
+                args.append(self.this_host)
+            else:
+                clauses.append("host = ?")
+                args.append(self.host)
         if self.exit is not None:
             clauses.append("exit = ?")
             args.append(self.exit)
@@ -240,6 +253,27 @@ def rows(db: sqlite3.Connection, filt: HistoryFilter, columns: str) -> Iterator[
     at = [c.strip() for c in columns.split(",")].index("cmd")
     width = len(columns.split(","))
     return (row[:width] for row in cursor if shown(row[at]))
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+def this_hostname() -> str:
+    """This machine's name when sync has not named it (`calm sync --name`): the hostname."""
+    return (socket.gethostname() or "this machine")[:64]
+
+
+def this_host(db: sqlite3.Connection) -> str:
+    """The name this machine's records show (the store keeps '' for them): `calm sync --name`'s,
+    else the hostname."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'sync_host_name'").fetchone()
+    return str(row[0]) if row and row[0] else this_hostname()
+
+
+def host_label(host: str, this: str) -> str:
+    """A record's host as every view prints it (`calm history`, `calm stats`, `calm sync`):
+    its name, '' standing for this machine (`this`). The one place a host's name becomes text."""
+    return host or this or "this machine"
 
 
 # --------------------------------------------------------------------------- times
@@ -305,17 +339,34 @@ def one_line(cmd: str) -> str:
 
 
 PLAIN_COLUMNS = "ts, exit, cwd, cmd"
+HOSTS_COLUMNS = "ts, exit, host, cwd, cmd"  # with a host column: the history holds other machines'
 
 
-def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
+def several_hosts(db: sqlite3.Connection) -> bool:
+    """Whether the store holds records of another machine (synced): views show a host column."""
+    return db.execute("SELECT 1 FROM commands WHERE host != '' LIMIT 1").fetchone() is not None
+
+
+def plain_lines(rows: Iterable[tuple[Any, ...]], home: str, this: str | None = None) -> Iterator[str]:
     """`time  status  folder  command` per (ts, exit, cwd, cmd) row (`rows(db, filt, PLAIN_COLUMNS)`),
-    status blank when unknown. One tight loop with the minutes' and folders' text kept: 100,000
-    lines in a fraction of a second."""
+    status blank when unknown; with `this` (this machine's name), `time  status  host  folder
+    command` per (ts, exit, host, cwd, cmd) row (HOSTS_COLUMNS). One tight loop with the minutes'
+    and folders' text kept: 100,000 lines in a fraction of a second."""
     folders: dict[str, str] = {}
     minutes: dict[int, str] = {}
     statuses: dict[int | None, str] = {}
+    hosts: dict[str, str] = {}
     seconds = [f":{s:02d}  " for s in range(60)]
-    for ts, code, cwd, cmd in rows:
+    for row in rows:
+        if this is None:
+            ts, code, cwd, cmd = row
+            host = ""
+        else:
+            ts, code, host, cwd, cmd = row
+            label = hosts.get(host)
+            if label is None:
+                label = hosts[host] = host_label(host, this) + "  "
+            host = label
         whole = int(ts)
         minute = minutes.get(whole // 60)
         if minute is None:
@@ -328,23 +379,24 @@ def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
             folder = folders[cwd] = short_path(cwd, home) or "-"
         if "\n" in cmd or "\t" in cmd:
             cmd = one_line(cmd)
-        yield f"{minute}{seconds[whole % 60]}{status}{folder}  {cmd}"
+        yield f"{minute}{seconds[whole % 60]}{status}{host}{folder}  {cmd}"
 
 
-def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
+def json_lines(rows: Iterable[tuple[Any, ...]], this: str = "") -> Iterator[str]:
     """One JSON object per ENTRY_COLUMNS row (`Entry.to_json`), as SQLite's json_object writes it."""
     encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
     for row in rows:
-        yield encode(Entry._make(row).to_json())
+        yield encode(Entry._make(row).to_json(this))
 
 
 # The same lines made by SQLite, a few times faster on 100,000 rows than formatting them in Python
 # (history_lines): what `calm history` runs when every row has passed this calmd's credential detector.
 _ONE_LINE_SQL = ("CASE WHEN instr(cmd, char(10)) OR instr(cmd, char(9)) THEN replace(replace(replace(cmd, "
                  "'\\', '\\\\'), char(10), '\\n'), char(9), '\\t') ELSE cmd END")  # fmt: skip
+_HOST_SQL = "CASE WHEN host = '' THEN ? ELSE host END"  # host_label in SQL
 _PLAIN_SQL = (
     "strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') || '  ' || "
-    "printf('%3s', coalesce(exit, '')) || '  ' || "
+    "printf('%3s', coalesce(exit, '')) || '  ' || {host}"
     "CASE WHEN cwd = '' THEN '-' "
     "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
     "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || " + _ONE_LINE_SQL
@@ -352,15 +404,18 @@ _PLAIN_SQL = (
 _JSON_SQL = ("json_object('id', id, 'ts', round(ts, 3), "
              "'time', strftime('%Y-%m-%dT%H:%M:%S', ts, 'unixepoch', 'localtime'), 'cmd', cmd, "
              "'exit', exit, 'duration', round(duration, 3), 'cwd', cwd, 'git', git, "
-             "'session', session, 'source', source)")  # fmt: skip
+             "'session', session, 'source', source, 'host', " + _HOST_SQL + ")")  # fmt: skip
 
 
 def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: str = "") -> list[str]:
     """The lines of `calm history` in `form` (`plain`, `json` or `commands`), read whole at once."""
     assert form in ("plain", "json", "commands"), form
+    this = filt.this_host or this_host(db)
+    hosts = form == "plain" and several_hosts(db)
     if scanned_by_this_detector(db):
         home = "" if home in ("", "/") else home.rstrip("/")
-        expr, extra = {"plain": (_PLAIN_SQL, [home] * 5), "json": (_JSON_SQL, []),
+        plain = _PLAIN_SQL.format(host=_HOST_SQL + " || '  ' || " if hosts else "")
+        expr, extra = {"plain": (plain, [this] * hosts + [home] * 5), "json": (_JSON_SQL, [this]),
                        "commands": (_ONE_LINE_SQL, [])}[form]  # fmt: skip
         try:
             sql, args = ordered(filt, expr, extra)
@@ -369,9 +424,11 @@ def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: 
             if "json_object" not in str(exc):
                 raise
     if form == "json":
-        return list(json_lines(rows(db, filt, ENTRY_COLUMNS)))
+        return list(json_lines(rows(db, filt, ENTRY_COLUMNS), this))
     if form == "commands":
         return [one_line(cmd) for (cmd,) in rows(db, filt, "cmd")]
+    if hosts:
+        return list(plain_lines(rows(db, filt, HOSTS_COLUMNS), home, this))
     return list(plain_lines(rows(db, filt, PLAIN_COLUMNS), home))
 
 
@@ -400,6 +457,8 @@ class Stats:
     folders: list[tuple[str, int, list[tuple[str, int]]]] = field(default_factory=list)  # folder, runs, top
     hours: list[int] = field(default_factory=lambda: [0] * 24)  # runs per local hour of the day
     weekdays: list[int] = field(default_factory=lambda: [0] * 7)  # Monday first
+    # per machine (`per_host`): host, runs, failed, runs with a known status
+    hosts: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     @property
     def failure_rate(self) -> float | None:
@@ -420,6 +479,7 @@ class Stats:
             "folders": [{"folder": d, "runs": n, "top": [{"command": c, "runs": m} for c, m in top]}
                         for d, n, top in self.folders],
             "hours": self.hours, "busiest_hours": self.busiest_hours(), "weekdays": self.weekdays,
+            "hosts": [{"host": h, "runs": n, "failed": f, "with_status": k} for h, n, f, k in self.hosts],
         }  # fmt: skip
 
 
@@ -512,6 +572,17 @@ def compute_stats(
         per_folder[folder][name] += n
     stats.folders = busiest_folders(per_folder, folders)
     return stats
+
+
+def per_host(db: sqlite3.Connection, filt: HistoryFilter) -> list[tuple[str, int, int, int]]:
+    """`calm stats` per machine: (host, runs, failed, runs with a known status) of the commands
+    `filt` selects, most runs first; this machine's records under its name."""
+    where, args = filt.where()
+    sql = (f"SELECT {_HOST_SQL} AS h, COUNT(*), SUM(exit IS NOT NULL AND exit != 0), SUM(exit IS NOT NULL) "
+           f"FROM commands{where} GROUP BY h ORDER BY COUNT(*) DESC, h")  # fmt: skip
+    this = filt.this_host or this_host(db)
+    found = db.execute(sql, [this, *args]).fetchall()
+    return [(host_label(h, this), n, int(f or 0), int(k or 0)) for h, n, f, k in found]
 
 
 def percent(part: int, whole: int) -> str:

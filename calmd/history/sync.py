@@ -49,7 +49,6 @@ import math
 import os
 import re
 import secrets
-import socket
 import sqlite3
 import stat
 import struct
@@ -70,6 +69,7 @@ from nacl.exceptions import CryptoError
 from calmd import paths
 from calmd.atomic import atomic_write, read_regular_file, remove_stale_temp_files
 from calmd.errors import CalmError
+from calmd.history.query import this_hostname
 from calmd.history.recorded import clean_env
 from calmd.history.secrets import DETECTOR_VERSION
 from calmd.history.store import HistoryStore, _comp_text, clean_text
@@ -553,7 +553,7 @@ class Sync:
             return
         records = list(self._records_after(written))
         forgets = self._unsent_forgets()
-        if not records and not forgets:
+        if not records and not forgets and segments:
             with self.store.writing() as db:
                 self._set_meta(db, "sync_key_id", kid)
             return
@@ -877,13 +877,17 @@ def _payloads(name: str, records: Iterator[list[Any]] | Sequence[list[Any]],
     batch: list[list[Any]] = []
     size = 0
     pending = [list(f) for f in forgets]
+    first = True
     for record in records:
+        first = False
         batch.append(record)
         size += 64 + sum(len(v) for v in record if isinstance(v, str))
         if len(batch) >= CHUNK_RECORDS or size >= CHUNK_PLAIN_BYTES:
             yield _payload(name, batch, pending[: CHUNK_RECORDS * 4])
             pending = pending[CHUNK_RECORDS * 4 :]
             batch, size = [], 0
+    if not batch and not pending and first:  # nothing to send: a chunk that says the machine is there
+        yield _payload(name, [], [])
     while batch or pending:
         yield _payload(name, batch, pending[: CHUNK_RECORDS * 4])
         pending = pending[CHUNK_RECORDS * 4 :]
@@ -909,10 +913,6 @@ def _parse_payload(payload: dict[str, Any], now: float) -> tuple[str | None, flo
         raise Refused("malformed: a chunk without its records and forgets lists")
     clean_name = clean_text(name)[0] if name else None
     return clean_name, sealed, [parse_record(r, now) for r in records], [parse_forget(f) for f in forgets]
-
-
-def this_hostname() -> str:
-    return (socket.gethostname() or "this machine")[:MAX_NAME_CHARS]
 
 
 # --------------------------------------------------------------------------- git as the engine

@@ -17,6 +17,7 @@ reported: imported history has none) and the busiest hours of the day.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,6 +48,9 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--below", action="store_true", help="with --cwd: also in the folders under it")
     p.add_argument("--session", metavar="ID", help="only this shell session's commands (see --json)")
+    p.add_argument("--host", nargs="?", const="", metavar="NAME",
+                   help="only commands recorded on this machine (synced: `calm sync`; this one when NAME "
+                   "is left out)")  # fmt: skip
     status = p.add_mutually_exclusive_group()
     status.add_argument("--exit", type=int, metavar="N", help="only commands that exited with N")
     status.add_argument("--failed", action="store_true", help="only commands that failed (non-zero status)")
@@ -78,7 +82,7 @@ def history_filter(args: argparse.Namespace, now: float | None = None) -> query.
         raise CalmError("--since must be before --until")
     return query.HistoryFilter(cwd=cwd, below=args.below, session=args.session, exit=args.exit, failed=failed,
                                since=since, until=until, pattern=args.pattern, regex=args.regex,
-                               limit=args.limit)  # fmt: skip
+                               limit=args.limit, host=getattr(args, "host", None))  # fmt: skip
 
 
 def _db(args: argparse.Namespace) -> Path:
@@ -90,6 +94,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     db = query.open_read_only(_db(args))
     form = "json" if args.json else "commands" if args.commands else "plain"
     try:
+        filt = dataclasses.replace(filt, this_host=query.this_host(db))
         lines = query.history_lines(db, filt, form, os.environ.get("HOME", ""))
     finally:
         db.close()  # the rows are read: nothing holds the store while they are printed
@@ -125,9 +130,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     filt = history_filter(args)
     db = query.open_read_only(_db(args))
     try:
+        filt = dataclasses.replace(filt, this_host=query.this_host(db))
         with_subcommands = takes_subcommands()
         rows = query.rows(db, filt, query.STATS_COLUMNS)
         stats = query.compute_stats(rows, with_subcommands.__contains__, top=args.top)
+        stats.hosts = query.per_host(db, filt)
     finally:
         db.close()
     if args.json:
@@ -177,6 +184,14 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
             folders.add_row(query.short_path(folder, home), f"{runs:,}",
                             ", ".join(f"{c} ({n:,})" for c, n in best))  # fmt: skip
         tables.append(folders)
+    if len(stats.hosts) > 1:  # a history synced from other machines (`calm sync`)
+        hosts = Table(title="machines", title_justify="left")
+        for name, justify in (("host", "left"), ("runs", "right"), ("share", "right"), ("failed", "right")):
+            hosts.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for host, runs, failed, known in stats.hosts:
+            hosts.add_row(host, f"{runs:,}", query.percent(runs, stats.commands),
+                          query.percent(failed, known) if known else "-")  # fmt: skip
+        tables.append(hosts)
     hours = Table(title="busiest hours (local time)", title_justify="left")
     for name, justify in (("hour", "right"), ("runs", "right"), ("", "left")):
         hours.add_column(name, justify=justify)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import stat
@@ -359,3 +360,77 @@ def test_a_version_4_history_gains_the_sync_columns(tmp_path: Path) -> None:
 def test_open_segment_refuses_a_header_alone_with_another_magic() -> None:
     with pytest.raises(Refused, match="not a calm sync segment"):
         open_segment(b"X" * HEADER.size, new_key(), "0" * 16, 1)
+
+
+# --------------------------------------------------------------------------- the views of a synced history
+
+
+def test_the_history_knows_where_each_record_came_from(pair: tuple[Machine, Machine, Path]) -> None:
+    from calmd.history import query
+
+    laptop, desktop, _ = pair
+    laptop.store.record("make deploy", cwd="/src", exit=2, session="s", ts=1000.0)
+    desktop.store.record("htop", cwd="/root", exit=0, session="d", ts=1001.0)
+    laptop.run()
+    desktop.run()
+    db = query.open_read_only(desktop.store.path)
+    this = query.this_host(db)
+    assert this == "desktop"
+    lines = query.history_lines(db, query.HistoryFilter(this_host=this), "plain", "/home/u")
+    assert [line.split("  ")[-3:] for line in lines] == [
+        ["laptop", "/src", "make deploy"], ["desktop", "/root", "htop"]]  # fmt: skip
+    only = query.HistoryFilter(host="laptop", this_host=this)
+    assert [json.loads(line)["cmd"] for line in query.history_lines(db, only, "json")] == ["make deploy"]
+    here = query.HistoryFilter(host="", this_host=this)
+    assert [json.loads(line)["host"] for line in query.history_lines(db, here, "json")] == ["desktop"]
+    everything = query.HistoryFilter(this_host=this)
+    assert query.per_host(db, everything) == [("desktop", 1, 0, 1), ("laptop", 1, 1, 1)]
+    db.close()
+    # on a machine with no other machine's records, `calm history` prints as it always did
+    db = query.open_read_only(laptop.store.path)
+    with laptop.store.writing() as raw:
+        raw.execute("DELETE FROM commands WHERE host != ''")
+    lines = query.history_lines(db, query.HistoryFilter(), "plain")
+    assert [line.split("  ")[-3:] for line in lines] == [["2", "/src", "make deploy"]]
+    db.close()
+
+
+def test_search_has_a_this_machine_mode(pair: tuple[Machine, Machine, Path]) -> None:
+    from calmd.history import query
+    from calmd.suggest.search import SearchIndex
+
+    laptop, desktop, _ = pair
+    laptop.store.record("kubectl get pods", session="s", ts=1.0)
+    desktop.store.record("kubectl logs web", session="d", ts=2.0)
+    laptop.run()
+    desktop.run()
+    index = SearchIndex()
+    db = query.open_read_only(desktop.store.path)
+    index.sync(db)
+    db.close()
+    everywhere = {r.cmd for r in index.search("kubectl", "global").results}
+    assert everywhere == {"kubectl get pods", "kubectl logs web"}
+    assert [r.cmd for r in index.search("kubectl", "host").results] == ["kubectl logs web"]
+
+
+def test_suggestions_use_every_machine_with_this_ones_recency_first(
+    pair: tuple[Machine, Machine, Path],
+) -> None:
+    from calmd.suggest.ranking import FEATURES, HistoryIndex
+
+    laptop, desktop, _ = pair
+    desktop.store.record("git status", session="d", ts=1.0)
+    for i in range(30):  # the laptop's day, imported after the desktop's last command
+        laptop.store.record(f"git log -{i}", session="s", ts=2.0 + i)
+    laptop.run()
+    desktop.run()
+    index = HistoryIndex()
+    index.sync(desktop.store)
+    assert len(index) == 31
+    pool = index.pool("git ", None)
+    assert pool[0] == "git status" and "git log -29" in pool  # this machine's first, the others' too
+    rows = index.features("git ", ["git status", "git log -29"], [])
+    distance = FEATURES.index("log_distance")
+    assert rows[0][distance] == 0.0  # still the latest command here, whatever the laptop ran since
+    assert rows[1][distance] > 0.0
+    assert rows[1][FEATURES.index("log_count")] > 0.0  # the laptop's runs count

@@ -120,10 +120,10 @@ ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration, host"
 
 
 def rows_after(db: sqlite3.Connection, after: int, limit: int = BATCH) -> list[tuple[Any, ...]]:
-    """(id, ts, session, cwd, git, cmd, exit) of up to `limit` rows with an id above `after`,
+    """(id, ts, session, cwd, git, cmd, exit, host) of up to `limit` rows with an id above `after`,
     oldest first: what the daemon's search index reads, as plain tuples (a HistoryRow per row
     costs five times as much on 100,000 commands)."""
-    sql = "SELECT id, ts, session, cwd, git, cmd, exit FROM commands WHERE id > ? ORDER BY id LIMIT ?"
+    sql = "SELECT id, ts, session, cwd, git, cmd, exit, host FROM commands WHERE id > ? ORDER BY id LIMIT ?"
     return db.execute(sql, (after, limit)).fetchall()
 
 

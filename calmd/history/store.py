@@ -127,11 +127,12 @@ class HistoryRow:
     comp: tuple[str, ...] = ()
     env: str = ""
     duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
+    host: str = ""  # the machine that recorded it (schema 5; '': this one, calmd/history/sync.py)
 
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
-        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration = row
-        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration)
+        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration, host = row
+        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration, host)
 
 
 def _comp_items(text: str) -> tuple[str, ...]:
@@ -524,7 +525,7 @@ class HistoryStore:
         with self._lock:
             return [HistoryRow.from_db(row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration, host"
 
     def recent(self, *, limit: int, session: str | None = None, others: bool = False) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first: of every session, of `session` alone, or

@@ -7,6 +7,7 @@ import json
 import shutil
 import sqlite3
 import stat
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -434,3 +435,36 @@ def test_suggestions_use_every_machine_with_this_ones_recency_first(
     assert rows[0][distance] == 0.0  # still the latest command here, whatever the laptop ran since
     assert rows[1][distance] > 0.0
     assert rows[1][FEATURES.index("log_count")] > 0.0  # the laptop's runs count
+
+
+def test_a_git_remote_as_the_engine(tmp_path: Path) -> None:
+    from tests.tools import need
+
+    need("git")
+    remote = tmp_path / "calm-sync.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    key = new_key()
+    machines = []
+    for name in ("laptop", "desktop"):
+        folder = tmp_path / f"{name}-folder"
+        folder.mkdir()
+        m = machine(tmp_path, name, folder, key)
+        write_config(paths.sync_config_path(m.data), SyncConfig(str(folder), git=str(remote)))
+        machines.append(m)
+    laptop, desktop = machines
+    laptop.store.record("git push --tags", session="s", ts=1.0)
+    desktop.store.record("make release", session="d", ts=2.0)
+    assert laptop.run()["git"] == ""
+    assert desktop.run()["imported"] == 1
+    assert laptop.run()["imported"] == 1
+    assert [c for c, _ in desktop.commands()] == ["git push --tags", "make release"]
+    assert [c for c, _ in laptop.commands()] == ["git push --tags", "make release"]
+    # a forget travels through git too
+    laptop.store.forget(lambda cmd: "release" in cmd)
+    laptop.run()
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == ["git push --tags"]
+    # an unreachable remote is one line in the report, never an exception
+    nowhere = SyncConfig(str(tmp_path / "laptop-folder"), git=str(tmp_path / "nowhere.git"))
+    write_config(paths.sync_config_path(laptop.data), nowhere)
+    assert laptop.run()["git"].startswith("git fetch failed")

@@ -946,7 +946,8 @@ def git_sync(folder: Path, remote: str, name: str) -> str:
             if fetched.returncode:
                 return _git_error("fetch", fetched)
             if git("rev-parse", "-q", "--verify", "calm/calm-sync").returncode == 0:
-                merged = git("merge", "-q", "--no-edit", "-m", f"calm sync: {name}", "calm/calm-sync")
+                merged = git("merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m",
+                             f"calm sync: {name}", "calm/calm-sync")  # fmt: skip
                 if merged.returncode:
                     git("merge", "--abort")
                     return _git_error("merge", merged)

@@ -37,7 +37,7 @@ MAX_PATH_BYTES = 8192  # a shell's PATH
 # and a reply holds at most MAX_SEARCH_RESULTS lines (the screen's worth `calm search` asks for).
 MAX_QUERY_BYTES = 1024
 MAX_SEARCH_RESULTS = 100
-SEARCH_MODES = ("global", "folder", "session", "success")
+SEARCH_MODES = ("global", "host", "folder", "session", "success")  # host: recorded on this machine (sync)
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
 # calmd/suggest/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;

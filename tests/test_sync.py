@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import sqlite3
@@ -10,6 +11,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -394,6 +396,137 @@ def test_the_history_knows_where_each_record_came_from(pair: tuple[Machine, Mach
     lines = query.history_lines(db, query.HistoryFilter(), "plain")
     assert [line.split("  ")[-3:] for line in lines] == [["2", "/src", "make deploy"]]
     db.close()
+
+
+# A host's name is what that machine's segments say (a calmd there, or anything that holds the key),
+# and the sync folder's name is any name: every view prints them by the one rule for text bound for
+# a terminal (calmd/visible.py), as it prints a command (issue 30).
+HOSTILE_HOST = "lap\x1b]0;PWNED-TITLE\x07top\x1b[2J\u202eevil\x9b2J"
+
+
+@pytest.fixture
+def hostile_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Machine, Machine, Path]:
+    """A laptop named HOSTILE_HOST and a desktop, sharing a folder whose name holds an OSC 0 and a
+    bidi override; each has recorded one command and read the other's."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "300")  # rich's width off a terminal: no cell folded
+    folder = tmp_path / "shared\x1b]0;T\x07\u202e"
+    folder.mkdir()
+    key = new_key()
+    laptop, desktop = machine(tmp_path, "laptop", folder, key), machine(tmp_path, "desktop", folder, key)
+    laptop.sync.set_host_name(HOSTILE_HOST)
+    laptop.store.record("make deploy", cwd="/src", exit=2, session="s", ts=1000.0)
+    desktop.store.record("htop", cwd="/srv", exit=0, session="d", ts=1001.0)
+    laptop.run()
+    desktop.run()
+    laptop.run()
+    assert desktop.commands() == [("make deploy", HOSTILE_HOST), ("htop", "")]  # stored as it came
+    assert laptop.commands() == [("make deploy", ""), ("htop", "desktop")]
+    return laptop, desktop, folder
+
+
+def assert_nothing_hidden(out: str) -> None:
+    from calmd.visible import HIDDEN
+
+    assert HIDDEN.search(out.replace("\n", "")) is None, repr(out)
+
+
+@pytest.mark.parametrize("scanned", [True, False], ids=["sqlite-lines", "python-lines"])
+def test_a_hosts_name_is_shown_escaped_in_history_and_stats(
+    hostile_pair: tuple[Machine, Machine, Path], scanned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the machine that imported the name and on the one that chose it (its own records show
+    its name): `calm history`'s host column, --json, --host, `calm stats`'s machines table."""
+    from calmd.cli import calm_main
+    from calmd.visible import visible
+
+    for m in hostile_pair[:2]:
+        if not scanned:  # an older detector's store: Python makes the lines, row by row
+            with m.store.writing() as db:
+                db.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+        db_path = str(m.store.path)
+        assert calm_main(["history", "--db", db_path]) == 0
+        out = capsys.readouterr().out
+        assert_nothing_hidden(out)
+        lines = out.splitlines()
+        assert len(lines) == 2
+        # a line is one text: the host, folder and command escaped together
+        assert lines[0].endswith(visible(f"  2  {HOSTILE_HOST}  /src  make deploy")), lines[0]
+        assert lines[1].endswith("  0  desktop  /srv  htop"), lines[1]
+        assert calm_main(["history", "--db", db_path, "--host", HOSTILE_HOST, "--commands"]) == 0
+        assert capsys.readouterr().out == "make deploy\n"
+        assert calm_main(["history", "--db", db_path, "--json"]) == 0
+        out = capsys.readouterr().out
+        assert_nothing_hidden(out)
+        assert [(d["cmd"], d["host"]) for d in map(json.loads, out.splitlines())] == [
+            ("make deploy", HOSTILE_HOST), ("htop", "desktop")]  # fmt: skip
+        assert calm_main(["--no-color", "stats", "--db", db_path]) == 0
+        out = capsys.readouterr().out
+        assert_nothing_hidden(out)
+        table = out[out.index("machines") : out.index("busiest hours")]
+        rows = [line for line in table.splitlines() if line.startswith("│")]
+        assert [row.split("│")[1].strip() for row in rows] == ["desktop", visible(HOSTILE_HOST)]
+        assert len({len(row) for row in rows}) == 1  # the columns line up on the escaped name
+        assert calm_main(["stats", "--db", db_path, "--json"]) == 0
+        out = capsys.readouterr().out
+        assert_nothing_hidden(out)
+        assert sorted(h["host"] for h in json.loads(out)["hosts"]) == sorted(["desktop", HOSTILE_HOST])
+
+
+def test_calm_sync_and_calmd_status_show_names_and_refusals_escaped(
+    hostile_pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`calm sync`, `calm sync now` and `calmd status`'s sync part: the folder, this machine's and
+    the others' names, a refused file's name (in the folder) and why."""
+    from rich.console import Console
+
+    from calmd.cli import calm_main
+    from calmd.cli.status_view import status_table
+    from calmd.visible import visible
+
+    laptop, desktop, folder = hostile_pair
+    monkeypatch.setenv("CALM_HOME", str(laptop.data))
+    assert calm_main(["sync"]) == 0
+    out = capsys.readouterr().out
+    assert_nothing_hidden(out)
+    assert visible(f"folder: {folder} (both, every 30 s)") in out.splitlines()
+    assert visible(f"this machine: {HOSTILE_HOST} ({laptop.sync.host_id()}); key ") in out
+    assert f"  desktop ({desktop.sync.host_id()}): segment 1, sealed " in out
+    # a segment of the laptop's with a flipped byte: refused on the desktop, its name said escaped
+    laptop.store.record("ls", session="s", ts=1002.0)
+    laptop.run()
+    seg = laptop.segments(folder)[0]
+    bad = bytearray(seg.read_bytes())
+    bad[HEADER.size + 40] ^= 0x01
+    seg.write_bytes(bad)
+    monkeypatch.setenv("CALM_HOME", str(desktop.data))
+    assert calm_main(["sync", "now"]) == 1
+    now = capsys.readouterr()
+    assert_nothing_hidden(now.out + now.err)
+    [refusal] = [line for line in now.err.splitlines() if line.startswith("refused ")]
+    assert refusal.startswith(visible(f"refused {seg}: ")) and "tampered" in refusal
+    assert calm_main(["sync"]) == 0
+    out = capsys.readouterr().out
+    assert_nothing_hidden(out)
+    lines = out.splitlines()
+    assert visible(f"folder: {folder} (both, every 30 s)") in lines
+    assert visible(f"  {HOSTILE_HOST} ({laptop.sync.host_id()}): segment 1, sealed ") in out
+    assert "refused files: 1 in all, 1 now" in lines and refusal.replace("refused ", "  ", 1) in lines
+    # calmd status draws the same lines in its sync cell, one per line, escaped once
+    status: dict[str, Any] = {
+        "model": {}, "history": {"commands": 2, "dropped_secrets": 0, "since_last_training": 0},
+        "latency_ms": {"first_p50": None, "first_p99": None, "done_p50": None, "done_p99": None},
+        "requests": 0, "errors": 0, "uptime_s": 1.0, "version": "x", "protocol": 1,
+        "sync": desktop.sync.describe(),
+    }  # fmt: skip
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, force_terminal=True, color_system="standard").print(status_table(status))
+    drawn = buffer.getvalue()
+    for raw in ("\x1b]", "\x07", "\x9b", "\u202e"):
+        assert raw not in drawn
+    for line in lines:
+        assert line in drawn, line  # not joined into one line with `\n`, not escaped twice
 
 
 def test_search_has_a_this_machine_mode(pair: tuple[Machine, Machine, Path]) -> None:

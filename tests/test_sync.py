@@ -360,6 +360,48 @@ def test_a_version_4_history_gains_the_sync_columns(tmp_path: Path) -> None:
     assert [r.cmd for r in store.all_rows()] == ["make", "ls"]
 
 
+@pytest.mark.parametrize("version", [3, 4])
+def test_the_views_read_an_older_history_as_it_is(
+    tmp_path: Path, version: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calm history` and `calm stats` read a store the daemon has not migrated yet (it does at
+    its next start) without writing to it: its records are this machine's, of unknown duration
+    when the schema had none."""
+    from calmd.cli import calm_main
+    from calmd.history import query
+
+    path = tmp_path / "history.sqlite3"
+    store = HistoryStore(path)
+    store.record("make", cwd="/src", session="a", exit=0, ts=1000.0, duration=1.5)
+    store.close()
+    con = sqlite3.connect(path)
+    con.executescript(
+        "DROP INDEX commands_origin; DROP INDEX commands_unshared; DROP TABLE sync_forgotten;"
+        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused;"
+        "ALTER TABLE commands DROP COLUMN host; ALTER TABLE commands DROP COLUMN origin;"
+        "ALTER TABLE commands DROP COLUMN origin_id;"
+        + ("ALTER TABLE commands DROP COLUMN duration;" if version < 4 else "")
+        + f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version';"
+    )
+    con.close()
+    before = path.read_bytes()
+    for scanned in (True, False):  # SQLite's lines, then Python's (an older detector's store)
+        if not scanned:
+            with sqlite3.connect(path) as con:
+                con.execute("UPDATE meta SET value = '1' WHERE key = 'detector_version'")
+            before = path.read_bytes()
+        assert calm_main(["history", "--db", str(path)]) == 0
+        assert capsys.readouterr().out.endswith("  0  /src  make\n")  # no host column
+        assert calm_main(["history", "--db", str(path), "--json", "--host"]) == 0
+        [doc] = map(json.loads, capsys.readouterr().out.splitlines())
+        assert doc["host"] == query.this_hostname()
+        assert doc["duration"] == (1.5 if version >= 4 else None)
+        assert calm_main(["stats", "--db", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["hosts"] == [
+            {"host": query.this_hostname(), "runs": 1, "failed": 0, "with_status": 1}]  # fmt: skip
+        assert path.read_bytes() == before  # read as it is, never migrated here
+
+
 def test_open_segment_refuses_a_header_alone_with_another_magic() -> None:
     with pytest.raises(Refused, match="not a calm sync segment"):
         open_segment(b"X" * HEADER.size, new_key(), "0" * 16, 1)

@@ -5,7 +5,8 @@ The store is opened on a connection of its own, read-only (SQLite's `mode=ro`): 
 never migrates and never takes the write lock, so it is safe while the daemon records (WAL: a
 reader sees the last committed state and neither waits for the writer nor holds it up). A store
 from a newer calmd (a schema this one does not know) is refused with a clear error rather than
-misread. The filters are SQL over the store's indexes; what SQL cannot say (a regular
+misread; one from an older calmd is read as it is, with the columns it lacks as the migration would
+fill them (`_older_columns`). The filters are SQL over the store's indexes; what SQL cannot say (a regular
 expression) is a function registered on the connection.
 
 What is printed passes calmd/visible.py: a control character, a bidi override or an invisible
@@ -71,8 +72,26 @@ def open_read_only(path: Path) -> sqlite3.Connection:
         raise CalmError(
             f"{path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION}): upgrade calm"
         )
+    if version < SCHEMA_VERSION:
+        _older_columns(db)
     db.create_function("calm_regexp", 2, _regexp, deterministic=True)
     return db
+
+
+# The columns later schemas added that the views read, each as the migration fills it for older
+# rows: a store from an older calmd is read as it is (read-only: the daemon migrates it at its next
+# start), its rows all this machine's (`host` '') and of unknown duration.
+_ADDED_COLUMNS = {"duration": "NULL", "host": "''"}
+
+
+def _older_columns(db: sqlite3.Connection) -> None:
+    """For a store whose `commands` lacks some of _ADDED_COLUMNS: a temporary view of the same
+    name (in the connection's own temp schema, which shadows the file's table; nothing is written
+    to the store) that adds them, so every query here reads one schema."""
+    present = {row[1] for row in db.execute("PRAGMA main.table_info(commands)")}
+    missing = [f"{value} AS {name}" for name, value in _ADDED_COLUMNS.items() if name not in present]
+    if present and missing:
+        db.execute(f"CREATE TEMP VIEW commands AS SELECT *, {', '.join(missing)} FROM main.commands")
 
 
 def _regexp(pattern: str, text: str) -> bool:

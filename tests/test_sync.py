@@ -133,23 +133,33 @@ def test_a_forget_travels_and_the_text_leaves_the_folder(pair: tuple[Machine, Ma
     laptop.store.record("echo hunter2x", session="s1", ts=1000.0)
     laptop.store.record("ls", session="s1", ts=1001.0)
     laptop.run()
-    old_copy = laptop.segments(folder)[0].read_bytes()
+    [old] = laptop.segments(folder)
+    old_copy = old.read_bytes()
     desktop.run()
     assert "echo hunter2x" in [c for c, _ in desktop.commands()]
     assert "hunter2x" in plain_texts(laptop, folder)
-    # forgotten on the desktop: the laptop deletes it too and rewrites its segments without it
+    # forgotten on the desktop: the laptop deletes it too and writes new segments without it
     assert desktop.store.forget(lambda cmd: "hunter2x" in cmd) == 1
     assert desktop.run()["forgets_sent"] == 1
     report = laptop.run()
     assert report["forgotten"] == 1 and report["rebuilt"]
     assert [c for c, _ in laptop.commands()] == ["ls"]
+    [new] = laptop.segments(folder)
+    assert new.name > old.name  # a new file: no name ever holds two versions
     assert "hunter2x" not in plain_texts(laptop, folder)
-    desktop.run()  # reads the rewritten segment
-    # the old segment replayed into the folder: refused, and what it holds never comes back
-    seg = laptop.segments(folder)[0]
-    seg.write_bytes(old_copy)
-    refused = desktop.run()["refused"]
-    assert len(refused) == 1 and "replayed" in refused[0][1]
+    desktop.run()  # reads the new segment (its manifest: the old one is replaced)
+    # the old segment put back (an engine that does not carry deletions, or someone replaying it):
+    # skipped unread, counted, and what it holds never comes back
+    old.write_bytes(old_copy)
+    assert desktop.run()["refused"] == []
+    assert desktop.sync.describe()["superseded"] == 1
+    assert [c for c, _ in desktop.commands()] == ["ls"]
+    # ... nor under a newer number: its header names the number it was sealed as
+    stray = old.with_name("00000099.calm")
+    stray.write_bytes(old_copy)
+    [(path, why)] = desktop.run()["refused"]
+    assert path == str(stray) and why.startswith("misplaced")
+    stray.unlink()
     assert [c for c, _ in desktop.commands()] == ["ls"]
     # a third machine that joins later never gets it either
     third = machine(folder.parent, "server", folder, laptop.sync.key())
@@ -223,22 +233,11 @@ def test_truncated_foreign_and_misplaced_files_are_refused(pair: tuple[Machine, 
     assert [c for c, _ in desktop.commands()] == ["uptime"]
 
 
-def test_segments_arriving_late_or_out_of_order(tmp_path: Path) -> None:
-    import calmd.history.sync as sync_module
-
-    folder = tmp_path / "shared"
-    folder.mkdir()
-    key = new_key()
-    laptop = machine(tmp_path, "laptop", folder, key)
-    desktop = machine(tmp_path, "desktop", folder, key)
-    old = sync_module.SEGMENT_BYTES
-    sync_module.SEGMENT_BYTES = 1  # a new segment every export
-    try:
-        for i in range(4):
-            laptop.store.record(f"step {i}", session="s", ts=float(i))
-            laptop.run()
-    finally:
-        sync_module.SEGMENT_BYTES = old
+def test_segments_arriving_late_or_out_of_order(pair: tuple[Machine, Machine, Path]) -> None:
+    laptop, desktop, folder = pair
+    for i in range(4):  # each export seals a new segment
+        laptop.store.record(f"step {i}", session="s", ts=float(i))
+        laptop.run()
     segs = laptop.segments(folder)
     assert len(segs) == 4
     held = {p: p.read_bytes() for p in segs}
@@ -346,7 +345,7 @@ def test_a_version_4_history_gains_the_sync_columns(tmp_path: Path) -> None:
     con = sqlite3.connect(path)  # as calmd with schema 4 left it
     con.executescript(
         "DROP INDEX commands_origin; DROP INDEX commands_unshared; DROP TABLE sync_forgotten;"
-        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused;"
+        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused; DROP TABLE sync_own;"
         "ALTER TABLE commands DROP COLUMN host; ALTER TABLE commands DROP COLUMN origin;"
         "ALTER TABLE commands DROP COLUMN origin_id;"
         "UPDATE meta SET value = '4' WHERE key = 'schema_version';"
@@ -377,7 +376,7 @@ def test_the_views_read_an_older_history_as_it_is(
     con = sqlite3.connect(path)
     con.executescript(
         "DROP INDEX commands_origin; DROP INDEX commands_unshared; DROP TABLE sync_forgotten;"
-        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused;"
+        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused; DROP TABLE sync_own;"
         "ALTER TABLE commands DROP COLUMN host; ALTER TABLE commands DROP COLUMN origin;"
         "ALTER TABLE commands DROP COLUMN origin_id;"
         + ("ALTER TABLE commands DROP COLUMN duration;" if version < 4 else "")
@@ -535,10 +534,10 @@ def test_calm_sync_and_calmd_status_show_names_and_refusals_escaped(
     assert visible(f"folder: {folder} (both, every 30 s)") in out.splitlines()
     assert visible(f"this machine: {HOSTILE_HOST} ({laptop.sync.host_id()}); key ") in out
     assert f"  desktop ({desktop.sync.host_id()}): segment 1, sealed " in out
-    # a segment of the laptop's with a flipped byte: refused on the desktop, its name said escaped
+    # the laptop's new segment with a flipped byte: refused on the desktop, its name said escaped
     laptop.store.record("ls", session="s", ts=1002.0)
     laptop.run()
-    seg = laptop.segments(folder)[0]
+    seg = laptop.segments(folder)[-1]
     bad = bytearray(seg.read_bytes())
     bad[HEADER.size + 40] ^= 0x01
     seg.write_bytes(bad)

@@ -123,11 +123,17 @@ def _now(data: Path) -> int:
         if not paths.sync_config_path(data).exists():
             raise CalmError("sync is not set up here: `calm sync --folder DIR` first")
         raise CalmError("another sync (calmd's) held the lock for 30 s: try again")
-    print(
-        f"sent {report.exported} records and {report.forgets_sent} forgets; "
-        f"received {report.imported} records "
-        f"and {report.forgotten} forgets" + ("; rewrote this machine's segments" if report.rebuilt else "")
-    )
+    done = [f"sent {report.exported} records and {report.forgets_sent} forgets",
+            f"received {report.imported} records and {report.forgotten} forgets"]  # fmt: skip
+    if report.rebuilt:
+        done.append("wrote this machine's segments anew")
+    if report.healed:
+        done.append(
+            f"sealed again {report.healed} of this machine's segments the engine deleted, cut or changed"
+        )
+    if report.merged:
+        done.append(f"merged {report.merged} small segments")
+    print("; ".join(done))
     for path, why in report.refused:
         print(visible(f"refused {path}: {why}"), file=sys.stderr)
     if report.git:
@@ -201,8 +207,10 @@ def _status(data: Path) -> int:
 
 
 def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
-    """`calm sync`'s lines (and `calmd status`'s sync part): the folder, this machine, the hosts
-    seen with their last segment and when it was sealed, records in and out, refused files. Each
+    """`calm sync`'s lines (and `calmd status`'s sync part): the folder, this machine (its live
+    segments, and how many it sealed again after the engine lost them), the hosts seen with their
+    last segment and when it was sealed, records in and out, refused files, replaced segments the
+    engine left. Each
     line is `visible` (calmd/visible.py): a host's name is what that machine put in its segments, a
     folder's or a refused file's name any bytes. A sealed time that is not one (`known_ts`: a
     segment may claim any finite number) is shown `-`, never a crash."""
@@ -221,6 +229,8 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         f"key {key.get('id') or 'MISSING: calm sync key --import'}",
         f"records: {status['records_out']:,} sent, {status['pending_out']:,} to send, "
         f"{status['records_in']:,} received",
+        f"this machine's segments: {status.get('segments', 0):,} in the folder, {status.get('healed', 0):,} "
+        "sealed again after the engine deleted, cut or changed them",
     ]
     hosts = status.get("hosts") or []
     if not hosts:
@@ -236,6 +246,11 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
     files = refused.get("files") or []
     lines.append(f"refused files: {refused.get('count', 0):,} in all, {len(files)} now")
     lines += [f"  {f['path']}: {f['reason']}" for f in files]
+    if status.get("superseded"):
+        lines.append(
+            f"replaced segments still in the folder: {status['superseded']:,} (skipped unread; the engine "
+            "has not deleted them, or put them back)"
+        )
     last = status.get("last_run")
     if last:
         lines.append(f"last run: {now - last:.0f} s ago")

@@ -89,7 +89,12 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # id ('' for this one) and `origin_id` the record's number there (this machine's: given when it is
 # first shared): (origin, origin_id) is a record's identity across machines, so that importing it
 # twice stores it once. `sync_forgotten` keeps the identity of every shared record deleted here or
-# elsewhere (never its text): forgets travel, and a record forgotten never comes back.
+# elsewhere (never its text): forgets travel, and a record forgotten never comes back; its `sent` is
+# 0 until this machine sends it, then the number of this machine's segment that carries it (-1: one
+# learnt from another machine, carried again only when this machine writes all its segments anew).
+# `sync_own`: this machine's live segments as it wrote them (size, hash, the record ranges they hold)
+# for its check of the folder; `sync_hosts`: the others, with the newest manifest read (the numbers of
+# their live segments); `sync_files`: the others' segments read, as they were; `sync_refused`: why not.
 _SYNC_SCHEMA = """
 CREATE UNIQUE INDEX IF NOT EXISTS commands_origin ON commands (origin, origin_id) WHERE origin_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS commands_unshared ON commands (id) WHERE origin_id IS NULL;
@@ -98,16 +103,21 @@ CREATE TABLE IF NOT EXISTS sync_forgotten (
     PRIMARY KEY (origin, origin_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sync_hosts (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, revision INTEGER NOT NULL DEFAULT 0,
-    records INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0, last_sealed REAL
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, records INTEGER NOT NULL DEFAULT 0,
+    last_seq INTEGER NOT NULL DEFAULT 0, last_sealed REAL,
+    manifest_seq INTEGER NOT NULL DEFAULT 0, live TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS sync_files (
-    host TEXT NOT NULL, seq INTEGER NOT NULL, revision INTEGER NOT NULL, chunks INTEGER NOT NULL,
-    size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, PRIMARY KEY (host, seq)
+    host TEXT NOT NULL, seq INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (host, seq)
+);
+CREATE TABLE IF NOT EXISTS sync_own (
+    seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, digest BLOB NOT NULL, mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, ranges TEXT NOT NULL, records INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS sync_refused (
     path TEXT PRIMARY KEY, reason TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    at REAL NOT NULL
+    ctime_ns INTEGER NOT NULL DEFAULT 0, ino INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL
 );
 """
 

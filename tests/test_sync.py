@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import shutil
 import sqlite3
 import stat
@@ -23,6 +25,7 @@ from calmd.history.sync import (
     Sync,
     SyncConfig,
     SyncError,
+    frame,
     key_phrase,
     new_key,
     open_segment,
@@ -249,6 +252,251 @@ def test_segments_arriving_late_or_out_of_order(pair: tuple[Machine, Machine, Pa
         p.write_bytes(held[p])
         desktop.run()
     assert [c for c, _ in desktop.commands()] == ["step 0", "step 1", "step 2", "step 3"]
+
+
+# ----------------------------------------------------------------------- what an engine can do to the files
+
+
+def digests(folder: Path) -> dict[str, bytes]:
+    return {str(p): hashlib.sha256(p.read_bytes()).digest() for p in sorted(folder.glob("*/*.calm"))}
+
+
+@pytest.mark.parametrize(
+    "revert", ["older-segment-same-mtime", "first-chunk-older-mtime", "byte-in-place-same-mtime", "deleted"]
+)
+def test_an_engine_reverting_a_segment_loses_nothing(
+    pair: tuple[Machine, Machine, Path], revert: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """What `rsync --update` did when segments grew in place (two versions within one second: the
+    older copied over the newer, the records in it taken as sent), and what any engine can do to a
+    file: put older bytes under its name (in place, its mtime kept or set back), cut it back to its
+    first chunk, change a byte in place (the same size, inode and mtime: only the ctime tells), delete
+    it. The reader refuses what is not whole and authentic; the next export of
+    the machine that wrote it finds it not as written and seals its records again, in a new file."""
+    import calmd.history.sync as sync_module
+
+    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 1)  # a chunk per record: segments of several chunks
+    laptop, desktop, folder = pair
+    laptop.store.record("make build", session="s", ts=1.0)
+    laptop.run()
+    laptop.store.record("make test", session="s", ts=2.0)
+    laptop.store.record("make deploy", session="s", ts=3.0)
+    laptop.run()
+    first, second = laptop.segments(folder)
+    written = second.read_bytes()
+    st = second.stat()
+    if revert == "older-segment-same-mtime":
+        second.write_bytes(first.read_bytes())  # in place: the same inode
+        os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif revert == "first-chunk-older-mtime":
+        _, chunks = frame(written)
+        second.write_bytes(written[: chunks[1][0]])  # a whole, authentic first chunk, and no more
+        os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+    elif revert == "byte-in-place-same-mtime":
+        with open(second, "r+b") as f:
+            f.seek(len(written) - 5)
+            f.write(bytes([written[-5] ^ 0x20]))
+        os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns))
+        now = second.stat()
+        assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    else:
+        second.unlink()
+    reverted = second.read_bytes() if second.exists() else b""
+    report = desktop.run()
+    assert [c for c, _ in desktop.commands()] == ["make build"]
+    if reverted:
+        [(path, why)] = report["refused"]
+        assert path == str(second)
+        expected = {"older": "misplaced", "first": "truncated", "byte": "tampered"}[revert.split("-")[0]]
+        assert why.startswith(expected), why
+    caplog.clear()
+    report = laptop.run()
+    assert report["healed"] == 1 and report["exported"] == 0
+    [line] = [r.getMessage() for r in caplog.records if "not as it wrote them" in r.getMessage()]
+    assert second.name in line and "(2 records)" in line
+    assert laptop.sync.describe()["healed"] == 1
+    assert not second.exists() and len(laptop.segments(folder)) == 2  # its records are in a new file
+    assert desktop.run()["refused"] == []
+    assert [c for c, _ in desktop.commands()] == ["make build", "make test", "make deploy"]
+    assert desktop.sync.describe()["refused"]["files"] == []
+    if reverted:  # the engine brings the bad copy back: skipped unread, nothing sealed again
+        second.write_bytes(reverted)
+        assert desktop.run()["refused"] == [] and desktop.sync.describe()["superseded"] == 1
+        assert laptop.run()["healed"] == 0
+    laptop.store.record("make clean", session="s", ts=4.0)
+    assert laptop.run()["exported"] == 1
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == ["make build", "make test", "make deploy", "make clean"]
+
+
+def test_small_segments_are_merged_and_each_record_is_stored_once(
+    pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each export seals a new segment; at COMPACT_SEGMENTS small ones the next export merges them
+    into a new one and deletes them. A reader that read the small ones, one that sees only the
+    merged one, and one that still sees both (an engine that has not carried the deletions) each
+    store every record once."""
+    import calmd.history.sync as sync_module
+
+    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 4)
+    laptop, desktop, folder = pair
+    for i in range(4):
+        laptop.store.record(f"step {i}", session="s", ts=float(i))
+        laptop.run()
+    small = {p: p.read_bytes() for p in laptop.segments(folder)}
+    assert len(small) == 4
+    desktop.run()  # it has read the four small ones
+    laptop.store.record("step 4", session="s", ts=4.0)
+    report = laptop.run()
+    assert report["merged"] == 4 and report["exported"] == 1
+    [merged] = laptop.segments(folder)
+    assert merged.name == "00000005.calm" and plain_texts(laptop, folder).count("step ") == 5
+    assert desktop.run()["imported"] == 1  # the new one; the others are here already
+    fresh = machine(folder.parent, "server", folder, laptop.sync.key())
+    assert fresh.run()["imported"] == 5 and fresh.sync.describe()["superseded"] == 0
+    for p, data in small.items():  # the engine puts the small ones back
+        p.write_bytes(data)
+    late = machine(folder.parent, "backup", folder, laptop.sync.key())
+    assert late.run()["imported"] == 5 and late.sync.describe()["superseded"] == 4
+    for m in (desktop, fresh, late):
+        assert [c for c, _ in m.commands()] == [f"step {i}" for i in range(5)]
+        assert m.run()["imported"] == 0
+    # the number of this machine's files stays bounded however many exports it makes
+    for p in small:
+        p.unlink()
+    for i in range(5, 25):
+        laptop.store.record(f"step {i}", session="s", ts=float(i))
+        laptop.run()
+        assert len(laptop.segments(folder)) <= 4
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == [f"step {i}" for i in range(25)]
+
+
+def test_an_export_cut_short_between_two_segments_drops_nothing(
+    pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine that dies between two segments of one export (a merge here): the segments it wrote
+    still list those they were to replace as live, so a reader reads them; the next export writes
+    it all again and deletes the segment left behind."""
+    import calmd.history.sync as sync_module
+
+    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 1)
+    monkeypatch.setattr(sync_module, "SEGMENT_BYTES", 1)  # a segment per chunk
+    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 3)
+    laptop, desktop, folder = pair
+    for i in range(3):
+        laptop.store.record(f"step {i}", session="s", ts=float(i))
+        laptop.run()
+    assert len(laptop.segments(folder)) == 3
+    laptop.store.record("step 3", session="s", ts=3.0)
+    real = sync_module.atomic_write
+    calls: list[Path] = []
+
+    def dies_at_the_second(path: Path, **kwargs: Any) -> Any:
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(5, "the machine died")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(sync_module, "atomic_write", dies_at_the_second)
+    with pytest.raises(OSError, match="died"):
+        laptop.run()
+    monkeypatch.setattr(sync_module, "atomic_write", real)
+    left = laptop.segments(folder)
+    assert [p.name for p in left] == [f"0000000{i}.calm" for i in range(1, 5)]  # the first of the merge
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == ["step 0", "step 1", "step 2"]
+    assert laptop.run()["merged"] == 3
+    assert left[-1] not in laptop.segments(folder) and not set(left[:3]) & set(laptop.segments(folder))
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == [f"step {i}" for i in range(4)]
+
+
+def test_no_file_name_ever_holds_two_versions(
+    pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a whole life (exports, merges, a forget of each machine's records, a file lost and
+    sealed again, a new key), every name in the folder has only ever held one content."""
+    import calmd.history.sync as sync_module
+
+    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 3)
+    laptop, desktop, folder = pair
+    seen: dict[str, bytes] = {}
+
+    def rounds(n: int = 1) -> None:
+        for _ in range(n):
+            laptop.run()
+            desktop.run()
+            for name, digest in digests(folder).items():
+                assert seen.setdefault(name, digest) == digest, f"{name} was written twice"
+
+    for i in range(8):
+        laptop.store.record(f"laptop {i}", session="s", ts=float(i))
+        desktop.store.record(f"desktop {i}", session="d", ts=float(i) + 0.5)
+        rounds()
+    laptop.store.forget(lambda cmd: cmd == "laptop 3")  # its own: the laptop writes anew
+    desktop.store.forget(lambda cmd: cmd == "laptop 5")  # the laptop's, on the desktop
+    rounds(2)
+    laptop.segments(folder)[0].unlink()  # lost: sealed again
+    rounds()
+    fresh = new_key()
+    write_key(paths.sync_key_path(laptop.data), fresh)
+    write_key(paths.sync_key_path(desktop.data), fresh)
+    rounds(2)
+    expected = sorted({f"laptop {i}" for i in range(8)} - {"laptop 3", "laptop 5"}
+                      | {f"desktop {i}" for i in range(8)})  # fmt: skip
+    for m in (laptop, desktop):
+        assert sorted(c for c, _ in m.commands()) == expected
+    assert len(seen) > 10
+
+
+def test_rsync_update_both_ways_without_delete(tmp_path: Path) -> None:
+    """The engine of the bug report: `rsync -a --update` from each folder to the other, as a cron
+    job does (no --delete: it would delete the other side's new files). Two exports within one
+    second, and the segments a machine replaced coming back from the other side, forever."""
+    from tests.tools import need
+
+    need("rsync")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    key = new_key()
+    laptop, desktop = machine(tmp_path, "laptop", a, key), machine(tmp_path, "desktop", b, key)
+
+    def engine() -> None:
+        for src, dst in ((a, b), (b, a)):
+            subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], check=True, capture_output=True,
+                           timeout=60)  # fmt: skip
+
+    desktop.run()  # an empty history: a segment that says the desktop is there
+    engine()
+    desktop.store.record("htop", session="d", ts=1.0)
+    desktop.run()  # within the same second
+    engine()
+    laptop.run()
+    assert laptop.commands() == [("htop", "desktop")]
+    laptop.store.record("make deploy", session="s", ts=2.0)
+    laptop.store.record("make test", session="s", ts=3.0)
+    laptop.run()
+    engine()
+    desktop.run()
+    old = {p.name for p in laptop.segments(a)}
+    desktop.store.forget(lambda cmd: cmd == "make deploy")
+    desktop.run()
+    engine()
+    assert laptop.run()["rebuilt"]
+    engine()
+    assert old <= {p.name for p in laptop.segments(a)}  # its replaced segments are back
+    for _ in range(3):
+        engine()
+        assert laptop.run()["healed"] == 0
+        engine()
+        report = desktop.run()
+        assert report["refused"] == [] and report["healed"] == 0
+    assert desktop.sync.describe()["superseded"] == len(old)
+    assert [c for c, _ in desktop.commands()] == ["htop", "make test"]
+    assert [c for c, _ in laptop.commands()] == ["htop", "make test"]
 
 
 def test_receive_only_and_share_only(tmp_path: Path) -> None:

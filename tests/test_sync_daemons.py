@@ -23,6 +23,7 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
+from calmd.history.sync import TEST_HOLD_ENV
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.syncthing import Syncthing
@@ -74,10 +75,14 @@ def engine(kind: str, tmp: Path, a: Path, b: Path) -> Iterator[Callable[[], None
     need("rsync")
     stop = threading.Event()
 
-    def copy() -> None:  # both ways, newer files win; what a cron job with rsync does, only often
+    def copy() -> None:
+        # Both ways, the newer file winning, as a user's cron job runs it (only more often): no
+        # --delete (it would delete what the other side made since), no excludes. So what a machine
+        # deletes comes back from the other side, calm's temp files are copied too, and a file's two
+        # versions within one second used to be told apart by size alone: files that never change
+        # once written are what make this safe (docs/sync.md).
         for src, dst in ((a, b), (b, a)):
-            subprocess.run(["rsync", "-a", "--update", "--exclude", ".*", f"{src}/", f"{dst}/"],
-                           capture_output=True, timeout=60)  # fmt: skip
+            subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], capture_output=True, timeout=60)
 
     def loop() -> None:
         while not stop.wait(0.3):
@@ -90,6 +95,17 @@ def engine(kind: str, tmp: Path, a: Path, b: Path) -> Iterator[Callable[[], None
     finally:
         stop.set()
         thread.join(timeout=30)
+
+
+def held(own: Path) -> list[str]:
+    """The temp files in `own` that hold a sealed segment of the 30,000 commands (~2 MB): the one
+    the daemon is writing once its bytes are in (an engine may copy older, small ones back)."""
+    names = []
+    for name in os.listdir(own):
+        with contextlib.suppress(FileNotFoundError):
+            if name.endswith(".tmp") and (own / name).stat().st_size > 30_000 * 20:
+                names.append(name)
+    return names
 
 
 def set_up(laptop: Path, desktop: Path, folder_a: Path, folder_b: Path) -> None:
@@ -152,20 +168,28 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
     with store.writing() as db:
         db.executemany("INSERT INTO commands (ts, session, cmd) VALUES (?, 'bulk', ?)",
                        [(1000.0 + i, f"echo bulk {i}") for i in range(30_000)])  # fmt: skip
+        laptop_id = db.execute("SELECT value FROM meta WHERE key = 'sync_host_id'").fetchone()[0]
     store.close()
-    own = next(p for p in folder_a.iterdir() if not p.name.startswith("."))
+    own = folder_a / laptop_id  # the laptop's sub-folder (the desktop's is there too)
+    assert own.is_dir()
     with engine(kind, tmp_path, folder_a, folder_b) as nudge:
-        # started by hand, watched from its first instant: its first export begins at its start
-        serve = subprocess.Popen([str(BIN / "calmd"), "serve", *args], env=daemon_env(laptop),
+        # The daemon's first export seals the 30,000 commands into a segment; the test hook holds
+        # that write once its temp file holds the bytes (a write lasts milliseconds: a test that
+        # waited to catch it in the act failed under load), and the daemon is killed there.
+        hold = {TEST_HOLD_ENV: "600"}
+        serve = subprocess.Popen([str(BIN / "calmd"), "serve", *args], env=daemon_env(laptop, **hold),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            while not any(name.endswith(".tmp") for name in os.listdir(own)):  # busy: a write lasts ms
-                assert time.monotonic() < deadline, "the laptop never started writing its segment"
+            wait_until(
+                lambda: bool(held(own)) or serve.poll() is not None, "the laptop writes its segment", 180
+            )
+            assert serve.poll() is None, f"calmd ended (status {serve.returncode}) before writing"
+            [temp] = held(own)
         finally:
             os.kill(serve.pid, signal.SIGKILL)
             serve.wait(timeout=10)
-        assert any(name.endswith(".tmp") for name in os.listdir(own)), "killed after the write, not in it"
+        assert held(own) == [temp], "killed in the write: its temp file is left"
+        assert not (own / (temp.split(".")[1] + ".calm")).exists(), "the segment it was writing is not there"
         with (
             running_daemon(laptop, engine="model", weights=False, args=args),
             running_daemon(desktop, engine="model", weights=False, args=args),

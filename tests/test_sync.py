@@ -451,6 +451,42 @@ def test_no_file_name_ever_holds_two_versions(
     assert len(seen) > 10
 
 
+def test_a_number_is_never_used_twice_even_after_a_restored_store(
+    pair: tuple[Machine, Machine, Path], tmp_path: Path
+) -> None:
+    """A store restored from a backup would give again the segment and record numbers it gave
+    since; the segments sealed since are in the folder and authenticate, so the next segment and
+    record go past theirs (a machine that read them stores the new record too). A file planted
+    under a high number that does not open as this machine's moves nothing."""
+    laptop, desktop, folder = pair
+    laptop.store.record("uptime", session="s", ts=1.0)
+    laptop.run()
+    backup = tmp_path / "backup.sqlite3"
+    with sqlite3.connect(backup) as copy, laptop.store.reading() as db:
+        db.backup(copy)
+    for i in range(2):
+        laptop.store.record(f"after the backup {i}", session="s", ts=2.0 + i)
+        laptop.run()
+    desktop.run()
+    assert [p.name for p in laptop.segments(folder)] == ["00000001.calm", "00000002.calm", "00000003.calm"]
+    planted = paths.sync_segment(folder, laptop.sync.host_id(), 99_999_990)
+    planted.write_bytes(b"CALMSYN2" + bytes(100))
+    before = digests(folder)
+    laptop.store.close()
+    shutil.copy(backup, laptop.store.path)
+    store = HistoryStore(laptop.store.path)
+    restored = Machine("laptop", laptop.data, store, Sync(store, laptop.data))
+    restored.store.record("after the restore", session="s", ts=9.0)
+    restored.run()
+    names = [p.name for p in restored.segments(folder)]
+    assert "00000004.calm" in names and "99999991.calm" not in names
+    after = digests(folder)
+    assert all(after[name] == digest for name, digest in before.items() if name in after)
+    desktop.run()
+    assert [c for c, _ in desktop.commands()] == ["uptime", "after the backup 0", "after the backup 1",
+                                                   "after the restore"]  # fmt: skip
+
+
 def test_rsync_update_both_ways_without_delete(tmp_path: Path) -> None:
     """The engine of the bug report: `rsync -a --update` from each folder to the other, as a cron
     job does (no --delete: it would delete the other side's new files). Two exports within one

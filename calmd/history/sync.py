@@ -645,6 +645,39 @@ class Sync:
             return set()
         return {int(m.group(1)) for m in map(SEGMENT_NAME.match, names) if m}
 
+    def _past_a_restore(self, folder: Path, host_id: str, key: bytes, present: set[int], newest: int) -> None:
+        """A store restored from a backup would give again the segment and record numbers it gave
+        since: when this machine's sub-folder holds segments it sealed (they authenticate) past
+        the next number the store knows, the store's counters go past theirs, so that no name
+        and no record's identity is ever used twice. A file that does not open as this machine's
+        (planted, damaged) moves nothing."""
+        with self.store.reading() as db:
+            floor = max(int(self._meta(db, "sync_next_seq") or 1), newest + 1)
+        last_seq = last_id = 0
+        for seq in sorted(n for n in present if n >= floor):
+            try:
+                data = read_regular_file(paths.sync_segment(folder, host_id, seq), limit=MAX_SEGMENT_BYTES)
+                opened = open_segment(data, key, host_id, seq)
+            except (OSError, Refused):
+                continue
+            last_seq = seq
+            for payload in opened.payloads:
+                for record in payload.get("records") or ():
+                    if isinstance(record, list) and record and isinstance(record[0], int):
+                        last_id = max(last_id, record[0])
+        if not last_seq:
+            return
+        with self.store.writing() as db:
+            self._set_meta(
+                db, "sync_next_seq", str(max(int(self._meta(db, "sync_next_seq") or 1), last_seq + 1))
+            )
+            self._set_meta(
+                db, "sync_next_id", str(max(int(self._meta(db, "sync_next_id") or 1), last_id + 1))
+            )
+        log.warning("sync: %s holds segments of this machine up to %s that its history does not know of "
+                    "(restored from a backup?): new segments and records are numbered past them",
+                    paths.sync_host_dir(folder, host_id), f"{last_seq:08d}.calm")  # fmt: skip
+
     def reserve_seq(self, at_least: int) -> int:
         """The next segment number, taken for good before its file is written: a number is used
         once, even by a write that never finished."""
@@ -698,16 +731,16 @@ class Sync:
         host_id = self.host_id()
         own_dir = paths.private_dir(paths.sync_host_dir(folder, host_id))
         remove_stale_temp_files(own_dir)
+        own = self._own_segments()
+        present = self._files_in(own_dir)
+        self._past_a_restore(folder, host_id, key, present, max(own, default=0))
         self._number_new_rows()
         kid = key_id(key).hex()
-        own = self._own_segments()
         with self.store.reading() as db:
             rebuild = self._meta(db, "sync_rebuild") == "1"
             rebuild |= self._meta(db, "sync_key_id") not in (None, kid)  # a new key
             written = int(self._meta(db, "sync_written_id") or 0)
-            next_seq = int(self._meta(db, "sync_next_seq") or 1)
-        present = self._files_in(own_dir)
-        next_seq = max(next_seq, max(present, default=0) + 1, max(own, default=0) + 1)
+            next_seq = max(int(self._meta(db, "sync_next_seq") or 1), max(own, default=0) + 1)
         if written and not own:
             rebuild = True  # records were sealed, but no record of where: all of them again
         if rebuild:

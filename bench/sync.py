@@ -6,15 +6,20 @@ docs/sync.md and docs/performance.md).
 Two stores share a folder (as an engine leaves it once it has copied the files). The first
 holds --records commands (varied lines, folders, sessions, statuses, as a real history has) and
 was never shared: its first `calm sync now` seals them all into segments; the second then
-imports them all. Each step runs in a process of its own, so that its peak resident memory
-(ru_maxrss) is its own; beside it, the same process's memory after importing the modules and
-opening the store (the baseline). The records are checked to have arrived, once each.
+imports them all. Then the first runs `calm sync now` twice more with nothing new: what every
+export costs to check the machine's own segments in the folder against what it wrote (each file's
+stat), and the same once every file's times changed (each file hashed, as after an engine copied
+them again). Each step runs in a process of its own, so that its peak resident memory (ru_maxrss)
+is its own; beside it, the same process's memory after importing the modules and opening the
+store (the baseline). The records are checked to have arrived, once each, and the checks to have
+found nothing to seal again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sqlite3
 import subprocess
@@ -55,7 +60,8 @@ def step(data: Path) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert report is not None
     print(json.dumps({"seconds": seconds, "peak_mib": peak / 1024, "base_mib": base / 1024,
-                      "exported": report.exported, "imported": report.imported}))  # fmt: skip
+                      "exported": report.exported, "imported": report.imported,
+                      "healed": report.healed}))  # fmt: skip
 
 
 def main() -> int:
@@ -80,10 +86,15 @@ def main() -> int:
             write_key(paths.sync_key_path(d), key)
         fill(one / "history.sqlite3", args.records)
         figures = {}
-        for name, data in (("export", one), ("import", two)):
+        for name, data in (("export", one), ("import", two), ("check", one), ("rehash", one)):
+            if name == "rehash":  # new times on every file: the check hashes each
+                for path in folder.rglob("*.calm"):
+                    os.utime(path)
             out = subprocess.run([sys.executable, __file__, "--step", str(data)], capture_output=True,
                                  text=True, check=True)  # fmt: skip
             figures[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        assert figures["check"]["exported"] == figures["rehash"]["exported"] == 0
+        assert figures["check"]["healed"] == figures["rehash"]["healed"] == 0
         size = sum(p.stat().st_size for p in folder.rglob("*.calm"))
         with sqlite3.connect(two / "history.sqlite3") as db:
             sql = "SELECT COUNT(*), COUNT(DISTINCT origin_id) FROM commands WHERE host != ''"
@@ -97,6 +108,9 @@ def main() -> int:
                   f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)")
         total = figures["export"]["seconds"] + figures["import"]["seconds"]
         print(f"sync + import: {total:.2f} s, {args.records / total:,.0f} records/s")
+        for name, what in (("check", "stat"), ("rehash", "hash")):
+            print(f"a later `calm sync now` with nothing new ({what} each own segment): "
+                  f"{figures[name]['seconds'] * 1000:.0f} ms")  # fmt: skip
     return 0
 
 

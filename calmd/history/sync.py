@@ -34,12 +34,12 @@ cut short or changed is re-sealed into a new segment from the store (one log lin
 `sync_healed`). Then it seals the new records and forgets into a new segment; once COMPACT_SEGMENTS
 small segments are live it merges them into new ones, so the number of files stays bounded.
 
-Import reads every other machine's segments that it has not read as they are (size, mtime), the
-newest first, skipping those its newest manifest replaced; it opens every chunk before it stores
-anything (a file that fails is refused whole: one log line, counted, kept in `sync_refused` with
-why, read again only when it changes), then stores the records in batches: INSERT OR IGNORE on
-(origin, origin_id), so the same record twice is one record, in any order, from any engine's
-copy; never one that was forgotten. Time is never used to decide anything (clocks disagree).
+Import reads every other machine's segments that it has not read as they are (size, mtime,
+ctime, inode), the newest first, skipping those its newest manifest replaced; it opens every chunk
+before it stores anything (a file that fails is refused whole: one log line, counted, kept in
+`sync_refused` with why, read again only when it changes), then stores the records in batches:
+INSERT OR IGNORE on (origin, origin_id), so the same record twice is one record, in any order,
+from any engine's copy; never one that was forgotten. Time is never used to decide anything (clocks disagree).
 
 Forgetting: `HistoryStore` notes the identity of every shared row it deletes (`sync_forgotten`);
 export sends them in the next segment, and import deletes the rows they name on every machine. A

@@ -39,11 +39,15 @@ HELDOUT_SET = "heldout.ctds"  # ... and the newest commands, for its not-worse c
 HELPER_LOG = "shell-helper.log"  # the shell helpers' log
 DISABLED_FLAG = "shell-disabled"  # `calm disable` creates it, `calm enable` removes it
 HOOK_FILE = "calm.{shell}"  # `calmd init`'s output, sourced by the setup line
+SYNC_CONFIG = "sync.json"  # `calm sync --folder DIR`: the sync folder, the mode, this host's name
+SYNC_KEY = "sync.key"  # the key the sync folder's segments are sealed with (`calm sync key`)
+SYNC_LOCK = "sync.lock"  # held by the one export/import of a CALM_HOME (the daemon's or `calm sync now`)
 DATA_FILES = (
     HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, RANKER,
     PREV_RANKER, DATASET,
     TRAINING_STATUS, TRAINING_LOG, TRAINING_LOCK, HELPER_LOG, HELPER_LOG + ".old", DISABLED_FLAG,
     HOOK_FILE.format(shell="zsh"), HOOK_FILE.format(shell="bash"), HOOK_FILE.format(shell="fish"),
+    SYNC_CONFIG, SYNC_KEY, SYNC_LOCK,
 )  # fmt: skip
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
 
@@ -90,6 +94,31 @@ def training_sets(data: Path) -> tuple[Path, Path]:
     """The background run's (training, held-out) datasets: derived from the history, so `calm
     forget` deletes them with the rows."""
     return training_dir(data) / TRAINING_SET, training_dir(data) / HELDOUT_SET
+
+
+def sync_config_path(data: Path | None = None) -> Path:
+    return (data or data_dir()) / SYNC_CONFIG
+
+
+def sync_key_path(data: Path | None = None) -> Path:
+    return (data or data_dir()) / SYNC_KEY
+
+
+def sync_lock_path(data: Path | None = None) -> Path:
+    return (data or data_dir()) / SYNC_LOCK
+
+
+# Inside the sync folder (docs/sync.md): one folder per host, named by its random id, holding its
+# numbered segments. Nothing else there is read (a sync engine's conflict copies, temp files).
+SYNC_SEGMENT = "{seq:08d}.calm"
+
+
+def sync_host_dir(folder: Path, host_id: str) -> Path:
+    return folder / host_id
+
+
+def sync_segment(folder: Path, host_id: str, seq: int) -> Path:
+    return sync_host_dir(folder, host_id) / SYNC_SEGMENT.format(seq=seq)
 
 
 def packaged_weights() -> Path:

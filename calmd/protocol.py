@@ -45,7 +45,7 @@ MAX_SEARCH_RESULTS = 100
 # the reply's 256 KiB (50 lines of 60 KiB left room for 4 when 20 were asked).
 SEARCH_LINE_BYTES = 2048
 SEARCH_CWD_BYTES = 512
-SEARCH_MODES = ("global", "folder", "session", "success")
+SEARCH_MODES = ("global", "host", "folder", "session", "success")  # host: recorded on this machine (sync)
 # Candidate replies carry `confidence`, the calibrated probability that the candidate is the command
 # the user runs (docs/quality.md), and `ghost`, whether the shells draw it (the fitted rule of
 # calmd/suggest/ghost.py). This threshold is that rule's fallback when no fitted rule is packaged;

@@ -126,7 +126,7 @@ def test_bad_requests_get_bad_field_and_the_connection_goes_on(tmp_path: Path) -
         for fields, message in (
             ({"query": 5}, "'query' must be a string"),
             ({"query": "x" * 1025}, "'query' is longer than 1024 bytes"),
-            ({"mode": "everywhere"}, "'mode' must be one of global, folder, session, success"),
+            ({"mode": "everywhere"}, "'mode' must be one of global, host, folder, session, success"),
             ({"n": 101}, "'n' must be 0 to 100"),
             ({"n": "3"}, "'n' must be an integer"),
             ({"session": "s" * 300}, "'session' is longer than 256 bytes"),

@@ -68,7 +68,7 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
     store.close()
     con = sqlite3.connect(path)
     assert "prev_cmd" not in {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
     con.close()
 
 
@@ -95,7 +95,7 @@ def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None
     store.close()
     con = sqlite3.connect(path)
     assert {"comp", "env"} <= {row[1] for row in con.execute("PRAGMA table_info(commands)")}
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
     con.close()
     assert [r.comp for r in HistoryStore(path).all_rows()] == [(), ("notes.md",)]  # opened again: as it was
 
@@ -114,7 +114,7 @@ def test_a_version_3_history_gains_duration_in_place(tmp_path: Path) -> None:
     assert [(r.cmd, r.duration) for r in store.all_rows()] == [("make", None), ("sleep 2", 2.004)]
     store.close()
     con = sqlite3.connect(path)
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
     assert "commands_ts" in {row[1] for row in con.execute("PRAGMA index_list(commands)")}
     con.close()
 

@@ -49,10 +49,10 @@ def test_editing_the_query() -> None:
     state.move(-100, rows=4)
     assert (state.selected, state.top) == (0, 0)
     modes = []
-    for _ in range(4):
+    for _ in range(5):
         state.next_mode()
         modes.append(state.mode)
-    assert modes == ["folder", "session", "success", "global"]
+    assert modes == ["host", "folder", "session", "success", "global"]
 
 
 def test_what_a_line_shows() -> None:

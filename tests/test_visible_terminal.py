@@ -3,17 +3,22 @@ hostile form (tests/builders.py HOSTILE_FORMS) in a command and in a folder (iss
 shows the escapes, the pane's title stays, no paste buffer is made (tmux takes OSC 52 with
 `set-clipboard on`), the screen is not cleared, and no byte of a form reaches the terminal.
 
-The first test runs the forms raw (printf) under the same checks: they would see an attack."""
+The first test runs the forms raw (printf) under the same checks: they would see an attack. The
+last reads the views of a synced history: a host's name and the sync folder's hold the forms too."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.history import query
+from calmd.history.sync import SyncConfig, new_key, write_config, write_key
 from calmd.visible import json_text, visible
 from tests.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
 from tests.daemon import BIN, running_daemon
@@ -173,3 +178,52 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
             assert f"(last: {shown}: " in screen  # calmd status's import row
         finally:
             view.close()
+
+
+# A synced record's host is the name another machine's segments gave (calmd/history/sync.py), and
+# the sync folder any name: both as hostile as a command. Written here as an import leaves them.
+SYNC_ID = "0123456789abcdef"
+REFUSED, REASON = "00000002.calm", "tampered: a chunk does not open"
+HOSTILE_HOST = "".join(
+    HOSTILE_FORMS[name] for name in ("osc0-title", "osc52-clipboard", "csi-clear", "bidi-rlo", "c1-csi")
+)
+
+
+@pytest.fixture
+def synced(home: Path) -> Path:
+    """A history with a record of the machine HOSTILE_HOST, sync set up on a folder whose name
+    holds an OSC 0, that host seen and one of its files refused."""
+    data = home / "data"
+    db = write_rows(data / "history.sqlite3", [
+        {"cmd": "make deploy", "cwd": "/src", "exit": 0, "ts": NOW, "host": HOSTILE_HOST, "origin": SYNC_ID,
+         "origin_id": 1},
+        {"cmd": "htop", "cwd": "/srv", "exit": 0, "ts": NOW + 1},
+    ])  # fmt: skip
+    folder = home / ("shared" + HOSTILE_FORMS["osc0-title"])
+    (folder / SYNC_ID).mkdir(parents=True)
+    write_config(paths.sync_config_path(data), SyncConfig(str(folder)))
+    write_key(paths.sync_key_path(data), new_key())
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("INSERT INTO sync_hosts (id, name, last_seq, last_sealed, records) "
+                     "VALUES (?, ?, 1, ?, 1)", (SYNC_ID, HOSTILE_HOST, NOW))  # fmt: skip
+        conn.execute("INSERT INTO sync_refused (path, reason, size, mtime_ns, at) VALUES (?, ?, 0, 0, ?)",
+                     (str(folder / SYNC_ID / REFUSED), REASON, NOW))  # fmt: skip
+    return folder
+
+
+@pytest.mark.parametrize("command", ["calm history", "calm stats", "calm sync"])
+def test_a_synced_hosts_name_and_folder_in_a_terminal(home: Path, synced: Path, command: str) -> None:
+    view = View(home, command.split()[1])
+    try:
+        screen = view.run(command)
+        view.assert_untouched(screen)
+        if command == "calm history":  # the host column: one text with the folder and the command
+            assert visible(f"{HOSTILE_HOST}  /src  make deploy") in screen
+        elif command == "calm stats":  # the machines table
+            assert f"│ {visible(HOSTILE_HOST)} " in screen
+        else:
+            assert visible(f"folder: {synced} (both, every 30 s)") in screen
+            assert visible(f"  {HOSTILE_HOST} ({SYNC_ID}): segment 1, sealed ") in screen
+            assert visible(f"  {synced / SYNC_ID / REFUSED}: {REASON}") in screen
+    finally:
+        view.close()

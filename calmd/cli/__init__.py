@@ -5,6 +5,7 @@
     dataset.py   calm dataset (its flags are DatasetOptions' fields)
     model.py     calm init, train, evaluate, generate, rollback
     history.py   calm import, search, history, stats, forget
+    sync.py      calm sync (now, key): the history shared between machines (calmd/history/sync.py)
     replay.py    calm replay
     shell.py     calm enable, disable; calmd init, shell-helper
     daemon.py    calmd serve (its flags are ServerConfig's fields), status, stop, complete, install-systemd
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from calmd import __version__
 from calmd.arguments import Parser, number
-from calmd.cli import daemon, dataset, formats, history, model, replay, shell
+from calmd.cli import daemon, dataset, formats, history, model, replay, shell, sync
 from calmd.cli.common import run
 from calmd.cli.daemon import SERVE_FLAGS, cmd_serve
 from calmd.cli.dataset import DATASET_FLAGS
@@ -38,7 +39,7 @@ def calm_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (formats.add_parsers, dataset.add_parsers, model.add_parsers, history.add_parsers,
-                  replay.add_parsers, shell.add_calm_parsers):  # fmt: skip
+                  replay.add_parsers, shell.add_calm_parsers, sync.add_parsers):  # fmt: skip
         group(sub)
     return parser
 

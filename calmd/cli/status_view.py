@@ -1,8 +1,10 @@
 """`calmd status` as a table: the daemon's status reply (server.status()) rendered for a person.
 
 The reply carries text the daemon read from files (ranker.json's name, a weights path, a refused
-history file's name, a training run's reason): each cell is `visible` (calmd/visible.py) and
-given to rich as Text, never as markup."""
+history file's name, a training run's reason; sync's folder, the hosts' names, a refused
+segment's name and why): each cell is `visible` (calmd/visible.py) and given to rich as Text,
+never as markup. The sync cell is several lines, each made `visible` by `calm sync`'s own
+status_lines."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from calmd.cli.sync import status_lines
 from calmd.visible import visible
 
 
@@ -49,6 +52,7 @@ def status_table(status: dict[str, Any]) -> Table:
                     f"{hist['since_last_training']} since last training"),
         ("import", _import_line(hist.get("import") or {})),
         ("search", _search_line(status.get("search") or {})),
+        ("sync", status_lines(status.get("sync") or {"enabled": False})),  # lines, each visible
         ("training", _training_line(status.get("training") or {})),
         ("disk", _disk_line(status.get("disk") or {})),
         ("uptime", f"{status['uptime_s']:.0f} s"),
@@ -56,7 +60,8 @@ def status_table(status: dict[str, Any]) -> Table:
         ("socket", status.get("socket", "-")),
     ]  # fmt: skip
     for name, value in rows:
-        table.add_row(name, Text(visible(str(value))))
+        shown = "\n".join(value) if isinstance(value, list) else visible(str(value))
+        table.add_row(name, Text(shown))
     return table
 
 

@@ -47,6 +47,7 @@ from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, system
 from calmd.errors import CalmError
 from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
+from calmd.history.sync import Sync, SyncError
 from calmd.protocol import PROTOCOL_VERSION
 
 log = logging.getLogger("calmd")
@@ -61,6 +62,7 @@ FileId = tuple[int, int, int, int]  # (device, inode, mtime in ns, size) of the 
 START_SLACK_S = 2.0
 SHELLS = frozenset({"bash", "zsh", "fish", "sh", "dash", "ksh", "mksh", "tcsh", "csh"})
 SHUTDOWN_READ_GRACE_S = 0.1  # on SIGTERM, requests already sent are still read for this long
+SYNC_IDLE_CHECK_S = 5.0  # without sync set up, how often sync.json is looked for
 
 # what the CLI and the tests take from here
 __all__ = ["AlreadyRunning", "Engine", "EngineLoader", "Server", "ServerConfig", "run_server"]
@@ -98,6 +100,8 @@ class Server:
         self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
         self._importing = False  # that import reads files (its task goes on to the due check after)
         self._import_stop = threading.Event()
+        self.sync: Sync | None = None  # the history shared with the user's other machines (docs/sync.md)
+        self._syncing: asyncio.Future[Any] | None = None
 
     # -- the service's control -------------------------------------------------------------------
 
@@ -118,6 +122,7 @@ class Server:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.service.history = self.history
+        self.sync = Sync(self.history, self.config.data_dir)
         self.trainer.clean_leftovers()
         await self.reload()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,10 +151,12 @@ class Server:
         else:
             await self._due_check("start")  # commands counted before a restart
         timer = asyncio.ensure_future(self._training_timer())
+        syncer = asyncio.ensure_future(self._sync_loop())
         try:
             await self.should_exit.wait()
         finally:
             timer.cancel()
+            syncer.cancel()
             await self._shutdown(watcher, scheduler)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
@@ -184,6 +191,40 @@ class Server:
             await self.service.check_training(why)
         except Exception as exc:
             log.error("the training due check (%s) failed: %s", why, exc)
+
+    async def _sync_loop(self) -> None:
+        """Export and import through the sync folder every `interval_s` of sync.json (read again at
+        each turn: `calm sync --folder` takes effect without a restart), on a thread; what fails
+        (the folder gone, no key) is logged once and shown by `status`, and the daemon serves on."""
+        while not self.should_exit.is_set():
+            interval = SYNC_IDLE_CHECK_S
+            try:
+                config = self.sync.config() if self.sync is not None else None
+                if config is not None:
+                    interval = config.interval_s
+                    self._syncing = asyncio.ensure_future(asyncio.to_thread(self._sync_once))
+                    await asyncio.shield(self._syncing)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._sync_failed(exc)
+            await asyncio.sleep(interval)
+
+    def _sync_once(self) -> None:
+        assert self.sync is not None
+        report = self.sync.run()
+        if report is not None:
+            self.sync.last_error = report.git or None
+            if report.exported or report.imported or report.forgotten or report.forgets_sent:
+                log.info("sync: sent %d records and %d forgets, received %d records and %d forgets",
+                         report.exported, report.forgets_sent, report.imported, report.forgotten)  # fmt: skip
+
+    def _sync_failed(self, exc: Exception) -> None:
+        why = str(exc) if isinstance(exc, SyncError | OSError) else f"{type(exc).__name__}: {exc}"
+        if self.sync is not None:
+            if self.sync.last_error != why:  # said once, not at every turn
+                log.error("sync failed: %s", why)
+            self.sync.last_error = why
 
     def _first_imports(self) -> None:
         """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
@@ -230,6 +271,8 @@ class Server:
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
         if self._import is not None:
             await asyncio.wait([self._import], timeout=max(0.0, deadline - time.monotonic() - 0.3))
+        if self._syncing is not None and not self._syncing.done():  # its batch ends; the next start goes on
+            await asyncio.wait([self._syncing], timeout=max(0.0, deadline - time.monotonic() - 0.3))
         if self.history is not None:
             # under its lock, which a hung worker may hold: do not wait past the deadline
             closing = asyncio.ensure_future(asyncio.to_thread(self.history.close))
@@ -413,6 +456,7 @@ class Server:
             "disk": self._disk_status(),
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
+            "sync": self.sync.describe() if self.sync is not None else {"enabled": False},
         }
 
 

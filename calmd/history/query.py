@@ -5,12 +5,14 @@ The store is opened on a connection of its own, read-only (SQLite's `mode=ro`): 
 never migrates and never takes the write lock, so it is safe while the daemon records (WAL: a
 reader sees the last committed state and neither waits for the writer nor holds it up). A store
 from a newer calmd (a schema this one does not know) is refused with a clear error rather than
-misread. The filters are SQL over the store's indexes; what SQL cannot say (a regular
+misread; one from an older calmd is read as it is, with the columns it lacks as the migration would
+fill them (`_older_columns`). The filters are SQL over the store's indexes; what SQL cannot say (a regular
 expression) is a function registered on the connection.
 
 What is printed passes calmd/visible.py: a control character, a bidi override or an invisible
-character stored in a command or a folder is shown as an escape (`\\e`, `\\u202e`), never sent to
-the terminal; JSON writes them as `\\u` escapes. A timestamp that is not a time (none, not a number,
+character stored in a command, a folder or a host's name (`host_label`: a synced record's host is
+what another machine's segment named) is shown as an escape (`\\e`, `\\u202e`), never sent to the
+terminal; JSON writes them as `\\u` escapes. A timestamp that is not a time (none, not a number,
 before 1970 or after 2100: an older calmd's store, a hand-made one) is shown as unknown
 (`known_ts`), never a crash.
 
@@ -28,6 +30,7 @@ import functools
 import math
 import os
 import re
+import socket
 import sqlite3
 import urllib.parse
 from collections import Counter, defaultdict
@@ -75,8 +78,26 @@ def open_read_only(path: Path) -> sqlite3.Connection:
         raise CalmError(
             f"{path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION}): upgrade calm"
         )
+    if version < SCHEMA_VERSION:
+        _older_columns(db)
     db.create_function("calm_regexp", 2, _regexp, deterministic=True)
     return db
+
+
+# The columns later schemas added that the views read, each as the migration fills it for older
+# rows: a store from an older calmd is read as it is (read-only: the daemon migrates it at its next
+# start), its rows all this machine's (`host` '') and of unknown duration.
+_ADDED_COLUMNS = {"duration": "NULL", "host": "''"}
+
+
+def _older_columns(db: sqlite3.Connection) -> None:
+    """For a store whose `commands` lacks some of _ADDED_COLUMNS: a temporary view of the same
+    name (in the connection's own temp schema, which shadows the file's table; nothing is written
+    to the store) that adds them, so every query here reads one schema."""
+    present = {row[1] for row in db.execute("PRAGMA main.table_info(commands)")}
+    missing = [f"{value} AS {name}" for name, value in _ADDED_COLUMNS.items() if name not in present]
+    if present and missing:
+        db.execute(f"CREATE TEMP VIEW commands AS SELECT *, {', '.join(missing)} FROM main.commands")
 
 
 def _regexp(pattern: str, text: str) -> bool:
@@ -110,15 +131,17 @@ class Entry(NamedTuple):
     exit: int | None
     source: str
     duration: float | None  # seconds it ran, when the shell said
+    host: str = ""  # the machine that recorded it ('' : this one; calmd/history/sync.py)
 
     @property
     def failed(self) -> bool:
         """The shell reported a non-zero status (imported commands carry none: never failed)."""
         return self.exit is not None and self.exit != 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, this: str = "") -> dict[str, Any]:
         """The fields of `calm history --json` (times to the millisecond, as SQLite writes them); a
-        time that is not one (`known_ts`) and a duration that is not a finite number are null."""
+        time that is not one (`known_ts`) and a duration that is not a finite number are null;
+        `this`: this machine's name, the host of the records it made (`host_label`)."""
         ts = known_ts(self.ts)
         took = self.duration
         duration = round(took, 3) if isinstance(took, int | float) and abs(took) <= 1e300 else None
@@ -126,7 +149,7 @@ class Entry(NamedTuple):
                 "time": None if ts is None else _iso(ts), "cmd": _text(self.cmd),
                 "exit": self.exit if isinstance(self.exit, int) else None, "duration": duration,
                 "cwd": _text(self.cwd), "git": _text(self.git), "session": _text(self.session),
-                "source": _text(self.source)}  # fmt: skip
+                "source": _text(self.source), "host": host_label(self.host, this)}  # fmt: skip
 
 
 def _text(value: object) -> str:
@@ -134,14 +157,14 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
-ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration"
+ENTRY_COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, duration, host"
 
 
 def rows_after(db: sqlite3.Connection, after: int, limit: int = BATCH) -> list[tuple[Any, ...]]:
-    """(id, ts, session, cwd, git, cmd, exit) of up to `limit` rows with an id above `after`,
+    """(id, ts, session, cwd, git, cmd, exit, host) of up to `limit` rows with an id above `after`,
     oldest first: what the daemon's search index reads, as plain tuples (a HistoryRow per row
     costs five times as much on 100,000 commands)."""
-    sql = "SELECT id, ts, session, cwd, git, cmd, exit FROM commands WHERE id > ? ORDER BY id LIMIT ?"
+    sql = "SELECT id, ts, session, cwd, git, cmd, exit, host FROM commands WHERE id > ? ORDER BY id LIMIT ?"
     return db.execute(sql, (after, limit)).fetchall()
 
 
@@ -185,6 +208,8 @@ class HistoryFilter:
     pattern: str = ""  # a substring of the command (case-sensitive), or with `regex` a Python regex
     regex: bool = False
     limit: int = 0  # only the newest `limit` (0: all)
+    host: str | None = None  # recorded on this machine (its name, or '' for this one)
+    this_host: str = ""  # this machine's name (`this_host(db)`): its records are stored with host ''
 
     def where(self) -> tuple[str, list[Any]]:
         """SQL and its arguments. A text holding bytes that are not UTF-8 (a Latin-1 folder's name,
@@ -203,6 +228,13 @@ class HistoryFilter:
         if self.session is not None:
             clauses.append("session = ?")
             args.append(clean_text(self.session)[0])
+        if self.host is not None:
+            if self.host in ("", self.this_host):
+                clauses.append("host IN ('', ?)")  # this machine's records keep '' (and its name, if renamed)
+                args.append(self.this_host)
+            else:
+                clauses.append("host = ?")
+                args.append(clean_text(self.host)[0])
         if self.exit is not None:
             clauses.append("exit = ?")
             args.append(self.exit)
@@ -267,6 +299,29 @@ def rows(db: sqlite3.Connection, filt: HistoryFilter, columns: str) -> Iterator[
     at = [c.strip() for c in columns.split(",")].index("cmd")
     width = len(columns.split(","))
     return (row[:width] for row in cursor if shown(row[at]))
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+def this_hostname() -> str:
+    """This machine's name when sync has not named it (`calm sync --name`): the hostname."""
+    return (socket.gethostname() or "this machine")[:64]
+
+
+def this_host(db: sqlite3.Connection) -> str:
+    """The name this machine's records show (the store keeps '' for them): `calm sync --name`'s,
+    else the hostname."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'sync_host_name'").fetchone()
+    return str(row[0]) if row and row[0] else this_hostname()
+
+
+def host_label(host: object, this: str) -> str:
+    """A record's host as every view prints it (`calm history`, `calm stats`, `calm sync`):
+    its name, '' standing for this machine (`this`). The one place a host's name becomes text,
+    as stored: another machine chose it (its segments name it), so the views print it as they
+    print a command, `visible` (calmd/visible.py) on a terminal, through json_text in JSON."""
+    return _text(host) or this or "this machine"
 
 
 # --------------------------------------------------------------------------- times
@@ -346,18 +401,37 @@ def short_path(path: str, home: str) -> str:
 
 
 PLAIN_COLUMNS = "ts, exit, cwd, cmd"
+HOSTS_COLUMNS = "ts, exit, host, cwd, cmd"  # with a host column: the history holds other machines'
 
 
-def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
+def several_hosts(db: sqlite3.Connection) -> bool:
+    """Whether the store holds records of another machine (synced): views show a host column."""
+    return db.execute("SELECT 1 FROM commands WHERE host != '' LIMIT 1").fetchone() is not None
+
+
+def plain_lines(rows: Iterable[tuple[Any, ...]], home: str, this: str | None = None) -> Iterator[str]:
     """`time  status  folder  command` per (ts, exit, cwd, cmd) row (`rows(db, filt, PLAIN_COLUMNS)`),
-    status blank when unknown, each line `visible` (a multi-line command on one line: `\\n`). One
-    tight loop with the minutes' and folders' text kept: 100,000 lines in a fraction of a second."""
+    status blank when unknown; with `this` (this machine's name), `time  status  host  folder
+    command` per (ts, exit, host, cwd, cmd) row (HOSTS_COLUMNS). Each line is `visible` (a
+    multi-line command on one line: `\\n`; a host's name, which another machine chose, escaped as
+    the rest). One tight loop with the minutes', hosts' and folders' text kept: 100,000 lines in a
+    fraction of a second."""
     folders: dict[str, str] = {}
     minutes: dict[int, str] = {}
     statuses: dict[int | None, str] = {}
+    hosts: dict[str, str] = {}
     seconds = [f":{s:02d}  " for s in range(60)]
     unknown = f"{UNKNOWN_TIME:<19}  "
-    for ts, code, cwd, cmd in rows:
+    for row in rows:
+        if this is None:
+            ts, code, cwd, cmd = row
+            host = ""
+        else:
+            ts, code, host, cwd, cmd = row
+            label = hosts.get(host)
+            if label is None:
+                label = hosts[host] = host_label(host, this) + "  "
+            host = label
         if known_ts(ts) is not None:
             whole = int(ts)
             minute = minutes.get(whole // 60)
@@ -372,14 +446,14 @@ def plain_lines(rows: Iterable[tuple[Any, ...]], home: str) -> Iterator[str]:
         folder = folders.get(cwd)
         if folder is None:
             folder = folders[cwd] = short_path(_text(cwd), home) or "-"
-        yield visible(f"{when}{status}{folder}  {_text(cmd)}")
+        yield visible(f"{when}{status}{host}{folder}  {_text(cmd)}")
 
 
-def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
+def json_lines(rows: Iterable[tuple[Any, ...]], this: str = "") -> Iterator[str]:
     """One JSON object per ENTRY_COLUMNS row (`Entry.to_json`), as SQLite's json_object writes it
     (json_text: the hidden characters as `\\u` escapes, never a NaN)."""
     for row in rows:
-        yield json_text(Entry._make(row).to_json(), compact=True)
+        yield json_text(Entry._make(row).to_json(this), compact=True)
 
 
 # The same lines made by SQLite, a few times faster on 100,000 rows than formatting them in Python
@@ -387,10 +461,11 @@ def json_lines(rows: Iterable[tuple[Any, ...]]) -> Iterator[str]:
 # detector. Python then passes each line through `visible` (plain, commands) or `json_escaped`
 # (json), as it does the lines it makes itself: the two ways print the same bytes.
 _KNOWN_TS = f"typeof(ts) IN ('integer', 'real') AND ts BETWEEN 0 AND {TS_MAX:.0f}"  # known_ts
+_HOST_SQL = "CASE WHEN coalesce(host, '') = '' THEN ? ELSE CAST(host AS TEXT) END"  # host_label in SQL
 _PLAIN_SQL = (
     f"CASE WHEN {_KNOWN_TS} THEN strftime('%Y-%m-%d %H:%M:%S', ts, 'unixepoch', 'localtime') "
     f"ELSE '{UNKNOWN_TIME:<19}' END || '  ' || "
-    "printf('%3s', coalesce(exit, '')) || '  ' || "
+    "printf('%3s', coalesce(exit, '')) || '  ' || {host}"
     "CASE WHEN coalesce(cwd, '') = '' THEN '-' "
     "WHEN ? != '' AND (cwd = ? OR substr(cwd, 1, length(?) + 1) = ? || '/') "
     "THEN '~' || substr(cwd, length(?) + 1) ELSE cwd END || '  ' || coalesce(cmd, '')"
@@ -401,15 +476,18 @@ _JSON_SQL = (f"json_object('id', id, 'ts', CASE WHEN {_KNOWN_TS} THEN round(ts, 
              "'duration', CASE WHEN typeof(duration) IN ('integer', 'real') AND abs(duration) <= 1e300 "
              "THEN round(duration, 3) END, "
              "'cwd', coalesce(cwd, ''), 'git', coalesce(git, ''), 'session', coalesce(session, ''), "
-             "'source', coalesce(source, ''))")  # fmt: skip
+             "'source', coalesce(source, ''), 'host', " + _HOST_SQL + ")")  # fmt: skip
 
 
 def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: str = "") -> list[str]:
     """The lines of `calm history` in `form` (`plain`, `json` or `commands`), read whole at once."""
     assert form in ("plain", "json", "commands"), form
+    this = filt.this_host or this_host(db)
+    hosts = form == "plain" and several_hosts(db)
     if scanned_by_this_detector(db):
         home = "" if home in ("", "/") else home.rstrip("/")
-        expr, extra = {"plain": (_PLAIN_SQL, [home] * 5), "json": (_JSON_SQL, []),
+        plain = _PLAIN_SQL.format(host=_HOST_SQL + " || '  ' || " if hosts else "")
+        expr, extra = {"plain": (plain, [this] * hosts + [home] * 5), "json": (_JSON_SQL, [this]),
                        "commands": ("coalesce(cmd, '')", [])}[form]  # fmt: skip
         try:
             sql, args = ordered(filt, expr, extra)
@@ -419,9 +497,11 @@ def history_lines(db: sqlite3.Connection, filt: HistoryFilter, form: str, home: 
             if "json_object" not in str(exc):
                 raise
     if form == "json":
-        return list(json_lines(rows(db, filt, ENTRY_COLUMNS)))
+        return list(json_lines(rows(db, filt, ENTRY_COLUMNS), this))
     if form == "commands":
         return [visible(_text(cmd)) for (cmd,) in rows(db, filt, "cmd")]
+    if hosts:
+        return list(plain_lines(rows(db, filt, HOSTS_COLUMNS), home, this))
     return list(plain_lines(rows(db, filt, PLAIN_COLUMNS), home))
 
 
@@ -450,6 +530,8 @@ class Stats:
     folders: list[tuple[str, int, list[tuple[str, int]]]] = field(default_factory=list)  # folder, runs, top
     hours: list[int] = field(default_factory=lambda: [0] * 24)  # runs per local hour of the day
     weekdays: list[int] = field(default_factory=lambda: [0] * 7)  # Monday first
+    # per machine (`per_host`): host, runs, failed, runs with a known status
+    hosts: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     @property
     def failure_rate(self) -> float | None:
@@ -470,6 +552,7 @@ class Stats:
             "folders": [{"folder": d, "runs": n, "top": [{"command": c, "runs": m} for c, m in top]}
                         for d, n, top in self.folders],
             "hours": self.hours, "busiest_hours": self.busiest_hours(), "weekdays": self.weekdays,
+            "hosts": [{"host": h, "runs": n, "failed": f, "with_status": k} for h, n, f, k in self.hosts],
         }  # fmt: skip
 
 
@@ -566,6 +649,17 @@ def compute_stats(
         per_folder[folder][name] += n
     stats.folders = busiest_folders(per_folder, folders)
     return stats
+
+
+def per_host(db: sqlite3.Connection, filt: HistoryFilter) -> list[tuple[str, int, int, int]]:
+    """`calm stats` per machine: (host, runs, failed, runs with a known status) of the commands
+    `filt` selects, most runs first; this machine's records under its name."""
+    where, args = filt.where()
+    sql = (f"SELECT {_HOST_SQL} AS h, COUNT(*), SUM(exit IS NOT NULL AND exit != 0), SUM(exit IS NOT NULL) "
+           f"FROM commands{where} GROUP BY h ORDER BY COUNT(*) DESC, h")  # fmt: skip
+    this = filt.this_host or this_host(db)
+    found = db.execute(sql, [this, *args]).fetchall()
+    return [(host_label(h, this), n, int(f or 0), int(k or 0)) for h, n, f, k in found]
 
 
 def percent(part: int, whole: int) -> str:

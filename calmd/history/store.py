@@ -59,8 +59,9 @@ FORMAT_SNIFF_BYTES = 65536
 # when rows are deleted, so that a forgotten command does not live on in a dataset.
 SHELL_HISTORIES = (".bash_history", ".zsh_history")
 
-SCHEMA_VERSION = 4  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
-# 4: duration (seconds the command ran, when the shell said)
+SCHEMA_VERSION = 5  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
+# 4: duration (seconds the command ran, when the shell said); 5: host, origin, origin_id and the sync
+# tables (calmd/history/sync.py: the history shared between machines)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -75,13 +76,52 @@ CREATE TABLE IF NOT EXISTS commands (
     source   TEXT NOT NULL DEFAULT 'shell',
     comp     TEXT NOT NULL DEFAULT '',
     env      TEXT NOT NULL DEFAULT '',
-    duration REAL
+    duration REAL,
+    host     TEXT NOT NULL DEFAULT '',
+    origin   TEXT NOT NULL DEFAULT '',
+    origin_id INTEGER
 );
 CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
 CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
 CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
 CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+# Schema 5, after the migration has added the columns (calmd/history/sync.py, docs/sync.md). A row's
+# `host` is the name of the machine that recorded it ('' for this one), `origin` that machine's sync
+# id ('' for this one) and `origin_id` the record's number there (this machine's: given when it is
+# first shared): (origin, origin_id) is a record's identity across machines, so that importing it
+# twice stores it once. `sync_forgotten` keeps the identity of every shared record deleted here or
+# elsewhere (never its text): forgets travel, and a record forgotten never comes back; its `sent` is
+# 0 until this machine sends it, then the number of this machine's segment that carries it (-1: one
+# learnt from another machine, carried again only when this machine writes all its segments anew).
+# `sync_own`: this machine's live segments as it wrote them (size, hash, the record ranges they hold)
+# for its check of the folder; `sync_hosts`: the others, with the newest manifest read (the numbers of
+# their live segments); `sync_files`: the others' segments read, as they were; `sync_refused`: why not.
+_SYNC_SCHEMA = """
+CREATE UNIQUE INDEX IF NOT EXISTS commands_origin ON commands (origin, origin_id) WHERE origin_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS commands_unshared ON commands (id) WHERE origin_id IS NULL;
+CREATE TABLE IF NOT EXISTS sync_forgotten (
+    origin TEXT NOT NULL, origin_id INTEGER NOT NULL, sent INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (origin, origin_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sync_hosts (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, records INTEGER NOT NULL DEFAULT 0,
+    last_seq INTEGER NOT NULL DEFAULT 0, last_sealed REAL,
+    manifest_seq INTEGER NOT NULL DEFAULT 0, live TEXT NOT NULL DEFAULT '[]'
+);
+CREATE TABLE IF NOT EXISTS sync_files (
+    host TEXT NOT NULL, seq INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (host, seq)
+);
+CREATE TABLE IF NOT EXISTS sync_own (
+    seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, digest BLOB NOT NULL, mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, ranges TEXT NOT NULL, records INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sync_refused (
+    path TEXT PRIMARY KEY, reason TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL DEFAULT 0, ino INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL
+);
 """
 
 
@@ -117,11 +157,12 @@ class HistoryRow:
     comp: tuple[str, ...] = ()
     env: str = ""
     duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
+    host: str = ""  # the machine that recorded it (schema 5; '': this one, calmd/history/sync.py)
 
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
-        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration = row
-        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration)
+        rid, ts, session, cwd, git, cmd, code, source, comp, env, duration, host = row
+        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration, host)
 
 
 def _comp_items(text: str) -> tuple[str, ...]:
@@ -343,6 +384,8 @@ class HistoryStore:
                 )
         if version is not None and int(version) < SCHEMA_VERSION:
             self._migrate(int(version))
+        with self._lock:
+            self._db.executescript(_SYNC_SCHEMA)
         os.chmod(self.path, 0o600)  # it is the user's whole shell history
         self.last_disk_full: float | None = None  # when a write last failed for lack of space
         self.rescanned = self._rescan_if_outdated()
@@ -382,6 +425,11 @@ class HistoryStore:
                         self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
             if version < 4 and "duration" not in columns:  # older records: how long they ran is unknown
                 self._db.execute("ALTER TABLE commands ADD COLUMN duration REAL")
+            if version < 5:  # older records: all of this machine, none shared yet
+                text = "TEXT NOT NULL DEFAULT ''"
+                for column, kind in (("host", text), ("origin", text), ("origin_id", "INTEGER")):
+                    if column not in columns:
+                        self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} {kind}")
             self._meta_set("schema_version", str(SCHEMA_VERSION))
 
     def close(self) -> None:
@@ -474,6 +522,7 @@ class HistoryStore:
             self._uncount_recent(doomed)
             for start in range(0, len(doomed), 500):
                 chunk = doomed[start : start + 500]
+                self._remember_forgotten(chunk)
                 self._db.execute(f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk)
             if counter:
                 self._meta_add(counter, len(doomed))
@@ -496,6 +545,43 @@ class HistoryStore:
         counted = sum(1 for rid in doomed if rid > after)
         total = int(self._db.execute("SELECT COUNT(*) FROM commands").fetchone()[0])
         self._meta_set("recorded_since_train", str(max(0, min(since, total) - counted)))
+
+    def _remember_forgotten(self, ids: list[int]) -> None:
+        """Before rows are deleted (inside the caller's transaction): the sync identity of those
+        that were shared goes to `sync_forgotten` (to be sent: calmd/history/sync.py), so that the
+        other machines delete them too and an import never brings them back; when some were this
+        machine's own, its segments are to be rewritten without them (`sync_rebuild`)."""
+        marks = ",".join("?" * len(ids))
+        shared = f"FROM commands WHERE origin_id IS NOT NULL AND id IN ({marks})"
+        own = self._db.execute(f"SELECT COUNT(*) {shared} AND origin = ''", ids).fetchone()[0]
+        if not own and self._db.execute(f"SELECT 1 {shared} LIMIT 1", ids).fetchone() is None:
+            return
+        self_id = self._meta_get("sync_host_id") or ""
+        self._db.execute(
+            "INSERT OR IGNORE INTO sync_forgotten (origin, origin_id, sent) "
+            f"SELECT CASE WHEN origin = '' THEN ? ELSE origin END, origin_id, 0 {shared}",
+            [self_id, *ids],
+        )
+        if own:
+            self._meta_set("sync_rebuild", "1")
+
+    def delete_rows(self, ids: Sequence[int]) -> int:
+        """Delete these rows for good, as `forget` does (calmd/history/sync.py: a forget that came
+        from another machine)."""
+        return self._delete_ids(list(ids))
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside a write transaction under the lock (all of it or nothing):
+        for calmd/history/sync.py, whose tables live in this store."""
+        with self._write_transaction(immediate=True):
+            yield self._db
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock, for reads (calmd/history/sync.py)."""
+        with self._lock:
+            yield self._db
 
     def _truncate_wal(self) -> None:
         """Copy the WAL into the database and truncate it to zero bytes (under the lock). Another
@@ -632,7 +718,7 @@ class HistoryStore:
         with self._lock:
             return [HistoryRow.from_db(row) for row in self._db.execute(sql, args).fetchall()]
 
-    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration"
+    _COLUMNS = "id, ts, session, cwd, git, cmd, exit, source, comp, env, duration, host"
 
     def recent(self, *, limit: int, session: str | None = None, others: bool = False) -> list[HistoryRow]:
         """The latest `limit` commands, oldest first: of every session, of `session` alone, or

@@ -1,6 +1,7 @@
 """`calm history` and `calm stats`: what the history store holds, asked from the command line.
 
-    calm history [PATTERN] [--cwd [DIR]] [--below] [--session ID] [--exit N | --failed | --succeeded]
+    calm history [PATTERN] [--cwd [DIR]] [--below] [--session ID] [--host [NAME]]
+                 [--exit N | --failed | --succeeded]
                  [--since WHEN] [--until WHEN] [--limit N] [--regex] [--json | --commands]
     calm stats   [the same filters] [--top N] [--json]
 
@@ -8,19 +9,22 @@ Both read the store read-only (calmd/history/query.py: safe while the daemon rec
 show a line the credential detector flags. `calm history` prints one line per command, oldest
 first (`time  status  folder  command`, a multi-line command on one line with `\\n`), or with
 `--json` one JSON object per line (JSON Lines: a history is too long for one document), or with
-`--commands` the command lines alone. `calm stats` prints tables (rich): the top commands and
+`--commands` the command lines alone; a history that holds other machines' records (`calm sync`)
+adds a host column after the status. `calm stats` prints tables (rich): the top commands and
 subcommands (`git commit`, for the commands the packaged vocabulary knows to take subcommands),
-the busiest folders with their top commands, the failure rate (of the runs whose status the shell
-reported: imported history has none) and the busiest hours of the day.
+the busiest folders with their top commands, the machines (synced), the failure rate (of the runs
+whose status the shell reported: imported history has none) and the busiest hours of the day.
 
 What they print of the store passes calmd/visible.py (`query.history_lines` for `calm history`;
 here each cell of `calm stats`, given to rich as Text, never as markup: a command holding
-`[link=...]` would otherwise be a hyperlink). Column widths are those of the escaped text.
+`[link=...]` would otherwise be a hyperlink). A host's name is such text too: another machine's
+segment names its host (calmd/history/sync.py). Column widths are those of the escaped text.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -53,6 +57,9 @@ def add_filters(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--below", action="store_true", help="with --cwd: also in the folders under it")
     p.add_argument("--session", metavar="ID", help="only this shell session's commands (see --json)")
+    p.add_argument("--host", nargs="?", const="", metavar="NAME",
+                   help="only commands recorded on this machine (synced: `calm sync`; this one when NAME "
+                   "is left out)")  # fmt: skip
     status = p.add_mutually_exclusive_group()
     status.add_argument(
         "--exit", type=whole(EXIT_MIN, EXIT_MAX), metavar="N", help="only commands that exited with N"
@@ -86,7 +93,7 @@ def history_filter(args: argparse.Namespace, now: float | None = None) -> query.
         raise CalmError("--since must be before --until")
     return query.HistoryFilter(cwd=cwd, below=args.below, session=args.session, exit=args.exit, failed=failed,
                                since=since, until=until, pattern=args.pattern, regex=args.regex,
-                               limit=args.limit)  # fmt: skip
+                               limit=args.limit, host=getattr(args, "host", None))  # fmt: skip
 
 
 def _db(args: argparse.Namespace) -> Path:
@@ -98,6 +105,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     db = query.open_read_only(_db(args))
     form = "json" if args.json else "commands" if args.commands else "plain"
     try:
+        filt = dataclasses.replace(filt, this_host=query.this_host(db))
         lines = query.history_lines(db, filt, form, os.environ.get("HOME", ""))
     finally:
         db.close()  # the rows are read: nothing holds the store while they are printed
@@ -133,9 +141,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     filt = history_filter(args)
     db = query.open_read_only(_db(args))
     try:
+        filt = dataclasses.replace(filt, this_host=query.this_host(db))
         with_subcommands = takes_subcommands()
         rows = query.rows(db, filt, query.STATS_COLUMNS)
         stats = query.compute_stats(rows, with_subcommands.__contains__, top=args.top)
+        stats.hosts = query.per_host(db, filt)
     finally:
         db.close()
     if args.json:
@@ -189,6 +199,14 @@ def stats_tables(stats: query.Stats, home: str) -> list[object]:
             folders.add_row(Text(visible(query.short_path(folder, home))), f"{runs:,}",
                             Text(", ".join(f"{visible(c)} ({n:,})" for c, n in best)))  # fmt: skip
         tables.append(folders)
+    if len(stats.hosts) > 1:  # a history synced from other machines (`calm sync`)
+        hosts = Table(title="machines", title_justify="left")
+        for name, justify in (("host", "left"), ("runs", "right"), ("share", "right"), ("failed", "right")):
+            hosts.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for host, runs, failed, known in stats.hosts:
+            hosts.add_row(Text(visible(host)), f"{runs:,}", query.percent(runs, stats.commands),
+                          query.percent(failed, known) if known else "-")  # fmt: skip
+        tables.append(hosts)
     hours = Table(title="busiest hours (local time)", title_justify="left")
     for name, justify in (("hour", "right"), ("runs", "right"), ("", "left")):
         hours.add_column(name, justify=justify)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ daemon that goes away is said on the status line (Esc still leaves).
 Keys: typing edits the query (Backspace, Ctrl-W, Ctrl-U, Left/Right, Home/End); Up/Down
 (Ctrl-P/Ctrl-N), PageUp/PageDown move; Enter runs the line, Tab puts it on the prompt to edit, Esc
 (Ctrl-G, Ctrl-C) gives the prompt back as it was; Ctrl-R switches the filter mode (global, this
-folder, this session, successful only); Ctrl-D deletes every run of the line from the history,
+machine, this folder, this session, successful only); Ctrl-D deletes every run of the line from the history,
 for good, after a y/n (the `forget` op: HistoryStore.forget_command, `calm forget`'s path).
 
 Output, for the hook: `run` or `edit`, a newline and the command on stdout, exit 0; nothing and
@@ -52,7 +52,8 @@ FIRST_ANSWER_S = 1.0  # the daemon's first answer, at most; else the shell's own
 CONNECT_TIMEOUT_S = 0.5
 ESC_WAIT_S = 0.03  # a lone Esc byte is the Esc key unless more of a sequence follows this soon
 KEYS = "Enter run · Tab edit · Esc cancel · Ctrl-R mode · Ctrl-D delete"
-MODE_NAMES = {"global": "all", "folder": "this folder", "session": "this session", "success": "succeeded"}
+MODE_NAMES = {"global": "all", "host": "this machine", "folder": "this folder", "session": "this session",
+              "success": "succeeded"}  # fmt: skip
 
 # Escape sequences of the keys the UI knows (xterm and its imitators, both cursor-key modes).
 SEQUENCES = {
@@ -279,7 +280,7 @@ class Screen:
         width, height = self.size()
         rows = height - 3
         out = ["\x1b[?25l\x1b[H"]
-        mode = MODE_NAMES.get(state.mode, state.mode)
+        mode = visible(MODE_NAMES.get(state.mode, state.mode))  # the header, as every drawn text
         count = f"{state.matches} match{'es' * (state.matches != 1)}" + (" …" if state.waiting else "")
         head = f" calm search · {mode}"
         gap = " " * max(1, width - len(head) - len(count) - 1)

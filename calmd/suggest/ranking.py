@@ -35,7 +35,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,7 +251,13 @@ class HistoryIndex:
         self.session_next: list[int] = []  # index of the same session's next command, or -1
         self.session_prev: list[int] = []  # index of the same session's previous command, or -1
         self.count: Counter[str] = Counter()
-        self.last: dict[str, int] = {}  # kept in order of last use: reversed() is most recent first
+        # this machine's commands, kept in order of last use (reversed() is most recent first), each
+        # with its number among this machine's commands: recency is this machine's (a history
+        # synced from other machines, calmd/history/sync.py, adds their commands as older ones)
+        self.last: dict[str, int] = {}
+        self.local_n = 0  # this machine's commands seen
+        self.recent: deque[str] = deque(maxlen=20)  # ... the latest 20 of them
+        self.remote_last: dict[str, int] = {}  # commands only other machines ran, in order of last use
         self.follows: defaultdict[str, Counter[str]] = defaultdict(Counter)  # prev -> cmd -> n
         self.follows_last: dict[str, str] = {}  # prev -> what followed it the last time
         self.follows2: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -291,8 +297,11 @@ class HistoryIndex:
 
     def add(
         self, cmd: str, session: str = "", exit: int | None = None, ts: float | None = None,
-        cwd: str = "", git: str = "",
+        cwd: str = "", git: str = "", *, remote: bool = False,
     ) -> None:  # fmt: skip
+        """One command, in recording order. `remote`: recorded on another machine (synced): it
+        counts (runs, transitions in its own sessions, words) but leaves this machine's recency
+        as it was: the current machine's own ranking features come first."""
         index = len(self.commands)
         prev_index = self._session_tail.get(session, -1)
         plain = terminal_safe(cmd)  # no carry-over heads from a multi-line entry (its words span lines)
@@ -316,8 +325,16 @@ class HistoryIndex:
                 self.skip[prev2][cmd] += 1
         self._session_tail[session] = index
         self.count[cmd] += 1
-        self.last.pop(cmd, None)
-        self.last[cmd] = index
+        if remote:
+            if cmd not in self.last:
+                self.remote_last.pop(cmd, None)
+                self.remote_last[cmd] = index
+        else:
+            self.last.pop(cmd, None)
+            self.last[cmd] = self.local_n
+            self.local_n += 1
+            self.recent.append(cmd)
+            self.remote_last.pop(cmd, None)
         self.positions[cmd].append(index)
         name = first_word(cmd)
         if exit is not None and exit != 0:
@@ -395,7 +412,7 @@ class HistoryIndex:
         newest = store.newest_after(0)  # what is there now: an import adding rows meanwhile is not chased
         added = 0
         for row in store.all_rows(after=self.last_id, until=newest, batch=min(budget or 10_000, 10_000)):
-            self.add(row.cmd, row.session, row.exit, row.ts, row.cwd, row.git)
+            self.add(row.cmd, row.session, row.exit, row.ts, row.cwd, row.git, remote=bool(row.host))
             self.last_id = row.id
             added += 1
             if added == budget:  # a keystroke's share: the next one goes on, in order
@@ -406,7 +423,7 @@ class HistoryIndex:
         """The candidates: recent distinct commands extending `prefix`, then the previous
         command's followers that extend it, then (`carry`) carry-overs of the previous command."""
         found: list[str] = []
-        for cmd in reversed(self.last):
+        for cmd in itertools.chain(reversed(self.last), reversed(self.remote_last)):  # this machine's first
             if cmd.startswith(prefix) and cmd != prefix:
                 found.append(cmd)
                 if len(found) >= size:
@@ -502,7 +519,8 @@ class HistoryIndex:
         skip = self.skip.get(prev2, empty) if prev2 is not None else empty
         word = self.follows_word.get(first_word(prev), empty) if prev is not None else empty
         word_total = sum(word.values())
-        recent20 = Counter(self.commands[-20:])
+        recent20 = Counter(self.recent)
+        local_n = self.local_n
         last_use = {c: self.last.get(c, -1) for c in candidates}
         by_recency = {c: r for r, c in enumerate(sorted(candidates, key=lambda c: -last_use[c]))}
         by_frequency = sorted(candidates, key=lambda c: (-self.count[c], -last_use[c]))
@@ -516,7 +534,7 @@ class HistoryIndex:
         rows = np.zeros((len(candidates), len(FEATURES)), dtype=np.float32)
         for j, cmd in enumerate(candidates):
             count = self.count[cmd]
-            distance = n - 1 - self.last[cmd] if cmd in self.last else n
+            distance = local_n - 1 - self.last[cmd] if cmd in self.last else local_n
             match = matches.get(cmd, 0)
             carry = split_carry(prev, cmd) if prev is not None else None
             carried, head_count, pattern, prior_share = 0, 0, 0, 0.0

@@ -24,7 +24,8 @@ Ranking, in two stages:
    carry no exit statuses, so this is a rule, as in the suggestions).
 The list is the pool in score order, then the other matches, most recent first.
 
-Filter modes (`MODES`): every command (`global`), those run in the current folder (`folder`), in
+Filter modes (`MODES`): every command (`global`), those recorded on this machine (`host`: the
+history may hold other machines', calmd/history/sync.py), run in the current folder (`folder`), in
 this shell session (`session`), or that succeeded at least once (`success`: exit 0, or no status
 known, as for imported history). Each result carries its latest run in that scope: when, where,
 with which status.
@@ -406,6 +407,7 @@ class SearchIndex:
         self.row_session = _Column(np.int64)
         self.row_exit = _Column(np.int64, NO_EXIT)
         self.row_id = _Column(np.int64)  # the store's row id (0 in the replay)
+        self.row_remote = _Column(np.bool_, False)  # recorded on another machine (calmd/history/sync.py)
         self.cwds: dict[str, int] = {}
         self.cwd_names: list[str] = []
         self.sessions: dict[str, int] = {}
@@ -424,7 +426,8 @@ class SearchIndex:
     # -- building ---------------------------------------------------------------------------------
 
     def add(self, cmd: str, session: str = "", exit: int | None = None, ts: float | None = None,
-            cwd: str = "", git: str = "", row_id: int = 0, *, transitions: bool = True) -> None:  # fmt: skip
+            cwd: str = "", git: str = "", row_id: int = 0, *, transitions: bool = True,
+            host: str = "") -> None:  # fmt: skip
         """One run of `cmd` (in recording order). `transitions`: also feed the history ranker's
         index (the newest HistoryIndex-sized part of a large history only)."""
         i = self.ids.get(cmd)
@@ -450,6 +453,7 @@ class SearchIndex:
         self.row_session.append(self._intern(self.sessions, session))
         self.row_exit.append(NO_EXIT if exit is None else exit)
         self.row_id.append(row_id)
+        self.row_remote.append(bool(host))
         if transitions:
             self.transitions.add(cmd, session, exit, ts, cwd, git)
         self.version += 1
@@ -476,8 +480,9 @@ class SearchIndex:
             rows = [row for row in query.rows_after(db, self.last_id) if row[0] <= newest]
             if not rows:
                 return added
-            for rid, ts, session, cwd, git, cmd, code in rows:
-                self.add(cmd, session, code, ts, cwd, git, rid, transitions=rid > self.transitions_from)
+            for rid, ts, session, cwd, git, cmd, code, host in rows:
+                fed = rid > self.transitions_from  # among the history ranker's newest
+                self.add(cmd, session, code, ts, cwd, git, rid, transitions=fed, host=host)
             self.last_id = rows[-1][0]
             added += len(rows)
 
@@ -523,11 +528,15 @@ class SearchIndex:
         if found is not None:
             return found
         n = len(self.texts)
-        if mode in ("folder", "session"):
-            table = self.cwds if mode == "folder" else self.sessions
-            column = self.row_cwd if mode == "folder" else self.row_session
-            code = table.get(where)
-            rows = np.flatnonzero(column.view() == code) if code is not None else np.zeros(0, dtype=np.int64)
+        if mode in ("folder", "session", "host"):
+            if mode == "host":
+                rows = np.flatnonzero(~self.row_remote.view())
+            else:
+                table = self.cwds if mode == "folder" else self.sessions
+                column = self.row_cwd if mode == "folder" else self.row_session
+                code = table.get(where)
+                inside = column.view() == code if code is not None else np.zeros(0, dtype=np.bool_)
+                rows = np.flatnonzero(inside)
             cmds = self.row_cmd.view()[rows]
             last = np.full(n, -1, dtype=np.int64)
             last[cmds] = rows  # rows ascend: the last assignment to each command is its latest run

@@ -1,0 +1,118 @@
+"""Sync of a large history: time and peak memory of the export and of the import (issue 33,
+docs/sync.md and docs/performance.md).
+
+    python bench/sync.py [--records 100000]
+
+Two stores share a folder (as an engine leaves it once it has copied the files). The first
+holds --records commands (varied lines, folders, sessions, statuses, as a real history has) and
+was never shared: its first `calm sync now` seals them all into segments; the second then
+imports them all. Then the first runs `calm sync now` twice more with nothing new: what every
+export costs to check the machine's own segments in the folder against what it wrote (each file's
+stat), and the same once every file's times changed (each file hashed, as after an engine copied
+them again). Each step runs in a process of its own, so that its peak resident memory (ru_maxrss)
+is its own; beside it, the same process's memory after importing the modules and opening the
+store (the baseline). The records are checked to have arrived, once each, and the checks to have
+found nothing to seal again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fill(path: Path, n: int) -> None:
+    from calmd.history.store import HistoryStore
+
+    store = HistoryStore(path)
+    verbs = ["git status", "git commit -m 'fix {i}'", "make test", "cd src/module{m}", "vim notes{m}.md",
+             "kubectl get pods -n ns{m}", "python3 -m pytest tests/test_{m}.py -q", "ls -la",
+             "docker ps"]  # fmt: skip
+    rows = [(1.7e9 + i, f"s{i // 50}", f"/home/u/src/p{i % 37}", "main" if i % 3 else "",
+             verbs[i % len(verbs)].format(i=i, m=i % 101), (i % 7 == 0) * 1) for i in range(n)]  # fmt: skip
+    sql = "INSERT INTO commands (ts, session, cwd, git, cmd, exit) VALUES (?, ?, ?, ?, ?, ?)"
+    with store.writing() as db:
+        db.executemany(sql, rows)
+    store.close()
+
+
+def step(data: Path) -> None:
+    """One machine's `calm sync now`, in this process: prints its figures as JSON."""
+    from calmd.history.store import HistoryStore
+    from calmd.history.sync import Sync
+
+    sync = Sync(HistoryStore(data / "history.sqlite3"), data)
+    sync.host_id()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    report = sync.run(wait=True)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert report is not None
+    print(json.dumps({"seconds": seconds, "peak_mib": peak / 1024, "base_mib": base / 1024,
+                      "exported": report.exported, "imported": report.imported,
+                      "healed": report.healed}))  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step:
+        step(args.step)
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from calmd import paths
+    from calmd.history.sync import SyncConfig, new_key, write_config, write_key
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, one, two = Path(tmp) / "folder", Path(tmp) / "one", Path(tmp) / "two"
+        key = new_key()
+        for d in (folder, one, two):
+            d.mkdir(mode=0o700)
+        for d in (one, two):
+            write_config(paths.sync_config_path(d), SyncConfig(str(folder)))
+            write_key(paths.sync_key_path(d), key)
+        fill(one / "history.sqlite3", args.records)
+        figures = {}
+        for name, data in (("export", one), ("import", two), ("check", one), ("rehash", one)):
+            if name == "rehash":  # new times on every file: the check hashes each
+                for path in folder.rglob("*.calm"):
+                    os.utime(path)
+            out = subprocess.run([sys.executable, __file__, "--step", str(data)], capture_output=True,
+                                 text=True, check=True)  # fmt: skip
+            figures[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        assert figures["check"]["exported"] == figures["rehash"]["exported"] == 0
+        assert figures["check"]["healed"] == figures["rehash"]["healed"] == 0
+        size = sum(p.stat().st_size for p in folder.rglob("*.calm"))
+        with sqlite3.connect(two / "history.sqlite3") as db:
+            sql = "SELECT COUNT(*), COUNT(DISTINCT origin_id) FROM commands WHERE host != ''"
+            arrived = db.execute(sql).fetchone()
+        assert arrived == (args.records, args.records), arrived
+        segments = len(list(folder.rglob("*.calm")))
+        print(f"{args.records:,} records: {size / 2**20:.1f} MiB sealed in {segments} segments")
+        for name in ("export", "import"):
+            f = figures[name]
+            print(f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
+                  f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)")
+        total = figures["export"]["seconds"] + figures["import"]["seconds"]
+        print(f"sync + import: {total:.2f} s, {args.records / total:,.0f} records/s")
+        for name, what in (("check", "stat"), ("rehash", "hash")):
+            print(f"a later `calm sync now` with nothing new ({what} each own segment): "
+                  f"{figures[name]['seconds'] * 1000:.0f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

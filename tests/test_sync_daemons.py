@@ -1,0 +1,231 @@
+"""Two calmd daemons with their own homes share one history through a real engine: two Syncthing
+instances on loopback (tests/syncthing.py), and the same through rsync (the engine for a machine
+where Syncthing cannot run). Each test's id says which engine ran. What is checked is what a user
+sees: `calm history` and the suggestions on the other machine, `calm forget` on one removing it
+on both, a daemon killed with SIGKILL in the middle of writing a segment losing nothing it had
+stored, and a segment with a flipped byte refused (in `calmd status`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calmd import paths
+from calmd.history.store import HistoryStore
+from calmd.history.sync import TEST_HOLD_ENV
+from calmd.shell.client import CalmClient
+from tests.daemon import BIN, daemon_env, running_daemon
+from tests.syncthing import Syncthing
+from tests.tools import need
+
+pytestmark = pytest.mark.slow
+INTERVAL = "0.5"  # seconds between the daemons' exports and imports
+
+
+def calm(home: Path, *args: str, stdin: str | None = None) -> str:
+    out = subprocess.run([str(BIN / "calm"), *args], env=daemon_env(home), input=stdin, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def history(home: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in calm(home, "history", "--json").splitlines()]
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def engine(kind: str, tmp: Path, a: Path, b: Path) -> Iterator[Callable[[], None]]:
+    """The two folders kept alike by `kind`; yields a function that nudges it (a rescan)."""
+    if kind == "syncthing":
+        need("syncthing")
+        homes = Path(tempfile.mkdtemp(prefix="syncthing-", dir=tmp))  # each start its own pair
+        one, two = Syncthing(homes / "a", "a"), Syncthing(homes / "b", "b")
+        one.generate()
+        two.generate()
+        one.share(a, [two])
+        two.share(b, [one])
+        try:
+            one.start()
+            two.start()
+            wait_until(lambda: one.connected(two) and two.connected(one), "the two syncthings connect", 60)
+            yield lambda: (one.rescan(), two.rescan())
+        finally:
+            one.stop()
+            two.stop()
+        return
+    need("rsync")
+    stop = threading.Event()
+
+    def copy() -> None:
+        # Both ways, the newer file winning, as a user's cron job runs it (only more often): no
+        # --delete (it would delete what the other side made since), no excludes. So what a machine
+        # deletes comes back from the other side, calm's temp files are copied too, and a file's two
+        # versions within one second used to be told apart by size alone: files that never change
+        # once written are what make this safe (docs/sync.md).
+        for src, dst in ((a, b), (b, a)):
+            subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], capture_output=True, timeout=60)
+
+    def loop() -> None:
+        while not stop.wait(0.3):
+            copy()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield copy
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def held(own: Path) -> list[str]:
+    """The temp files in `own` that hold a sealed segment of the 30,000 commands (~2 MB): the one
+    the daemon is writing once its bytes are in (an engine may copy older, small ones back)."""
+    names = []
+    for name in os.listdir(own):
+        with contextlib.suppress(FileNotFoundError):
+            if name.endswith(".tmp") and (own / name).stat().st_size > 30_000 * 20:
+                names.append(name)
+    return names
+
+
+def set_up(laptop: Path, desktop: Path, folder_a: Path, folder_b: Path) -> None:
+    calm(laptop, "sync", "--folder", str(folder_a), "--name", "laptop", "--interval", INTERVAL)
+    phrase = calm(laptop, "sync", "key", "--show").strip()
+    calm(desktop, "sync", "key", "--import", "-", stdin=phrase + "\n")
+    calm(desktop, "sync", "--folder", str(folder_b), "--name", "desktop", "--interval", INTERVAL)
+
+
+@pytest.mark.parametrize("kind", ["syncthing", "rsync"])
+def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
+    laptop, desktop = tmp_path / "laptop", tmp_path / "desktop"
+    folder_a, folder_b = tmp_path / "sync-a", tmp_path / "sync-b"
+    for p in (laptop, desktop, folder_a, folder_b):
+        p.mkdir(mode=0o700)
+    print(f"sync engine: {kind}")
+    set_up(laptop, desktop, folder_a, folder_b)
+    args = ("--no-import",)
+    with (
+        engine(kind, tmp_path, folder_a, folder_b),
+        running_daemon(laptop, engine="model", weights=False, args=args) as one,
+        running_daemon(desktop, engine="model", weights=False, args=args) as two,
+        CalmClient(one.socket) as a,
+        CalmClient(two.socket) as b,
+    ):
+        # a command made on the laptop: in the desktop's history (with its host) and suggestions
+        line = "terraform apply -target=module.staging"
+        assert a.record(line, exit=0, cwd="/infra", session="l1")["stored"]
+        assert b.record("htop", exit=0, cwd="/root", session="d1")["stored"]
+
+        def on_desktop() -> bool:
+            return any(e["cmd"] == "terraform apply -target=module.staging" for e in history(desktop))
+
+        wait_until(on_desktop, f"the laptop's command reaches the desktop through {kind}")
+        entry = next(e for e in history(desktop) if e["cmd"].startswith("terraform"))
+        assert (entry["host"], entry["cwd"], entry["exit"]) == ("laptop", "/infra", 0)
+        assert next(e for e in history(desktop) if e["cmd"] == "htop")["host"] == "desktop"
+        assert [e["cmd"] for e in json_lines(calm(desktop, "history", "--json", "--host", "laptop"))] == [
+            "terraform apply -target=module.staging"]  # fmt: skip
+        found = [m["candidate"] for m in b.complete("terraform ap", n=5, session="d1", cwd="/infra")
+                 if "candidate" in m]  # fmt: skip
+        assert "terraform apply -target=module.staging" in found
+        wait_until(lambda: any(e["cmd"] == "htop" and e["host"] == "desktop" for e in history(laptop)),
+                   "the desktop's command reaches the laptop")  # fmt: skip
+        status = b.status()["status"]["sync"]
+        assert status["enabled"] and [h["name"] for h in status["hosts"]] == ["laptop"]
+        assert status["hosts"][0]["records_in"] >= 1 and status["refused"]["count"] == 0
+
+        # forgotten on the desktop: gone from both
+        calm(desktop, "forget", "module.staging")
+        assert not any("staging" in e["cmd"] for e in history(desktop))
+        gone = lambda: not any("staging" in e["cmd"] for e in history(laptop))  # noqa: E731
+        wait_until(gone, "the forget reaches the laptop")
+        found = [m["candidate"] for m in a.complete("terraform ap", n=5, session="l1", cwd="/infra")
+                 if "candidate" in m]  # fmt: skip
+        assert "terraform apply -target=module.staging" not in found
+
+    # SIGKILL in the middle of writing a segment: what the laptop had stored all arrives
+    store = HistoryStore(paths.history_path(laptop / "data"))
+    with store.writing() as db:
+        db.executemany("INSERT INTO commands (ts, session, cmd) VALUES (?, 'bulk', ?)",
+                       [(1000.0 + i, f"echo bulk {i}") for i in range(30_000)])  # fmt: skip
+        laptop_id = db.execute("SELECT value FROM meta WHERE key = 'sync_host_id'").fetchone()[0]
+    store.close()
+    own = folder_a / laptop_id  # the laptop's sub-folder (the desktop's is there too)
+    assert own.is_dir()
+    with engine(kind, tmp_path, folder_a, folder_b) as nudge:
+        # The daemon's first export seals the 30,000 commands into a segment; the test hook holds
+        # that write once its temp file holds the bytes (a write lasts milliseconds: a test that
+        # waited to catch it in the act failed under load), and the daemon is killed there.
+        hold = {TEST_HOLD_ENV: "600"}
+        serve = subprocess.Popen([str(BIN / "calmd"), "serve", *args], env=daemon_env(laptop, **hold),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            wait_until(
+                lambda: bool(held(own)) or serve.poll() is not None, "the laptop writes its segment", 180
+            )
+            assert serve.poll() is None, f"calmd ended (status {serve.returncode}) before writing"
+            [temp] = held(own)
+        finally:
+            os.kill(serve.pid, signal.SIGKILL)
+            serve.wait(timeout=10)
+        assert held(own) == [temp], "killed in the write: its temp file is left"
+        assert not (own / (temp.split(".")[1] + ".calm")).exists(), "the segment it was writing is not there"
+        with (
+            running_daemon(laptop, engine="model", weights=False, args=args),
+            running_daemon(desktop, engine="model", weights=False, args=args),
+        ):
+
+            def all_arrived() -> bool:
+                nudge()
+                return sum(1 for e in history(desktop) if e["cmd"].startswith("echo bulk")) == 30_000
+
+            wait_until(all_arrived, "the 30,000 commands stored before the SIGKILL reach the desktop", 180)
+        # one byte of the laptop's newest segment flipped in the folder (the laptop is off): the
+        # desktop refuses the file, says why in `calmd status` and `calm sync`, stores nothing of it
+        seg = max(own.glob("*.calm"))
+        data = bytearray(seg.read_bytes())
+        data[len(data) - 100] ^= 0x40
+        tampered = own / ".tampered"
+        tampered.write_bytes(bytes(data))
+        os.chmod(tampered, 0o600)
+        os.replace(tampered, seg)
+        before = len(history(desktop))
+        with (
+            running_daemon(desktop, engine="model", weights=False, args=args) as two,
+            CalmClient(two.socket) as b,
+        ):
+
+            def refused() -> list[dict[str, Any]]:
+                nudge()
+                files: list[dict[str, Any]] = b.status()["status"]["sync"]["refused"]["files"]
+                return files
+
+            wait_until(lambda: bool(refused()), "the segment with a flipped byte is refused")
+            [bad] = refused()
+            assert bad["path"] == str(folder_b / own.name / seg.name) and bad["reason"].startswith("tampered")
+            assert "1 in all, 1 now" in calm(desktop, "sync")
+            assert len(history(desktop)) == before
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]

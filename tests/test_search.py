@@ -212,6 +212,30 @@ def test_a_sync_never_chases_an_import_and_starts_over_after_a_big_one(
     store.close()
 
 
+def test_a_sync_reads_every_batch_up_to_the_newest_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index reads the store a batch at a time (query.BATCH rows) up to the newest row there
+    was when it began, and each row keeps its host (`host` mode: this machine's). The merge of
+    issue 33 into issue 30's bounded sync once let a loop variable shadow that newest row: the
+    index stopped after its first batch (20,000 rows) and never saw the rest."""
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    for i in range(30):
+        store.record(f"typed {i}", exit=0, session="s")
+    with store.writing() as conn:  # one record synced from another machine (calmd/history/sync.py)
+        conn.execute("INSERT INTO commands (ts, session, cmd, host, origin, origin_id) "
+                     "VALUES (2000, 'x:s', 'typed far', 'desktop', '0123456789abcdef', 1)")  # fmt: skip
+    rows_after = query.rows_after
+    monkeypatch.setattr(query, "rows_after", lambda conn, after, limit=7: rows_after(conn, after, 7))
+    db = query.open_read_only(store.path)
+    index = SearchIndex()
+    assert index.sync(db) == 31 and len(index) == 31
+    assert found(index, "typed 29") and found(index, "typed far")
+    assert "typed far" not in found(index, "typed", "host") and "typed 29" in found(index, "typed", "host")
+    db.close()
+    store.close()
+
+
 def test_a_line_the_detector_flags_is_never_shown(tmp_path: Path) -> None:
     """A row stored before the credential detector knew its rule (the daemon re-scans at its
     next start) stays out of the search's answers meanwhile."""

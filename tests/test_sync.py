@@ -573,6 +573,50 @@ def test_what_this_machine_would_refuse_is_not_stored_and_clocks_do_not_matter(
     assert desktop.store.counter("dropped_secrets") == 1
 
 
+def test_a_record_with_an_impossible_time_is_kept_without_it_and_counted(
+    pair: tuple[Machine, Machine, Path],
+) -> None:
+    """Times from another machine pass the bounds the imports of history files pass (store.valid_time:
+    1970 to 2100): a record that came with another is kept, timed by the record before it in its
+    segment (the first one: when the segment was sealed), and counted once, however often read."""
+    import math
+    import time
+
+    from calmd.cli.sync import status_lines
+    from calmd.history.sync import parse_record
+
+    laptop, desktop, _ = pair
+    # as an older calmd's store holds them (a zsh import of `: 999999999999:0;whoami`, a clock at -5)
+    with laptop.store.writing() as db:
+        db.executemany("INSERT INTO commands (ts, session, cmd) VALUES (?, 's', ?)",
+                       [(-5.0, "uptime"), (1000.0, "ls"), (999999999999.0, "whoami"), (-5.0, "pwd"),
+                        (1002.0, "date")])  # fmt: skip
+    laptop.run()
+    started = time.time()
+    report = desktop.run()
+    assert report["imported"] == 5 and report["bad_times"] == 3 and report["refused"] == []
+    with desktop.store.reading() as db:
+        times = dict(db.execute("SELECT cmd, ts FROM commands").fetchall())
+    assert (times["ls"], times["whoami"], times["pwd"], times["date"]) == (1000.0, 1000.0, 1000.0, 1002.0)
+    assert started - 60 <= times["uptime"] <= time.time()  # the first: when its segment was sealed
+    assert desktop.store.counter("sync_bad_times") == 3
+    with desktop.store.writing() as db:  # read it all again: stored once, counted once
+        db.execute("DELETE FROM sync_files")
+    assert desktop.run()["imported"] == 0 and desktop.store.counter("sync_bad_times") == 3
+    status = desktop.sync.describe()
+    assert status["bad_times"] == 3
+    assert "5 received (3 with an impossible time: kept without it)" in "\n".join(status_lines(status))
+    # what a segment may carry: a number that is no time is kept without it; no number is malformed
+    fields = [7, 0.0, "s", "/", "", "ls", 0, None, "", "", "shell"]
+    for impossible in (math.nan, math.inf, -1.0, 4_102_444_801, 10**18):
+        record = parse_record([*fields[:1], impossible, *fields[2:]], now=2e9)
+        assert record.ts is None and record.bad_time, impossible
+    assert parse_record([*fields[:1], 4_102_444_800, *fields[2:]], now=2e9).ts == 2e9 + 86400  # a day ahead
+    for wrong in ("1700000000", None, True):
+        with pytest.raises(Refused, match="time is not a number"):
+            parse_record([*fields[:1], wrong, *fields[2:]], now=2e9)
+
+
 def test_a_new_key_rewrites_the_segments_and_the_old_key_reads_nothing(
     pair: tuple[Machine, Machine, Path],
 ) -> None:

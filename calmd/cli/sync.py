@@ -125,6 +125,9 @@ def _now(data: Path) -> int:
         raise CalmError("another sync (calmd's) held the lock for 30 s: try again")
     done = [f"sent {report.exported} records and {report.forgets_sent} forgets",
             f"received {report.imported} records and {report.forgotten} forgets"]  # fmt: skip
+    if report.bad_times:
+        done.append(f"{report.bad_times} of them with an impossible time (before 1970, after 2100 or not a "
+                    "number: kept, timed by the record before them)")  # fmt: skip
     if report.rebuilt:
         done.append("wrote this machine's segments anew")
     if report.healed:
@@ -221,6 +224,7 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         return [visible(f"sync: {status['error']}") if status.get("error") else "sync: off"]
     host = status.get("host") or {}
     key = status.get("key") or {}
+    bad_times = status.get("bad_times") or 0
     lines = [
         f"folder: {status['folder']} ({status['mode']}"
         f"{', git ' + status['git'] if status.get('git') else ''}, "
@@ -228,7 +232,8 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         f"this machine: {host_label(str(host.get('name') or ''), '')} ({host.get('id') or 'no id yet'}); "
         f"key {key.get('id') or 'MISSING: calm sync key --import'}",
         f"records: {status['records_out']:,} sent, {status['pending_out']:,} to send, "
-        f"{status['records_in']:,} received",
+        f"{status['records_in']:,} received"
+        + (f" ({bad_times:,} with an impossible time: kept without it)" if bad_times else ""),
         f"this machine's segments: {status.get('segments', 0):,} in the folder, {status.get('healed', 0):,} "
         "sealed again after the engine deleted, cut or changed them",
     ]

@@ -216,8 +216,10 @@ class Server:
         if report is not None:
             self.sync.last_error = report.git or None
             if report.exported or report.imported or report.forgotten or report.forgets_sent:
-                log.info("sync: sent %d records and %d forgets, received %d records and %d forgets",
-                         report.exported, report.forgets_sent, report.imported, report.forgotten)  # fmt: skip
+                log.info("sync: sent %d records and %d forgets, received %d records and %d forgets%s",
+                         report.exported, report.forgets_sent, report.imported, report.forgotten,
+                         f" ({report.bad_times} with an impossible time: kept without it)"
+                         if report.bad_times else "")  # fmt: skip
 
     def _sync_failed(self, exc: Exception) -> None:
         why = str(exc) if isinstance(exc, SyncError | OSError) else f"{type(exc).__name__}: {exc}"

@@ -138,7 +138,8 @@ def valid_time(ts: float | None) -> bool:
     """Whether `ts` is a time a command can have run at: seconds since the epoch from 1970 to 2100
     (protocol.TS_MAX). A negative, infinite or NaN time is not, nor one read from a digit string
     too long to be a time (`#999999999999` is the year 33658): an import keeps such a command
-    without its time (`ImportResult.bad_times`)."""
+    without its time (`ImportResult.bad_times`), as sync keeps such a record from another machine
+    (calmd/history/sync.py `parse_record`, `sync_bad_times`)."""
     return ts is not None and 0.0 <= ts <= TS_MAX
 
 

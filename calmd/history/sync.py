@@ -88,7 +88,7 @@ from calmd.errors import CalmError
 from calmd.history.query import this_hostname
 from calmd.history.recorded import clean_env
 from calmd.history.secrets import DETECTOR_VERSION
-from calmd.history.store import HistoryStore, _comp_text, clean_text
+from calmd.history.store import HistoryStore, _comp_text, clean_text, valid_time
 
 log = logging.getLogger("calmd.history.sync")
 
@@ -399,7 +399,7 @@ class Incoming:
     """A record from another machine, checked and cleaned as the store would store it."""
 
     origin_id: int
-    ts: float
+    ts: float | None  # None: the time it came with was impossible (`valid_time`), given at import
     session: str
     cwd: str
     git: str
@@ -409,6 +409,7 @@ class Incoming:
     comp: str
     env: str
     source: str
+    bad_time: bool = False  # it came with an impossible time: kept without it, counted
 
 
 def _text(value: Any, what: str, limit: int = 1 << 18) -> str:
@@ -418,14 +419,18 @@ def _text(value: Any, what: str, limit: int = 1 << 18) -> str:
 
 
 def parse_record(item: Any, now: float) -> Incoming:
-    """A record as the chunk carries it -> Incoming; Refused when a field is of the wrong kind."""
+    """A record as the chunk carries it -> Incoming; Refused when a field is of the wrong kind. A
+    time that is a number but not one a command can have run at (`valid_time`: before 1970, after
+    2100, not finite: another machine's clock, or its older calmd's store) is not a reason to lose
+    the record: it is kept without it (`ts` None, `bad_time`), as the imports of history files keep
+    theirs; one later than now + FUTURE_SLACK_S is stored at that."""
     if not isinstance(item, list) or len(item) != RECORD_FIELDS:
         raise Refused(f"malformed: a record is not a list of {RECORD_FIELDS} fields")
     oid, ts, session, cwd, git, cmd, code, duration, comp, env, source = item
     if not isinstance(oid, int) or isinstance(oid, bool) or not 0 < oid < 1 << 62:
         raise Refused("malformed: a record's number is not a positive integer")
-    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts) or ts < 0:
-        raise Refused("malformed: a record's time is not a finite number")
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        raise Refused("malformed: a record's time is not a number")
     if code is not None and (
         not isinstance(code, int) or isinstance(code, bool) or not -(1 << 31) <= code < 1 << 31
     ):
@@ -433,11 +438,13 @@ def parse_record(item: Any, now: float) -> Incoming:
     if duration is not None and (not isinstance(duration, int | float) or not math.isfinite(duration)):
         raise Refused("malformed: a record's duration is not a number")
     comp_text = _text(comp, "comp")
+    possible = valid_time(float(ts))
     return Incoming(
-        oid, min(float(ts), now + FUTURE_SLACK_S), _text(session, "session"), _text(cwd, "cwd"),
-        _text(git, "git"), _text(cmd, "command"), code, None if duration is None else float(duration),
+        oid, min(float(ts), now + FUTURE_SLACK_S) if possible else None, _text(session, "session"),
+        _text(cwd, "cwd"), _text(git, "git"), _text(cmd, "command"), code,
+        None if duration is None else float(duration),
         _comp_text(comp_text.split("\n") if comp_text else ()), clean_env(_text(env, "env")),
-        _text(source, "source", 64),
+        _text(source, "source", 64), bad_time=not possible,
     )  # fmt: skip
 
 
@@ -462,6 +469,7 @@ class SyncReport:
     forgets_sent: int = 0
     imported: int = 0
     forgotten: int = 0
+    bad_times: int = 0  # records received with an impossible time (`valid_time`): kept without it
     refused: list[tuple[str, str]] = field(default_factory=list)  # (path, why), new refusals only
     rebuilt: bool = False  # this machine's segments were all written anew (a forget, a new key)
     healed: int = 0  # this machine's segments found deleted, cut short or changed: re-sealed
@@ -995,9 +1003,22 @@ class Sync:
             return None
         name = next((b[0] for b in reversed(batches) if b[0]), None)
         sealed = max((b[1] for b in batches if b[1] is not None), default=None)
+        # a record that came without a possible time takes the time of the record before it in
+        # the segment (its machine's order), the first one when it was sealed, else now: the
+        # rule the store's repair of older rows follows (HistoryStore._repair_times)
+        before = min(sealed, now) if sealed is not None and valid_time(sealed) else now
         imported = 0
         for _, _, records, forgets in batches:
-            imported += self._store_records(host, name or host, records)
+            timed = []
+            for r in records:
+                if r.ts is None:
+                    r = dataclasses.replace(r, ts=before)
+                else:
+                    before = r.ts
+                timed.append(r)
+            stored, bad_times = self._store_records(host, name or host, timed)
+            imported += stored
+            report.bad_times += bad_times
             report.forgotten += self._apply_forgets(forgets)
         with self.store.writing() as db:
             db.execute("INSERT OR REPLACE INTO sync_files (host, seq, size, mtime_ns, ctime_ns, ino) "
@@ -1017,37 +1038,50 @@ class Sync:
         report.imported += imported
         return live
 
-    def _store_records(self, host: str, name: str, records: list[Incoming]) -> int:
-        """Store records of `host` that are new, not forgotten, and pass this machine's checks."""
-        rows = []
+    def _store_records(self, host: str, name: str, records: list[Incoming]) -> tuple[int, int]:
+        """Store records of `host` that are new, not forgotten, and pass this machine's checks
+        (each timed: `_import_segment`); returns how many were stored, and how many of those came
+        with an impossible time (counted in `sync_bad_times`, as the imports count theirs)."""
+        rows: list[tuple[tuple[Any, ...], bool]] = []
         dropped = 0
         if not records:
-            return 0
+            return 0, 0
         for r in records:
             verdict = HistoryStore.check(r.cmd)
             if not verdict.stored:
                 dropped += verdict.reason.startswith("secret:")
                 continue
-            rows.append((r.ts, f"{host}:{r.session}", r.cwd, r.git, r.cmd, r.exit, r.source, r.comp, r.env,
-                         r.duration, name, host, r.origin_id, host, r.origin_id))  # fmt: skip
-        stored = 0
+            rows.append(((r.ts, f"{host}:{r.session}", r.cwd, r.git, r.cmd, r.exit, r.source, r.comp, r.env,
+                          r.duration, name, host, r.origin_id, host, r.origin_id), r.bad_time))  # fmt: skip
+        stored = bad_times = 0
+        insert = (
+            "INSERT OR IGNORE INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env, "
+            "duration, host, origin, origin_id) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM sync_forgotten WHERE origin = ? AND origin_id = ?)"
+        )
         for first in range(0, len(rows), IMPORT_BATCH):
+            batch = rows[first : first + IMPORT_BATCH]
             with self.store.writing() as db:
                 before = db.total_changes
-                db.executemany(
-                    "INSERT OR IGNORE INTO commands (ts, session, cwd, git, cmd, exit, source, comp, env, "
-                    "duration, host, origin, origin_id) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
-                    "WHERE NOT EXISTS (SELECT 1 FROM sync_forgotten WHERE origin = ? AND origin_id = ?)",
-                    rows[first : first + IMPORT_BATCH],
-                )
-                added = db.total_changes - before
+                bad = 0
+                if any(flag for _, flag in batch):  # one by one: a record read twice is counted once
+                    for values, bad_time in batch:
+                        changes = db.total_changes
+                        db.execute(insert, values)
+                        bad += bad_time and db.total_changes > changes
+                else:
+                    db.executemany(insert, [values for values, _ in batch])
+                added = db.total_changes - before  # (before the counters' own changes)
                 stored += added
+                bad_times += bad
                 self._add(db, "recorded_since_train", added)
                 self._add(db, "sync_records_in", added)
+                if bad:
+                    self._add(db, "sync_bad_times", bad)
         if dropped:  # stored on the other machine by an older detector: this one's refuses them
             with self.store.writing() as db:
                 self._add(db, "dropped_secrets", dropped)
-        return stored
+        return stored, bad_times
 
     def _apply_forgets(self, forgets: list[tuple[str, int]]) -> int:
         """Delete what another machine forgot (remembered: it never comes back), for good."""
@@ -1105,6 +1139,7 @@ class Sync:
                       for h, n, s, t, r, live in hosts],
             "records_out": int(meta.get("sync_records_out") or 0),
             "records_in": int(meta.get("sync_records_in") or 0),
+            "bad_times": int(meta.get("sync_bad_times") or 0),
             "pending_out": pending if config.sends else 0,
             "refused": {"count": int(meta.get("sync_refused") or 0),
                         "files": [{"path": p, "reason": why, "at": at} for p, why, at in refused]},

@@ -651,6 +651,57 @@ def test_status_says_it_all(pair: tuple[Machine, Machine, Path]) -> None:
     assert laptop.sync.describe()["pending_out"] == 1
 
 
+def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
+    pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `calm forget --all` does to sync (calmd/history/sync.py `leave`; the daemons' test is
+    tests/test_sync_daemons.py): every row deleted with no forget to send, what sync learnt
+    cleared, the numbers it gave and the forgets made before kept; a forget not sent yet is said
+    before anything is deleted; a sync in progress holds it off, with nothing deleted."""
+    from calmd.cli import calm_main
+    from calmd.history.sync import _sync_lock, leave, sync_holdings
+
+    laptop, desktop, folder = pair
+    laptop.store.record("git pull", session="l", ts=1.0)
+    desktop.store.record("htop", session="d", ts=2.0)
+    desktop.store.record("echo pa55word-typed", session="d", ts=3.0)
+    laptop.run()
+    desktop.run()
+    laptop.run()  # each has all three
+    desktop.store.forget(lambda cmd: "pa55word" in cmd)  # made here, not sent yet
+    with desktop.store.reading() as db:
+        kept = "('sync_host_id', 'sync_next_id', 'sync_next_seq')"
+        numbers = dict(db.execute(f"SELECT key, value FROM meta WHERE key IN {kept}").fetchall())
+    holdings = sync_holdings(desktop.data, desktop.store)
+    assert holdings.unsent_forgets == 1 and holdings.others == 1 and holdings.segments == 1
+    assert holdings.share == folder / desktop.sync.host_id()
+    monkeypatch.setenv("CALM_HOME", str(desktop.data))
+    monkeypatch.setenv("CALM_CACHE", str(desktop.data.parent / "cache"))
+    assert calm_main(["forget", "--all", "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "2 stored commands" in said and "sync.key" in said and "this machine's share" in said
+    assert "1 forget made here not sent to your other machines yet" in said
+
+    with _sync_lock(desktop.data) as held:  # a sync in progress (calmd's)
+        assert held
+        with pytest.raises(SyncError, match=r"held .*sync\.lock for 0\.2 s: nothing was deleted"):
+            leave(desktop.data, desktop.store, holdings, wait_s=0.2)
+    assert desktop.store.count() == 2 and paths.sync_key_path(desktop.data).exists()
+    assert leave(desktop.data, desktop.store, holdings) == (2, None)
+    assert desktop.store.count() == 0 and holdings.share is not None and not holdings.share.exists()
+    assert not paths.sync_config_path(desktop.data).exists()
+    assert not paths.sync_key_path(desktop.data).exists()
+    with desktop.store.reading() as db:
+        left = dict(db.execute("SELECT key, value FROM meta WHERE key LIKE 'sync%'").fetchall())
+        tables = [db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                  for t in ("sync_own", "sync_hosts", "sync_files", "sync_refused")]  # fmt: skip
+        forgotten = db.execute("SELECT sent FROM sync_forgotten").fetchall()
+    assert left == {**numbers, "sync_host_name": "desktop"} and tables == [0, 0, 0, 0]
+    assert forgotten == [(0,)]  # the password's forget, still to send if it joins again; none for --all
+    assert laptop.run()["forgotten"] == 0  # the laptop keeps all it had
+    assert {c for c, _ in laptop.commands()} == {"git pull", "htop", "echo pa55word-typed"}
+
+
 def test_a_bad_config_or_missing_key_is_one_clear_line(tmp_path: Path) -> None:
     config = tmp_path / "sync.json"
     config.write_text('{"format": "calm-sync-config", "folder": "relative/path"}')

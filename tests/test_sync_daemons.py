@@ -229,3 +229,73 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
+
+
+def test_forget_all_takes_this_machine_out_of_sync_and_nothing_comes_back(tmp_path: Path) -> None:
+    """`calm forget --all` on a machine that syncs, its daemon running: its commands are gone and
+    stay gone (its daemon's next turns import nothing from the folder: sync is off, sync.json and
+    the key deleted), its share of the folder is deleted, and the other machine is sent no forget:
+    it keeps its history and what it received. What stays in the folder is said. Joining again
+    reads the folder afresh, and what the machine records then reaches the other (its record
+    numbers go on past those it gave: none is taken for one the other already has)."""
+    laptop, desktop = tmp_path / "laptop", tmp_path / "desktop"
+    folder = tmp_path / "sync"  # one folder for both: as an engine leaves it once it copied every file
+    for p in (laptop, desktop, folder):
+        p.mkdir(mode=0o700)
+    set_up(laptop, desktop, folder, folder)
+    args = ("--no-import",)
+
+    def forget_all(*flags: str) -> subprocess.CompletedProcess[str]:
+        env = daemon_env(desktop, CALM_CACHE=str(tmp_path / "desktop-cache"))  # not the machine's kernels
+        argv = [str(BIN / "calm"), "forget", "--all", *flags]
+        return subprocess.run(
+            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90
+        )
+
+    def commands(home: Path) -> set[tuple[str, str]]:
+        return {(e["cmd"], e["host"]) for e in history(home)}
+
+    with (
+        running_daemon(laptop, args=args) as one,
+        running_daemon(desktop, args=args) as two,
+        CalmClient(one.socket) as a,
+        CalmClient(two.socket) as b,
+    ):
+        assert a.record("ssh build-box", exit=0, session="l1")["stored"]
+        assert b.record("htop", exit=0, session="d1")["stored"]
+        both = {("ssh build-box", "laptop"), ("htop", "desktop")}
+        wait_until(lambda: commands(desktop) == commands(laptop) == both, "each machine has both commands")
+        laptop_id = b.status()["status"]["sync"]["hosts"][0]["id"]
+        desktop_id = b.status()["status"]["sync"]["host"]["id"]
+        assert (folder / desktop_id).is_dir() and (folder / laptop_id).is_dir()
+
+        dry = forget_all("--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "sync.json" in dry.stdout and "sync.key" in dry.stdout and "this machine's share" in dry.stdout
+        done = forget_all("--yes")
+        assert done.returncode == 0, done.stderr
+        assert "forgot 2 commands" in done.stdout and "sync is off on this machine" in done.stdout
+        assert f"{folder} still holds the shares of 1 other machine" in done.stdout
+        data = desktop / "data"
+        assert not paths.sync_config_path(data).exists() and not paths.sync_key_path(data).exists()
+        assert not (folder / desktop_id).exists() and (folder / laptop_id).is_dir()
+        assert b.status()["status"]["sync"] == {"enabled": False}
+
+        # the laptop goes on; several turns of both daemons later the desktop holds nothing again,
+        # and the laptop was told to forget nothing
+        assert a.record("make release", exit=0, session="l1")["stored"]
+        wait_until(lambda: a.status()["status"]["sync"]["pending_out"] == 0, "the laptop exports")
+        time.sleep(8 * float(INTERVAL))
+        assert commands(desktop) == set()
+        assert commands(laptop) == both | {("make release", "laptop")}
+
+        # joining again: the folder is read afresh, and the desktop's new commands reach the laptop
+        phrase = calm(laptop, "sync", "key", "--show").strip()
+        calm(desktop, "sync", "key", "--import", "-", stdin=phrase + "\n")
+        calm(desktop, "sync", "--folder", str(folder), "--name", "desktop", "--interval", INTERVAL)
+        assert b.record("df -h", exit=0, session="d2")["stored"]
+        new = ("df -h", "desktop")
+        wait_until(lambda: new in commands(laptop), "the desktop's new command reaches the laptop")
+        again = {("ssh build-box", "laptop"), ("make release", "laptop"), ("df -h", "desktop")}
+        wait_until(lambda: commands(desktop) == again, "the desktop reads the laptop's share again")
+        assert b.status()["status"]["sync"]["host"]["id"] == desktop_id

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from calmd import paths
 from calmd.arguments import Parser, number, whole
@@ -16,6 +17,9 @@ from calmd.shell import (  # imports nothing heavy (`calm history` and `calm sta
     search_ui,
 )
 from calmd.visible import visible
+
+if TYPE_CHECKING:
+    from calmd.history.sync import SyncHoldings
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -143,11 +147,16 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     store stays, empty, and remembers that the shells' history files were imported, so the next
     start does not bring them back), the model and ranker trained on them and the ones they
     replaced, the datasets, the training run's status and log, the helpers' log, and the cache
-    (the compiled kernels). Asks first on a terminal; elsewhere it wants --yes. A running daemon
+    (the compiled kernels). With `calm sync`, this machine leaves it (calmd/history/sync.py
+    `leave`): sync.json and the key deleted, and this machine's share of the sync folder, so
+    that nothing comes back from the folder and nothing of this machine's history stays there;
+    the other machines are sent no forget (they keep their history), and what stays in the folder
+    (their shares) is said. Asks first on a terminal; elsewhere it wants --yes. A running daemon
     is asked to reload: it serves the packaged model at once."""
     import shutil
 
     from calmd.history.store import HistoryStore
+    from calmd.history.sync import SyncError, leave, sync_holdings
     from calmd.training.background import TrainingLock, lock_holder
 
     data, cache = paths.data_dir(), paths.cache_dir()
@@ -159,9 +168,23 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
         store = HistoryStore(db)
         try:
             commands = store.count()
+            holdings = sync_holdings(data, store)
         finally:
             store.close()
+    else:
+        holdings = sync_holdings(data, None)
     listing = [f"{commands} stored command{'s' * (commands != 1)} ({db})"] + [str(p) for p in files + folders]
+    listing += [str(p) for p in holdings.files]
+    if holdings.share is not None:
+        listing.append(f"{holdings.share} (this machine's share of the sync folder: {holdings.segments} "
+                       "segments; your other machines keep what they received)")  # fmt: skip
+    if holdings.unsent_forgets:
+        listing.append(
+            f"note: {holdings.unsent_forgets} forget{'s' * (holdings.unsent_forgets != 1)} made here "
+            "not sent to your other machines yet: they would keep those commands (answer n, run "
+            "`calm sync now`, then this again)"
+        )
+    listing = [visible(line) for line in listing]  # a folder's name is any bytes
     if dry_run:
         print("calm forget --all would delete (dry run: nothing deleted):\n  " + "\n  ".join(listing))
         return 0
@@ -178,23 +201,49 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
             holder = lock_holder(data)
             raise CalmError(f"a training run (pid {holder}) is in progress: run this again once it ends "
                             "(calmd status), or after `calmd stop`")  # fmt: skip
-        if db.is_file():
-            store = HistoryStore(db)
-            try:
-                commands = store.forget(lambda _cmd: True)
-            finally:
-                store.close()
+        opened = HistoryStore(db) if db.is_file() else None
+        problem = None
+        try:
+            if holdings.anything:  # sync's lock: a sync in progress ends first, none starts after
+                commands, problem = leave(data, opened, holdings)
+            elif opened is not None:
+                commands = opened.forget_all()
+        except SyncError as exc:
+            raise CalmError(str(exc)) from None
+        finally:
+            if opened is not None:
+                opened.close()
         for path in files:
             path.unlink(missing_ok=True)
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-    print(
+    print(visible(
         f"forgot {commands} command{'s' * (commands != 1)} and deleted "
-        + (", ".join(map(str, files + folders)) or "nothing else")
-    )
+        + (", ".join(map(str, files + folders + list(holdings.files))) or "nothing else")
+    ))  # fmt: skip
+    if holdings.anything:
+        print(_left_in_sync_folder(holdings, problem))
     _reload_daemon()
     print("the shells' own history files (~/.zsh_history ...) are yours: untouched, and not imported again")
     return 0
+
+
+def _left_in_sync_folder(holdings: SyncHoldings, problem: str | None) -> str:
+    """What `calm forget --all` says of sync once done: off here, and what the folder still holds."""
+    said = "sync is off on this machine"
+    if problem is not None:
+        said += f"; its share of the sync folder could not be deleted ({problem}): delete it by hand"
+    elif holdings.share is not None:
+        said += f"; its share of the sync folder ({holdings.share}) is deleted"
+    if holdings.folder is not None and holdings.others:
+        others = f"{holdings.others} other machine{'s' * (holdings.others != 1)}"
+        said += (
+            f". {holdings.folder} still holds the shares of {others} (sealed): they keep their history "
+            "and what they received from this one (`calm forget PATTERN` there forgets it on every "
+            "machine). To keep none of it here, stop your sync engine sharing the folder on this "
+            "machine, then delete it (deleted while shared, it goes on every machine)"
+        )
+    return visible(said)
 
 
 def _reload_daemon() -> None:
@@ -260,7 +309,8 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--regex", "-E", action="store_true", help="PATTERN is a regular expression")
     p.add_argument("--all", action="store_true",
                    help="delete everything calm holds: every command, your model and ranker, the datasets, "
-                   "logs and caches (asks first; --yes does not)")  # fmt: skip
+                   "logs and caches, this machine's part in `calm sync` (asks first; --yes does "
+                   "not)")  # fmt: skip
     p.add_argument("--yes", "-y", action="store_true", help="with --all: do not ask")
     p.add_argument("--dry-run", "-n", action="store_true", help="only count the matching commands")
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")

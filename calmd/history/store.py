@@ -98,6 +98,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # `sync_own`: this machine's live segments as it wrote them (size, hash, the record ranges they hold)
 # for its check of the folder; `sync_hosts`: the others, with the newest manifest read (the numbers of
 # their live segments); `sync_files`: the others' segments read, as they were; `sync_refused`: why not.
+# What `forget_all` keeps of sync in `meta`: this machine's id and name, and the next segment and
+# record numbers (never given twice: the other machines know the ones given, and would ignore a
+# new record under an old number).
+SYNC_KEPT = ("sync_host_id", "sync_host_name", "sync_next_seq", "sync_next_id")
 _SYNC_SCHEMA = """
 CREATE UNIQUE INDEX IF NOT EXISTS commands_origin ON commands (origin, origin_id) WHERE origin_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS commands_unshared ON commands (id) WHERE origin_id IS NULL;
@@ -502,6 +506,19 @@ class HistoryStore:
         pattern behind `match` is not written anywhere."""
         return self._delete_matching(match)
 
+    def forget_all(self) -> int:
+        """Every stored command, deleted for good as `forget` deletes them (`calm forget --all`),
+        and this machine out of sync, in the same transaction: the rows' deletions are NOT sent as
+        forgets (--all empties this machine; the user's other machines keep their own history and
+        what they received: docs/sync.md, "Leaving"), and what sync learnt here is cleared (its
+        segments `sync_own`, what it read of the others, its counts), so that joining again reads
+        the folder afresh. Kept: the identities forgotten before (`sync_forgotten`, never a text:
+        none comes back, and one not sent yet is sent if this machine joins again) and the numbers
+        it gave (SYNC_KEPT: a segment's or a record's number is never given twice)."""
+        with self._lock:
+            doomed = [rid for (rid,) in self._db.execute("SELECT id FROM commands")]
+        return self._delete_ids(doomed, leave_sync=True)
+
     def forget_command(self, cmd: str) -> int:
         """Delete every run of exactly `cmd`, for good (the history search's delete key): what
         `forget` does, with the rows found through the `cmd` index instead of a scan of all."""
@@ -513,18 +530,27 @@ class HistoryStore:
         """Delete the matching rows and every trace of them (`_delete_ids`)."""
         return self._delete_ids([row.id for row in self.all_rows() if match(row.cmd)], counter=counter)
 
-    def _delete_ids(self, doomed: list[int], *, counter: str = "") -> int:
+    def _delete_ids(self, doomed: list[int], *, counter: str = "", leave_sync: bool = False) -> int:
         """Delete these rows and every trace of them: deleted cells are zeroed (secure_delete);
         the WAL, which still holds the pages as they were, is checkpointed and truncated; the
-        datasets built from the old rows are removed; the generation is bumped."""
-        if not doomed:
+        datasets built from the old rows are removed; the generation is bumped. The shared ones
+        are remembered as forgotten, to be sent (`_remember_forgotten`), unless `leave_sync`
+        (`forget_all`)."""
+        if not doomed and not leave_sync:
             return 0
         with self._write_transaction(immediate=True):
             self._uncount_recent(doomed)
             for start in range(0, len(doomed), 500):
                 chunk = doomed[start : start + 500]
-                self._remember_forgotten(chunk)
+                if not leave_sync:
+                    self._remember_forgotten(chunk)
                 self._db.execute(f"DELETE FROM commands WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            if leave_sync:
+                for table in ("sync_own", "sync_hosts", "sync_files", "sync_refused"):
+                    self._db.execute(f"DELETE FROM {table}")
+                marks = ",".join("?" * len(SYNC_KEPT))
+                self._db.execute(f"DELETE FROM meta WHERE key LIKE 'sync\\_%' ESCAPE '\\' "
+                                 f"AND key NOT IN ({marks})", SYNC_KEPT)  # fmt: skip
             if counter:
                 self._meta_add(counter, len(doomed))
             self._meta_add("generation", 1)

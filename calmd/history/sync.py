@@ -65,6 +65,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import sqlite3
 import stat
 import struct
@@ -562,19 +563,8 @@ class Sync:
 
     # -- a run -------------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[bool]:
-        path = paths.sync_lock_path(self.data_dir)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+    def _locked(self) -> contextlib.AbstractContextManager[bool]:
+        return _sync_lock(self.data_dir)
 
     def run(self, *, wait: bool = False) -> SyncReport | None:
         """Export this machine's new records and forgets, import the others'; with a git remote,
@@ -1308,6 +1298,102 @@ def _parse_payload(payload: dict[str, Any], now: float) -> tuple[str | None, flo
         raise Refused("malformed: a chunk without its records and forgets lists")
     clean_name = clean_text(name)[0] if name else None
     return clean_name, sealed, [parse_record(r, now) for r in records], [parse_forget(f) for f in forgets]
+
+
+@contextlib.contextmanager
+def _sync_lock(data_dir: Path) -> Iterator[bool]:
+    """The CALM_HOME's sync lock (a file lock), taken without waiting: whether it was."""
+    fd = os.open(paths.sync_lock_path(data_dir), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- leaving (calm forget --all)
+
+
+@dataclass(frozen=True)
+class SyncHoldings:
+    """What sync holds for this machine, as `calm forget --all` deletes it (`leave`): its files in
+    CALM_HOME (sync.json, the key) and its share of the sync folder (its own sub-folder), with
+    what stays in the folder (the other machines' shares) and the forgets made here that the other
+    machines have not been sent yet (they would not forget those commands)."""
+
+    files: tuple[Path, ...]  # sync.json and sync.key, those there
+    folder: Path | None  # the sync folder sync.json names (None: sync is off, or sync.json unreadable)
+    share: Path | None  # this machine's sub-folder there, when there is one
+    segments: int  # the segments in it
+    others: int  # the other machines' sub-folders in the folder
+    unsent_forgets: int
+
+    @property
+    def anything(self) -> bool:
+        return bool(self.files or self.share or self.unsent_forgets)
+
+
+def sync_holdings(data_dir: Path, store: HistoryStore | None) -> SyncHoldings:
+    """What sync holds for this machine (reads only)."""
+    files = tuple(p for p in (paths.sync_config_path(data_dir), paths.sync_key_path(data_dir)) if p.is_file())
+    try:
+        config = read_config(paths.sync_config_path(data_dir))
+    except SyncError:
+        config = None  # deleted all the same; which folder it named is unknown
+    host_id, unsent = None, 0
+    if store is not None:
+        with store.reading() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'sync_host_id'").fetchone()
+            host_id = str(row[0]) if row else None
+            unsent = db.execute("SELECT COUNT(*) FROM sync_forgotten WHERE sent = 0").fetchone()[0]
+    folder = Path(config.folder) if config is not None else None
+    share, segments, others = None, 0, 0
+    if folder is not None:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        others = sum(1 for n in names if HOST_ID.match(n) and n != host_id)
+        if host_id is not None:
+            own = paths.sync_host_dir(folder, host_id)
+            if own.is_dir() and not own.is_symlink():
+                share = own
+                segments = len(Sync._files_in(own))
+    return SyncHoldings(files, folder, share, segments, others, unsent if config is not None else 0)
+
+
+def leave(
+    data_dir: Path, store: HistoryStore | None, holdings: SyncHoldings, wait_s: float = 30.0
+) -> tuple[int, str | None]:
+    """This machine leaves sync for good (`calm forget --all`): under the sync lock (a sync in
+    progress ends first; the daemon's next turn finds no sync.json and does nothing), sync.json
+    and the key deleted, every stored command deleted without a forget sent (`forget_all`), this
+    machine's share of the folder deleted (its own sub-folder: nothing of this machine's history
+    stays there; the engine carries the deletion, and the other machines keep what they received).
+    Returns how many commands were deleted, and why the share could not be deleted (None: it
+    was, or there was none); SyncError, with nothing deleted, when the lock stays held."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with _sync_lock(data_dir) as held:
+            if held:
+                for path in holdings.files:
+                    path.unlink(missing_ok=True)
+                commands = store.forget_all() if store is not None else 0
+                problem = None
+                if holdings.share is not None:
+                    try:
+                        shutil.rmtree(holdings.share)
+                    except OSError as exc:
+                        problem = f"{holdings.share}: {exc.strerror or exc}"
+                return commands, problem
+        if time.monotonic() > deadline:
+            raise SyncError(f"a sync (calmd's) held {paths.sync_lock_path(data_dir)} for {wait_s:g} s: "
+                            "nothing was deleted; try again")  # fmt: skip
+        time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- git as the engine

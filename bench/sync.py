@@ -13,6 +13,12 @@ them again). Each step runs in a process of its own, so that its peak resident m
 is its own; beside it, the same process's memory after importing the modules and opening the
 store (the baseline). The records are checked to have arrived, once each, and the checks to have
 found nothing to seal again.
+
+Last, a third machine's daemon (`calmd serve`, the packaged model, receive only) imports the same
+records at its first sync turn while a completion is asked every 0.2 s (a keystroke: issue 30's
+bound on the history index's sync holds for sync's imports too): the slowest and the median of
+those; then 20 more once the import is over: the slowest (while the index catches up, 5,000 rows
+a keystroke) and the median of the last 5 (caught up).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import resource
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +71,51 @@ def step(data: Path) -> None:
                       "healed": report.healed}))  # fmt: skip
 
 
+def daemon_import(data: Path, records: int) -> dict[str, float]:
+    """`calmd serve` on `data` (set up to receive from the folder): seconds until it holds all
+    `records`, and the completions asked every 0.2 s meanwhile and 20 asked after (ms)."""
+    from calmd.shell.client import CalmClient
+
+    run = data.parent / "run-three"
+    run.mkdir(mode=0o700)
+    env = {**os.environ, "HOME": str(data.parent), "CALM_HOME": str(data), "XDG_RUNTIME_DIR": str(run),
+           "CALMD_SOCKET": str(run / "calm" / "calmd.sock"), "PYTHONPATH": str(ROOT)}  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--train-threshold", "0", "--no-import"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def keystroke(client: CalmClient) -> float:
+        asked = time.perf_counter()
+        list(client.complete("git st", n=3, session="bench"))
+        return (time.perf_counter() - asked) * 1e3
+
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "calmd ready on" in line:
+                break
+        else:
+            raise SystemExit("calmd did not start")
+        t0 = time.perf_counter()
+        during: list[float] = []
+        with CalmClient(Path(env["CALMD_SOCKET"]), timeout=120) as client:
+            while client.status()["status"]["history"]["commands"] < records:
+                during.append(keystroke(client))
+                time.sleep(0.2)
+                if time.perf_counter() - t0 > 600:
+                    raise SystemExit("the daemon did not import the records in 10 minutes")
+            seconds = time.perf_counter() - t0
+            after = []
+            for _ in range(20):
+                after.append(keystroke(client))
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"seconds": seconds, "asked": len(during), "slowest": max(during),
+            "median": statistics.median(during), "after_slowest": max(after),
+            "caught_up": statistics.median(after[-5:])}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -78,12 +130,15 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, one, two = Path(tmp) / "folder", Path(tmp) / "one", Path(tmp) / "two"
+        three = Path(tmp) / "three"
         key = new_key()
-        for d in (folder, one, two):
+        for d in (folder, one, two, three):
             d.mkdir(mode=0o700)
         for d in (one, two):
             write_config(paths.sync_config_path(d), SyncConfig(str(folder)))
             write_key(paths.sync_key_path(d), key)
+        write_config(paths.sync_config_path(three), SyncConfig(str(folder), "receive"))
+        write_key(paths.sync_key_path(three), key)
         fill(one / "history.sqlite3", args.records)
         figures = {}
         for name, data in (("export", one), ("import", two), ("check", one), ("rehash", one)):
@@ -111,6 +166,11 @@ def main() -> int:
         for name, what in (("check", "stat"), ("rehash", "hash")):
             print(f"a later `calm sync now` with nothing new ({what} each own segment): "
                   f"{figures[name]['seconds'] * 1000:.0f} ms")  # fmt: skip
+        d = daemon_import(three, args.records)
+        print(f"a daemon's sync imports them in {d['seconds']:.1f} s; the {d['asked']:.0f} completions asked "
+              f"meanwhile: slowest {d['slowest']:.0f} ms, median {d['median']:.0f} ms; after it, while "
+              f"the index catches up: slowest {d['after_slowest']:.0f} ms, then {d['caught_up']:.0f} ms; "
+              f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     return 0
 
 

@@ -990,6 +990,44 @@ def test_suggestions_use_every_machine_with_this_ones_recency_first(
     assert rows[1][FEATURES.index("log_count")] > 0.0  # the laptop's runs count
 
 
+def test_a_keystroke_during_a_sync_import_reads_a_bounded_share(
+    pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion while sync imports another machine's history waits for neither: the import
+    commits a chunk's records at a time, the store free in between (as an import of a history file
+    does), and a keystroke's sync of the history index (issue 30's bound: at most `budget` rows,
+    up to the newest there is when it starts) reads a bounded share of them; the next keystrokes
+    catch up, with the other machine's commands counted but this machine's recency first."""
+    from calmd.history import sync as sync_module
+    from calmd.suggest.ranking import HistoryIndex
+
+    laptop, desktop, _ = pair
+    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 50)  # 8 chunks, stored one after the other
+    with laptop.store.writing() as db:
+        db.executemany("INSERT INTO commands (ts, session, cmd) VALUES (?, 's', ?)",
+                       [(1000.0 + i, f"make target{i}") for i in range(400)])  # fmt: skip
+    laptop.run()
+    desktop.store.record("make clean", session="d", ts=5000.0)
+    index = HistoryIndex()
+    assert index.sync(desktop.store, budget=30) == 1
+    keystrokes: list[tuple[int, int]] = []  # (rows the keystroke read, rows in the store then)
+    store_records = Sync._store_records
+
+    def storing(self: Sync, host: str, name: str, records: list[Any]) -> tuple[int, int]:
+        stored = store_records(self, host, name, records)
+        keystrokes.append((index.sync(self.store, budget=30), self.store.count()))  # between two chunks
+        return stored
+
+    monkeypatch.setattr(Sync, "_store_records", storing)
+    assert desktop.run()["imported"] == 400
+    assert len(keystrokes) == 8 and all(read == 30 for read, _ in keystrokes)
+    assert [there for _, there in keystrokes] == [1 + 50 * n for n in range(1, 9)]  # in chunks
+    while index.sync(desktop.store, budget=30):  # the next keystrokes catch up
+        pass
+    assert len(index) == 401 and list(index.last) == ["make clean"]  # this machine's recency alone
+    assert index.pool("make ", None)[0] == "make clean" and index.count["make target399"] == 1
+
+
 def test_a_git_remote_as_the_engine(tmp_path: Path) -> None:
     from tests.tools import need
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import random
 import shutil
 import sqlite3
@@ -117,6 +118,52 @@ def test_a_version_3_history_gains_duration_in_place(tmp_path: Path) -> None:
     assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
     assert "commands_ts" in {row[1] for row in con.execute("PRAGMA index_list(commands)")}
     con.close()
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_older_store_with_impossible_times_is_read_then_migrated_and_repaired(
+    tmp_path: Path, version: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store of schema 3 (no duration) or 4 (issue 30's main: no host, origin, origin_id, no sync
+    tables) holding times an older import kept (the year 33658, before 1970): the views read it
+    as it is (this machine's records, unknown times), and the first open for writing takes it
+    through the one chain to schema 5 and gives those rows the time of the row before them."""
+    from calmd.cli import calm_main
+
+    path = tmp_path / "history.sqlite3"
+    store = HistoryStore(path)
+    store.record("make", session="a", exit=0, ts=1000.0, duration=1.5)
+    store.close()
+    con = sqlite3.connect(path)
+    con.executescript(
+        "DROP INDEX commands_origin; DROP INDEX commands_unshared; DROP TABLE sync_forgotten;"
+        "DROP TABLE sync_hosts; DROP TABLE sync_files; DROP TABLE sync_refused; DROP TABLE sync_own;"
+        "ALTER TABLE commands DROP COLUMN host; ALTER TABLE commands DROP COLUMN origin;"
+        "ALTER TABLE commands DROP COLUMN origin_id;"
+        + ("ALTER TABLE commands DROP COLUMN duration;" if version < 4 else "")
+        + f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version';"
+        "INSERT INTO commands (ts, cmd, source) VALUES (999999999999, 'year 33658', 'import:zsh');"
+        "INSERT INTO commands (ts, cmd, source) VALUES (-5, 'before 1970', 'import:fish');"
+    )
+    con.close()
+    assert calm_main(["history", "--db", str(path), "--json", "--host"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {d["cmd"]: (d["time"] is None, d["host"] != "") for d in docs} == {
+        "make": (False, True), "year 33658": (True, True), "before 1970": (True, True)}  # fmt: skip
+    store = HistoryStore(path)
+    assert [(r.cmd, r.ts, r.host) for r in store.all_rows()] == [
+        ("make", 1000.0, ""), ("year 33658", 1000.0, ""), ("before 1970", 1000.0, "")]  # fmt: skip
+    assert store.counter("import_bad_times") == 2
+    store.close()
+    store = HistoryStore(path)  # opened again: nothing more to migrate or repair
+    assert store.counter("import_bad_times") == 2
+    with store.reading() as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(commands)")}
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    store.close()
+    assert {"duration", "host", "origin", "origin_id"} <= columns
+    assert {"sync_forgotten", "sync_hosts", "sync_files", "sync_own", "sync_refused"} <= tables
 
 
 def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:

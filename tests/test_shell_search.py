@@ -103,6 +103,8 @@ def test_each_line_says_when_where_and_whether_it_failed_and_modes_filter(
         vim = next(line for line in screen.split("\n") if "vim notes.txt" in line)
         assert "/srv/elsewhere" in vim and "✗" not in vim
         assert lines
+        term.send("C-r")  # this machine: every line here was recorded on this host
+        term.wait_for(r"^ calm search · this machine.*5 matches", timeout=10)
         term.send("C-r")  # this folder: what ran in the shell's folder only
         screen = term.wait_for(r"^ calm search · this folder", timeout=10)
         term.wait(lambda s: "vim notes.txt" not in s and "git status" in s, what="the folder's lines")

@@ -44,7 +44,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               train_every=args.train_every if args.with_training else 0,
                               comp=args.comp, min_confidence=args.min_confidence,
                               models=replay.model_names(models) if len(models) > 1 else {},
-                              ranker=args.ranker, refit=args.refit, jobs=args.jobs)  # fmt: skip
+                              ranker=args.ranker, refit=args.refit, jobs=args.jobs,
+                              first=args.first)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(replay.format_table(result))
     if args.json:
@@ -83,6 +84,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         "--warmup", type=whole(0, 10**6), default=50, help="commands replayed before sampling starts"
     )
     p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    p.add_argument("--first", type=whole(0, 10**6), default=0, metavar="N",
+                   help="a new user's experience: only each user's first N commands, from an empty history "
+                   "(no warm-up; the positions are sampled among them)")  # fmt: skip
     p.add_argument("--held-out", action="store_true", help="only the users the default model never saw")
     p.add_argument(
         "--with-training",

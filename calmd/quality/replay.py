@@ -83,6 +83,54 @@ REFITS = ("model", "ranker", "both")  # what a training run of the replay refits
 
 
 @dataclass
+class Screen:
+    """What the word-by-word user of the drawn ghosts saw (`keys_with_ghosts`): each state is a
+    buffer the user passed through while typing a command out (after the answer to its request);
+    a ghost is drawn there when the shell shows text past the cursor, and it is wrong when its
+    next word is not what the user types next (they read past it)."""
+
+    states: int = 0
+    drawn: int = 0
+    wrong: int = 0
+
+    def add(self, other: Screen) -> None:
+        self.states += other.states
+        self.drawn += other.drawn
+        self.wrong += other.wrong
+
+    def see(self, cmd: str, typed: str, ghost: str | None) -> None:
+        self.states += 1
+        if ghost is None or len(ghost) <= len(typed) or not ghost.startswith(typed):
+            return
+        self.drawn += 1
+        self.wrong += not right_next_word(cmd, typed, ghost)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "states": self.states, "drawn": self.drawn, "wrong": self.wrong,
+            "drawn_share": self.drawn / self.states if self.states else None,
+            "wrong_of_drawn": self.wrong / self.drawn if self.drawn else None,
+            "wrong_share": self.wrong / self.states if self.states else None,
+        }  # fmt: skip
+
+
+def ghost_replaced(before: str | None, after: str | None) -> bool:
+    """Whether drawing `after` where `before` was drawn replaces it: the ghost goes, or says
+    something else (a ghost that grows or shrinks along its own text is the same ghost)."""
+    if before is None:
+        return False
+    return after is None or not (after.startswith(before) or before.startswith(after))
+
+
+def right_next_word(cmd: str, typed: str, ghost: str) -> bool:
+    """Whether the ghost's next word (`next_word`, without the space after it) is what the user
+    types next: `cmd` goes on with it, then with a space or its end."""
+    word = next_word(ghost[len(typed) :]).rstrip(" ")
+    end = len(typed) + len(word)
+    return bool(word) and cmd.startswith(word, len(typed)) and (end == len(cmd) or cmd[end] == " ")
+
+
+@dataclass
 class Tally:
     queries: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
     top1: dict[int, int] = field(default_factory=lambda: dict.fromkeys(KS, 0))
@@ -105,6 +153,8 @@ class Tally:
     replaced: int = 0
     replaced_better: int = 0
     replaced_worse: int = 0
+    # what the screen showed the word-by-word user of the drawn ghosts (`Screen`)
+    screen: Screen = field(default_factory=lambda: Screen())
     # calmd's top candidate per query: (confidence, right, drawn), for coverage and precision
     tops: dict[int, list[tuple[float, bool, bool]]] = field(default_factory=lambda: {k: [] for k in KS})
     ms_first: list[float] = field(default_factory=list)  # per query (calmd): to the first candidate
@@ -139,6 +189,7 @@ class Tally:
         self.replaced += other.replaced
         self.replaced_better += other.replaced_better
         self.replaced_worse += other.replaced_worse
+        self.screen.add(other.screen)
         self.ms_first += other.ms_first
         self.ms_done += other.ms_done
         self.runs += other.runs
@@ -166,6 +217,7 @@ class Tally:
             "keystrokes_saved_lines_drawn": 1 - self.keys_lines_drawn / self.chars if self.chars else None,
             "keystrokes_saved_words_drawn": 1 - self.keys_words_drawn / self.chars if self.chars else None,
             "typed_characters": self.chars,
+            "screen": self.screen.to_json(),
             **self._shown_json(),
             "typed_commands": self.typed,
             **self._latency_json(),
@@ -178,7 +230,7 @@ class Tally:
     def curve_point(self) -> dict[str, Any]:
         """What the learning curve shows of one stretch between two training runs."""
         full = self.to_json()
-        keep = ("queries", "top1", "top1_all", "typed_commands", "keystrokes_saved_words_drawn")
+        keep = ("queries", "top1", "top1_all", "typed_commands", "keystrokes_saved_words_drawn", "screen")
         return {key: full[key] for key in keep}
 
     def _comp_json(self) -> dict[str, Any]:
@@ -298,19 +350,22 @@ def next_word(rest: str) -> str:
 Request = Callable[[str, "str | None"], "str | None"]  # (buffer, line drawn now) -> line drawn after
 
 
-def keys_with_ghosts(cmd: str, request: Request, words: bool) -> int:
+def keys_with_ghosts(cmd: str, request: Request, words: bool, screen: Screen | None = None) -> int:
     """Keys to enter `cmd` with the ghosts a zsh client draws: `request(typed, drawn)` is the line
     drawn after the request every change of the buffer sends (None: nothing), `drawn` the line
     shown until then when it still extends the buffer (the user typed along it, or took a word
     of it: the daemon keeps it unless it is clearly beaten). The user accepts the ghost when it
     is the whole command (one key), else (`words`) its next word when the command continues with
-    it, else types one character. Enter is not counted."""
+    it, else types one character. Enter is not counted. `screen` counts what was drawn at each
+    state."""
     typed, keys = "", 0
     ghost: str | None = None
     while len(typed) < len(cmd):
         keys += 1
         still = ghost if ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed) else None
         ghost = request(typed, still)
+        if screen is not None:
+            screen.see(cmd, typed, ghost)
         if ghost == cmd:
             return keys
         if words and ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed):
@@ -379,6 +434,7 @@ class ReplayConfig:
     ranker: str = "mixture"  # which predictors rank (calmd.suggest.engine.PARTS): the ablations
     refit: str = "model"  # what a training run refits (REFITS): the model, the history ranker, both
     jobs: int = 1  # users replayed at once, each in a process of its own
+    first: int = 0  # only each user's first N commands, from an empty history (no warm-up): a new user
 
     def systems(self) -> dict[str, Path]:
         """The calmd systems replayed: "calmd" for the one model, else one per model."""
@@ -429,6 +485,7 @@ class Answer(NamedTuple):
 
     early: tuple[str, float, bool] | None
     candidates: list[tuple[str, float, bool]]
+    draw: str | None = None  # what of the drawn candidate is drawn (its likely head), when not all of it
 
     @property
     def top(self) -> str | None:
@@ -436,7 +493,9 @@ class Answer(NamedTuple):
 
     @property
     def drawn(self) -> str | None:
-        return self.candidates[0][0] if self.candidates and self.candidates[0][2] else None
+        if not self.candidates or not self.candidates[0][2]:
+            return None
+        return self.draw or self.candidates[0][0]
 
     @property
     def early_drawn(self) -> str | None:
@@ -487,7 +546,8 @@ class _Ours:
                 text, row = engine.explained_early
                 rows.early.append(row)
                 rows.early_right.append(text == target)
-        return Answer(early[0] if early else None, [(s.text, s.confidence, s.ghost) for s in got])
+        draw = got[0].draw if got and got[0].ghost else None
+        return Answer(early[0] if early else None, [(s.text, s.confidence, s.ghost) for s in got], draw)
 
     def timed(self, prefix: str, n: int, target: str) -> Answer:
         """`ask`, with the time to the first candidate and to the last in the tally."""
@@ -501,15 +561,17 @@ class _Ours:
         early: list[tuple[str, float, bool]] = []
         t0 = time.perf_counter()
         first = None
+        draw = None
         for s in self.engine.complete(ctx, n, self.session, self.never, lambda *e: early.append(e),
                                       min_confidence=self.min_conf):  # fmt: skip
             if first is None:
                 first = time.perf_counter() - t0
+                draw = s.draw if s.ghost else None
             got.append((s.text, s.confidence, s.ghost))
         done = time.perf_counter() - t0
         self.tally.ms_first.append((first if first is not None else done) * 1e3)
         self.tally.ms_done.append(done * 1e3)
-        return Answer(early[0] if early else None, got)
+        return Answer(early[0] if early else None, got, draw)
 
     def answer(self, prefix: str, drawn: str | None = None) -> Answer:
         key = f"{prefix}\0{drawn or ''}"
@@ -532,7 +594,7 @@ class _Ours:
         if before is None and early is not None and early.startswith(prefix) and len(early) > len(prefix):
             tally.early_drawn += 1
             before = early
-        if before is not None and answer.drawn != before:
+        if ghost_replaced(before, answer.drawn):
             tally.replaced += 1
             tally.replaced_better += answer.drawn == self.target
             tally.replaced_worse += before == self.target
@@ -550,9 +612,12 @@ class _Ours:
             got = list(self.engine.complete(ctx, n, self.session, self.never,
                                             lambda *e, to=early: to.append(e)))  # fmt: skip
             ranked = sorted(got, key=lambda s: s.score, reverse=True)  # before the rule put a line first
+            index = self.engine.index
+            count = index.count if index is not None else {}
             out.append({"early": list(early[0][:2]) if early else None,
-                        "cands": [[s.text, s.confidence, round(s.score, 4)] for s in ranked]})  # fmt: skip
-        return {"cmd": cmd, "states": out}
+                        "cands": [[s.text, s.confidence, round(s.score, 4), count.get(s.text, 0) > 0]
+                                  for s in ranked]})  # fmt: skip
+        return {"cmd": cmd, "history": len(index) if index is not None else 0, "states": out}
 
 
 SESSION = "replay"
@@ -569,13 +634,16 @@ def replay_user(
     caches). With training, `PACKAGED_SYSTEM` (the model and ranker as packaged, never trained)
     answers the same queries, and each tally's `curve` holds the stretches between runs."""
     commands = read_history(path)
+    warmup = cfg.warmup
+    if cfg.first:  # a new user: the replay starts from an empty history
+        commands, warmup = commands[: cfg.first], 0
     models = cfg.systems()
     systems = cfg.all_systems()
     stretches: list[dict[str, Tally]] = [{s: Tally() for s in systems}]
-    if len(commands) <= cfg.warmup:
+    if len(commands) <= warmup:
         return stretches[0]
     rng = random.Random(f"{cfg.seed}:{path.stem}")
-    candidates_pos = list(range(cfg.warmup, len(commands)))
+    candidates_pos = list(range(warmup, len(commands)))
     sampled = sorted(rng.sample(candidates_pos, min(cfg.positions, len(candidates_pos))))
     typed_out = set(rng.sample(sampled, min(cfg.typing_positions, len(sampled))))
     with tempfile.TemporaryDirectory(prefix="calm-replay-") as tmp:
@@ -699,10 +767,10 @@ def type_out(tally: Tally, cmd: str, suggest: Suggest, drawn: Request | None = N
     tally.saved += 1 - keys / len(cmd)
     words = keys_word_by_word(cmd, suggest)
     tally.keys_words += words
-    if drawn is None:
-        keys_drawn, words_drawn = keys, words
-    else:
-        keys_drawn, words_drawn = keys_with_ghosts(cmd, drawn, False), keys_with_ghosts(cmd, drawn, True)
+    # the baselines draw their top suggestion at every state
+    request: Request = drawn if drawn is not None else (lambda typed, _shown: suggest(typed))
+    keys_drawn = keys if drawn is None else keys_with_ghosts(cmd, request, False)
+    words_drawn = keys_with_ghosts(cmd, request, True, tally.screen)
     tally.keys_lines_drawn += keys_drawn
     tally.saved_drawn += 1 - keys_drawn / len(cmd)
     tally.keys_words_drawn += words_drawn
@@ -775,6 +843,7 @@ def replay(files: Sequence[Path], cfg: ReplayConfig, *, progress: bool = True) -
         "models": {s: str(m) for s, m in cfg.systems().items()},
         "users": len(files),
         "positions_per_user": cfg.positions,
+        **({"first": cfg.first} if cfg.first else {}),
         "seed": cfg.seed,
         "weights": cfg.weights,
         "ranker": cfg.ranker,
@@ -803,6 +872,16 @@ def format_table(result: dict[str, Any]) -> str:
         ms = t.get("latency_ms")
         timing = f"{ms['done_p50']:>7.1f}/{ms['done_p99']:<6.1f}" if ms else ""
         lines.append(f"{system:<36}{top1}{pct(t['top5'][0])}{saved}{drawn}{timing}")
+    lines.append("")
+    lines.append(f"{'the screen, drawn ghosts word by word':<36}{'keys saved':>11}{'ghost drawn':>13}"
+                 f"{'wrong of drawn':>16}{'states wrong':>14}")  # fmt: skip
+    for system, t in result["totals"].items():
+        sc = t.get("screen") or {}
+        if not sc.get("states"):
+            continue
+        shares = pct(sc["drawn_share"], 12) + pct(sc["wrong_of_drawn"], 15) + pct(sc["wrong_share"], 13)
+        lines.append(f"{system:<36}{pct(t.get('keystrokes_saved_words_drawn'), 10)}{shares}")
+    lines.append("")
     # the same for every system: the share of queries whose command had been run before
     first = next(iter(result["totals"].values()))
     seen = first["seen_before"]

@@ -363,15 +363,20 @@ class Service:
         first: list[float] = []
         early_sent: list[bool] = []
 
-        def emit(attempt: int, candidate: str, score: float, confidence: float, ghost: bool) -> None:
+        def emit(
+            attempt: int, candidate: str, score: float, confidence: float, ghost: bool, draw: str | None
+        ) -> None:
             if not self._terminal_safe(candidate, request):
                 return
             if not job.deliver(attempt):  # that attempt was preempted; a later one sends it
                 return
             if not first:
                 first.append((time.perf_counter() - start) * 1e3)
+            # `draw`: only the line's likely head is drawn (calmd/suggest/ghost.py), a prefix of it
+            head = ghost and draw and draw != candidate and candidate.startswith(draw)
             conn.send(reply(request.id, candidate=candidate, score=round(score, 4),
-                            confidence=round(min(1.0, max(0.0, confidence)), 3), ghost=ghost))  # fmt: skip
+                            confidence=round(min(1.0, max(0.0, confidence)), 3), ghost=ghost,
+                            **({"draw": draw} if head else {})))  # fmt: skip
 
         def emit_early(attempt: int, candidate: str, confidence: float, ghost: bool) -> None:
             # At most one per request: a preempted attempt's is dropped unless it went out, and
@@ -399,13 +404,14 @@ class Service:
                 if not cancelled.is_set():
                     loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence, bool(ghost))
 
-            for candidate, score, confidence, ghost, *_ in engine.complete(
+            for candidate, score, confidence, ghost, *more in engine.complete(
                 ctx, request.n, request.session, cancelled, on_early if request.early else None,
                 min_confidence=request.min_confidence, drawn=request.drawn,
             ):  # fmt: skip
                 if cancelled.is_set():
                     return False
-                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost))
+                draw = more[1] if len(more) > 1 else None  # Suggestion.draw (a test's engine may send none)
+                loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost), draw)
             return not cancelled.is_set()
 
         job = Job(owner=conn, session=request.session, run=work)

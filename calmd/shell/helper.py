@@ -530,11 +530,26 @@ class Helper:
                 return
             if candidate and candidate not in active.candidates:
                 confident = active.is_drawn(message)
-                active.candidates.append(candidate)
-                active.confident.append(confident)
+                # Only the line's likely head is drawn (`draw`, calmd/suggest/ghost.py): the head
+                # is the entry drawn, the whole line stays for cycling.
+                draw = message.get("draw")
+                if (
+                    confident
+                    and isinstance(draw, str)
+                    and len(active.input) < len(draw) < len(candidate)
+                    and candidate.startswith(draw)
+                    and draw.startswith(active.input)
+                    and draw not in active.candidates
+                ):
+                    active.candidates += [draw, candidate]
+                    active.confident += [True, False]
+                    candidate = draw
+                else:
+                    active.candidates.append(candidate)
+                    active.confident.append(confident)
                 # The model's best, at once, when it changes what is shown: not when it is the
                 # early answer again, and not to take a shown one away (the final list says so).
-                if len(active.candidates) == 1 and (
+                if active.candidates[0] == candidate and (
                     self.line_format < 2 or (confident and candidate != active.shown)
                 ):
                     active.shown = candidate

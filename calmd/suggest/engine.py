@@ -151,6 +151,7 @@ class Suggestion(NamedTuple):
     confidence: float  # calibrated P(this is the whole line the user runs), calmd/suggest/calibration.py
     ghost: bool = False  # the shells draw it as ghost text (calmd/suggest/ghost.py); at most one per answer
     features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
+    draw: str | None = None  # with `ghost`: what is drawn, the line or its likely head (GhostRule.draw)
 
 
 EarlyCallback = Callable[[str, float, bool], None]  # (line, confidence, drawn as the ghost)
@@ -370,7 +371,11 @@ class ModelEngine:
             confidence = 0.0 if elsewhere(best) else round(self.calibrator.early.probability(row), 3)
             # the line on the screen stays there until the final answer: an early line is drawn
             # only where nothing is, or when it is that line
-            shown = rule.draws_early(typed, confidence) and shown_line in (None, best) and not elsewhere(best)
+            shown = (
+                rule.draws_early(typed, confidence, history_size)
+                and shown_line in (None, best)
+                and not elsewhere(best)
+            )
             incumbent = best if shown else None
             early(best, confidence, shown)
         incumbent = shown_line or incumbent
@@ -446,39 +451,37 @@ class ModelEngine:
             confidence = 0.0 if elsewhere(text) else round(self.calibrator.candidate.probability(row), 3)
             return Suggestion(text, score, confidence, False, row if explain else None)
 
-        answered: list[tuple[str, float]] = []
-        sent: set[str] = set()
+        # The ghost is decided over the whole answer (a head's confidence sums the candidates that
+        # share it), then sent first: the incumbent's line stays unless it is beaten by the margin.
+        answer: list[Suggestion] = []
+        seen: set[str] = set()
         for rank, cand in enumerate(ranked):
             if cancelled.is_set():
                 return
-            if cand.text in sent or len(sent) >= n or missing(cand.text):
+            if cand.text in seen or len(seen) >= n or missing(cand.text):
                 continue  # (a path found missing since it was ranked: its folder was listed meanwhile)
-            found = suggestion(cand.text, cand.logprob, rank)
-            if not sent:  # the first line sent
-                # The ghost is decided with the top line: the incumbent stays unless it is beaten
-                # by the margin, else the top line is drawn when sure enough, else nothing.
-                choices = [found]
-                if incumbent is not None and incumbent != found.text and incumbent in line_scores:
-                    choices.append(suggestion(incumbent, line_scores[incumbent], 1))
-                # a line that belongs elsewhere (another branch, a repository) is never drawn
-                pick = (
-                    None
-                    if elsewhere(found.text)
-                    else rule.choose(typed, [(s.text, s.confidence, s.score) for s in choices], incumbent)
-                )
-                if pick is not None:
-                    ghost = choices[pick]._replace(ghost=True)
-                    if pick:  # the incumbent first: it is what the shell keeps drawing
-                        sent.add(ghost.text)
-                        if ghost.text in model_lp:
-                            answered.append((ghost.text, model_lp[ghost.text]))
-                        yield ghost
-                    else:
-                        found = ghost
-            sent.add(found.text)
+            seen.add(cand.text)
+            answer.append(suggestion(cand.text, cand.logprob, rank))
+        if incumbent is not None and incumbent not in seen and incumbent in line_scores:
+            answer.append(suggestion(incumbent, line_scores[incumbent], len(answer)))
+        # a line that belongs elsewhere (another branch, a repository) is never drawn
+        drawable = [s for s in answer if not elsewhere(s.text)]
+        runs = index.count if index is not None else {}
+        choices = [(s.text, s.confidence, s.score, runs.get(s.text, 0) > 0) for s in drawable]
+        got = rule.draw(typed, choices, incumbent, history_size)
+        if got is not None:
+            ghost_line = drawable[got[0]].text
+            at = next(i for i, s in enumerate(answer) if s.text == ghost_line)
+            answer.insert(0, answer.pop(at)._replace(ghost=True, draw=got[1]))
+        answer = answer[: max(n, 1)]
+        answered: list[tuple[str, float]] = []
+        for found in answer:
+            if cancelled.is_set():
+                return
             if found.text in model_lp:
                 answered.append((found.text, model_lp[found.text]))
             yield found
+        sent = {s.text for s in answer}
         if self.parts == "history":
             return  # nothing for typing through to continue: it continues the model's lines
         if not complete:

@@ -28,44 +28,50 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calmd.quality.replay import next_word
+from calmd.quality.replay import ghost_replaced, next_word, right_next_word
 from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
 
+PEER = "zsh-autosuggestions:match_prev_cmd"  # the peer the rule must beat (docs/quality.md)
 
-def _collect_user(args: tuple[Path, Path, int, int]) -> list[dict[str, Any]]:
-    path, model, positions, seed = args
+
+def _collect_user(args: tuple[Path, Path, int, int, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    path, model, positions, seed, first = args
     from calmd.quality.replay import ReplayConfig, replay_user
     from calmd.suggest.calibration import packaged_calibrator
     from calmd.suggest.engine import ModelEngine
 
-    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed)
+    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed, first=first)
     calibrator = packaged_calibrator()
     states: list[dict[str, Any]] = []
-    replay_user(path, cfg, lambda w: ModelEngine(w, calibrator=calibrator), states=states)
-    return states
+    tallies = replay_user(path, cfg, lambda w: ModelEngine(w, calibrator=calibrator), states=states)
+    peer = tallies[PEER]
+    return states, {"chars": peer.chars, "keys": peer.keys_words_drawn, "states": peer.screen.states,
+                    "drawn": peer.screen.drawn, "wrong": peer.screen.wrong}  # fmt: skip
 
 
 def collect(
-    files: Sequence[Path], model: Path, *, positions: int, seed: int, jobs: int
-) -> list[dict[str, Any]]:
-    """Every prefix of `positions` typed-out commands per user (module docstring), in file order."""
+    files: Sequence[Path], model: Path, *, positions: int, seed: int, jobs: int, first: int = 0
+) -> dict[str, Any]:
+    """Every prefix of `positions` typed-out commands per user (module docstring), in file order,
+    and what the peer (`PEER`) saved and showed on the same commands."""
     out: list[dict[str, Any]] = []
+    peer: dict[str, int] = {}
     started = time.monotonic()
-    work = [(f, model, positions, seed) for f in files]
+    work = [(f, model, positions, seed, first) for f in files]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for n, states in enumerate(pool.map(_collect_user, work), 1):
+        for n, (states, theirs) in enumerate(pool.map(_collect_user, work), 1):
             out += states
+            for key, value in theirs.items():
+                peer[key] = peer.get(key, 0) + value
             print(f"[{n}/{len(files)}] {len(out)} commands, {time.monotonic() - started:.0f} s", flush=True)
-    return out
+    return {"states": out, "peer": peer, "first": first}
 
 
 # --------------------------------------------------------------------------- simulation
 
 NOISE = {"empty": 0.3, "k1": 0.1, "k2": 0.1, "k4": 0.1, "k8": 0.1}  # keys a wrong ghost costs (below)
 MAX_REPLACED = 0.015  # of the requests, at most this share may replace the drawn early line
-GRID = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
-MARGINS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 @dataclass
@@ -75,6 +81,8 @@ class Outcome:
     chars: int = 0
     keys: int = 0
     wrong: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0))
+    states: int = 0  # states the user passed through (calm replay's `Screen`)
+    drawn: int = 0  # ... with a ghost drawn
     requests: int = 0
     early: int = 0  # early lines drawn
     replaced: int = 0  # ... and replaced by the final answer within the keystroke
@@ -83,9 +91,13 @@ class Outcome:
     def saved(self) -> float:
         return 1 - self.keys / self.chars if self.chars else 0.0
 
+    @property
+    def wrong_share(self) -> float:
+        return sum(self.wrong.values()) / self.states if self.states else 0.0
+
     def objective(self, noise: Mapping[str, float] = NOISE) -> float:
-        """Keys saved less the noise: each key typed while a wrong ghost showed costs `noise[bucket]`
-        of a key (a ghost the user reads and does not take; more on the empty prompt, where nothing is
+        """Keys saved less the noise: each state showing a wrong ghost costs `noise[bucket]` of a
+        key (a ghost the user reads and does not take; more on the empty prompt, where nothing is
         typed yet and a wrong line is all there is to read)."""
         return self.chars - self.keys - sum(noise[b] * n for b, n in self.wrong.items())
 
@@ -96,75 +108,147 @@ def _extends(line: str | None, typed: str) -> bool:
 
 def simulate(items: Sequence[dict[str, Any]], rule: GhostRule) -> Outcome:
     """The zsh client's word-by-word user (calm replay's `keys_with_ghosts`) over the collected
-    states, with `rule` deciding what each request draws: every key asks, with the line drawn so far
-    as the incumbent while it still extends the buffer; else the early line is drawn when it
-    reaches its threshold and is the incumbent; then the final answer's choice (`GhostRule.choose`)."""
+    states, with `rule` deciding what each request draws, as the engine does: every key asks,
+    with what is drawn so far as the incumbent while it still extends the buffer; else the early
+    line is drawn when it reaches its threshold and is the incumbent; then the final answer's
+    choice (`GhostRule.draw`)."""
     out = Outcome()
     for item in items:
         cmd, states = item["cmd"], item["states"]
+        history = item.get("history", 1 << 30)
         out.chars += len(cmd)
         typed, ghost = "", None
         while len(typed) < len(cmd):
             out.keys += 1
+            out.states += 1
             state = states[len(typed)]
             candidates = [tuple(c) for c in state["cands"] if _extends(c[0], typed)]
             incumbent = ghost if _extends(ghost, typed) else None
             early = state["early"]
-            drawn_early = early and _extends(early[0], typed) and rule.draws_early(typed, early[1])
+            drawn_early = early and _extends(early[0], typed) and rule.draws_early(typed, early[1], history)
             if incumbent is None and drawn_early:
                 incumbent = early[0]
                 out.early += 1
-            pick = rule.choose(typed, candidates, incumbent)
-            ghost = candidates[pick][0] if pick is not None else None
+            got = rule.draw(typed, candidates, incumbent, history)
+            ghost = got[1] if got is not None else None
             out.requests += 1
-            out.replaced += incumbent is not None and ghost != incumbent
+            out.replaced += ghost_replaced(incumbent, ghost)
+            if ghost is None:
+                typed = cmd[: len(typed) + 1]
+                continue
+            out.drawn += 1
             if ghost == cmd:
                 break
-            if ghost is not None:
-                word = next_word(ghost[len(typed) :])
-                if cmd.startswith(word, len(typed)):
-                    typed += word
-                    continue
+            if not right_next_word(cmd, typed, ghost):
                 out.wrong[bucket(typed)] += 1
+            word = next_word(ghost[len(typed) :])
+            if cmd.startswith(word, len(typed)):
+                typed += word
+                continue
             typed = cmd[: len(typed) + 1]
     return out
 
 
-def fit(items: Sequence[dict[str, Any]], noise: Mapping[str, float] = NOISE) -> tuple[GhostRule, Outcome]:
-    """The rule with the best objective on `items` (coordinate search over GRID per bucket, for the
-    final thresholds, then the margin, then the early thresholds, until nothing changes), among
-    those that replace the drawn early line in at most MAX_REPLACED of the requests."""
-    final = dict.fromkeys(BUCKETS, 0.0)
-    early = dict.fromkeys(BUCKETS, 1.01)  # nothing drawn early: nothing replaced, to start from
-    margin = 0.0
+GRID = (0.0, 0.02, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.01)
+YOUNG = 100  # commands: below, a history is a new user's (the young rule, fitted on first commands)
 
-    def score(rule: GhostRule) -> float:
-        out = simulate(items, rule)
-        if out.replaced > MAX_REPLACED * out.requests:
+
+def fit(
+    items: Sequence[dict[str, Any]], noise: float | Mapping[str, float] = NOISE, *, heads: bool = True,
+    rounds: int = 4, max_replaced: float = MAX_REPLACED,
+) -> tuple[GhostRule, Outcome]:  # fmt: skip
+    """The rule with the best objective on `items` (`Outcome.objective`: keys saved less `noise`
+    keys per state showing a wrong ghost), among those that replace what is drawn in at most
+    `max_replaced` of the requests: a coordinate search over GRID, per bucket, of the final
+    thresholds for the model's lines and for the user's own (`known`) and of the early line's,
+    from 0.2 and no early line, until nothing changes or `rounds` rounds. Deterministic."""
+    per_bucket = noise if isinstance(noise, Mapping) else dict.fromkeys(BUCKETS, float(noise))
+    tables = {"final": dict.fromkeys(BUCKETS, 0.2), "known": dict.fromkeys(BUCKETS, 0.2),
+              "early": dict.fromkeys(BUCKETS, 1.01)}  # fmt: skip
+
+    def rule_of(t: Mapping[str, Mapping[str, float]]) -> GhostRule:
+        return GhostRule(t["final"], t["early"], 0.0, heads, t["known"])
+
+    def score(t: Mapping[str, Mapping[str, float]]) -> float:
+        out = simulate(items, rule_of(t))
+        if out.replaced > max_replaced * out.requests:
             return -math.inf
-        return out.objective(noise)
+        return out.objective(per_bucket)
 
-    best = score(GhostRule(final, early, margin))
-    for _ in range(4):
+    best = score(tables)
+    for _ in range(rounds):
         changed = False
         for b in BUCKETS:
-            for table in (final, early):
+            for name in tables:
                 for value in GRID:
-                    trial = dict(table)
-                    trial[b] = value
-                    got = score(GhostRule(trial if table is final else final,
-                                          trial if table is early else early, margin))  # fmt: skip
-                    if got > best + 1e-9 or (got == best and table is early and value < table[b]):
-                        best, changed = got, changed or value != table[b]
-                        table[b] = value
-        for value in MARGINS:
-            got = score(GhostRule(final, early, value))
-            if got > best + 1e-9:
-                best, margin, changed = got, value, True
+                    if value == tables[name][b]:
+                        continue
+                    trial = {k: dict(v) for k, v in tables.items()}
+                    trial[name][b] = value
+                    got = score(trial)
+                    if got > best + 1e-9:
+                        best, tables, changed = got, trial, True
         if not changed:
             break
-    rule = GhostRule(final, early, margin)
+    rule = rule_of(tables)
     return rule, simulate(items, rule)
+
+
+def peer_figures(collected: Mapping[str, Any]) -> tuple[float, float]:
+    """What the peer (`PEER`) saved word by word and its share of states showing a wrong ghost,
+    on the same commands as the collected states."""
+    peer = collected["peer"]
+    return 1 - peer["keys"] / peer["chars"], peer["wrong"] / peer["states"]
+
+
+NOISES = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5)  # the noise prices the fit tries (`fit_against_peer`)
+
+
+def fit_against_peer(
+    collected: Mapping[str, Any], *, more_saved: float, less_wrong: float, noises: Sequence[float] = NOISES,
+    progress: bool = True,
+) -> tuple[GhostRule, Outcome, float]:  # fmt: skip
+    """The rule to ship on these states: fitted at each noise price, the one that saves the most
+    keys among those showing a wrong ghost at no more than the peer's share less `less_wrong`,
+    and saving at least the peer's keys plus `more_saved`; when none does both, the one with the
+    most margin on the tighter of the two. Returns the rule, its outcome and its noise price."""
+    states = collected["states"]
+    peer_saved, peer_wrong = peer_figures(collected)
+    best: tuple[float, GhostRule, Outcome, float] | None = None
+    for price in noises:
+        rule, out = fit(states, price)
+        margin = min(out.saved - (peer_saved + more_saved), (peer_wrong - less_wrong) - out.wrong_share)
+        key = out.saved if margin >= 0 else margin - 1.0  # every feasible rule beats every other
+        if progress:
+            report(f"  noise {price}", out)
+        if best is None or key > best[0]:
+            best = (key, rule, out, price)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+MORE_SAVED = 0.06  # the rule's bar on the training users: the peer's keys saved plus this ...
+LESS_WRONG = 0.01  # ... and the peer's share of states showing a wrong ghost less this (held-out slack)
+
+
+def load_or_collect(
+    cache: Path | None, data: Path, model: Path, *, held: bool, positions: int, first: int, seed: int,
+    jobs: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The states of the training users (`held`: the held-out ones), read from `cache` when it
+    exists, else collected (and written there)."""
+    if cache is not None and cache.exists():
+        collected: dict[str, Any] = json.loads(cache.read_text())
+        return collected
+    users = history_users(data)
+    files = [u for u in users if held_out(u.stem) == held]
+    collected = collect(files, model, positions=positions, seed=seed, jobs=jobs, first=first)
+    if cache is not None:
+        from calmd.atomic import atomic_write
+
+        with atomic_write(cache) as f:
+            f.write(json.dumps(collected).encode())
+    return collected
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,10 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m calmd.quality.fit_ghost", description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (histories/users)")
     p.add_argument("--model", default=str(paths.packaged_weights()), help="the weights to replay")
-    p.add_argument("--states", help="cache of the collected states (read when it exists, else written)")
-    p.add_argument("--positions", type=int, default=20, help="typed-out commands per user")
+    p.add_argument(
+        "--states", help="cache of the grown users' collected states (read if it exists, else written)"
+    )
+    p.add_argument("--young-states", help="the same for the new users' first commands")
+    p.add_argument("--positions", type=int, default=12, help="typed-out commands per user (grown users)")
+    p.add_argument("--young-positions", type=int, default=10, help="typed-out commands per user (first ones)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="users replayed in parallel")
+    p.add_argument("--more-saved", type=float, default=MORE_SAVED, help="keys saved past the peer's (share)")
+    p.add_argument("--less-wrong", type=float, default=LESS_WRONG, help="wrong-ghost states below the peer's")
     p.add_argument(
         "--held-out",
         action="store_true",
@@ -184,53 +274,70 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", help="where the rule goes (default: the package's calmd/data/ghost.json)")
     args = p.parse_args(argv)
-    cache = Path(args.states) if args.states else None
-    if cache is not None and cache.exists():
-        states = json.loads(cache.read_text())
-    else:
-        users = history_users(Path(args.data))
-        files = [u for u in users if held_out(u.stem) == args.held_out]
-        states = collect(files, Path(args.model), positions=args.positions, seed=args.seed, jobs=args.jobs)
-        if cache is not None:
-            from calmd.atomic import atomic_write
-
-            with atomic_write(cache) as f:
-                f.write(json.dumps(states).encode())
-    print(f"{len(states)} commands, {sum(len(s['states']) for s in states)} states")
+    data, model = Path(args.data), Path(args.model)
+    started = time.monotonic()
+    grown = load_or_collect(Path(args.states) if args.states else None, data, model, held=args.held_out,
+                            positions=args.positions, first=0, seed=args.seed, jobs=args.jobs)  # fmt: skip
+    young = load_or_collect(Path(args.young_states) if args.young_states else None, data, model,
+                            held=args.held_out, positions=args.young_positions, first=YOUNG, seed=args.seed,
+                            jobs=args.jobs)  # fmt: skip
+    for name, collected in (("grown users", grown), ("first commands", young)):
+        peer_saved, peer_wrong = peer_figures(collected)
+        n_states = sum(len(s["states"]) for s in collected["states"])
+        print(f"{name}: {len(collected['states'])} commands, {n_states} states; {PEER} saves "
+              f"{peer_saved * 100:.2f}%, a wrong ghost at {peer_wrong * 100:.2f}% of states")  # fmt: skip
     if args.held_out:
         rule = packaged_rule()
-        report("the packaged rule on the held-out users", simulate(states, rule))
+        report("the packaged rule, grown users", simulate(grown["states"], rule))
+        report("the packaged rule, first commands", simulate(young["states"], rule))
         return 0
-    started = time.monotonic()
-    rule, outcome = fit(states)
-    report("fitted", outcome)
-    for threshold in (0.0, 0.5):
-        report(f"every threshold {threshold}", simulate(states, GhostRule.uniform(threshold)))
+    rules: dict[str, tuple[GhostRule, Outcome, float]] = {}
+    for name, collected in (("grown", grown), ("young", young)):
+        print(f"fitting the {name} rule")
+        rules[name] = fit_against_peer(collected, more_saved=args.more_saved, less_wrong=args.less_wrong)
+        report(f"the {name} rule", rules[name][1])
+    grown_rule, grown_out, grown_noise = rules["grown"]
+    young_rule, young_out, young_noise = rules["young"]
     info = {
-        "fitted_on": f"{len({s['user'] for s in states})} training users of the public histories, "
-        f"{len(states)} typed-out commands, every prefix",
+        "fitted_on": f"{len({s['user'] for s in grown['states']})} training users of the public histories: "
+        f"{len(grown['states'])} typed-out commands (grown), {len(young['states'])} of their first {YOUNG} "
+        "(young), every prefix",
         "command": "python -m calmd.quality.fit_ghost",
-        "noise": NOISE,
+        "bar": {"peer": PEER, "more_saved": args.more_saved, "less_wrong": args.less_wrong},
+        "noise": {"grown": grown_noise, "young": young_noise},
         "max_replaced": MAX_REPLACED,
-        "saved_words": round(outcome.saved, 4),
-        "replaced": round(outcome.replaced / max(1, outcome.requests), 4),
-        "model": Path(args.model).name,
+        "training": {
+            name: figures(out, c)
+            for name, out, c in (("grown", grown_out, grown), ("young", young_out, young))
+        },
+        "model": model.name,
         "seconds": round(time.monotonic() - started, 1),
     }
-    rule = GhostRule(rule.final, rule.early, rule.margin, info)
+    rule = GhostRule(grown_rule.final, grown_rule.early, grown_rule.margin, True, grown_rule.known, YOUNG,
+                     young_rule, info)  # fmt: skip
     out = Path(args.out) if args.out else packaged_rule_path()
     from calmd.atomic import atomic_write
 
     with atomic_write(out) as f:
         f.write((json.dumps(rule.to_json(), indent=1) + "\n").encode())
-    print(f"wrote {out}: final {rule.final}, early {rule.early}, margin {rule.margin}")
+    print(f"wrote {out}")
     return 0
+
+
+def figures(out: Outcome, collected: Mapping[str, Any]) -> dict[str, float]:
+    """The fitted rule's figures beside the peer's on the same states (the rule's `info`)."""
+    peer_saved, peer_wrong = peer_figures(collected)
+    return {"saved_words": round(out.saved, 4), "wrong_states": round(out.wrong_share, 4),
+            "peer_saved_words": round(peer_saved, 4), "peer_wrong_states": round(peer_wrong, 4),
+            "replaced": round(out.replaced / max(1, out.requests), 4)}  # fmt: skip
 
 
 def report(name: str, out: Outcome) -> None:
     wrong = sum(out.wrong.values())
     print(
-        f"{name}: {out.saved * 100:.2f}% of keys saved word by word, {wrong} keys typed past a wrong ghost "
+        f"{name}: {out.saved * 100:.2f}% of keys saved word by word; a ghost drawn at "
+        f"{out.drawn / max(1, out.states) * 100:.1f}% of {out.states} states, a wrong one at "
+        f"{out.wrong_share * 100:.2f}%: {wrong} states "
         f"({', '.join(f'{b} {n}' for b, n in out.wrong.items())}), {out.early} early lines drawn, "
         f"{out.replaced} replaced ({out.replaced / max(1, out.requests) * 100:.2f}% of "
         f"{out.requests} requests)"

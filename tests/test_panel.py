@@ -248,7 +248,9 @@ def _lines(engine: ModelEngine, store: HistoryStore, typed: str, cwd: Path) -> l
         disk.close()
 
 
-def test_the_users_own_placeholder_line_is_sent(engine: ModelEngine, store: HistoryStore, tmp_path: Path) -> None:
+def test_the_users_own_placeholder_line_is_sent(
+    engine: ModelEngine, store: HistoryStore, tmp_path: Path
+) -> None:
     """`curl https://example.com/health` the user really ran (their service is at example.com) is
     theirs: proposed; the model's own example.com lines are not."""
     store.record("curl https://example.com/health", exit=0, cwd=str(tmp_path), session="s")

@@ -11,9 +11,11 @@ For one keystroke (`ctx` with the typed `input`):
    runs when the client asks for it;
 2. the model proposes `n` completions by beam search from the cached context state
    (calmd/model/generate.py), each with its log-probability; a line only the model proposes is
-   dropped when it is junk, holds a secret, pastes the cwd in, invents a subcommand or flag
-   (calmd/suggest/filters.py), or extends an input that is a complete command already (the user ran
-   exactly it, or the model's likeliest next token is the end of the line);
+   dropped when it is junk, holds a secret or a placeholder (`example.com`), pastes the cwd in,
+   invents a subcommand or flag (calmd/suggest/filters.py), puts an argument of the wrong kind
+   where a path, module, host, signal or variable belongs (calmd/suggest/kinds.py), or extends
+   an input that is a complete command already (the user ran exactly it, or the model's
+   likeliest next token is the end of the line);
 3. the likeliest history proposals are scored by the model too (log P(command | context), one
    batched pass);
 4. both are ranked as a mixture of the two predictors, the history "cache model" and the
@@ -62,11 +64,13 @@ from calmd.suggest.filters import (
     flag_name,
     invented,
     packaged_vocabulary,
+    placeholder,
     repeats_word,
     sendable,
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
 from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.kinds import wrong_kind
 from calmd.suggest.ranking import (
     POOL_RECENT,
     HistoryIndex,
@@ -658,6 +662,7 @@ class ModelEngine:
         missing = missing or self._missing(ctx)
         cwd = str(ctx.get("cwd") or "")
         multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
+        kinds = self._kinds(ctx)
 
         def judge(text: str) -> float | None:
             if not sendable(text, multiline=multiline):
@@ -670,9 +675,9 @@ class ModelEngine:
                 return None if index.failing(text) else 0.0
             if index is not None and index.missing(text):
                 return None  # `gti log` when `gti` was not found
-            if complete or find_secret(text) is not None or repeats_word(text):
+            if complete or find_secret(text) is not None or placeholder(text, typed) or repeats_word(text):
                 return None
-            if self.weights.vocabulary and (self._made_up(text, typed, cwd) or self._cut_off(text)):
+            if self.weights.vocabulary and (self._made_up(text, typed, cwd, kinds) or self._cut_off(text)):
                 return None
             return 0.0
 
@@ -740,11 +745,29 @@ class ModelEngine:
 
         return elsewhere
 
-    def _made_up(self, text: str, typed: str, cwd: str) -> bool:
+    def _made_up(self, text: str, typed: str, cwd: str, kinds: Callable[[str, str], str | None]) -> bool:
+        """A line the user never ran with an invented subcommand or flag, the cwd pasted in, or an
+        argument of the wrong kind (`kinds`: calmd/suggest/kinds.py)."""
         user = self.index.vocabulary if self.index is not None else None
         if invented(text, typed, self.vocabulary, user) is not None:
             return True
-        return bool(cwd) and cwd_argument(text, typed, cwd, self.home)
+        return (bool(cwd) and cwd_argument(text, typed, cwd, self.home)) or kinds(text, typed) is not None
+
+    def _kinds(self, ctx: dict[str, Any]) -> Callable[[str, str], str | None]:
+        """`wrong_kind` for one request: paths judged on the disk's listings of the shell's cwd
+        (none without a disk or a cwd), the COMP items as offered, the user's own words."""
+        disk, cwd = self.disk, str(ctx.get("cwd") or "")
+        comp = frozenset(str(c) for c in ctx.get("completions") or ())
+        exists = (lambda path: disk.exists(cwd, path)) if disk is not None and cwd.startswith("/") else None
+        index = self.index
+        user, mine = (index.vocabulary, index.arguments) if index is not None else (None, None)
+
+        def kinds(text: str, typed: str) -> str | None:
+            return wrong_kind(
+                text, typed, exists=exists, comp=comp, vocab=self.vocabulary, user=user, mine=mine
+            )
+
+        return kinds
 
     def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float, bool] | None:
         """The history's best proposal, its confidence and whether it is drawn, without the model
@@ -774,12 +797,13 @@ class ModelEngine:
         proposals: dict[str, float] = {}
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
+        kinds = self._kinds(ctx)
         for cmd, p in zip(pool, probs, strict=True):
             if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
-                if find_secret(cmd) is not None or (
-                    self.weights.vocabulary and self._made_up(cmd, typed, cwd)
+                if find_secret(cmd) is not None or placeholder(cmd, typed) or (
+                    self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds)
                 ):
                     continue
                 carry.add(cmd)

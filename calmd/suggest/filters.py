@@ -21,6 +21,10 @@ Three more checks, cheap enough to run on every candidate of every keystroke (mi
   `systemctl restics`, `ls --colour-me`), or a bare `.` right after a flag or subcommand that
   never took one (`tar -xzf .`). Commands the corpus does not know are never judged: there is
   nothing to judge them by.
+- `placeholder`: a documentation page's stand-in (`example.com`, `user@host`, `<file>`,
+  `path/to/`, `your_token`, `{{name}}`): never sent unless the line is the user's own (the
+  engine's judge) or the user typed the stand-in themselves. The same list judges the panel
+  (calmd/quality/panel.py).
 - `cwd_argument`: the model copies the cwd from its context into an argument
   (`kubectl ~/src/api-server` while in ~/src/api-server): a model-only candidate that does so is
   dropped (naming the folder one is in is never needed: `.` says it).
@@ -184,6 +188,38 @@ def balanced(cmd: str) -> bool:
             break  # a comment: the rest of the line is not shell syntax
         i += 1
     return not stack
+
+
+# --------------------------------------------------------------------------- placeholders
+
+# The stand-ins of documentation pages (tldr, man pages' examples) the model learned to write
+# where a value of the user's belongs: (name, pattern). Shared with the panel's judge.
+PLACEHOLDERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("example domain", r"(?<![\w-])(?:[\w-]+\.)*example\.(?:com|org|net|edu)\b"),
+        ("reserved domain", r"(?<![\w-])[\w-]+\.(?:example|invalid)\b"),
+        ("user@", r"(?<![\w.-])(?:user|username|your_?user(?:name)?)@"),
+        ("<placeholder>", r"(?<![<\w])<[A-Za-z_][\w.-]*(?:[ _-][\w.-]+)*>(?![>\w])"),
+        # (not a Go template: `docker ps --format '{{.Names}}'` is typed as it is)
+        ("{{placeholder}}", r"\{\{(?![.\s$]|json\b|range\b|if\b|index\b|printf?\b|with\b|end\b)[^{}]*\}\}"),
+        ("path/to/", r"\bpath/to\b"),
+        ("your_", r"\byour[_-][a-z]"),
+        ("foo.bar", r"\bfoo[.@/]bar\b"),
+        ("github user", r"github\.com[/:](?:user|username|your_?name)/"),
+        ("your domain", r"\b(?:yourdomain|mydomain|domain)\.(?:com|org|net)\b"),
+    )
+)
+
+
+def placeholder(cmd: str, typed: str = "") -> str | None:
+    """The name of the first placeholder of `cmd` that reaches past the input `typed` (what the
+    user typed is theirs: `curl https://example.com/` typed out is not judged), or None."""
+    for name, pattern in PLACEHOLDERS:
+        for match in pattern.finditer(cmd):
+            if match.end() > len(typed) or not cmd.startswith(typed):
+                return name
+    return None
 
 
 # --------------------------------------------------------------------------- vocabulary

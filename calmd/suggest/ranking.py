@@ -48,6 +48,7 @@ from calmd.atomic import parse_json, read_json, read_regular_file
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.suggest.filters import UserVocabulary, terminal_safe
+from calmd.suggest.kinds import UserArguments
 
 log = logging.getLogger("calmd")
 
@@ -285,6 +286,7 @@ class HistoryIndex:
         self.last_ts: dict[str, float] = {}  # when each command was run last (seconds since the epoch)
         self.newest_ts = 0.0
         self.vocabulary = UserVocabulary()  # subcommands and flags of the commands that succeeded
+        self.arguments = UserArguments()  # hosts, modules, variables they named (calmd/suggest/kinds.py)
         self.succeeded: set[str] = set()  # commands with a run that did not fail (exit 0 or unknown)
         # the branch a command names and ran on (`git push origin feature/login` on feature/login):
         # on another branch it is not drawn (calmd/suggest/engine.py `_elsewhere`)
@@ -365,6 +367,7 @@ class HistoryIndex:
         if cmd not in self.succeeded:
             self.succeeded.add(cmd)
             self.vocabulary.add(cmd)
+            self.arguments.add(cmd)
         words = cmd.split() if plain else []
         if words:
             self.word_count[words[0]] += 1

@@ -272,6 +272,31 @@ def test_helper_passes_the_early_answer_on_at_once_then_refines(home: Path) -> N
             assert helper.close() == 0
 
 
+def test_helper_draws_the_head_the_daemon_says_and_keeps_the_line_for_cycling(home: Path) -> None:
+    def script(request: dict[str, Any]) -> Iterator[Any]:
+        typed = request["ctx"]["input"]
+        line = typed + "un --rm -it alpine"
+        head = typed + "un --rm -it "
+        yield {"candidate": line, "score": -1.0, "confidence": 0.3, "ghost": True, "draw": head}
+        yield {"candidate": typed + "un --rm -it ubuntu", "score": -1.2, "confidence": 0.3, "ghost": False}
+        # a `draw` that is no head of its line (or does not extend the input) is not drawn
+        yield {"candidate": typed + "m -f x", "score": -2.0, "confidence": 0.2, "ghost": False, "draw": "ls"}
+
+    with FakeDaemon.at_home(home, script) as fake:
+        helper = HelperProcess(home, "--format", "2")
+        try:
+            helper.complete2(1, "docker r")
+            early, final = helper.until_final(1)
+            assert final == ("1000", ["docker run --rm -it ", "docker run --rm -it alpine",
+                                      "docker run --rm -it ubuntu", "docker rm -f x"])  # fmt: skip
+            assert early in ([], [("1", ["docker run --rm -it "])])
+            helper.complete2(2, "docker run --r")  # typed along the head: it is what is drawn
+            helper.until_final(2)
+            assert fake.requests[-1]["drawn"] == "docker run --rm -it "
+        finally:
+            assert helper.close() == 0
+
+
 def test_helper_applies_the_confidence_threshold(home: Path) -> None:
     def script(request: dict[str, Any]) -> Iterator[Any]:
         typed = request["ctx"]["input"]

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import COMMANDS, HISTORY, pct, real_cwd
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 HERE = Path(__file__).resolve().parent.parent
@@ -78,10 +79,11 @@ class Daemon:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+PROG = "bench/ab_latency.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, required=True, help="the other checkout")
     parser.add_argument("--real-cwd", action="store_true",
                         help="type in a folder that exists: the daemon fills COMP from it")  # fmt: skip
@@ -123,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

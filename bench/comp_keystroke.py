@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from calmd.arguments import Parser, run_tool
 from calmd.daemon.comp_state import SessionComp
 from calmd.suggest.disk import Disk, _list
 from calmd.suggest.filters import packaged_vocabulary
@@ -61,10 +62,11 @@ def keystrokes(folder: Path, frames: SessionComp, followers: VocabularyFollowers
     return times
 
 
+PROG = "bench/comp_keystroke.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -123,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

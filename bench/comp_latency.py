@@ -32,16 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from latency import COMMANDS, HISTORY, pct, real_cwd
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.suggest.disk import Disk
 from calmd.suggest.engine import ModelEngine
 
+PROG = "bench/comp_latency.py"
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--commands", type=int, default=len(COMMANDS))
     args = parser.parse_args()
@@ -94,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

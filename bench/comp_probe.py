@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from calmd import paths
+from calmd.arguments import run_tool
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Generator
 from calmd.suggest.frames import context_frames, served_completions
@@ -95,6 +96,9 @@ def end_of_line(weights: Path, data: Path) -> None:
               f"({len(p_end)} lines, {len(one_word)} of one word)")  # fmt: skip
 
 
+PROG = "bench/comp_probe.py"
+
+
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)  # as the daemon infers; and two threads beside a training crawl
     for weights in [Path(a) for a in argv] or [paths.packaged_weights()]:
@@ -110,4 +114,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(run_tool(PROG, lambda: main(sys.argv[1:])))

@@ -9,7 +9,6 @@ their loss masks runs at >= 50M tokens/s.
 
 from __future__ import annotations
 
-import argparse
 import struct
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calmd.arguments import Parser, run_tool
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import Special
 
@@ -54,8 +54,11 @@ def time_open(path: Path, repeat: int = 7) -> float:
     return best
 
 
+PROG = "bench/ctds_open.py"
+
+
 def main() -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--dir", help="where to write the test files (default: a temp dir, removed after)")
     parser.add_argument("--sizes-mb", default="16,128,1024")
     parser.add_argument("--batch", type=int, default=32)
@@ -109,4 +112,4 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

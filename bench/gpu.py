@@ -727,10 +727,13 @@ def compare(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- the command line
 
 
+PROG = "bench/gpu.py"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    from calmd.arguments import Parser
+
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(required=True)
     p = sub.add_parser("prepare", help="here: the corpus and the wheels into .gpu/")
     p.add_argument("--data", help="the shared data folder (default: the recipe's, ../shared/data)")
@@ -791,4 +794,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # the device's python has no calmd installed (its steps get the tree on PYTHONPATH): the tree's,
+    # after what is installed, for the tools' one error line
+    sys.path.append(str(ROOT))
+    from calmd.arguments import run_tool
+
+    raise SystemExit(run_tool(PROG, main))

@@ -11,7 +11,6 @@ in 7 failing) and times (one a minute), in a fresh store.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/history_query.py`
 
 from bench.search_latency import fill, history
+from calmd.arguments import Parser, run_tool
 
 CASES = {
     "calm --version (start only)": ["--version"],
@@ -40,8 +40,11 @@ CASES = {
 }
 
 
+PROG = "bench/history_query.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3, help="runs of each command (the median is shown)")
     args = parser.parse_args()
@@ -73,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,10 +170,11 @@ def mb(kib: int) -> str:
     return f"{kib / 1024:.0f} MB"
 
 
+PROG = "bench/import_history.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big-gib", type=float, default=2.0, help="the daemon's history files (2 GiB)")
     parser.add_argument("--cli-mib", type=int, default=256, help="calm import's file (256 MiB)")
     parser.add_argument("--whole-mib", type=int, default=64, help="a file calm import reads whole (64 MiB)")
@@ -266,4 +268,4 @@ def bash_part(args: argparse.Namespace, work: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

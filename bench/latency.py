@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
@@ -169,10 +170,11 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+PROG = "bench/latency.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--commands", type=int, default=len(COMMANDS))
     parser.add_argument("--while-training", action="store_true", help="type while a niced training run works")
@@ -243,4 +245,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

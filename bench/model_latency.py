@@ -30,6 +30,7 @@ from latency import real_cwd
 from new_user import HERE, LINE, Daemon, report
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.formats.cwgt import Metadata
 from calmd.model.checkpoint import GenerationDefaults, save_model
 from calmd.model.mamba import SIZES, CalmModel
@@ -51,10 +52,11 @@ def named_model(spec: str) -> tuple[str, Path]:
     return name, Path(file)
 
 
+PROG = "bench/model_latency.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="", help="comma-separated sizes to add with random weights")
     parser.add_argument("--model", type=named_model, action="append", default=[], metavar="NAME=FILE",
                         help="a weight file to add (repeatable)")  # fmt: skip
@@ -104,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.formats.cwgt import Metadata
 from calmd.model import fastscan, faststep
 from calmd.model.checkpoint import GenerationDefaults, LoadedModel, header_for
@@ -232,10 +233,11 @@ def keystroke_speed(quick: bool) -> None:
     )
 
 
+PROG = "bench/model_speed.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--only", choices=["train", "step", "candidates", "keystroke"])
     args = parser.parse_args()
@@ -250,4 +252,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

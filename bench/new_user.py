@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import pct, real_cwd, wait_ready
 
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 HERE = Path(__file__).resolve().parent.parent
@@ -116,10 +117,11 @@ def report(name: str, values: list[tuple[float, bool]]) -> tuple[float, float]:
     return statistics.median(searched), pct(searched, 0.9)
 
 
+PROG = "bench/new_user.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=BASELINE, help=f"the release beside (default {BASELINE})")
     parser.add_argument("--rounds", type=int, default=10, help="times the line is typed, each a new session")
     args = parser.parse_args()
@@ -155,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

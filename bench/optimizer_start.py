@@ -13,11 +13,12 @@ pays this once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
+
+from calmd.arguments import Parser, run_tool
 
 SCRIPT = """
 import json, resource, sys, time
@@ -42,8 +43,11 @@ def once(variant: str) -> dict[str, float]:
     return json.loads(run.stdout)  # type: ignore[no-any-return]
 
 
+PROG = "bench/optimizer_start.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     seen: dict[str, list[dict[str, float]]] = {"stock": [], "calmd": []}
@@ -60,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -30,6 +30,7 @@ from latency import pct  # noqa: E402
 from typing_through import daemon  # noqa: E402
 
 from calmd import paths  # noqa: E402
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
 from calmd.training.corpus import read_history  # noqa: E402
 
@@ -54,10 +55,11 @@ def default_user() -> Path:
     return next(f for f in files if held_out(f.stem) and len(read_history(f)) > 400)
 
 
+PROG = "bench/prefetch.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--user", type=Path, help="a history file (default: a held-out public one)")
     parser.add_argument("--lines", type=int, default=40)
@@ -104,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

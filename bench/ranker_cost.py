@@ -11,11 +11,11 @@ from the newest part, typed to k = 0, 1, 2, 4, 8 characters.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
 from calmd.suggest.ranking import HistoryIndex, packaged_ranker
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
@@ -33,8 +33,11 @@ def history(limit: int) -> list[str]:
     return commands[-limit:]
 
 
+PROG = "bench/ranker_cost.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--commands", type=int, default=50_000, help="commands in the index")
     parser.add_argument("--queries", type=int, default=300, help="(previous, next) pairs timed per k")
     args = parser.parse_args()
@@ -75,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

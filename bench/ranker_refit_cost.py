@@ -14,7 +14,6 @@ model anyway. One thread, as the run has.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from calmd.arguments import Parser, run_tool
 from calmd.history.store import HistoryStore
 from calmd.suggest.ranking import packaged_ranker
 from calmd.training.background import write_ranker
@@ -54,8 +54,11 @@ def timed(name: str, commands: list[str]) -> None:
           f"{write_s * 1000:.0f} ms | {total:.1f} |", flush=True)  # fmt: skip
 
 
+PROG = "bench/ranker_refit_cost.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=3, help="the largest held-out histories timed")
     parser.add_argument("--big", type=int, default=50_000, help="commands of the concatenated history")
     args = parser.parse_args()
@@ -76,4 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -23,7 +23,10 @@ if __name__ == "__main__":
         sys.exit(0)
     unknown = [a for a in args if a not in BENCHMARKS]
     if unknown:
-        sys.exit(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+        # the tools' usage error (calmd/arguments.py): one line, exit 2; stdlib only, for any python
+        print(f"bench/run_all.py: error: unknown benchmark(s): {', '.join(unknown)}; known: "
+              f"{', '.join(BENCHMARKS)}", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     failed = []
     for name in args or BENCHMARKS:
         print(f"\n=== {name}", flush=True)

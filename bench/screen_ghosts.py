@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from calmd import paths  # noqa: E402
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history  # noqa: E402
 from tests.daemon import running_daemon  # noqa: E402
@@ -175,10 +176,11 @@ def run(config: str, users: list[tuple[list[str], list[str]]], pace: float) -> C
     return tally
 
 
+PROG = "bench/screen_ghosts.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--users", type=int, default=8, help="held-out users")
     parser.add_argument("--history", type=int, default=300, help="commands each user has run before")
@@ -231,4 +233,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -14,7 +14,6 @@ search (the UI asks at every key), in the global and in the folder mode.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pty
 import select
@@ -26,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
 from calmd.history import query
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
@@ -186,8 +186,11 @@ def first_frame(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
+PROG = "bench/search_latency.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--commands", type=int, default=100_000, help="commands in the history")
     parser.add_argument("--lines", type=int, default=40, help="lines searched for, typed key by key")
     parser.add_argument("--starts", type=int, default=10, help="calm search starts timed")
@@ -220,4 +223,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.history.secrets import find_secret  # noqa: E402
 
 OLD_COMMITS = {"before issue 30": "ffe7a68", "before issue 23": "ad7d2a1", "before issue 12": "aa4422d"}
@@ -115,10 +116,11 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+PROG = "bench/secrets_scan.py"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ds-sample", type=int, default=20_000,
                         help="public commands for detect-secrets (every Nth; 0: all, ~4 min)")  # fmt: skip
     parser.add_argument("--show-flagged", action="store_true", help="print every flagged public command")
@@ -180,4 +182,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

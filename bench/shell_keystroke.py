@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
 from tests.daemon import running_daemon  # noqa: E402
 from tests.tmux import PROMPT, autosuggestions, init_script, shell_env  # noqa: E402
@@ -238,10 +239,11 @@ def fmt(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(q * len(values)))]:.2f}"
 
 
+PROG = "bench/shell_keystroke.py"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="times each command is typed")
     parser.add_argument(
         "--engine", choices=("scripted", "model"), default="scripted", help="calm's daemon engine"
@@ -304,4 +306,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(PROG, main))

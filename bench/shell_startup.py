@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from tests.tmux import SETUP_LINES, autosuggestions  # noqa: E402
 
 PROMPT = b"READY> "
@@ -95,10 +96,11 @@ def helpers_gone(data: Path, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+PROG = "bench/shell_startup.py"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="calm-startup-") as tmp:
@@ -159,4 +161,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(PROG, main))

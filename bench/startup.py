@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 HERE = Path(__file__).resolve().parent.parent
@@ -98,10 +99,11 @@ def summary(name: str, values: list[tuple[float, float, float]]) -> tuple[float,
     return statistics.median(ready), statistics.median(answered), statistics.median(first)
 
 
+PROG = "bench/startup.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument(
         "--baseline", type=Path, help="another checkout, run alternately for a same-run ratio"
@@ -126,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

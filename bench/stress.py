@@ -44,6 +44,7 @@ from typing import Any
 import msgpack
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
@@ -475,10 +476,11 @@ class Flooder(threading.Thread):
 # --------------------------------------------------------------------------- main
 
 
+PROG = "bench/stress.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=64)
@@ -610,4 +612,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -116,8 +118,11 @@ def daemon_import(data: Path, records: int) -> dict[str, float]:
             "caught_up": statistics.median(after[-5:])}  # fmt: skip
 
 
+PROG = "bench/sync.py"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,4 +180,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

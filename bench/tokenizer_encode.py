@@ -8,13 +8,13 @@ Goal (issue 2): >= 1 GB/s, and within 2x of the bare copy. Input: the public she
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from calmd.arguments import Parser, run_tool
 from calmd.formats.tokenizer import decode, encode
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
@@ -38,8 +38,11 @@ def best_seconds(fns: list[Callable[[], object]], repeat: int) -> list[float]:
     return best
 
 
+PROG = "bench/tokenizer_encode.py"
+
+
 def main() -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
@@ -74,4 +77,4 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
 COMMANDS = [
@@ -113,10 +114,11 @@ def measure_training(c: CalmClient, commands: list[str], policy: str) -> tuple[l
     return done, cpu, wall
 
 
+PROG = "bench/training_priority.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="idle / training alternations (default 3)")
     parser.add_argument("--commands", type=int, default=len(COMMANDS), help="commands typed per condition")
     parser.add_argument("--compare", action="store_true", help="also measure runs at higher priorities")
@@ -178,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

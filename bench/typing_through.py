@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))
 from latency import COMMANDS, HISTORY, pct, wait_ready  # noqa: E402
 
 from calmd import paths  # noqa: E402
+from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
 
 NEW_USER_LINE = "git commit -m wip"
@@ -91,10 +92,11 @@ def ask(c: CalmClient, text: str, session: str) -> tuple[list[str], float, float
     return got, (time.perf_counter() - t0) * 1e3, daemon_ms
 
 
+PROG = "bench/typing_through.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
@@ -160,4 +162,4 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         sys.exit(serve_searching())
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import real_cwd
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.daemon.comp_state import SessionComp
 from calmd.history.store import HistoryStore
 from calmd.model import generate, mamba
@@ -58,10 +59,11 @@ def timed(owner: Any, name: str, stage: str) -> None:
     setattr(owner, name, wrapper)
 
 
+PROG = "bench/where_time_goes.py"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="calm-where-"))
@@ -129,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_tool(PROG, main))

@@ -1,5 +1,6 @@
-"""Command-line arguments that cannot take the tools down: argparse with one-line errors, and
-number types with their ranges (`calm`, `calmd`, `python -m calmd.training.recipe`).
+"""Command-line arguments that cannot take the tools down: argparse with one-line errors, number
+types with their ranges, and `run_tool`, the one way every tool (`calm`, `calmd`, `python -m
+calmd....`, bench/) reports an error: `PROG: error: FILE: what`, one line, exit 1 (2 for usage).
 
 A count of -3 sampled nothing and exited 0, a count of 100,000 made a beam search of 100,000
 rows (16 GB): every number a command line takes has a range, checked before anything runs, and
@@ -11,11 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
-from calmd.errors import CalmError
+from calmd.errors import CalmError, one_line
 from calmd.visible import visible
 
 INT64_MAX = (1 << 63) - 1
@@ -68,17 +70,56 @@ def number(low: float, high: float = math.inf, *, above: bool = False) -> Callab
     return parse
 
 
-def run_tool(prog: str, main: Callable[[], int]) -> int:
-    """`python -m calmd....`'s entry: an error the user can fix (a missing data folder, a bad
-    file) is one line on stderr and exit 1, never a traceback."""
+def run_tool(prog: str, main: Callable[[], object]) -> int:
+    """Every tool's entry (`calm`, `calmd`, `python -m calmd....`, bench/): what `main` raises is
+    one line on stderr, `PROG: error: FILE: what` (calmd/errors.py's `one_line`), never a
+    traceback. The exit status: what `main` returns when it is one (a bench's figures are not:
+    0), 1 for an error, 2 for a usage error (`Parser.error`, before `main` runs anything), 130
+    for Ctrl-C, 141 when the reader of stdout left (`calm ... | head`)."""
     try:
-        return main()
+        status = main()
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):  # argparse's usage error (2), --help (0), an exit status
+            raise
+        # a bench's `raise SystemExit("calmd did not start")`: Python would print it bare
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError as exc:
+        if _stdout_closed():  # the reader of our output left; say no more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)  # a socket, not our stdout
+        return 1
     except (CalmError, OSError) as exc:
-        print(f"{prog}: error: {visible(' '.join(str(exc).split()))}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print(f"{prog}: error: out of memory; give smaller counts or files", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # A bug, not the user's input (every input has its own message): still one line, and
+        # CALM_DEBUG=1 shows where.
+        if os.environ.get("CALM_DEBUG"):
+            raise
+        print(f"{prog}: error: unexpected {type(exc).__name__}: {one_line(exc)} (a bug in calm; "
+              "run again with CALM_DEBUG=1 and report what it prints)", file=sys.stderr)  # fmt: skip
+        return 1
+    return status if isinstance(status, int) else 0
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def add_flags(parser: argparse.ArgumentParser | Any, config: type[Any], flags: Flags) -> None:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from calmd.errors import FormatError
+from calmd.errors import FormatError, one_line
 
 PRIVATE_FILE_MODE = 0o600
 # Temp names: atomic_write's `.<name>.*.tmp` and CtdsWriter's spill `.<name>.*.tokens`.
@@ -168,7 +168,7 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return parse_json(path.read_text(encoding="utf-8"), path)
     except (OSError, UnicodeDecodeError, FormatError) as exc:
-        raise FormatError(f"{path}: cannot read the {what}: {exc}") from exc
+        raise FormatError(f"{path}: cannot read the {what}: {one_line(exc, named=False)}") from exc
 
 
 def check_format(data: Any, name: str, version: int, source: str) -> dict[str, Any]:

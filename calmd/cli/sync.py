@@ -26,7 +26,7 @@ from typing import Any
 
 from calmd import paths
 from calmd.arguments import Parser, number
-from calmd.errors import CalmError
+from calmd.errors import CalmError, one_line
 from calmd.visible import visible
 
 
@@ -175,7 +175,7 @@ def _key(args: argparse.Namespace, data: Path) -> int:
             try:
                 text = Path(source).expanduser().read_text(encoding="utf-8")[:4096]
             except (OSError, UnicodeDecodeError) as exc:
-                raise CalmError(f"{source}: cannot read the key: {exc}") from None
+                raise CalmError(f"{source}: cannot read the key: {one_line(exc, named=False)}") from None
         else:
             text, where = source, "the phrase given"
         key = parse_key_phrase(text, where)

@@ -44,7 +44,7 @@ from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
-from calmd.errors import CalmError
+from calmd.errors import CalmError, one_line
 from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
 from calmd.history.sync import Sync, SyncError
@@ -531,17 +531,17 @@ def run_server(config: ServerConfig, engine_loader: EngineLoader) -> int:
     server = Server(config, engine_loader)
     try:
         runner(server.serve())
-    except AlreadyRunning as exc:
+    except AlreadyRunning as exc:  # the tools' one error line (arguments.run_tool), its own exit code
         log.error("%s", exc)
-        print(f"calmd: {exc}", flush=True)
+        print(f"calmd: error: {one_line(exc)}", flush=True)
         return EXIT_ALREADY_RUNNING
     except (OSError, RuntimeError, CalmError) as exc:  # a bad path or file: one line, no traceback
-        log.error("startup failed: %s", exc)
-        print(f"calmd: startup failed: {exc}", flush=True)
+        log.error("startup failed: %s", one_line(exc))
+        print(f"calmd: error: {one_line(exc)}", flush=True)
         return EXIT_STARTUP_FAILURE
     except Exception as exc:
-        log.exception("startup failed")
-        print(f"calmd: startup failed: {exc}", flush=True)
+        log.exception("startup failed")  # a bug: the traceback goes to the log
+        print(f"calmd: error: unexpected {type(exc).__name__}: {one_line(exc)}", flush=True)
         return EXIT_STARTUP_FAILURE
     busy = [t.name for t in threading.enumerate() if t.name.startswith("calmd-infer") and t.is_alive()]
     if busy:

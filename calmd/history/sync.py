@@ -85,7 +85,7 @@ from nacl.exceptions import CryptoError
 
 from calmd import paths
 from calmd.atomic import atomic_write, read_regular_file, remove_stale_temp_files
-from calmd.errors import CalmError
+from calmd.errors import CalmError, one_line
 from calmd.history.query import this_hostname
 from calmd.history.recorded import clean_env
 from calmd.history.secrets import DETECTOR_VERSION
@@ -184,7 +184,7 @@ def read_key(path: Path) -> bytes:
             "or bring it from another (`calm sync key --import`)"
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SyncError(f"{path}: cannot read the sync key: {exc}") from None
+        raise SyncError(f"{path}: cannot read the sync key: {one_line(exc, named=False)}") from None
     return parse_key_phrase(text, str(path))
 
 
@@ -221,7 +221,7 @@ def read_config(path: Path) -> SyncConfig | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise SyncError(f"{path}: cannot read the sync config: {exc}") from None
+        raise SyncError(f"{path}: cannot read the sync config: {one_line(exc, named=False)}") from None
     if not isinstance(data, dict) or data.get("format") != "calm-sync-config":
         raise SyncError(f"{path}: not a calm sync config (run `calm sync --folder DIR` again)")
     folder, mode, git, interval = data.get("folder"), data.get("mode", "both"), data.get("git", ""), \

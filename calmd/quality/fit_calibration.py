@@ -8,7 +8,6 @@ The rows are the replay's candidates on the *training* users (calmd/quality/repl
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -19,7 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
+from calmd.errors import CalmError
+from calmd.formats.cwgt import read_cwgt
 from calmd.suggest.calibration import (
     EARLY_FEATURES,
     FEATURES,
@@ -29,6 +31,8 @@ from calmd.suggest.calibration import (
     uncalibrated,
 )
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
+
+PROG = "python -m calmd.quality.fit_calibration"
 
 # --------------------------------------------------------------------------- fitting
 
@@ -104,9 +108,7 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     from calmd.quality.replay import ReplayConfig, collect_rows
 
-    parser = argparse.ArgumentParser(
-        prog="python -m calmd.quality.fit_calibration", description=__doc__.split("\n")[0]
-    )
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--model", type=Path, default=None, help="weights (default: the packaged model)")
     parser.add_argument("--output", type=Path, default=packaged_calibration_path())
@@ -123,14 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no histories under {args.data / 'histories' / 'users'}")
     cfg = ReplayConfig(model=args.model or paths.packaged_weights(), positions=args.positions, seed=args.seed,
                        typing_positions=0)  # fmt: skip
+    read_cwgt(cfg.model)  # a bad file named as given: the replay reads a copy in a temporary folder
     rows = collect_rows(train, cfg, uncalibrated())
+    if not len(rows.candidate_y) or not len(rows.early_y):  # fit_head has nothing to fit
+        raise CalmError(f"{args.data}: the replay of {len(train)} training users gave no candidates to fit "
+                        "on; give longer histories or more --positions")  # fmt: skip
     cand = fit_head(FEATURES, rows.candidate_x, rows.candidate_y)
     early = fit_head(EARLY_FEATURES, rows.early_x, rows.early_y)
     fitted_p = cand.probabilities(rows.candidate_x)
     info = {
-        "command": " ".join(
-            ["python -m calmd.quality.fit_calibration", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
         "training_users": len(train),
         "candidate_rows": len(rows.candidate_y),
         "early_rows": len(rows.early_y),
@@ -168,4 +172,4 @@ def print_reliability(title: str, p: np.ndarray, y: np.ndarray) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

@@ -11,7 +11,6 @@ Deterministic for a seed: rebuilding gives the same file but for its timing fiel
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -23,11 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
 from calmd.training import optim
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
+
+PROG = "python -m calmd.quality.fit_ranker"
 
 # --------------------------------------------------------------------------- fitting
 
@@ -140,9 +142,7 @@ class FitCorpus:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m calmd.quality.fit_ranker", description=__doc__.split("\n")[0]
-    )
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--output", type=Path, default=packaged_ranker_path())
     parser.add_argument("--positions", type=int, default=100, help="sampled positions per training user")
@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ranker, loss = fit(train_q, hidden=args.hidden, steps=args.steps, seed=args.seed)
     held = top1(ranker, test_q)
     info = {
-        "command": " ".join(
-            ["python -m calmd.quality.fit_ranker", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
         "training_users": len(train),
         "training_queries": len(train_q),
         "train_loss": round(loss, 4),
@@ -189,4 +187,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

@@ -14,7 +14,6 @@ Deterministic for a seed: rebuilding gives the same file but for its timing fiel
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -24,12 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
+from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
 from calmd.quality.fit_ranker import FitCorpus, Query, fit
 from calmd.quality.replay import QUERY_KINDS, SearchExample, search_examples
 from calmd.suggest.ranking import CarryPrior, packaged_ranker
 from calmd.suggest.search import SearchIndex, SearchRanker, packaged_search_ranker_path
 from calmd.training.corpus import DEFAULT_DATA
+
+PROG = "python -m calmd.quality.fit_search"
 
 
 def examples(commands: Sequence[str], positions: int, seed: str, prior: CarryPrior,
@@ -48,9 +50,7 @@ def top1(ranker: SearchRanker, queries: Sequence[SearchExample]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m calmd.quality.fit_search", description=__doc__.split("\n")[0]
-    )
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--output", type=Path, default=packaged_search_ranker_path())
     parser.add_argument("--positions", type=int, default=100, help="sampled positions per training user")
@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     fitted, loss = fit([Query(e.rows, e.target, kinds[e.kind]) for e in train_q],
                        hidden=args.hidden, steps=args.steps, seed=args.seed)  # fmt: skip
     info = {
-        "command": " ".join(
-            ["python -m calmd.quality.fit_search", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
         "training_users": len(train),
         "training_queries": len(train_q),
         "pooled": round(sum(e.target >= 0 for e in train_q) / max(len(train_q), 1), 4),
@@ -97,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

@@ -6,13 +6,13 @@ pages and the public histories of the training users:
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
 from calmd.suggest.filters import Vocabulary, entries, packaged_vocabulary_path, segments, split_words
 from calmd.training.corpus import (
@@ -23,6 +23,8 @@ from calmd.training.corpus import (
     iter_tldr_pages,
     read_history,
 )
+
+PROG = "python -m calmd.quality.fit_vocabulary"
 
 MIN_USES = 20  # a command (or command + subcommand) judged needs this many uses in the corpus
 MIN_SOURCES = 2  # users (tldr counts as one) that must have typed a token for it to be known
@@ -116,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     import random
     import sys
 
-    parser = argparse.ArgumentParser(
-        prog="python -m calmd.quality.fit_vocabulary", description=__doc__.split("\n")[0]
-    )
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--output", type=Path, default=packaged_vocabulary_path())
     args = parser.parse_args(argv)
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     sources += [(p.stem, read_history(p)) for p in users]
     vocab = build(sources)
     vocab.info = {
-        "command": " ".join(
-            ["python -m calmd.quality.fit_vocabulary", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
         "tldr_examples": len(tldr),
         "training_users": len(users),
         "keys": len(vocab.known),
@@ -151,4 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from calmd.arguments import Parser, run_tool
 from calmd.protocol import MAX_QUERY_BYTES, MAX_SEARCH_RESULTS, SEARCH_MODES
 from calmd.visible import hidden, visible
 
@@ -597,7 +598,7 @@ def handle(action: str, text: str, state: State, search: Search, rows: int) -> t
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="calm search",
         description="Search the whole history, ranked by calmd (Ctrl-R in zsh, bash and fish). Prints "
         "`run` or `edit` and the chosen command; exit 1 when cancelled, 3 when no daemon answers.",
@@ -634,4 +635,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool("calm search", main))

@@ -45,7 +45,7 @@ import numpy as np
 
 from calmd import paths
 from calmd.atomic import parse_json, read_json, read_regular_file
-from calmd.errors import FormatError
+from calmd.errors import FormatError, one_line
 from calmd.history.store import HistoryStore
 from calmd.suggest.filters import UserVocabulary, terminal_safe
 from calmd.suggest.kinds import UserArguments
@@ -726,6 +726,7 @@ def serving_ranker(path: Path) -> tuple[Ranker, str | None]:
     try:
         return read_user_ranker(path), None
     except (OSError, ValueError, RecursionError, FormatError) as exc:  # JSON errors are ValueErrors
-        why = f"the ranker {path} did not load ({exc}): the packaged ranker serves until a run rewrites it"
+        why = (f"the ranker {path} did not load ({one_line(exc, named=False)}): the packaged ranker serves "
+               "until a run rewrites it")  # fmt: skip
         log.error("%s", why)
         return packaged_ranker(), why

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.atomic import (
     atomic_write,
     exchange,
@@ -54,7 +55,7 @@ from calmd.atomic import (
     read_regular_file,
     remove_stale_temp_files,
 )
-from calmd.errors import CalmError, DiskFull
+from calmd.errors import CalmError, DiskFull, one_line
 from calmd.history.store import HistoryStore
 from calmd.suggest.ranking import Ranker
 from calmd.training.datasets import DatasetOptions, write_history_dataset
@@ -80,6 +81,7 @@ class RunOptions:
     ranker_min_examples: int = RefitOptions.min_examples  # fewer: the ranker in place stays
 
 
+PROG = "python -m calmd.training.background"
 EXIT_DONE = 0
 EXIT_FAILED = 1
 EXIT_DISK_FULL = 3
@@ -478,8 +480,7 @@ def _say(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     paths.set_private_umask()  # datasets, candidates, training.json: the user's history, 0600
-    parser = argparse.ArgumentParser(prog="python -m calmd.training.background", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=paths.data_dir())
     parser.add_argument("--weights", type=Path, default=None)
     parser.add_argument("--epochs", type=int, default=RunOptions.epochs)
@@ -524,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_STOPPED
         except BaseException as exc:
             if is_disk_full(exc):
-                _say(f"disk full: {exc}")
+                _say(f"disk full: {one_line(exc)}")
                 return EXIT_DISK_FULL
             if not isinstance(exc, Exception):
                 raise
@@ -535,4 +536,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))  # what fails before the run (a --data-dir that is a file)

@@ -22,11 +22,6 @@ from tests.daemon import BIN, daemon_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = [sys.executable, "-m"]
-FIT_GHOST_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="calmd/quality/fit_ghost.py is being edited elsewhere (issue 35): it still builds an "
-    "argparse.ArgumentParser and reads --states with json.loads, outside run_tool",
-)
 
 
 @pytest.fixture(scope="module")
@@ -164,15 +159,23 @@ def test_the_search_ui(f: Path) -> None:
     assert line.startswith("argument --mode: invalid choice: 'bogus'")
 
 
-@FIT_GHOST_PENDING
 def test_fit_ghost_usage(f: Path) -> None:
     one_error(f, "python -m calmd.quality.fit_ghost", [*PY, "calmd.quality.fit_ghost", "--bogus"], 2)
 
 
-@FIT_GHOST_PENDING
 def test_fit_ghost_corrupt_states(f: Path) -> None:
     prog = "python -m calmd.quality.fit_ghost"
     line = one_error(f, prog, [*PY, "calmd.quality.fit_ghost", "--states", str(f / "bad.json")], 1)
+    assert line.startswith(f"{f / 'bad.json'}: not JSON (")
+    (f / "old.json").write_text("[]")  # JSON, but not what this version collects
+    line = one_error(f, prog, [*PY, "calmd.quality.fit_ghost", "--states", str(f / "old.json")], 1)
+    assert line.startswith(f"{f / 'old.json'}: not states collected")
+
+
+def test_ghost_curve_usage_and_a_corrupt_cache(f: Path) -> None:
+    prog = "python -m calmd.quality.ghost_curve"
+    one_error(f, prog, [*PY, "calmd.quality.ghost_curve", "--bogus"], 2)
+    line = one_error(f, prog, [*PY, "calmd.quality.ghost_curve", "--states", str(f / "bad.json")], 1)
     assert line.startswith(f"{f / 'bad.json'}: not JSON (")
 
 

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calmd.arguments import Parser, run_tool
+from calmd.atomic import parse_json
+from calmd.errors import FormatError
 from calmd.quality.replay import ghost_replaced, next_word, right_next_word
 from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
@@ -149,7 +151,7 @@ def simulate(items: Sequence[dict[str, Any]], rule: GhostRule) -> Outcome:
     return out
 
 
-GRID = (0.0, 0.02, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.01)
+GRID = (0.0, 0.02, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01)
 YOUNG = 100  # commands: below, a history is a new user's (the young rule, fitted on first commands)
 
 
@@ -201,12 +203,16 @@ def peer_figures(collected: Mapping[str, Any]) -> tuple[float, float]:
     return 1 - peer["keys"] / peer["chars"], peer["wrong"] / peer["states"]
 
 
-NOISES = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5)  # the noise prices the fit tries (`fit_against_peer`)
+NOISES = (0.4, 0.5, 0.6, 0.7, 0.8, 1.0)  # the noise prices the fit tries (`fit_against_peer`)
+
+
+def _fit_at(args: tuple[Sequence[dict[str, Any]], float]) -> tuple[GhostRule, Outcome]:
+    return fit(args[0], args[1])
 
 
 def fit_against_peer(
     collected: Mapping[str, Any], *, more_saved: float, less_wrong: float, noises: Sequence[float] = NOISES,
-    progress: bool = True,
+    progress: bool = True, jobs: int = 2,
 ) -> tuple[GhostRule, Outcome, float]:  # fmt: skip
     """The rule to ship on these states: fitted at each noise price, the one that saves the most
     keys among those showing a wrong ghost at no more than the peer's share less `less_wrong`,
@@ -215,8 +221,9 @@ def fit_against_peer(
     states = collected["states"]
     peer_saved, peer_wrong = peer_figures(collected)
     best: tuple[float, GhostRule, Outcome, float] | None = None
-    for price in noises:
-        rule, out = fit(states, price)
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        fitted = list(pool.map(_fit_at, [(states, price) for price in noises]))
+    for price, (rule, out) in zip(noises, fitted, strict=True):
         margin = min(out.saved - (peer_saved + more_saved), (peer_wrong - less_wrong) - out.wrong_share)
         key = out.saved if margin >= 0 else margin - 1.0  # every feasible rule beats every other
         if progress:
@@ -238,7 +245,13 @@ def load_or_collect(
     """The states of the training users (`held`: the held-out ones), read from `cache` when it
     exists, else collected (and written there)."""
     if cache is not None and cache.exists():
-        collected: dict[str, Any] = json.loads(cache.read_text())
+        collected = parse_json(cache.read_bytes(), cache)
+        if (
+            not isinstance(collected, dict)
+            or not isinstance(collected.get("states"), list)
+            or not isinstance(collected.get("peer"), dict)
+        ):
+            raise FormatError(f"{cache}: not states collected by this version of fit_ghost (no states, peer)")
         return collected
     users = history_users(data)
     files = [u for u in users if held_out(u.stem) == held]
@@ -254,7 +267,7 @@ def load_or_collect(
 def main(argv: list[str] | None = None) -> int:
     from calmd import paths
 
-    p = argparse.ArgumentParser(prog="python -m calmd.quality.fit_ghost", description=__doc__.split("\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (histories/users)")
     p.add_argument("--model", default=str(paths.packaged_weights()), help="the weights to replay")
     p.add_argument(
@@ -294,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     rules: dict[str, tuple[GhostRule, Outcome, float]] = {}
     for name, collected in (("grown", grown), ("young", young)):
         print(f"fitting the {name} rule")
-        rules[name] = fit_against_peer(collected, more_saved=args.more_saved, less_wrong=args.less_wrong)
+        rules[name] = fit_against_peer(
+            collected, more_saved=args.more_saved, less_wrong=args.less_wrong, jobs=args.jobs
+        )
         report(f"the {name} rule", rules[name][1])
     grown_rule, grown_out, grown_noise = rules["grown"]
     young_rule, young_out, young_noise = rules["young"]
@@ -344,5 +359,7 @@ def report(name: str, out: Outcome) -> None:
     )
 
 
+PROG = "python -m calmd.quality.fit_ghost"
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(PROG, main))

@@ -17,12 +17,12 @@ next word is not what the user types next). The figures of the replay itself (`c
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from calmd.arguments import Parser, run_tool
 from calmd.quality.fit_ghost import PEER, load_or_collect, peer_figures, simulate
 from calmd.suggest.ghost import GhostRule, packaged_rule
 from calmd.training.corpus import DEFAULT_DATA
@@ -89,9 +89,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     from calmd import paths
 
-    p = argparse.ArgumentParser(
-        prog="python -m calmd.quality.ghost_curve", description=__doc__.split("\n")[0]
-    )
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (histories/users)")
     p.add_argument("--model", default=str(paths.packaged_weights()), help="the weights to replay")
     p.add_argument(
@@ -132,5 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+PROG = "python -m calmd.quality.ghost_curve"
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(PROG, main))

@@ -30,7 +30,6 @@ drawing one, no placeholder drawn. tests/test_panel.py runs it and asserts them.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from calmd import paths
+from calmd.arguments import Parser, run_tool
 from calmd.history.store import HistoryStore
 from calmd.suggest.context import HISTORY_FRAMES, recent_context
 from calmd.suggest.disk import Disk
@@ -543,8 +543,11 @@ def _store(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[Histor
         store.close()
 
 
-def run_panel(weights: Path | None = None, prefixes: tuple[Prefix, ...] = PREFIXES) -> Report:
-    """The panel (the module docstring) with the model `weights` (default: the packaged one)."""
+def run_panel(
+    weights: Path | None = None, prefixes: tuple[Prefix, ...] = PREFIXES, min_confidence: float | None = None
+) -> Report:
+    """The panel (the module docstring) with the model `weights` (default: the packaged one) and
+    the packaged ghost rule, or one threshold everywhere (`min_confidence`: CALM_MIN_CONFIDENCE)."""
     from calmd.daemon.comp_state import SessionComp
     from calmd.suggest.engine import ModelEngine
 
@@ -576,7 +579,8 @@ def run_panel(weights: Path | None = None, prefixes: tuple[Prefix, ...] = PREFIX
                     session = f"{user}-{i}"  # each prefix a fresh keystroke (no typing through)
                     comp.fill(ctx, session, engine.followers)
                     t0 = time.perf_counter()
-                    got = list(engine.complete(ctx, 5, session, never, lambda *_: None))
+                    got = list(engine.complete(ctx, 5, session, never, lambda *_: None,
+                                               min_confidence=min_confidence))  # fmt: skip
                     ms = (time.perf_counter() - t0) * 1e3
                     ghost = next((s for s in got if s.ghost), None)
                     row = Row(prefix.typed, prefix.kind, user, None, "none", top=got[0].text if got else None,
@@ -635,16 +639,23 @@ def render(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calmd.quality.panel", description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--weights", type=Path, default=None, help="a model file (default: the packaged one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and figures here")
+    parser.add_argument("--min-confidence", type=float, default=None, metavar="P",
+                        help="one threshold in place of the rule (CALM_MIN_CONFIDENCE)")  # fmt: skip
     args = parser.parse_args(argv)
-    report = run_panel(args.weights)
+    report = run_panel(args.weights, min_confidence=args.min_confidence)
     print(render(report))
     if args.json is not None:
-        args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        from calmd.atomic import atomic_write
+
+        with atomic_write(args.json) as f:
+            f.write((json.dumps(report.to_json(), indent=1) + "\n").encode())
     return 0
 
 
+PROG = "python -m calmd.quality.panel"
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(PROG, main))

@@ -532,7 +532,9 @@ def build_project(root: Path) -> Path:
 
 
 @contextmanager
-def _store(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[HistoryStore]:
+def user_history(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[HistoryStore]:
+    """The store `folder`/history.sqlite3 holding `history`, typed in `cwd` on `BRANCH` in
+    `SESSION` over the last three days (also what tests/test_panel_shells.py gives a daemon)."""
     store = HistoryStore(folder / "history.sqlite3")
     start = time.time() - 3600 * 24 * 3  # typed over the last three days
     for i, cmd in enumerate(history):
@@ -565,10 +567,10 @@ def run_panel(
             history = HISTORY if user == "returning" else ()
             folder = Path(tmp) / f"data-{user}"
             folder.mkdir()
-            with _store(folder, history, root) as store:
+            with user_history(folder, history, root) as store:
                 engine.attach_history(store)
                 comp = SessionComp(disk)
-                project = _project(root, history)
+                project = judged_project(root, history)
                 frames = [
                     {"cmd": r.cmd, "exit": r.exit} for r in recent_context(store, SESSION, HISTORY_FRAMES)
                 ]
@@ -594,7 +596,7 @@ def run_panel(
     return report
 
 
-def _project(root: Path, history: tuple[str, ...]) -> Project:
+def judged_project(root: Path, history: tuple[str, ...]) -> Project:
     """What the judges know: the folder, and the hosts and variables of the user's history."""
     hosts, variables = set(), set()
     for cmd in history:

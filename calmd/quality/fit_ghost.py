@@ -30,8 +30,8 @@ from typing import Any
 from calmd.arguments import Parser, run_tool
 from calmd.atomic import parse_json
 from calmd.errors import FormatError
-from calmd.quality.replay import ghost_replaced, next_word, right_next_word
-from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, packaged_rule, packaged_rule_path
+from calmd.quality.replay import extends, ghost_replaced, keys_with_ghosts, right_next_word
+from calmd.suggest.ghost import BUCKETS, OLD, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
 
 PEER = "zsh-autosuggestions:match_prev_cmd"  # the peer the rule must beat (docs/quality.md)
@@ -104,10 +104,6 @@ class Outcome:
         return self.chars - self.keys - sum(noise[b] * n for b, n in self.wrong.items())
 
 
-def _extends(line: str | None, typed: str) -> bool:
-    return line is not None and len(line) > len(typed) and line.startswith(typed)
-
-
 def simulate(items: Sequence[dict[str, Any]], rule: GhostRule) -> Outcome:
     """The zsh client's word-by-word user (calm replay's `keys_with_ghosts`) over the collected
     states, with `rule` deciding what each request draws, as the engine does: every key asks,
@@ -117,39 +113,36 @@ def simulate(items: Sequence[dict[str, Any]], rule: GhostRule) -> Outcome:
     out = Outcome()
     for item in items:
         cmd, states = item["cmd"], item["states"]
-        history = item.get("history", 1 << 30)
-        out.chars += len(cmd)
-        typed, ghost = "", None
-        while len(typed) < len(cmd):
-            out.keys += 1
-            out.states += 1
+        history = item.get("history", OLD)
+
+        def request(typed: str, incumbent: str | None, cmd: str = cmd, states: Any = states,
+                    history: int = history) -> str | None:  # fmt: skip
             state = states[len(typed)]
             candidates = state.get("extending")
             if candidates is None:  # the same for every rule: the buffer at a state is always the same
-                candidates = state["extending"] = [tuple(c) for c in state["cands"] if _extends(c[0], typed)]
-            incumbent = ghost if _extends(ghost, typed) else None
+                candidates = state["extending"] = [tuple(c) for c in state["cands"] if extends(c[0], typed)]
             early = state["early"]
-            drawn_early = early and _extends(early[0], typed) and rule.draws_early(typed, early[1], history)
-            if incumbent is None and drawn_early:
+            if (
+                incumbent is None
+                and early
+                and extends(early[0], typed)
+                and rule.draws_early(typed, early[1], history)
+            ):
                 incumbent = early[0]
                 out.early += 1
             got = rule.draw(typed, candidates, incumbent, history)
             ghost = got[1] if got is not None else None
+            out.states += 1
             out.requests += 1
             out.replaced += ghost_replaced(incumbent, ghost)
-            if ghost is None:
-                typed = cmd[: len(typed) + 1]
-                continue
-            out.drawn += 1
-            if ghost == cmd:
-                break
-            if not right_next_word(cmd, typed, ghost):
-                out.wrong[bucket(typed)] += 1
-            word = next_word(ghost[len(typed) :])
-            if cmd.startswith(word, len(typed)):
-                typed += word
-                continue
-            typed = cmd[: len(typed) + 1]
+            if ghost is not None:
+                out.drawn += 1
+                if not right_next_word(cmd, typed, ghost):
+                    out.wrong[bucket(typed)] += 1
+            return ghost
+
+        out.chars += len(cmd)
+        out.keys += keys_with_ghosts(cmd, request, True)
     return out
 
 

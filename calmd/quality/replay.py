@@ -63,12 +63,13 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.suggest.context import HISTORY_FRAMES, recent_context
 from calmd.suggest.frames import served_completions, word_start
+from calmd.suggest.ghost import next_word
 from calmd.suggest.reconstruct import Reconstruction
 from calmd.training.corpus import read_history
 
@@ -100,7 +101,7 @@ class Screen:
 
     def see(self, cmd: str, typed: str, ghost: str | None) -> None:
         self.states += 1
-        if ghost is None or len(ghost) <= len(typed) or not ghost.startswith(typed):
+        if not extends(ghost, typed):
             return
         self.drawn += 1
         self.wrong += not right_next_word(cmd, typed, ghost)
@@ -339,12 +340,9 @@ def keys_whole_line(cmd: str, suggest: Suggest) -> int:
     return len(cmd)
 
 
-def next_word(rest: str) -> str:
-    """What forward-word accepts of the ghost text `rest` (the suggestion past the cursor): any
-    spaces, the word, and the space that follows it; all of `rest` when no space follows."""
-    start = len(rest) - len(rest.lstrip(" "))
-    end = rest.find(" ", start)
-    return rest if end < 0 else rest[: end + 1]
+def extends(line: str | None, typed: str) -> TypeGuard[str]:
+    """Whether `line` shows something past the cursor: it starts with `typed` and goes on."""
+    return line is not None and len(line) > len(typed) and line.startswith(typed)
 
 
 Request = Callable[[str, "str | None"], "str | None"]  # (buffer, line drawn now) -> line drawn after
@@ -362,13 +360,13 @@ def keys_with_ghosts(cmd: str, request: Request, words: bool, screen: Screen | N
     ghost: str | None = None
     while len(typed) < len(cmd):
         keys += 1
-        still = ghost if ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed) else None
+        still = ghost if extends(ghost, typed) else None
         ghost = request(typed, still)
         if screen is not None:
             screen.see(cmd, typed, ghost)
         if ghost == cmd:
             return keys
-        if words and ghost is not None and len(ghost) > len(typed) and ghost.startswith(typed):
+        if words and extends(ghost, typed):
             word = next_word(ghost[len(typed) :])
             if cmd.startswith(word, len(typed)):
                 typed += word
@@ -765,12 +763,14 @@ def type_out(tally: Tally, cmd: str, suggest: Suggest, drawn: Request | None = N
     keys = keys_whole_line(cmd, suggest)
     tally.keys_lines += keys
     tally.saved += 1 - keys / len(cmd)
-    words = keys_word_by_word(cmd, suggest)
+    if drawn is None:  # the baselines draw their top suggestion at every state: one user
+        words = words_drawn = keys_with_ghosts(cmd, lambda typed, _shown: suggest(typed), True, tally.screen)
+        keys_drawn = keys
+    else:
+        words = keys_word_by_word(cmd, suggest)
+        keys_drawn = keys_with_ghosts(cmd, drawn, False)
+        words_drawn = keys_with_ghosts(cmd, drawn, True, tally.screen)
     tally.keys_words += words
-    # the baselines draw their top suggestion at every state
-    request: Request = drawn if drawn is not None else (lambda typed, _shown: suggest(typed))
-    keys_drawn = keys if drawn is None else keys_with_ghosts(cmd, request, False)
-    words_drawn = keys_with_ghosts(cmd, request, True, tally.screen)
     tally.keys_lines_drawn += keys_drawn
     tally.saved_drawn += 1 - keys_drawn / len(cmd)
     tally.keys_words_drawn += words_drawn

@@ -39,18 +39,23 @@ def bucket(typed: str) -> str:
     return "empty" if k == 0 else "k1" if k == 1 else "k2" if k < 4 else "k4" if k < 8 else "k8"
 
 
+def next_word(rest: str) -> str:
+    """What forward-word accepts of the ghost text `rest` (the suggestion past the cursor): any
+    spaces, the word, and the space that follows it; all of `rest` when no space follows."""
+    start = len(rest) - len(rest.lstrip(" "))
+    end = rest.find(" ", start)
+    return rest if end < 0 else rest[: end + 1]
+
+
 def heads(line: str, typed: str) -> list[str]:
-    """The heads of `line` past the cursor a word-by-word user takes in turn (the replay's
-    `next_word`: any spaces, the word, the space after it), the last being the whole line:
-    `heads("docker run --rm -it alpine", "docker r")` -> `["docker run ", "docker run --rm ",
-    "docker run --rm -it ", "docker run --rm -it alpine"]`."""
+    """The heads of `line` past the cursor a word-by-word user takes in turn (`next_word` after
+    `next_word`), the last being the whole line: `heads("docker run --rm -it alpine", "docker r")`
+    -> `["docker run ", "docker run --rm ", "docker run --rm -it ", "docker run --rm -it alpine"]`."""
     out: list[str] = []
-    at = len(typed)
-    while at < len(line):
-        start = at + len(line[at:]) - len(line[at:].lstrip(" "))
-        end = line.find(" ", start)
-        at = len(line) if end < 0 else end + 1
-        out.append(line[:at])
+    head = line[: len(typed)]
+    while len(head) < len(line):
+        head += next_word(line[len(head) :])
+        out.append(head)
     return out
 
 

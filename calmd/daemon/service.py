@@ -404,13 +404,14 @@ class Service:
                 if not cancelled.is_set():
                     loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence, bool(ghost))
 
-            for candidate, score, confidence, ghost, *more in engine.complete(
+            for suggestion in engine.complete(
                 ctx, request.n, request.session, cancelled, on_early if request.early else None,
                 min_confidence=request.min_confidence, drawn=request.drawn,
             ):  # fmt: skip
                 if cancelled.is_set():
                     return False
-                draw = more[1] if len(more) > 1 else None  # Suggestion.draw (a test's engine may send none)
+                candidate, score, confidence, ghost = suggestion[:4]
+                draw = getattr(suggestion, "draw", None)  # Suggestion.draw (a test's engine sends tuples)
                 loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost), draw)
             return not cancelled.is_set()
 

@@ -254,10 +254,11 @@ def load_or_collect(
     return collected
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_collection_arguments(p: Parser) -> None:
+    """The flags of the states' collection (`load_or_collect`), shared with ghost_curve: the same
+    defaults, so that one command's caches serve the other."""
     from calmd import paths
 
-    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (histories/users)")
     p.add_argument("--model", default=str(paths.packaged_weights()), help="the weights to replay")
     p.add_argument(
@@ -268,6 +269,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--young-positions", type=int, default=10, help="typed-out commands per user (first ones)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="users replayed in parallel")
+
+
+def collected_pair(args: Any, *, held: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The grown users' states and their first commands' (`add_collection_arguments`'s flags)."""
+    data, model = Path(args.data), Path(args.model)
+
+    def states(cache: str | None, positions: int, first: int) -> dict[str, Any]:
+        source = Path(cache) if cache else None
+        return load_or_collect(
+            source, data, model, held=held, positions=positions, first=first, seed=args.seed, jobs=args.jobs
+        )
+
+    return states(args.states, args.positions, 0), states(args.young_states, args.young_positions, YOUNG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
+    add_collection_arguments(p)
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="wrong states past the peer's share")
     p.add_argument(
         "--held-out",
@@ -276,13 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", help="where the rule goes (default: the package's calmd/data/ghost.json)")
     args = p.parse_args(argv)
-    data, model = Path(args.data), Path(args.model)
     started = time.monotonic()
-    grown = load_or_collect(Path(args.states) if args.states else None, data, model, held=args.held_out,
-                            positions=args.positions, first=0, seed=args.seed, jobs=args.jobs)  # fmt: skip
-    young = load_or_collect(Path(args.young_states) if args.young_states else None, data, model,
-                            held=args.held_out, positions=args.young_positions, first=YOUNG, seed=args.seed,
-                            jobs=args.jobs)  # fmt: skip
+    grown, young = collected_pair(args, held=args.held_out)
     for name, collected in (("grown users", grown), ("first commands", young)):
         peer_saved, peer_wrong = peer_figures(collected)
         n_states = sum(len(s["states"]) for s in collected["states"])
@@ -312,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             name: figures(out, c)
             for name, out, c in (("grown", grown_out, grown), ("young", young_out, young))
         },
-        "model": model.name,
+        "model": Path(args.model).name,
         "seconds": round(time.monotonic() - started, 1),
     }
     rule = GhostRule(grown_rule.final, grown_rule.early, grown_rule.margin, True, grown_rule.known, YOUNG,

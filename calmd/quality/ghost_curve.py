@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from calmd.arguments import Parser, run_tool
-from calmd.quality.fit_ghost import PEER, load_or_collect, peer_figures, simulate
+from calmd.quality.fit_ghost import PEER, add_collection_arguments, collected_pair, peer_figures, simulate
 from calmd.suggest.ghost import GhostRule, packaged_rule
-from calmd.training.corpus import DEFAULT_DATA
 
 THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)
 EAGER = 0.1  # the eager setting of docs/quality.md: CALM_MIN_CONFIDENCE=0.1
@@ -87,29 +86,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calmd import paths
-
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (histories/users)")
-    p.add_argument("--model", default=str(paths.packaged_weights()), help="the weights to replay")
-    p.add_argument(
-        "--states", help="the held-out users' states (fit_ghost --held-out --states), else collected"
-    )
-    p.add_argument("--young-states", help="the same for their first commands")
-    p.add_argument("--jobs", type=int, default=2)
+    add_collection_arguments(p)  # the held-out users' (`fit_ghost --held-out --states ...` caches them)
     p.add_argument("--json", help="write the points here")
     p.add_argument("--plot", help="draw the curve here (PNG, matplotlib)")
     args = p.parse_args(argv)
-    data, model = Path(args.data), Path(args.model)
     rule = packaged_rule()
     result: dict[str, Any] = {}
-    for name, cache, first, positions in (
-        ("grown", args.states, 0, 12),
-        ("young", args.young_states, 100, 10),
-    ):
-        source = Path(cache) if cache else None
-        collected = load_or_collect(source, data, model, held=True, positions=positions,
-                                    first=first, seed=1, jobs=args.jobs)  # fmt: skip
+    for name, collected in zip(("grown", "young"), collected_pair(args, held=True), strict=True):
         result[name] = curve(collected, rule)
         part = result[name]
         print(f"{name}: {part['commands']} commands")

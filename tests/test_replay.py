@@ -9,7 +9,9 @@ import pytest
 
 from calmd import paths
 from calmd.cli import calm_main
-from calmd.quality.replay import PastOnly, keys_whole_line, keys_with_ghosts, keys_word_by_word, next_word
+from calmd.quality.systems import PastOnly
+from calmd.quality.typist import keys_whole_line, keys_with_ghosts, keys_word_by_word
+from calmd.suggest.ghost import next_word
 
 
 def past_of(*commands: str) -> PastOnly:

@@ -13,7 +13,7 @@ from calmd.errors import CalmError
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from calmd.history.store import check_history_file
-    from calmd.quality import replay
+    from calmd.quality import replay, report
 
     files = replay.expand(args.files)
     for file in files:
@@ -47,22 +47,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               ranker=args.ranker, refit=args.refit, jobs=args.jobs,
                               first=args.first)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
-    print(replay.format_table(result))
+    print(report.format_table(result))
     if args.json:
-        replay.write_json(result, Path(args.json))
+        report.write_json(result, Path(args.json))
         print(f"wrote {args.json}")
     return 0
 
 
 def replay_search(files: list[Path], args: argparse.Namespace) -> int:
     """`calm replay --search`: the history search's ranking against recency and frequency."""
-    from calmd.quality import replay
+    from calmd.quality import replay, report, search_replay
 
     cfg = replay.ReplayConfig(model=Path(), positions=args.positions, warmup=args.warmup, seed=args.seed)
-    result = replay.replay_search(files, cfg, progress=not args.quiet)
-    print(replay.format_search_table(result))
+    result = search_replay.replay_search(files, cfg, progress=not args.quiet)
+    print(search_replay.format_search_table(result))
     if args.json:
-        replay.write_json(result, Path(args.json))
+        report.write_json(result, Path(args.json))
         print(f"wrote {args.json}")
     return 0
 

@@ -30,7 +30,7 @@ from typing import Any
 from calmd.arguments import Parser, run_tool
 from calmd.atomic import parse_json
 from calmd.errors import FormatError
-from calmd.quality.replay import extends, ghost_replaced, keys_with_ghosts, right_next_word
+from calmd.quality.typist import extends, ghost_replaced, keys_with_ghosts, right_next_word
 from calmd.suggest.ghost import BUCKETS, OLD, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
 

@@ -1,16 +1,17 @@
 """The panel: no absurd ghost (issue 31). What a person meets in a small Python project.
 
-    python -m calmd.quality.panel [--weights FILE] [--json FILE]
+    python -m calmd.quality.panel [--weights FILE] [--json FILE] [--min-confidence P] [--random-folder]
 
-A real project folder is built in a temporary directory (README.md, pyproject.toml, src/weather/,
-tests/, docs/, a Makefile, a Dockerfile, data.csv, a virtualenv's activate script, a git
-repository with two branches when git is there). Two users type in it: a new user with an empty
-history, and the same user after the few dozen ordinary commands of `HISTORY` (tests run, files
-edited, commits pushed, an image built, a host reached). For each user calmd's engine (the packaged
-model, the packaged ranker, calibration and ghost rule) is asked, as the daemon asks it, for each
-of the `PREFIXES` people type every day: the input, the shell's cwd and branch, the history frames
-(calmd/suggest/context.py `recent_context`), and the COMP and ENV frames the daemon fills
-(calmd/daemon/comp_state.py) from the real folder.
+A real project folder is built in TMPDIR/calm-panel/weather, the same folder every run (the model
+reads the cwd; `--random-folder` shows the spread a folder's name makes): README.md,
+pyproject.toml, src/weather/, tests/, docs/, a Makefile, a Dockerfile, data.csv, a virtualenv's
+activate script, a git repository with two branches when git is there. Two users type in it: a new
+user with an empty history, and the same user after the few dozen ordinary commands of `HISTORY`
+(tests run, files edited, commits pushed, an image built, a host reached). For each user calmd's
+engine (the packaged model, the packaged ranker, calibration and ghost rule) is asked, as the
+daemon asks it, for each of the `PREFIXES` people type every day: the input, the shell's cwd and
+branch, the history frames (calmd/suggest/context.py `recent_context`), and the COMP and ENV frames
+the daemon fills (calmd/daemon/comp_state.py) from the real folder.
 
 Each prefix is written down with the KIND of a sensible next word (a module after `python3 -m`, an
 operation after `tar`, a resource after `kubectl get`, a variable after `export`, an existing path
@@ -38,6 +39,7 @@ import json
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from calmd.quality.panel_project import (
     Project,
     build_project,
     judged_project,
+    panel_home,
     user_history,
 )
 from calmd.suggest.context import HISTORY_FRAMES, recent_context
@@ -112,10 +115,12 @@ USERS = ("new", "returning")
 
 
 def run_panel(
-    weights: Path | None = None, prefixes: tuple[Prefix, ...] = PREFIXES, min_confidence: float | None = None
-) -> Report:
+    weights: Path | None = None, prefixes: tuple[Prefix, ...] = PREFIXES, min_confidence: float | None = None,
+    where: Path | None = None,
+) -> Report:  # fmt: skip
     """The panel (the module docstring) with the model `weights` (default: the packaged one) and
-    the packaged ghost rule, or one threshold everywhere (`min_confidence`: CALM_MIN_CONFIDENCE)."""
+    the packaged ghost rule, or one threshold everywhere (`min_confidence`: CALM_MIN_CONFIDENCE).
+    The project is built in `where` (default: the same folder every run, `panel_home`)."""
     from calmd.daemon.comp_state import SessionComp
     from calmd.suggest.engine import ModelEngine
 
@@ -127,8 +132,9 @@ def run_panel(
     disk = Disk(budget=1.0)
     engine.attach_disk(disk)
     never = threading.Event()
-    with tempfile.TemporaryDirectory(prefix="calm-panel-") as tmp:
-        root = build_project(Path(tmp))
+    home_folder = panel_home() if where is None else nullcontext(where)
+    with home_folder as home, tempfile.TemporaryDirectory(prefix="calm-panel-data-") as tmp:
+        root = build_project(home)
         for user in USERS:
             history = HISTORY if user == "returning" else ()
             folder = Path(tmp) / f"data-{user}"
@@ -200,8 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and figures here")
     parser.add_argument("--min-confidence", type=float, default=None, metavar="P",
                         help="one threshold in place of the rule (CALM_MIN_CONFIDENCE)")  # fmt: skip
+    parser.add_argument("--random-folder", action="store_true",
+                        help="build the project in a new temporary folder, not the same one")  # fmt: skip
     args = parser.parse_args(argv)
-    report = run_panel(args.weights, min_confidence=args.min_confidence)
+    if args.random_folder:  # the spread a folder's name makes (the model reads the cwd)
+        with tempfile.TemporaryDirectory(prefix="calm-panel-") as tmp:
+            report = run_panel(args.weights, min_confidence=args.min_confidence, where=Path(tmp))
+    else:
+        report = run_panel(args.weights, min_confidence=args.min_confidence)
     print(render(report))
     if args.json is not None:
         from calmd.atomic import atomic_write

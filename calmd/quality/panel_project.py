@@ -3,9 +3,11 @@ the returning user's history typed in it, and what the judges know of both (`Pro
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,6 +128,35 @@ def build_project(root: Path) -> Path:
                      ["branch", "hourly"]):  # fmt: skip
             subprocess.run([git, *args], cwd=project, env=env, check=True, capture_output=True)
     return project
+
+
+HOME = "calm-panel"  # the project is built in TMPDIR/calm-panel/weather (`panel_home`)
+
+
+@contextmanager
+def panel_home() -> Iterator[Path]:
+    """The folder the project is built in: TMPDIR/calm-panel, the same on every run, held under a
+    lock while a panel uses it. The model reads the shell's cwd (its CWD frame), so a random
+    temporary folder's name made the panel's answers differ from run to run. Where that folder is
+    another user's, a random temporary one serves."""
+    base = Path(tempfile.gettempdir()) / HOME
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(base)
+        mine = info.st_uid == os.getuid() and not os.path.islink(base)
+    except OSError:
+        mine = False
+    if not mine:
+        with tempfile.TemporaryDirectory(prefix="calm-panel-") as tmp:
+            yield Path(tmp)
+        return
+    with open(base / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another panel (a test beside it) waits for this one
+        try:
+            shutil.rmtree(base / PROJECT, ignore_errors=True)
+            yield base
+        finally:
+            shutil.rmtree(base / PROJECT, ignore_errors=True)
 
 
 @contextmanager

@@ -69,8 +69,9 @@ from calmd.suggest.filters import (
     sendable,
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
-from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.ghost import GhostRule, HeadLogprobs, packaged_rule
 from calmd.suggest.kinds import wrong_kind
+from calmd.suggest.next_words import NextWords
 from calmd.suggest.ranking import (
     POOL_RECENT,
     HistoryIndex,
@@ -248,6 +249,7 @@ class ModelEngine:
         # No traced step: measured, it saves nothing at beam widths of 5-8 (18.1 vs 18.4 ms for
         # five candidates) and costs 60 MB of resident memory (performance.md).
         self.generator = Generator(self.loaded, trace=False)
+        self.next_words = NextWords(self.generator)  # the model's word for a drawn head (ghost.py)
         self.weights = weights or RankWeights()
         self.parts = parts
         self.history: HistoryStore | None = None
@@ -298,6 +300,7 @@ class ModelEngine:
                 pass
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
+        self.next_words.forget(session)
         self.searches, self.reused = counts
 
     def describe(self) -> dict[str, Any]:
@@ -390,6 +393,7 @@ class ModelEngine:
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
         line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
+        heads_start: Any = None  # the model's state after the input, for its word on a drawn head
         if self.parts == "history":  # the ablation without the model: P_hist's order, nothing else
             p_end = 0.0
             complete = self._is_complete(typed, input_run_before, p_end)
@@ -404,6 +408,7 @@ class ModelEngine:
             # once: building the sequence costs 0.3 ms
             start, model_typed = self.generator.prepare(ctx, session)
             p_end = self.generator.end_probability(ctx, session=session, start=start)
+            heads_start = start if model_typed == typed else None  # (truncated: not the line's words)
             # the model alone decides from the model whether the input is complete
             complete = self._is_complete(typed, input_run_before and self.parts != "model", p_end)
             judge = self._judge(typed, ctx, side, complete, missing)
@@ -472,7 +477,12 @@ class ModelEngine:
         drawable = [s for s in answer if not elsewhere(s.text)]
         runs = index.count if index is not None else {}
         choices = [(s.text, s.confidence, s.score, runs.get(s.text, 0) > 0) for s in drawable]
-        got = rule.draw(typed, choices, incumbent, history_size)
+        head_logprobs: HeadLogprobs | None = None  # the model's log P of each line's heads (ghost.py)
+        if heads_start is not None:
+            every = rule.at(history_size).by_word  # (by_word: the next word of every line)
+            drawn_lines = [c[0] for c in choices]
+            head_logprobs = self.next_words.answer(session, ctx, heads_start, drawn_lines, every=every)
+        got = rule.draw(typed, choices, incumbent, history_size, head_logprobs)
         if got is not None:
             ghost_line = drawable[got[0]].text
             at = next(i for i, s in enumerate(answer) if s.text == ghost_line)

@@ -62,8 +62,9 @@ from calmd.errors import CalmError
 from calmd.formats.ctds import CtdsReader, pad_sequences
 from calmd.formats.cwgt import Metadata
 from calmd.formats.tokenizer import Special
-from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
-from calmd.model.mamba import SIZES, CalmModel, flatten, supervised_nll
+from calmd.model.checkpoint import GenerationDefaults, flatten, load_model, save_model
+from calmd.model.loss import supervised_nll
+from calmd.model.mamba import SIZES, CalmModel
 from calmd.training import optim
 from calmd.training.plot import check_available, write_loss_plot
 

@@ -19,15 +19,9 @@ from calmd.errors import FormatError
 from calmd.history import query
 from calmd.history.store import HistoryStore
 from calmd.quality.replay import follow_cd, search_query
-from calmd.suggest.search import (
-    FAILED_PENALTY,
-    SEARCH_FEATURES,
-    Context,
-    SearchIndex,
-    SearchRanker,
-    packaged_search_ranker,
-    parse_query,
-)
+from calmd.suggest.search import FAILED_PENALTY, Context, SearchIndex
+from calmd.suggest.search_match import parse_query
+from calmd.suggest.search_ranker import SEARCH_FEATURES, SearchRanker, packaged_search_ranker
 
 
 def index_of(*rows: str | tuple[str, dict[str, object]]) -> SearchIndex:

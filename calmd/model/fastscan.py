@@ -10,7 +10,7 @@ hashes the sources, the flags, the compiler and the CPU's feature flags (it is b
 temporary file and renames it, so concurrent first uses never load half a library.
 
 `library()` returns None when the kernel cannot be had (no g++, a failed build,
-CALM_NO_CPP_SCAN=1); callers then use the PyTorch fast path in calmd/model/mamba.py. The reason is
+CALM_NO_CPP_SCAN=1); callers then use the PyTorch fast path in calmd/model/scan.py. The reason is
 kept in `unavailable_reason()` and logged once.
 """
 
@@ -160,7 +160,7 @@ def supports(u: Tensor) -> bool:
 
 
 class CppScanFn(torch.autograd.Function):
-    """Same contract as model.SelectiveScanFn: (u, delta, A, B, C, D, h0) -> (y, last state),
+    """Same contract as scan.SelectiveScanFn: (u, delta, A, B, C, D, h0) -> (y, last state),
     with B and C as (batch, N, L). Saves only the inputs; the backward recomputes the states."""
 
     @staticmethod

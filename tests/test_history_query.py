@@ -1,4 +1,4 @@
-"""`calm history` and `calm stats` (calmd/history/query.py, calmd/shell/history_view.py): the store
+"""`calm history` and `calm stats` (calmd/history/query/, calmd/shell/history_view.py): the store
 read-only, its filters, the tables, run from the command line as a user would."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ known, as for imported history). Each result carries its latest run in that scop
 with which status.
 
 The index follows the store like the suggestions' index does (rows with a larger id), through a
-read-only connection of its own (calmd/history/query.py), holding at most SEARCH_LIMIT commands
+read-only connection of its own (calmd/history/query/), holding at most SEARCH_LIMIT commands
 (the newest). Rows deleted from the store (`calm forget`, a re-scan) rebuild it; a command the
 search itself deletes (`forget` op) is dropped in place and the transitions rebuilt from what
 remains.
@@ -179,7 +179,7 @@ class SearchIndex:
 
     def sync(self, db: sqlite3.Connection) -> int:
         """Read the rows the store gained since the last sync (a read-only connection,
-        calmd/history/query.py); returns how many. The first sync reads the newest SEARCH_LIMIT.
+        calmd/history/query/); returns how many. The first sync reads the newest SEARCH_LIMIT.
         Rows deleted meanwhile (the generation moved) start it over; so does growing past
         SEARCH_LIMIT by a quarter (the oldest are then left out), and more than SEARCH_LIMIT new
         rows (an import: it reads the newest then). It reads up to the newest row there is when it

@@ -243,7 +243,7 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
 
     from calmd.cli.systemd import install_units, user_manager_problem
 
-    target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
+    target = Path(args.dir).expanduser() if args.dir else paths.systemd_units_dir()
     if target.exists() and not target.is_dir():
         raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())

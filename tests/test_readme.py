@@ -109,7 +109,7 @@ def test_the_readme_tools_run_as_written(tmp_path: Path) -> None:
         if serve.stdout is not None:
             serve.stdout.close()
     assert (tmp_path / "my.cwgt").is_file() and (tmp_path / "loss.png").is_file()
-    assert not (tmp_path / "data" / "shell.cwgt").exists()  # `calm init` never wrote the served weights
+    assert not (tmp_path / "data" / paths.WEIGHTS).exists()  # `calm init` never wrote the served weights
 
 
 # --------------------------------------------------------------------------- figures
@@ -120,7 +120,7 @@ def test_the_readmes_figures_are_the_files(tmp_path: Path) -> None:
     (issue 30: a "27-feature" ranker had 29, "a few kB" were 25.9 kB): each size to the precision
     the README writes it in."""
     readme = " ".join((REPO / "README.md").read_text().split())
-    data = REPO / "calmd" / "data"
+    data = paths.PACKAGE_DATA
 
     def stated(pattern: str) -> str:
         found = re.search(pattern, readme)
@@ -131,18 +131,21 @@ def test_the_readmes_figures_are_the_files(tmp_path: Path) -> None:
         decimals = len(figure.partition(".")[2])
         assert float(figure) == round(size, decimals), (figure, size)
 
-    ranker = json.loads((data / "ranker.json").read_text())
-    search = json.loads((data / "search_ranker.json").read_text())
-    same_size(stated(r"`calmd/data/ranker\.json`, ([\d.]+) kB"), (data / "ranker.json").stat().st_size / 1000)
+    ranker = json.loads((data / paths.PACKAGED_RANKER).read_text())
+    search = json.loads((data / paths.PACKAGED_SEARCH_RANKER).read_text())
+    same_size(
+        stated(r"`calmd/data/ranker\.json`, ([\d.]+) kB"),
+        (data / paths.PACKAGED_RANKER).stat().st_size / 1000,
+    )
     assert int(stated(r"the weights of a (\d+)-feature scorer")) == len(ranker["features"])
     same_size(
         stated(r"`calmd/data/search_ranker\.json`, ([\d.]+) kB"),
-        (data / "search_ranker.json").stat().st_size / 1000,
+        (data / paths.PACKAGED_SEARCH_RANKER).stat().st_size / 1000,
     )
     assert int(stated(r"search_ranker\.json`, [\d.]+ kB, (\d+) features")) == len(search["features"])
     same_size(
         stated(r"`calmd/data/default\.cwgt`, nano, about ([\d.]+) MB"),
-        (data / "default.cwgt").stat().st_size / 1e6,
+        (data / paths.PACKAGED_MODEL).stat().st_size / 1e6,
     )
     model_card = (data / "DEFAULT_MODEL.md").read_text()
     steps = stated(r"one epoch of its corpus, (\d+) steps")
@@ -302,7 +305,7 @@ def test_turn_it_off_as_the_readme_says(tmp_path: Path) -> None:
         term.type(lines[1])
         term.send("Enter")
         term.wait_for("suggestions disabled in every shell")
-        assert (tmp_path / "data" / "shell-disabled").is_file()
+        assert (tmp_path / "data" / paths.DISABLED_FLAG).is_file()
         term.type(lines[2])
         term.send("Enter")
         assert daemon.proc.wait(timeout=30) == 0

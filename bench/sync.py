@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ def step(data: Path) -> None:
     from calmd.history.store import HistoryStore
     from calmd.history.sync import Sync
 
-    sync = Sync(HistoryStore(data / "history.sqlite3"), data)
+    sync = Sync(HistoryStore(data / paths.HISTORY), data)
     sync.host_id()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
@@ -81,7 +82,7 @@ def daemon_import(data: Path, records: int) -> dict[str, float]:
     run = data.parent / "run-three"
     run.mkdir(mode=0o700)
     env = {**os.environ, "HOME": str(data.parent), "CALM_HOME": str(data), "XDG_RUNTIME_DIR": str(run),
-           "CALMD_SOCKET": str(run / "calm" / "calmd.sock"), "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET), "PYTHONPATH": str(ROOT)}  # fmt: skip
     argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--train-threshold", "0", "--no-import"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -144,7 +145,7 @@ def main() -> int:
             write_key(paths.sync_key_path(d), key)
         write_config(paths.sync_config_path(three), SyncConfig(str(folder), "receive"))
         write_key(paths.sync_key_path(three), key)
-        fill(one / "history.sqlite3", args.records)
+        fill(one / paths.HISTORY, args.records)
         figures = {}
         for name, data in (("export", one), ("import", two), ("check", one), ("rehash", one)):
             if name == "rehash":  # new times on every file: the check hashes each
@@ -156,7 +157,7 @@ def main() -> int:
         assert figures["check"]["exported"] == figures["rehash"]["exported"] == 0
         assert figures["check"]["healed"] == figures["rehash"]["healed"] == 0
         size = sum(p.stat().st_size for p in folder.rglob("*.calm"))
-        with sqlite3.connect(two / "history.sqlite3") as db:
+        with sqlite3.connect(two / paths.HISTORY) as db:
             sql = "SELECT COUNT(*), COUNT(DISTINCT origin_id) FROM commands WHERE host != ''"
             arrived = db.execute(sql).fetchone()
         assert arrived == (args.records, args.records), arrived
@@ -164,8 +165,10 @@ def main() -> int:
         print(f"{args.records:,} records: {size / 2**20:.1f} MiB sealed in {segments} segments")
         for name in ("export", "import"):
             f = figures[name]
-            print(f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
-                  f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)")
+            print(
+                f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
+                f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)"
+            )
         total = figures["export"]["seconds"] + figures["import"]["seconds"]
         print(f"sync + import: {total:.2f} s, {args.records / total:,.0f} records/s")
         for name, what in (("check", "stat"), ("rehash", "hash")):

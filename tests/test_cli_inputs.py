@@ -241,14 +241,16 @@ def test_install_systemd_says_what_to_do_without_a_user_bus(tmp_path: Path) -> N
     assert out.returncode == 1 and "enable with" not in out.stdout  # no success reported
     (line,) = out.stderr.splitlines()
     assert f"no systemd user manager answers at {run / 'bus'}" in line and "calmd serve" in line
-    assert (units / "calmd.service").is_file()  # written all the same, for when there is one
+    assert (units / paths.SYSTEMD_SERVICE_UNIT).is_file()  # written all the same, for when there is one
     bus = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a user manager's bus appears
     bus.bind(str(run / "bus"))
     try:
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     finally:
         bus.close()
-    assert out.returncode == 0 and "systemctl --user enable --now calmd.socket" in out.stdout, out.stderr
+    assert (
+        out.returncode == 0 and f"systemctl --user enable --now {paths.SYSTEMD_SOCKET_UNIT}" in out.stdout
+    ), out.stderr
     no_systemd = subprocess.run(argv, env={**env, "PATH": f"{BIN}:/nonexistent"}, capture_output=True,
                                 text=True, timeout=60)  # fmt: skip
     assert no_systemd.returncode == 1 and "systemctl is not installed" in no_systemd.stderr
@@ -367,13 +369,13 @@ def test_deeply_nested_json_in_the_users_files_is_one_line(
     calm_paths.prev_ranker_path(ranker).write_text(_nested())
     assert calm_main(["rollback", "--weights", str(weights)]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "ranker.prev.json" in line and "nested" in line and "unexpected" not in line
+    assert calm_paths.PREV_RANKER in line and "nested" in line and "unexpected" not in line
     ranker.write_text(_nested())
     with pytest.raises(Exception, match="nested") as refused:
         read_user_ranker(ranker)
     assert not isinstance(refused.value, RecursionError)
     assert serving_ranker(ranker)[1] is not None  # the daemon: the packaged ranker serves, and says why
-    (home / "training.json").write_text(_nested())
+    (home / paths.TRAINING_STATUS).write_text(_nested())
     assert read_status(home) == {}  # `calmd status`: no run known
 
 

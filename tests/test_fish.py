@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history.fish import import_first_start, import_fish_history, is_fish_history, parse_fish_history
@@ -260,7 +261,7 @@ def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_p
     env = daemon_env(
         tmp_path, XDG_DATA_HOME=str(data), PYTHONPATH=str(Path(__file__).resolve().parent.parent)
     )
-    write_test_weights(tmp_path / "data" / "shell.cwgt")
+    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
     # a shell runs it, as at a prompt (`&` and `wait`: bash stays its parent)
     proc = subprocess.Popen(["bash", "-c", '"$@" & wait', "bash", *SCRIPTED_SERVE], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip

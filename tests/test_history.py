@@ -49,7 +49,7 @@ def test_file_mode_and_wal(store: HistoryStore) -> None:
 
 
 def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     con = sqlite3.connect(path)  # as calmd with schema 1 left it: a prev_cmd column nothing reads
     con.executescript(
         "CREATE TABLE commands (id INTEGER PRIMARY KEY, ts REAL NOT NULL, session TEXT NOT NULL DEFAULT '',"
@@ -74,7 +74,7 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
 
 
 def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     con = sqlite3.connect(path)  # as calmd with schema 2 left it: no comp, no env
     con.executescript(
         "CREATE TABLE commands (id INTEGER PRIMARY KEY, ts REAL NOT NULL, session TEXT NOT NULL DEFAULT '',"
@@ -102,7 +102,7 @@ def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None
 
 
 def test_a_version_3_history_gains_duration_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0)
     store.close()
@@ -130,7 +130,7 @@ def test_an_older_store_with_impossible_times_is_read_then_migrated_and_repaired
     through the one chain to schema 5 and gives those rows the time of the row before them."""
     from calmd.cli import calm_main
 
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0, ts=1000.0, duration=1.5)
     store.close()
@@ -366,14 +366,14 @@ def test_commands_starting_with_a_space_or_calm_forget_are_not_recorded(store: H
 
 
 def test_forget_deletes_for_good(tmp_path: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     for i in range(200):  # enough rows that the secret's page is not the only one
         store.record(f"echo filler number {i} with some padding text", session="a")
     store.record("deploy --target prod-XYZZY", session="a")
     store.record("deploy --target prod-XYZZY", session="b")
     store.record("make after", session="a")
     store.record("make other", session="c")
-    derived = tmp_path / "training" / "train.ctds"
+    derived = tmp_path / paths.TRAINING_SUBDIR / paths.TRAINING_SET
     derived.parent.mkdir()
     derived.write_bytes(b"built from the old rows")
     assert b"XYZZY" in raw_files(store)
@@ -394,7 +394,7 @@ def test_forget_deletes_for_good(tmp_path: Path) -> None:
 
 
 def test_a_store_scanned_by_an_older_detector_is_rescanned(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("git status", session="s")
     store.close()
@@ -408,13 +408,13 @@ def test_a_store_scanned_by_an_older_detector_is_rescanned(tmp_path: Path) -> No
     con.commit()
     con.close()
     (tmp_path / "training").mkdir()
-    (tmp_path / "training" / "heldout.ctds").write_bytes(b"old")
+    (tmp_path / paths.TRAINING_SUBDIR / paths.HELDOUT_SET).write_bytes(b"old")
     store = HistoryStore(path)
     assert store.rescanned == 1
     assert [r.cmd for r in store.all_rows()] == ["git status", "ls"]
     assert store.counter("dropped_secrets") == 1 and store.generation() == 1
     assert b"Sm8Pw0rdQ" not in raw_files(store)
-    assert not (tmp_path / "training" / "heldout.ctds").exists()
+    assert not (tmp_path / paths.TRAINING_SUBDIR / paths.HELDOUT_SET).exists()
     store.close()
     assert HistoryStore(path).rescanned == 0  # scanned by this version already
 
@@ -497,8 +497,8 @@ def test_calm_forget_with_a_running_daemon(tmp_path: Path) -> None:
         assert not any("XYZZY" in cand for cand in candidates(c, "deploy", session="s"))
         assert candidates(c, "", session="s")[0] == "after deploy --dry-run"
         assert c.status()["status"]["history"]["commands"] == 2
-        db = tmp_path / "data" / "history.sqlite3"
-        assert b"XYZZY" not in b"".join(p.read_bytes() for p in db.parent.glob("history.sqlite3*"))
+        db = tmp_path / "data" / paths.HISTORY
+        assert b"XYZZY" not in b"".join(p.read_bytes() for p in db.parent.glob(paths.HISTORY + "*"))
 
         regex = calm(tmp_path, "forget", "--regex", "^git st")
         assert regex.returncode == 0 and "forgot 1 command " in regex.stdout
@@ -517,17 +517,27 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
     data, cache = tmp_path / "data", tmp_path / "cache"
     (tmp_path / ".zsh_history").write_text(": 1700000000:0;make XYZZY-ALL\n")
     env = {"CALM_CACHE": str(cache)}
-    learned = "shell.prev.cwgt ranker.json ranker.prev.json train.ctds training.json training.log"
-    learned += " shell-helper.log training/train.ctds training/heldout.ctds"
-    kept = ["calm.zsh", "calm.fish", "shell-disabled"]
+    work = paths.TRAINING_SUBDIR
+    learned = [
+        paths.PREV_WEIGHTS,
+        paths.RANKER,
+        paths.PREV_RANKER,
+        paths.DATASET,
+        paths.TRAINING_STATUS,
+        paths.TRAINING_LOG,
+        paths.HELPER_LOG,
+        f"{work}/{paths.TRAINING_SET}",
+        f"{work}/{paths.HELDOUT_SET}",
+    ]
+    kept = [paths.HOOK_FILE.format(shell="zsh"), paths.HOOK_FILE.format(shell="fish"), paths.DISABLED_FLAG]
     data.mkdir()
-    shutil.copy(paths.packaged_weights(), data / "shell.cwgt")  # "your" model: a real one, to load
+    shutil.copy(paths.packaged_weights(), data / paths.WEIGHTS)  # "your" model: a real one, to load
     with running_daemon(tmp_path, engine="model", env=env, weights=False) as d, CalmClient(d.socket) as c:
         assert wait_imported(c)["history"]["commands"] == 1
-        assert c.status()["status"]["model"]["path"] == str(data / "shell.cwgt")
+        assert c.status()["status"]["model"]["path"] == str(data / paths.WEIGHTS)
         for cmd in ("git status", "deploy --tag XYZZY-ALL", "ls"):
             assert c.record(cmd, session="s")["stored"]
-        for name in learned.split() + kept:
+        for name in learned + kept:
             (data / name).parent.mkdir(parents=True, exist_ok=True)
             (data / name).write_text(f"XYZZY-ALL {name}\n")
         (cache / "kernels").mkdir(parents=True)
@@ -541,22 +551,22 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
         asked = forget()  # no terminal to ask on
         assert asked.returncode == 1 and "--yes" in asked.stderr and "Traceback" not in asked.stderr
         dry = forget("--dry-run")
-        assert dry.returncode == 0 and "4 stored commands" in dry.stdout and "shell.cwgt" in dry.stdout
+        assert dry.returncode == 0 and "4 stored commands" in dry.stdout and paths.WEIGHTS in dry.stdout
         with TrainingLock(data) as lock:
             assert lock.acquire()
             held = forget("--yes")
             assert held.returncode == 1 and "training run" in held.stderr
-        assert c.status()["status"]["history"]["commands"] == 4 and (data / "shell.cwgt").exists()
+        assert c.status()["status"]["history"]["commands"] == 4 and (data / paths.WEIGHTS).exists()
 
         done = forget("--yes")
         assert done.returncode == 0, done.stderr
         assert "forgot 4 commands" in done.stdout and "packaged model" in done.stdout
         status = c.status()["status"]
         assert status["history"]["commands"] == 0 and status["model"]["path"] == str(paths.packaged_weights())
-        assert not (data / "shell.cwgt").exists() and not cache.exists()
-        assert [name for name in learned.split() if (data / name).exists()] == []
+        assert not (data / paths.WEIGHTS).exists() and not cache.exists()
+        assert [name for name in learned if (data / name).exists()] == []
         assert [name for name in kept if (data / name).exists()] == kept
-        raw = b"".join(p.read_bytes() for p in data.glob("history.sqlite3*"))
+        raw = b"".join(p.read_bytes() for p in data.glob(paths.HISTORY + "*"))
         assert b"XYZZY" not in raw and b"git status" not in raw
         assert "XYZZY" not in "".join(candidates(c, "", session="s") + candidates(c, "deploy", session="s"))
     with running_daemon(tmp_path, env=env) as d, CalmClient(d.socket) as c:  # nothing imported again
@@ -567,7 +577,7 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
 def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
     from tests.tmux import Terminal
 
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     store.record("git status", session="s")
     store.close()
     env = daemon_env(tmp_path, CALM_CACHE=str(tmp_path / "cache"))
@@ -584,7 +594,7 @@ def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
         term.type("y")
         term.send("Enter")
         term.wait_for(r"forgot 1 command[\s\S]*status=0", timeout=30)
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     assert store.count() == 0
     store.close()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.history.store import IMPORT_BATCH, HistoryStore, NotAHistory, parse_history
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
@@ -248,13 +249,13 @@ def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -
         daemon.proc.kill()
         daemon.proc.wait()
         assert status["history"]["import"]["running"]
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     stored_before = store.count()
     store.close()
     assert 0 < stored_before < n
     with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
         assert wait_imported(c, timeout=120)["history"]["commands"] == n
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     assert [r.cmd for r in store.all_rows()] == [f"echo line-{i}" for i in range(n)]
     store.close()
 

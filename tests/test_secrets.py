@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
 from calmd.history.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
@@ -186,7 +187,7 @@ def test_a_daemon_stores_none_of_the_credentials(tmp_path: Path) -> None:
         history = c.status()["status"]["history"]
         assert history["dropped_secrets"] == len(CREDENTIALS)
         assert history["commands"] == len(CREDENTIALS)  # one look-alike after each credential
-        db = tmp_path / "data" / "history.sqlite3"
+        db = tmp_path / "data" / paths.HISTORY
         raw = db.read_bytes() + Path(f"{db}-wal").read_bytes()
         dataset = tmp_path / "train.ctds"
         argv = [

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import pytest
 
+from calmd import paths
 from calmd.history.secrets import find_secret, forget_command
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
@@ -133,7 +134,7 @@ def test_a_daemon_stores_no_forget_command_and_an_old_store_loses_them(tmp_path:
             reply = c.record(cmd, exit=0, session="s")
             assert (reply["stored"], reply["reason"]) == (False, "forget-command"), cmd
         assert c.record("ls", exit=0, session="s")["stored"]
-    path = tmp_path / "data" / "history.sqlite3"
+    path = tmp_path / "data" / paths.HISTORY
     db = sqlite3.connect(path)  # a store an older calmd wrote: it kept some forms
     db.execute("INSERT INTO commands (ts, cmd) VALUES (1, 'sudo calm forget hunter2')")
     db.execute("UPDATE meta SET value = '2' WHERE key = 'detector_version'")

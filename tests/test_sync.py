@@ -59,7 +59,7 @@ class Machine:
 def machine(tmp: Path, name: str, folder: Path, key: bytes, mode: str = "both") -> Machine:
     data = tmp / name
     data.mkdir()
-    store = HistoryStore(data / "history.sqlite3")
+    store = HistoryStore(data / paths.HISTORY)
     write_config(paths.sync_config_path(data), SyncConfig(str(folder), mode))
     write_key(paths.sync_key_path(data), key)
     sync = Sync(store, data)
@@ -679,7 +679,7 @@ def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
     monkeypatch.setenv("CALM_CACHE", str(desktop.data.parent / "cache"))
     assert calm_main(["forget", "--all", "--dry-run"]) == 0
     said = capsys.readouterr().out
-    assert "2 stored commands" in said and "sync.key" in said and "this machine's share" in said
+    assert "2 stored commands" in said and paths.SYNC_KEY in said and "this machine's share" in said
     assert "1 forget made here not sent to your other machines yet" in said
 
     with _sync_lock(desktop.data) as held:  # a sync in progress (calmd's)
@@ -703,21 +703,21 @@ def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
 
 
 def test_a_bad_config_or_missing_key_is_one_clear_line(tmp_path: Path) -> None:
-    config = tmp_path / "sync.json"
+    config = tmp_path / paths.SYNC_CONFIG
     config.write_text('{"format": "calm-sync-config", "folder": "relative/path"}')
     with pytest.raises(SyncError, match=r"sync\.json: field 'folder' must be an absolute path"):
         read_config(config)
     config.write_text("{")
     with pytest.raises(SyncError, match="cannot read the sync config"):
         read_config(config)
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     write_config(config, SyncConfig(str(tmp_path)))
     with pytest.raises(SyncError, match="no sync key on this machine"):
         Sync(store, tmp_path).run()
 
 
 def test_a_version_4_history_gains_the_sync_columns(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0)
     store.close()
@@ -748,7 +748,7 @@ def test_the_views_read_an_older_history_as_it_is(
     from calmd.cli import calm_main
     from calmd.history import query
 
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", cwd="/src", session="a", exit=0, ts=1000.0, duration=1.5)
     store.close()

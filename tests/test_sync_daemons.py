@@ -271,7 +271,11 @@ def test_forget_all_takes_this_machine_out_of_sync_and_nothing_comes_back(tmp_pa
 
         dry = forget_all("--dry-run")
         assert dry.returncode == 0, dry.stderr
-        assert "sync.json" in dry.stdout and "sync.key" in dry.stdout and "this machine's share" in dry.stdout
+        assert (
+            paths.SYNC_CONFIG in dry.stdout
+            and paths.SYNC_KEY in dry.stdout
+            and "this machine's share" in dry.stdout
+        )
         done = forget_all("--yes")
         assert done.returncode == 0, done.stderr
         assert "forgot 2 commands" in done.stdout and "sync is off on this machine" in done.stdout

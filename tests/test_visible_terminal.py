@@ -77,7 +77,7 @@ class View:
 
 @pytest.fixture
 def store(home: Path) -> Path:
-    return write_rows(home / "data" / "history.sqlite3", hostile_rows(NOW))
+    return write_rows(home / "data" / paths.HISTORY, hostile_rows(NOW))
 
 
 def test_the_checks_see_the_forms_when_they_reach_the_terminal(home: Path) -> None:
@@ -194,7 +194,7 @@ def synced(home: Path) -> Path:
     """A history with a record of the machine HOSTILE_HOST, sync set up on a folder whose name
     holds an OSC 0, that host seen and one of its files refused."""
     data = home / "data"
-    db = write_rows(data / "history.sqlite3", [
+    db = write_rows(data / paths.HISTORY, [
         {"cmd": "make deploy", "cwd": "/src", "exit": 0, "ts": NOW, "host": HOSTILE_HOST, "origin": SYNC_ID,
          "origin_id": 1},
         {"cmd": "htop", "cwd": "/srv", "exit": 0, "ts": NOW + 1},

@@ -63,7 +63,7 @@ def dataset_from_history(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else paths.dataset_path()
     if output.is_dir():
         raise CalmError(
-            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / paths.DATASET}"
         )
     store = HistoryStore(db)
     try:
@@ -88,7 +88,7 @@ def dataset_from_text(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else paths.dataset_path()
     if output.is_dir():
         raise CalmError(
-            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / paths.DATASET}"
         )
     template = parse_template(args.template or DEFAULT_SHELL_TEMPLATE_SPEC)
     parser = SourceParser(template, name=str(source))

@@ -113,18 +113,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """tokenize, detokenize, inspect"""
     p = sub.add_parser("tokenize", help="print the token ids of TEXT")
-    p.add_argument("text", metavar="TEXT")
+    p.add_argument("text", metavar="TEXT", help="the text to encode (UTF-8)")
     p.add_argument("--frame", metavar="NAME", help="wrap as a frame: NAME ids... END (e.g. CWD)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser("detokenize", help="print the bytes of token ids (specials skipped)")
-    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("ids", nargs="+", metavar="ID", help="token ids, 0 to 319")
     p.add_argument("--view", action="store_true", help="show the coloured token view instead")
     p.set_defaults(func=cmd_detokenize)
 
     p = sub.add_parser("inspect", help="show a CWGT weight file's header, metadata and sizes")
-    p.add_argument("file", metavar="FILE.cwgt")
+    p.add_argument("file", metavar="FILE.cwgt", help="a weight file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true", help="also read every weight and check it is finite")
     p.set_defaults(func=cmd_inspect)

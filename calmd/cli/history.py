@@ -262,8 +262,10 @@ def _reload_daemon() -> None:
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """import, search, history, stats, forget"""
     p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="history files: ~/.bash_history, ~/.zsh_history, fish's fish_history")  # fmt: skip
+    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto",
+                   help="the file's format (default auto: told from its first lines and name)")  # fmt: skip
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.add_argument("--max-mib", type=number(0, 1 << 20, above=True), default=16, metavar="MIB",
                    help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip

@@ -83,7 +83,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--warmup", type=whole(0, 10**6), default=50, help="commands replayed before sampling starts"
     )
-    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    p.add_argument(
+        "--seed", type=whole(0, 2**32 - 1), default=0, help="the positions' sampling seed (default 0)"
+    )
     p.add_argument("--first", type=whole(0, 10**6), default=0, metavar="N",
                    help="a new user's experience: only each user's first N commands, from an empty history "
                    "(no warm-up; the positions are sampled among them)")  # fmt: skip
@@ -128,5 +130,5 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="replay history searches instead (Ctrl-R: the first word or a fragment of a "
                    "command run before) and rank the right line: calmd, recency, frequency")  # fmt: skip
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true", help="no line per user while it runs")
     p.set_defaults(func=cmd_replay)

@@ -19,16 +19,30 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 
 def add_calm_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """enable, disable (calm)"""
-    p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
+    p = sub.add_parser(
+        "enable", help="turn shell suggestions back on in every shell",
+        description="Turn suggestions back on after `calm disable`, in every shell with the hook, from "
+        "its next prompt (removes the flag file in the data dir). Recording is not affected.",
+    )  # fmt: skip
     p.set_defaults(func=shell_helper.cmd_enable)
-    p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
+    p = sub.add_parser(
+        "disable", help="turn shell suggestions off in every shell",
+        description="Turn suggestions off in every shell with the hook, from its next prompt, until "
+        "`calm enable` (a flag file in the data dir). The shells still record what you run (CALM_RECORD=0 "
+        "stops that in one shell) and the daemon keeps running (`calmd stop`).",
+    )  # fmt: skip
     p.set_defaults(func=shell_helper.cmd_disable)
 
 
 def add_calmd_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """init, shell-helper (calmd)"""
-    p = sub.add_parser("init", help="print the shell hook (for ~/.zshrc, ~/.bashrc, fish's config.fish)")
-    p.add_argument("shell", choices=shell_helper.SHELLS)
+    p = sub.add_parser(
+        "init", help="print the shell hook (for ~/.zshrc, ~/.bashrc, fish's config.fish)",
+        description="Print the hook for SHELL and keep it in the data dir (calm.zsh, calm.bash, "
+        "calm.fish), where the setup line of README.md sources it without starting Python. In the rc "
+        'file: eval "$(calmd init zsh)", eval "$(calmd init bash)", or calmd init fish | source.',
+    )  # fmt: skip
+    p.add_argument("shell", choices=shell_helper.SHELLS, metavar="SHELL", help="zsh, bash or fish")
     p.set_defaults(func=shell_helper.cmd_init)
     p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
     p.add_argument("--session", default="", help="session id (default: from the parent pid)")

@@ -113,7 +113,7 @@ def script_path(shell: str) -> Path:
     """client/calm.<shell> beside the package (a source or editable install), else inside it."""
     here = paths.PACKAGE_DATA.parent
     for folder in (here.parent / "client", paths.PACKAGE_DATA / "client"):
-        candidate = folder / f"calm.{shell}"
+        candidate = folder / paths.HOOK_FILE.format(shell=shell)
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
@@ -614,7 +614,7 @@ def _setup_log() -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size > LOG_MAX_BYTES:
-            path.replace(path.with_suffix(".log.old"))
+            path.replace(path.with_name(paths.HELPER_LOG + ".old"))
         handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         handler = logging.NullHandler()

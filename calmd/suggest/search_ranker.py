@@ -86,7 +86,7 @@ class SearchRanker:
 
 
 def packaged_search_ranker_path() -> Path:
-    return paths.PACKAGE_DATA / "search_ranker.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_SEARCH_RANKER
 
 
 @functools.cache

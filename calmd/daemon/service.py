@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from calmd.daemon.comp_state import SessionComp
+from calmd.daemon.gate import KeystrokeGate
 from calmd.daemon.scheduler import FairScheduler, Job
 from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
@@ -129,6 +130,7 @@ class Service:
         self.comp = SessionComp(self.disk)
         self.first_ms = LatencyStats()
         self.done_ms = LatencyStats()
+        self.gate = KeystrokeGate()  # the keystrokes in flight: background threads step aside
         self.withheld = 0  # candidates the last gate held back (control characters)
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
         self._recent_generation = 0  # the history's generation the cache was filled at
@@ -346,6 +348,13 @@ class Service:
             self.scheduler.cancel(pending)
 
     async def complete(self, request: CompleteRequest, conn: Connection) -> None:
+        self.gate.begin()
+        try:
+            await self._complete(request, conn)
+        finally:
+            self.gate.end()
+
+    async def _complete(self, request: CompleteRequest, conn: Connection) -> None:
         start = time.perf_counter()
         engine = self.engine
         if engine is None:  # the server loads a model before it accepts: a bug, answered `internal`

@@ -70,6 +70,7 @@ from calmd.suggest.filters import (
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
 from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.index_catch_up import keystroke_sync
 from calmd.suggest.kinds import wrong_kind
 from calmd.suggest.ranking import (
     POOL_RECENT,
@@ -86,9 +87,6 @@ from calmd.suggest.ranking import (
 # below every line that belongs here, and never drawn (confidence 0)
 ELSEWHERE_PENALTY = 25.0
 DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
-# Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
-# 50,000 commands a second is caught up with over the next keystrokes, never waited for.
-KEYSTROKE_SYNC_ROWS = 5_000
 # Junk lines (calmd/suggest/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
@@ -785,7 +783,9 @@ class ModelEngine:
         store, index = self.history, self.index
         if store is None or index is None:
             return HistorySide({}, set(), set())
-        index.sync(store, budget=KEYSTROKE_SYNC_ROWS)  # what any shell recorded since the last keystroke
+        # what any shell recorded since the last keystroke; what an import or a sync added is read
+        # between keystrokes (calmd/suggest/index_catch_up.py)
+        keystroke_sync(index, store)
         if self.parts == "model":
             return HistorySide({}, set(), set())  # the ablation without the history's proposals
         context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]

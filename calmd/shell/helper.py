@@ -5,36 +5,7 @@ starts one helper (`calmd shell-helper`) when the hook loads, talks to it over t
 line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
 whenever the daemon comes back. The helper is silent: its errors go to a log file.
 
-Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
-separated by tabs). The hooks start the helper with `--format 2`:
-
-    shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
-                      r <exit> <cwd> <git> <ts> <cmd> [<secs>]   record an executed command (and
-                                                                 how long it ran; ts empty: then)
-                      e <virtualenv> <conda env>                 the environment changed
-    helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
-
-`e` comes from the prompt hook when $VIRTUAL_ENV or $CONDA_DEFAULT_ENV changed (and once after the
-helper starts), never per keystroke; the helper sends its short form (`venv:proj`,
-calmd.suggest.frames.short_env) as `env` with every `complete` and with the records read after
-it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
-daemon connection with the first `complete` (`path`), for COMP's commands.
-
-`min` is the shell's CALM_MIN_CONFIDENCE (empty: the daemon's fitted ghost rule,
-calmd/suggest/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
-candidate: 1 for the one the daemon says to draw (`ghost`), so that it is shown unasked; 0 when
-only cycling should reach it (an older daemon sends no `ghost`: then 1 when the confidence reaches
-`min`, else DEFAULT_MIN_CONFIDENCE). A `c` line is answered first, at once, with the daemon's
-`early` answer (the history's best line, asked for with `"early": true`) when the daemon draws it;
-then with the first candidate when it is drawn and differs from what is shown (both final=0);
-then with every candidate (final=1), which may hold none (no daemon, disabled, nothing to
-suggest). Only the newest `c`
-matters: older ones that are still queued are skipped, and the daemon cancels an older request of
-the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
-`c`, and kept (up to 256) while no daemon runs.
-
-Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
-`c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
+The line protocol between the hooks and the helper is calmd/shell/lines.py's.
 """
 
 from __future__ import annotations
@@ -59,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.atomic import atomic_write, read_regular_file
-from calmd.protocol import EXIT_MAX, EXIT_MIN, MAX_CANDIDATES, MAX_PATH_BYTES, TS_MAX
+from calmd.protocol import MAX_PATH_BYTES
+from calmd.shell.lines import Complete, Env, Record, escape, parse_request, unescape  # noqa: F401 (named through here)
 
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
@@ -72,30 +44,6 @@ HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
 
 log = logging.getLogger("calmd.shell.helper")
-
-
-# --------------------------------------------------------------------------- escaping
-
-
-def escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-
-
-def unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(nxt, "\\" + nxt))
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 # --------------------------------------------------------------------------- paths and flags
@@ -196,96 +144,6 @@ def write_hook_file(shell: str, text: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the helper
-
-
-@dataclass
-class Complete:
-    seq: str
-    n: int
-    input: str
-    cwd: str
-    git: str
-    min_confidence: float | None = None  # None: the default threshold
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds from the shell (`1.25`), else None; within what the protocol takes."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value <= 1e9 else None
-
-
-def parse_time(text: str) -> float | None:
-    """The shell's time of a command: seconds since the epoch from 1970 to 2100 (protocol.TS_MAX),
-    else None (the daemon's clock times it: a clock that is wrong costs the time, not the
-    command, which the daemon refused with `bad_field`). ValueError when it is not a number."""
-    value = float(text) if text else None
-    return value if value is not None and 0.0 <= value <= TS_MAX else None
-
-
-def parse_confidence(text: str) -> float | None:
-    """A threshold from the shell: a number in [0, 1], else None (the default)."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value <= 1.0 else None
-
-
-@dataclass
-class Record:
-    cmd: str
-    exit: int | None
-    cwd: str
-    git: str
-    ts: float | None
-    env: str = ""  # the short form of the environment the command was typed in
-    duration: float | None = None  # seconds it ran, when the shell measured it
-
-    def fields(self, session: str) -> dict[str, Any]:
-        """The `record` request's fields besides `cmd`, unset ones left out."""
-        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
-                  "env": self.env, "duration": self.duration}  # fmt: skip
-        return {k: v for k, v in fields.items() if v is not None and v != ""}
-
-
-@dataclass
-class Env:
-    virtual_env: str
-    conda_env: str
-
-    def short(self) -> str:
-        from calmd.suggest.frames import short_env  # not at start-up: the first prompt waits for it
-
-        return short_env(self.virtual_env, self.conda_env)
-
-
-def parse_request(line: str) -> Complete | Record | Env | None:
-    parts = line.split("\t")
-    try:
-        if parts[0] == "e" and len(parts) == 3:
-            return Env(unescape(parts[1]), unescape(parts[2]))
-        if parts[0] == "c" and len(parts) in (6, 7):  # 6: a hook from before --format 2
-            n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
-            threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
-            cwd, git = unescape(parts[3]), unescape(parts[4])
-            return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
-        if parts[0] == "r" and len(parts) in (6, 7):  # 7: with the seconds it ran
-            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() and len(parts[1]) < 12 else None
-            if exit_code is not None and not EXIT_MIN <= exit_code <= EXIT_MAX:
-                exit_code = None  # no status a shell reports: unknown, and the command still recorded
-            duration = parse_duration(parts[6]) if len(parts) == 7 else None
-            ts = parse_time(parts[4])
-            if ts is None and duration is not None:  # the shell had no clock: it started that long ago
-                ts = time.time() - duration
-            cwd, git = unescape(parts[2]), unescape(parts[3])
-            return Record(unescape(parts[5]), exit_code, cwd, git, ts, duration=duration)
-    except ValueError:
-        pass
-    log.warning("ignoring a malformed request: %.200r", line)
-    return None
 
 
 @dataclass

@@ -70,7 +70,7 @@ from calmd.suggest.filters import (
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
 from calmd.suggest.ghost import GhostRule, packaged_rule
-from calmd.suggest.index_catch_up import keystroke_sync
+from calmd.suggest.index_catch_up import keystroke_sync, warm_sync
 from calmd.suggest.kinds import wrong_kind
 from calmd.suggest.ranking import (
     POOL_RECENT,
@@ -278,25 +278,31 @@ class ModelEngine:
         """Where the disk check and the COMP proposals look (the server's, shared across reloads)."""
         self.disk = disk
 
-    def warm_up(self, cwd: str = "") -> None:
+    def warm_up(self, cwd: str = "", cancelled: threading.Event | None = None) -> bool:
         """Pay at load what the first keystroke would pay otherwise (1.3-1.8 s measured before):
         the history index read from the store, the model's first passes (kernels, the fused
         scan's library, allocator), the calibration and the filters. One request on the empty
-        prompt and one after a typed character, in a session of its own that is then forgotten."""
+        prompt and one after a typed character, in a session of its own that is then forgotten.
+        `cancelled`: stop at the model's next step and say so (False): a hot reload's warm-up is a
+        background job of the daemon, which the next keystroke stops (issue 42)."""
         if self.history is not None and self.index is not None:
-            self.index.sync(self.history)
+            warm_sync(self.index, self.history)
         history = []
         if self.history is not None:
             history = [{"cmd": r.cmd, "exit": r.exit} for r in self.history.recent(limit=HISTORY_FRAMES)]
         session = "calmd-warm-up"
         counts = self.searches, self.reused  # the status counts the users' requests only
+        stop = cancelled if cancelled is not None else threading.Event()
         for typed in ("", "g", "gi"):
             ctx = {"input": typed, "history": history, **({"cwd": cwd} if cwd else {})}
-            for _ in self.complete(ctx, 5, session, threading.Event(), lambda *_: None):
+            for _ in self.complete(ctx, 5, session, stop, lambda *_: None):
                 pass
+            if stop.is_set():
+                break
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
         self.searches, self.reused = counts
+        return not stop.is_set()
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header

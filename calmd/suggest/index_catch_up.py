@@ -32,7 +32,7 @@ from collections.abc import Callable
 from calmd.history.store import HistoryRow, HistoryStore
 from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex
 
-KEYSTROKE_ROWS = 256  # new rows a keystroke reads at most (about 1-3 ms); the slices read the rest
+KEYSTROKE_ROWS = 64  # new rows a keystroke reads at most (0.5-3 ms); the slices read the rest
 SLICE_ROWS = 64  # rows between two looks at the clock and at the next keystroke
 ALONE_ROWS = 5_000  # a keystroke's rows when nothing catches up between keystrokes (issue 30's bound)
 # the indexes a daemon catches up between keystrokes (`IndexCatchUp.step` registers them)
@@ -42,23 +42,33 @@ _IN_BACKGROUND: weakref.WeakSet[HistoryIndex] = weakref.WeakSet()
 def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
     """A keystroke's share of the catch-up: the store's newest rows, at most KEYSTROKE_ROWS, in
     order; none when an import added more than the index holds (the index built aside replaces
-    it). Without a catch-up in the background, up to ALONE_ROWS."""
+    it). Caught up, it costs two indexed lookups (the generation, the newest row). Without a
+    catch-up in the background, up to ALONE_ROWS (HistoryIndex.sync, as before)."""
     if index not in _IN_BACKGROUND:
         return index.sync(store, budget=ALONE_ROWS)
-    if (
-        index.last_id
-        and store.generation() == getattr(index, "_generation", None)
-        and store.more_after(index.last_id, INDEX_LIMIT)
-    ):
+    if not index.last_id or store.generation() != getattr(index, "_generation", None):
+        return index.sync(store, budget=KEYSTROKE_ROWS)  # a first read, or rows deleted: it starts over
+    newest = store.newest_after(0)
+    if newest <= index.last_id:
         return 0
-    return index.sync(store, budget=KEYSTROKE_ROWS)
+    if newest - index.last_id > INDEX_LIMIT and store.more_after(index.last_id, INDEX_LIMIT):
+        return 0
+    added = 0
+    for row in store.all_rows(after=index.last_id, until=newest, batch=KEYSTROKE_ROWS):
+        add_row(index, row)
+        added += 1
+        if added == KEYSTROKE_ROWS:
+            break
+    return added
 
 
-def behind(index: HistoryIndex, store: HistoryStore) -> bool:
-    """Whether the store holds rows the index has not read, or deleted some it holds."""
-    if store.generation() != getattr(index, "_generation", None):
-        return True
-    return store.newest_after(0) > index.last_id
+def warm_sync(index: HistoryIndex, store: HistoryStore) -> int:
+    """An engine's warm-up: the whole store's newest rows when nothing catches up in the
+    background (a daemon's start, before `ready`); a keystroke's share when something does (a hot
+    reload, beside the keystrokes)."""
+    if index in _IN_BACKGROUND:
+        return keystroke_sync(index, store)
+    return index.sync(store)
 
 
 def add_row(index: HistoryIndex, row: HistoryRow) -> None:

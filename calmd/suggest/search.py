@@ -50,7 +50,7 @@ from calmd.suggest.search_match import Column, CommandText, Matches, parse_query
 from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker
 
 SEARCH_LIMIT = 500_000  # the newest commands searched (memory: about 60 bytes each, plus the text)
-PAUSED_BATCH = 500  # rows read between two pauses when the daemon's keystrokes go first (2-5 ms)
+PAUSED_BATCH = 100  # rows read between two pauses when the daemon's keystrokes go first (1-5 ms)
 POOL_RECENT = 60
 POOL_FREQUENT = 40
 POOL_FOLDER = 40

@@ -29,6 +29,11 @@ class KeystrokeGate:
     def busy(self) -> bool:
         return not self._quiet.is_set()
 
+    @property
+    def in_flight(self) -> int:
+        """Keystrokes being answered now (read on any thread: one int)."""
+        return self._active
+
     def begin(self) -> None:
         self._active += 1
         self._quiet.clear()

@@ -40,6 +40,7 @@ from watchfiles import awatch  # imported before `ready`: 60 ms that would delay
 from calmd import __version__, paths
 from calmd.daemon.catch_up import CatchUp
 from calmd.daemon.config import ServerConfig
+from calmd.daemon.reload import load_beside
 from calmd.daemon.scheduler import FairScheduler
 from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
@@ -47,7 +48,8 @@ from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
 from calmd.daemon.worker import Worker, WorkerError
 from calmd.errors import CalmError, one_line
-from calmd.history.store import HistoryStore
+from calmd.history.fish import default_path as fish_history_path
+from calmd.history.store import SHELL_HISTORIES, HistoryStore
 from calmd.history.sync import Sync, SyncError, SyncReport
 from calmd.protocol import PROTOCOL_VERSION
 
@@ -83,6 +85,8 @@ class Server:
         self.history: HistoryStore | None = None
         self.should_exit = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
+        # a hot reload reads the new weights here, beside the keystrokes (calmd/daemon/reload.py)
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-load")
         self.scheduler = FairScheduler(self._pool)  # completions reach the pool only through it
         self._reload_lock = asyncio.Lock()
         self.socket_path: str = ""
@@ -251,7 +255,19 @@ class Server:
         # running: not imported as a finished command without a status; the hook records it when
         # it ends, with its status. (Started by systemd or a hook's helper, no entry is.)
         leave_after = process_started() - START_SLACK_S if started_by_a_shell() else None
-        await self.import_worker.run("first_import", home=str(Path.home()), leave_after=leave_after)
+        if await asyncio.to_thread(self._import_due):  # a process is started only for files to read
+            await self.import_worker.run("first_import", home=str(Path.home()), leave_after=leave_after)
+
+    def _import_due(self) -> bool:
+        """Whether the first-start import has a file to read: ~/.bash_history or ~/.zsh_history
+        before the first start's import is done, fish's history while it was never read whole."""
+        store = self.history
+        assert store is not None
+        home = Path.home()
+        if not store.counter("first_start_done") and any((home / n).is_file() for n in SHELL_HISTORIES):
+            return True
+        fish = fish_history_path()
+        return fish.is_file() and not (store.import_position(fish) or "").endswith(":done")
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -281,6 +297,7 @@ class Server:
         self.listener.close_all()
         scheduler.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
         if self.service.search is not None:
             self.service.search.close()
         self.disk.close()
@@ -343,7 +360,11 @@ class Server:
                 # watcher would take a later swap back to it for "nothing changed".
                 for _ in range(RELOAD_ATTEMPTS):
                     before, ranker_before = self._weights_id(), self._ranker_id()
-                    engine = await loop.run_in_executor(self._pool, self._load_warm, path)
+                    if self.engine is None:  # the start: nothing to answer meanwhile
+                        engine = await loop.run_in_executor(self._pool, self._load_warm, path)
+                    else:
+                        engine = await load_beside(path, self.engine_loader, self._loader, self.scheduler,
+                                                   self._attach)  # fmt: skip
                     if self._weights_id() == before and self._ranker_id() == ranker_before:
                         break
                 else:
@@ -469,7 +490,8 @@ class Server:
             "latency_ms": self.service.latency_status(),
             "history": self._history_status(),
             "training": {**self.trainer.status(self.config.train_threshold), **self._training_wait()},
-            "prefetch": dict(self.service.prefetch_stats),
+            # `first_keys`: first keys of a line answered at once from the empty prompt's answer
+            "prefetch": {**self.service.prefetch_stats, "first_keys": self.service.answers.sent},
             "disk": self._disk_status(),
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},

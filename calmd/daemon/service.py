@@ -498,12 +498,11 @@ class Service:
     # -- status ----------------------------------------------------------------------------------
 
     def latency_status(self) -> dict[str, float | None]:
-        return {
-            "first_p50": self.first_ms.percentile(50),
-            "first_p99": self.first_ms.percentile(99),
-            "done_p50": self.done_ms.percentile(50),
-            "done_p99": self.done_ms.percentile(99),
-        }
+        """The last 2,000 keystrokes, request to the first line out (`first`: the early line or
+        the first candidate, what a shell draws) and to `done`, in the daemon (the socket's and
+        the shell's time not counted)."""
+        return {f"{what}_p{q}": stats.percentile(q) for what, stats in (("first", self.first_ms),
+                ("done", self.done_ms)) for q in (50, 90, 99)}  # fmt: skip
 
 
 def _limit(value: float) -> str:

@@ -75,6 +75,7 @@ class Answers:
         self._preparing: dict[str, Job] = {}  # each session's first keys being prepared
         self.version = 0  # bumped by every stored or forgotten command: older answers are stale
         self.sent = 0  # first keys answered at once (status)
+        self.keyed = 0  # empty-prompt answers that went out with their first keys (status)
 
     def changed(self) -> None:
         """A command was stored or forgotten: every answer kept belongs to another history."""

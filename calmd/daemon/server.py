@@ -461,6 +461,10 @@ class Server:
             },
         }
 
+    def _prefetch_status(self) -> dict[str, Any]:
+        answers = self.service.answers
+        return {**self.service.prefetch_stats, "first_keys": answers.sent, "keyed": answers.keyed}
+
     def _training_wait(self) -> dict[str, Any]:
         if self.history is None:
             return {}
@@ -490,8 +494,9 @@ class Server:
             "latency_ms": self.service.latency_status(),
             "history": self._history_status(),
             "training": {**self.trainer.status(self.config.train_threshold), **self._training_wait()},
-            # `first_keys`: first keys of a line answered at once from the empty prompt's answer
-            "prefetch": {**self.service.prefetch_stats, "first_keys": self.service.answers.sent},
+            # `first_keys`: first keys of a line answered at once from the empty prompt's answer;
+            # `keyed`: empty-prompt answers sent with their first keys (zsh draws those itself)
+            "prefetch": self._prefetch_status(),
             "disk": self._disk_status(),
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},

@@ -458,6 +458,8 @@ class Service:
                                        cancelled)  # fmt: skip
             return not cancelled.is_set()
 
+        keyed: list[bool] = []
+
         def emit_key(attempt: int, key: str, line: Line) -> None:
             if (
                 attempt != job.attempt
@@ -465,6 +467,7 @@ class Service:
                 or not self._terminal_safe(line.text, request)
             ):
                 return
+            keyed.append(True)
             conn.send(reply(request.id, key=key, line=line.text, confidence=round(line.confidence, 3)))
 
         job = Job(owner=conn, session=request.session, run=work)
@@ -481,6 +484,7 @@ class Service:
             if first:
                 self.first_ms.add(first[0])
             self.answers.keep_and_prepare(request.session, answer, ctx, engine)
+            self.answers.keyed += bool(keyed)
             conn.send(reply(request.id, done=True, ms=round(ms, 3)))
         else:
             conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))

@@ -38,7 +38,7 @@ from typing import Any
 from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
 from calmd import __version__, paths
-from calmd.daemon.catch_up import CatchUp
+from calmd.daemon.catch_up import CatchUp, freeze_heap
 from calmd.daemon.config import ServerConfig
 from calmd.daemon.reload import load_beside
 from calmd.daemon.scheduler import FairScheduler
@@ -148,6 +148,7 @@ class Server:
             await self.reload()
         self.service.search = SearchService(self.history, pause=self.service.gate.pause)
         self.service.search.start()  # built in the background: a search waits for it only until it is
+        freeze_heap(full=True)  # the model and the index: a full collection never walks them (catch_up.py)
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:

@@ -35,8 +35,8 @@ from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex
 KEYSTROKE_ROWS = 64  # new rows a keystroke reads at most (0.5-3 ms); the slices read the rest
 SLICE_ROWS = 64  # rows between two looks at the clock and at the next keystroke
 ALONE_ROWS = 5_000  # a keystroke's rows when nothing catches up between keystrokes (issue 30's bound)
-# the indexes a daemon catches up between keystrokes (`IndexCatchUp.step` registers them)
-_IN_BACKGROUND: weakref.WeakSet[HistoryIndex] = weakref.WeakSet()
+# the indexes a daemon catches up between keystrokes, and by what (`IndexCatchUp.step` registers them)
+_IN_BACKGROUND: weakref.WeakKeyDictionary[HistoryIndex, IndexCatchUp] = weakref.WeakKeyDictionary()
 
 
 def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
@@ -44,8 +44,11 @@ def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
     order; none when an import added more than the index holds (the index built aside replaces
     it). Caught up, it costs two indexed lookups (the generation, the newest row). Without a
     catch-up in the background, up to ALONE_ROWS (HistoryIndex.sync, as before)."""
-    if index not in _IN_BACKGROUND:
+    catch_up = _IN_BACKGROUND.get(index)
+    if catch_up is None:
         return index.sync(store, budget=ALONE_ROWS)
+    if catch_up.aside is not None and store.generation() == getattr(index, "_generation", None):
+        return 0  # an import brought more than it holds: the index built aside replaces it
     if not index.last_id or store.generation() != getattr(index, "_generation", None):
         return index.sync(store, budget=KEYSTROKE_ROWS)  # a first read, or rows deleted: it starts over
     newest = store.newest_after(0)
@@ -103,7 +106,7 @@ class IndexCatchUp:
     def step(self, index: HistoryIndex, store: HistoryStore, stop: Callable[[], bool]) -> bool:
         """Read on until `stop()` (looked at every SLICE_ROWS rows) says to yield; True when the
         index holds every row the store had when the step began."""
-        _IN_BACKGROUND.add(index)
+        _IN_BACKGROUND[index] = self
         generation = store.generation()
         if generation != getattr(index, "_generation", None):
             self.aside = None

@@ -1,16 +1,19 @@
 """The first key of a line answered at once, from what the daemon prepared for the line (issue 42).
 
 A line's first request is the empty prompt's (zsh asks as soon as the prompt is drawn; the daemon
-prepares it after each `record`: the prefetch). Once that answer is there, the daemon prepares the
-first key too, between keystrokes (`FirstKeys`, a background job of the scheduler): for the first
-characters of the user's likeliest commands, the engine's early line for that one character (the
-history's best line, its confidence and whether the ghost rule draws it: `ModelEngine.early`).
-When the first key comes, a line that extends it is sent as the request's `early` from the event
+prepares it after each `record`: the prefetch). With that answer, the daemon prepares the first
+key too (`prepare_keys`: for zsh, asking with `keys`, before the answer's `done`, as `key` replies
+zsh draws itself with no round trip; else between keystrokes, a background job of the scheduler):
+for the first characters of the user's likeliest commands, the engine's early line for that one
+character (the history's best line, its confidence and whether the ghost rule draws it:
+`ModelEngine.early`). When the first key is asked of the daemon, the same line is sent as the
+request's `early` from the event
 loop, before the request reaches the model's thread, where it waited for the empty prompt's job to
 stop, for its COMP frame and its history proposals, and for the interpreter (10-13 ms p50 to the
-ghost in a real zsh, against 3.8-4.0 ms for zsh-autosuggestions' async mode). The line is the
-empty prompt answer's best that extends the key when the shells would draw it, else the early
-line prepared for the key. The engine is told it is drawn (`drawn`): the final answer keeps it
+ghost in a real zsh, against 3.8-4.0 ms for zsh-autosuggestions' async mode). The line is the one
+the engine would draw first (`resolve`): the empty prompt's ghost while the key extends it, else
+the early line prepared for the key, else the answer's best line that extends it, each only when
+the shells would draw it. The engine is told it is drawn (`drawn`): the final answer keeps it
 unless it has a clearly better line (the ghost rule's margin, calmd/suggest/ghost.py), as when the
 user types along a ghost.
 
@@ -153,20 +156,25 @@ class Answers:
 
 
 def resolve(answer: Answer, typed: str, min_confidence: float | None, engine: Any) -> Line | None:
-    """What the shells draw at once for `typed` from an empty prompt's answer: the best of its lines
-    that extends `typed` when it is drawn, else the early line prepared for a first key; else None."""
+    """What the shells draw at once for `typed` from an empty prompt's answer, in the engine's
+    order: the line drawn on the empty prompt while it extends `typed` (the user types along it);
+    else, for a first key, the engine's early line for that key (the history's best, which the
+    engine itself would draw first) when drawn; else the answer's best line that extends `typed`
+    when drawn; else None."""
     if not typed:
         return None
-    extending = (ln for ln in answer.lines if len(ln.text) > len(typed) and ln.text.startswith(typed))
-    best = next(extending, None)
-    if best is not None and drawn(best, typed, min_confidence, engine):
-        head = best.draw
-        if head is not None and len(head) > len(typed) and head.startswith(typed):
-            return Line(head, best.confidence, True)
-        return best
+    extending = [ln for ln in answer.lines if len(ln.text) > len(typed) and ln.text.startswith(typed)]
+    choices = [ln for ln in extending if ln.ghost][:1]
     early = answer.keys.get(typed) if len(typed) == 1 else None
-    if early is not None and len(early.text) > 1 and drawn(early, typed, min_confidence, engine):
-        return early
+    if early is not None and len(early.text) > 1:
+        choices.append(early)
+    choices += extending[:1]
+    for line in choices:
+        if drawn(line, typed, min_confidence, engine):
+            head = line.draw
+            if head is not None and len(head) > len(typed) and head.startswith(typed):
+                return Line(head, line.confidence, True)
+            return line
     return None
 
 

@@ -59,8 +59,8 @@ def test_keystrokes_are_answered_while_the_first_start_import_runs_in_its_worker
 def test_a_sync_import_beside_typing_reaches_the_suggestions(tmp_path: Path) -> None:
     records = 20_000
     other, folder, home = tmp_path / "other", tmp_path / "folder", tmp_path / "home"
-    for d in (other, folder, home, home / "data"):
-        d.mkdir(mode=0o700)
+    for folder_made in (other, folder, home, home / "data"):
+        folder_made.mkdir(mode=0o700)
     key = new_key()
     store = HistoryStore(other / paths.HISTORY)
     with store.writing() as db:

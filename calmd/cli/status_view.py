@@ -46,7 +46,7 @@ def status_table(status: dict[str, Any]) -> Table:
          if status.get("loaded_at") else "-"),
         ("last reload error", status.get("last_reload_error") or "none"),
         ("requests served", f"{status['requests']} ({status['errors']} errors)"),
-        ("first line (early or candidate)", _percentiles(lat, "first")),
+        ("first line", _percentiles(lat, "first")),  # early or candidate: what a shell draws
         ("done", _percentiles(lat, "done")),
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),

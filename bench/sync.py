@@ -58,7 +58,7 @@ def fill(path: Path, n: int) -> None:
 def step(data: Path) -> None:
     """One machine's `calm sync now`, in this process: prints its figures as JSON."""
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import Sync
+    from calmd.sync.machine import Sync
 
     sync = Sync(HistoryStore(data / "history.sqlite3"), data)
     sync.host_id()
@@ -131,7 +131,8 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from calmd import paths
-    from calmd.history.sync import SyncConfig, new_key, write_config, write_key
+    from calmd.sync.config import SyncConfig, write_config
+    from calmd.sync.seal import new_key, write_key
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, one, two = Path(tmp) / "folder", Path(tmp) / "one", Path(tmp) / "two"
@@ -164,8 +165,10 @@ def main() -> int:
         print(f"{args.records:,} records: {size / 2**20:.1f} MiB sealed in {segments} segments")
         for name in ("export", "import"):
             f = figures[name]
-            print(f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
-                  f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)")
+            print(
+                f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
+                f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)"
+            )
         total = figures["export"]["seconds"] + figures["import"]["seconds"]
         print(f"sync + import: {total:.2f} s, {args.records / total:,.0f} records/s")
         for name, what in (("check", "stat"), ("rehash", "hash")):

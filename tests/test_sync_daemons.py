@@ -23,8 +23,8 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
-from calmd.history.sync import TEST_HOLD_ENV
 from calmd.shell.client import CalmClient
+from calmd.sync.export import TEST_HOLD_ENV
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.syncthing import Syncthing
 from tests.tools import need

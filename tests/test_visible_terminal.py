@@ -18,7 +18,8 @@ import pytest
 
 from calmd import paths
 from calmd.history import query
-from calmd.history.sync import SyncConfig, new_key, write_config, write_key
+from calmd.sync.config import SyncConfig, write_config
+from calmd.sync.seal import new_key, write_key
 from calmd.visible import json_text, visible
 from tests.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
 from tests.daemon import BIN, running_daemon

@@ -27,12 +27,13 @@ from typing import Any
 from calmd import paths
 from calmd.arguments import Parser, number
 from calmd.errors import CalmError, one_line
+from calmd.sync.config import MODES  # light: the parser imports no crypto
 from calmd.visible import visible
 
 
 def _sync(data: Path) -> Any:
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import Sync
+    from calmd.sync.machine import Sync
 
     paths.private_dir(data)
     return Sync(HistoryStore(paths.history_path(data)), data)
@@ -40,7 +41,7 @@ def _sync(data: Path) -> Any:
 
 def _others_in(folder: Path, own: str) -> list[str]:
     """The other machines whose share the folder holds."""
-    from calmd.history.sync import HOST_ID
+    from calmd.sync.seal import HOST_ID
 
     try:
         return sorted(n for n in os.listdir(folder) if HOST_ID.match(n) and n != own)
@@ -49,7 +50,8 @@ def _others_in(folder: Path, own: str) -> list[str]:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from calmd.history.sync import SyncConfig, SyncError, new_key, read_config, write_config, write_key
+    from calmd.sync.config import SyncConfig, SyncError, read_config, write_config
+    from calmd.sync.seal import new_key, write_key
 
     data = paths.data_dir()
     if args.sync_command == "now":
@@ -146,15 +148,8 @@ def _now(data: Path) -> int:
 
 
 def _key(args: argparse.Namespace, data: Path) -> int:
-    from calmd.history.sync import (
-        SyncError,
-        key_id,
-        key_phrase,
-        new_key,
-        parse_key_phrase,
-        read_key,
-        write_key,
-    )
+    from calmd.sync.config import SyncError
+    from calmd.sync.seal import key_id, key_phrase, new_key, parse_key_phrase, read_key, write_key
 
     key_path = paths.sync_key_path(data)
     paths.private_dir(data)
@@ -262,9 +257,6 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
     if status.get("last_error"):
         lines.append(f"last error: {status['last_error']}")
     return [visible(line) for line in lines]
-
-
-MODES = ("both", "send", "receive")  # calmd/history/sync.py's, written here: the parser imports no crypto
 
 
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:

@@ -636,7 +636,7 @@ def test_status_says_it_all(pair: tuple[Machine, Machine, Path]) -> None:
     assert (host["name"], host["id"], host["last_segment"], host["records_in"]) == (
         "laptop", laptop.sync.host_id(), 1, 2)  # fmt: skip
     assert host["last_sealed"] > 0
-    assert status["records_in"] == 2 and status["refused"] == {"count": 0, "files": []}
+    assert status["records_in"] == 2 and status["refused"] == {"count": 0, "now": 0, "files": []}
     assert laptop.sync.describe()["records_out"] == 2 and laptop.sync.describe()["pending_out"] == 0
     laptop.store.record("df", session="s", ts=3.0)
     assert laptop.sync.describe()["pending_out"] == 1

@@ -18,6 +18,7 @@ as every view does: such a name may hold an escape sequence or a bidi override.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -116,6 +117,9 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def _now(data: Path) -> int:
+    # what the run logs for calmd's log (a refusal, a segment sealed again) is in its report, which
+    # is printed below: each said once, not twice (Python's last-resort handler would print both)
+    logging.getLogger("calmd.sync").addHandler(logging.NullHandler())
     sync = _sync(data)
     try:
         report = sync.run(wait=True)
@@ -138,13 +142,41 @@ def _now(data: Path) -> int:
         )
     if report.merged:
         done.append(f"merged {report.merged} small segments")
+    if report.disowned:
+        done.append(
+            f"found {report.disowned} segment{'s' * (report.disowned != 1)} sealed with this machine's key "
+            "and id that it never wrote (a store restored from a backup, or another program with the key): "
+            "this machine's list of its segments is written again past them, and they are deleted"
+        )
+    if report.refused_count:
+        done.append(f"refused {report.refused_count:,} file{'s' * (report.refused_count != 1)} "
+                    "(nothing of them imported)")  # fmt: skip
     print("; ".join(done))
     for path, why in report.refused:
         print(visible(f"refused {path}: {why}"), file=sys.stderr)
+    if report.refused_count > len(report.refused):
+        print(f"... and {report.refused_count - len(report.refused):,} more refused files (`calm sync` "
+              "counts them)", file=sys.stderr)  # fmt: skip
+    for share in report.hidden:
+        print(visible(f"warning: {hidden_line(share.to_json())}"), file=sys.stderr)
     if report.git:
         print(f"calm: error: {visible(report.git)}", file=sys.stderr)
         return 1
-    return 1 if report.refused else 0
+    return 1 if report.refused or report.hidden else 0
+
+
+def hidden_line(share: dict[str, Any]) -> str:
+    """What is said of a machine whose list of segments left out segments that held records."""
+    from calmd.history.query import host_label
+
+    segments = sum(last - first + 1 for first, last in share["segments"])
+    return (
+        f"{host_label(str(share['name']), '')} ({share['host']}): its newest list of its segments (in "
+        f"{paths.SYNC_SEGMENT.format(seq=share['manifest'])}) leaves out {segments:,} "
+        f"segment{'s' * (segments != 1)} still in the folder that held {share['records']:,} "
+        f"record{'s' * (share['records'] != 1)} not in the ones it lists: received all the same; that "
+        "machine lists its segments again at its next sync"
+    )
 
 
 def _key(args: argparse.Namespace, data: Path) -> int:
@@ -230,8 +262,10 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         f"{status['records_in']:,} received"
         + (f" ({bad_times:,} with an impossible time: kept without it)" if bad_times else ""),
         f"this machine's segments: {status.get('segments', 0):,} in the folder, {status.get('healed', 0):,} "
-        "sealed again after the engine deleted, cut or changed them",
-    ]
+        "sealed again after the engine deleted, cut or changed them"
+        + (f", {status['disowned']:,} found that it never wrote (listed past them, deleted)"
+           if status.get("disowned") else ""),
+    ]  # fmt: skip
     hosts = status.get("hosts") or []
     if not hosts:
         lines.append("other machines: none seen yet")
@@ -244,13 +278,18 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         )
     refused = status.get("refused") or {}
     files = refused.get("files") or []
-    lines.append(f"refused files: {refused.get('count', 0):,} in all, {len(files)} now")
+    now_refused = refused.get("now", len(files))
+    first = f"; the first {len(files)}:" if now_refused > len(files) else ""
+    lines.append(f"refused files: {refused.get('count', 0):,} in all, {now_refused:,} now{first}")
     lines += [f"  {f['path']}: {f['reason']}" for f in files]
+    if now_refused > len(files):
+        lines.append(f"  ... and {now_refused - len(files):,} more")
     if status.get("superseded"):
         lines.append(
-            f"replaced segments still in the folder: {status['superseded']:,} (skipped unread; the engine "
-            "has not deleted them, or put them back)"
+            f"replaced segments still in the folder: {status['superseded']:,} (read once: what they hold is "
+            "in the live ones, or forgotten; the engine has not deleted them, or put them back)"
         )
+    lines += [f"warning: {hidden_line(share)}" for share in status.get("hidden") or []]
     last = status.get("last_run")
     if last:
         lines.append(f"last run: {now - last:.0f} s ago")

@@ -41,6 +41,7 @@ from calmd.sync.seal import (
     Refused,
     key_id,
     open_segment,
+    peek_header,
     seal_segment,
 )
 from calmd.sync.state import (
@@ -97,38 +98,56 @@ class Export(SyncState):
             own[seq] = OwnSegment(seq, size, bytes(digest), (mtime_ns, ctime_ns, ino), spans, records)
         return own
 
-    def _past_a_restore(self, folder: Path, host_id: str, key: bytes, present: set[int], newest: int) -> None:
-        """A store restored from a backup would give again the segment and record numbers it gave
-        since: when this machine's sub-folder holds segments it sealed (they authenticate) past
-        the next number the store knows, the store's counters go past theirs, so that no name
-        and no record's identity is ever used twice. A file that does not open as this machine's
-        (planted, damaged) moves nothing."""
+    def _unknown_segments(self, folder: Path, host_id: str, key: bytes, present: set[int],
+                          newest: int) -> tuple[list[int], list[int]]:  # fmt: skip
+        """Segments in this machine's sub-folder past its newest live one that open as its own
+        (sealed with its key, naming its id and their number) but are not among its live ones:
+        (those an export of its own left when it did not finish, those it never numbered). A
+        reader takes the newest manifest it can open for the machine's: one of these hides what
+        the machine's own manifest lists, so the export writes a segment past them that lists its
+        live ones, and deletes them (`_remove_replaced`). Those it never numbered come from a store
+        restored from a backup (it would give their numbers again) or from another program that
+        holds the key: the store's counters go past theirs, so that no name and no record's
+        identity is ever used twice. A file that does not open as this machine's (planted,
+        damaged, junk) moves nothing: readers refuse it; only its first bytes are read here."""
         with self.store.reading() as db:
             floor = max(int(self._meta(db, "sync_next_seq") or 1), newest + 1)
-        last_seq = last_id = 0
-        for seq in sorted(n for n in present if n >= floor):
+        left: list[int] = []
+        unknown: list[int] = []
+        last_id = 0
+        mine = key_id(key), bytes.fromhex(host_id)
+        for seq in sorted((n for n in present if n > newest), reverse=True):
+            path = paths.sync_segment(folder, host_id, seq)
+            header = peek_header(path)
+            if header is None or (header.key_id, header.host, header.seq) != (*mine, seq):
+                continue
             try:
-                data = read_regular_file(paths.sync_segment(folder, host_id, seq), limit=MAX_SEGMENT_BYTES)
-                opened = open_segment(data, key, host_id, seq)
+                opened = open_segment(read_regular_file(path, limit=MAX_SEGMENT_BYTES), key, host_id, seq)
             except (OSError, Refused):
                 continue
-            last_seq = seq
-            for payload in opened.payloads:
-                for record in payload.get("records") or ():
-                    if isinstance(record, list) and record and isinstance(record[0], int):
-                        last_id = max(last_id, record[0])
-        if not last_seq:
-            return
+            (unknown if seq >= floor else left).append(seq)
+            if seq >= floor:
+                for payload in opened.payloads:
+                    for record in payload.get("records") or ():
+                        if isinstance(record, list) and record and isinstance(record[0], int):
+                            last_id = max(last_id, record[0])
+        if not unknown:
+            return left, unknown
         with self.store.writing() as db:
             self._set_meta(
-                db, "sync_next_seq", str(max(int(self._meta(db, "sync_next_seq") or 1), last_seq + 1))
+                db, "sync_next_seq", str(max(int(self._meta(db, "sync_next_seq") or 1), max(unknown) + 1))
             )
             self._set_meta(
                 db, "sync_next_id", str(max(int(self._meta(db, "sync_next_id") or 1), last_id + 1))
             )
-        log.warning("sync: %s holds segments of this machine up to %s that its history does not know of "
-                    "(restored from a backup?): new segments and records are numbered past them",
-                    paths.sync_host_dir(folder, host_id), f"{last_seq:08d}.calm")  # fmt: skip
+            self._add(db, "sync_disowned", len(unknown))
+        log.warning("sync: %s holds %d segments sealed with this machine's key and id up to %s that its "
+                    "history does not know of (restored from a backup, or written by another program "
+                    "with the key): a reader would take the newest for this machine's list of its "
+                    "segments; new segments and records are numbered past them, the next one lists this "
+                    "machine's segments again, and they are deleted", paths.sync_host_dir(folder, host_id),
+                    len(unknown), paths.SYNC_SEGMENT.format(seq=max(unknown)))  # fmt: skip
+        return left, unknown
 
     def reserve_seq(self, at_least: int) -> int:
         """The next segment number, taken for good before its file is written: a number is used
@@ -185,7 +204,8 @@ class Export(SyncState):
         remove_stale_temp_files(own_dir)
         own = self._own_segments()
         present = files_in(own_dir)
-        self._past_a_restore(folder, host_id, key, present, max(own, default=0))
+        left, unknown = self._unknown_segments(folder, host_id, key, present, max(own, default=0))
+        report.disowned += len(unknown)
         self._number_new_rows()
         kid = key_id(key).hex()
         with self.store.reading() as db:
@@ -203,7 +223,8 @@ class Export(SyncState):
         merging = small if len(small) >= COMPACT_SEGMENTS else []
         replaced = sorted({*broken, *merging})
         fresh = self._unsent_forgets()
-        if not replaced and not fresh and own and not self._has_records_after(written):
+        overruled = left or unknown  # a newer manifest than this machine's own: it writes one past them
+        if not replaced and not fresh and own and not overruled and not self._has_records_after(written):
             with self.store.writing() as db:
                 self._set_meta(db, "sync_key_id", kid)
             return

@@ -17,7 +17,7 @@ from calmd.sync.engines import git_sync
 from calmd.sync.export import Export
 from calmd.sync.import_ import Import
 from calmd.sync.seal import key_id, read_key
-from calmd.sync.state import SyncReport
+from calmd.sync.state import REFUSALS_SAID, SyncReport, hidden_shares
 
 
 class Sync(Export, Import):
@@ -63,8 +63,9 @@ class Sync(Export, Import):
 
     def describe(self) -> dict[str, Any]:
         """The folder, this machine (its live segments, how many it re-sealed), the hosts seen
-        (their last segment and when it was sealed), records in and out, the refused files and
-        why, the replaced segments still in the folder; what `calm sync` and `calmd status` show."""
+        (their last segment and when it was sealed), records in and out, the refused files (how
+        many, the first few and why), the replaced segments still in the folder, the machines whose
+        list of segments hid records; what `calm sync` and `calmd status` show."""
         try:
             config = self.config()
         except SyncError as exc:
@@ -80,7 +81,10 @@ class Sync(Export, Import):
             meta = dict(db.execute("SELECT key, value FROM meta WHERE key LIKE 'sync_%'").fetchall())
             hosts = db.execute("SELECT id, name, last_seq, last_sealed, records, live FROM sync_hosts "
                                "ORDER BY name, id").fetchall()  # fmt: skip
-            refused = db.execute("SELECT path, reason, at FROM sync_refused ORDER BY at").fetchall()
+            refused = db.execute(
+                "SELECT path, reason, at FROM sync_refused ORDER BY at, path LIMIT ?", (REFUSALS_SAID,)
+            ).fetchall()
+            refused_now = db.execute("SELECT COUNT(*) FROM sync_refused").fetchone()[0]
             segments = db.execute("SELECT COUNT(*) FROM sync_own").fetchone()[0]
             written = int(meta.get("sync_written_id") or 0)
             pending = db.execute(
@@ -100,8 +104,10 @@ class Sync(Export, Import):
             "records_in": int(meta.get("sync_records_in") or 0),
             "bad_times": int(meta.get("sync_bad_times") or 0),
             "pending_out": pending if config.sends else 0,
-            "refused": {"count": int(meta.get("sync_refused") or 0),
+            "refused": {"count": int(meta.get("sync_refused") or 0), "now": refused_now,
                         "files": [{"path": p, "reason": why, "at": at} for p, why, at in refused]},
             "superseded": int(meta.get("sync_superseded") or 0),
+            "hidden": [h.to_json() for h in hidden_shares(meta.get("sync_hidden")).values()],
+            "disowned": int(meta.get("sync_disowned") or 0),
             "last_run": self.last_run, "last_error": self.last_error,
         }  # fmt: skip

@@ -3,25 +3,33 @@ counters in `meta`), the report of one run, and how a file is told unchanged wit
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 import secrets
 import sqlite3
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from calmd import paths
 from calmd.history.query import this_hostname
 from calmd.history.store import HistoryStore, RecordResult
 from calmd.sync.config import SyncConfig, SyncError, read_config
 from calmd.sync.seal import read_key
-from calmd.sync.wire import MAX_NAME_CHARS, Ranges
+from calmd.sync.wire import MAX_NAME_CHARS, Ranges, in_ranges, numbers_in, to_ranges
 
 log = logging.getLogger("calmd.sync")
 
 DIGEST_BYTES = 16  # blake2b of a segment as written: this machine's check of its own files
 IMPORT_BATCH = 2000  # records per transaction: the store's lock is free between two
+# A folder can hold any number of files that are refused (10,000 junk files named like segments):
+# each is counted and kept with why, but only the first few are said, in the log, by `calm sync
+# now` and by `calm sync` / `calmd status`; the rest are a count.
+REFUSALS_SAID = 5
 
 
 @dataclass
@@ -33,11 +41,53 @@ class SyncReport:
     imported: int = 0
     forgotten: int = 0
     bad_times: int = 0  # records received with an impossible time (`valid_time`): kept without it
-    refused: list[tuple[str, str]] = field(default_factory=list)  # (path, why), new refusals only
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (path, why): the first new refusals
+    refused_count: int = 0  # new refusals in all (`refused` holds the first REFUSALS_SAID)
     rebuilt: bool = False  # this machine's segments were all written anew (a forget, a new key)
     healed: int = 0  # this machine's segments found deleted, cut short or changed: re-sealed
     merged: int = 0  # small segments of this machine merged into new ones
+    hidden: list[HiddenShare] = field(default_factory=list)  # other machines found hiding records
+    disowned: int = 0  # segments in this machine's sub-folder sealed with its key that it never numbered
     git: str = ""  # what git said, when it failed
+
+
+@dataclass(frozen=True)
+class HiddenShare:
+    """Another machine whose newest manifest (the list of its live segments, in segment
+    `manifest`) leaves out segments still in the folder that held records not in the ones it lists:
+    `records` of them, in `segments`, stored here all the same (calmd/sync/import_.py). A store
+    restored from a backup writes such a manifest, and so can another program that holds the key;
+    the machine itself writes a new one past it at its next export (calmd/sync/export.py)."""
+
+    host: str
+    name: str
+    manifest: int
+    segments: Ranges
+    records: int
+    new: bool = False  # found by this run (not only remembered from an earlier one)
+
+    def healed(self, present: Collection[int], live: Ranges) -> bool:
+        """Whether each segment it hid is listed by the host's newest manifest now, or gone."""
+        return all(seq not in present or in_ranges(live, seq) for seq in numbers_in(self.segments))
+
+    def adding(self, earlier: HiddenShare) -> HiddenShare:
+        both = {*numbers_in(self.segments), *numbers_in(earlier.segments)}
+        return dataclasses.replace(self, segments=to_ranges(both), records=self.records + earlier.records)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "name": self.name, "manifest": self.manifest,
+                "segments": [list(r) for r in self.segments], "records": self.records}  # fmt: skip
+
+
+def hidden_shares(text: str | None) -> dict[str, HiddenShare]:
+    """The hidden shares kept in the store's meta (`sync_hidden`, JSON), by host id."""
+    try:
+        items = json.loads(text or "[]")
+        shares = [HiddenShare(d["host"], d["name"], d["manifest"], [(a, b) for a, b in d["segments"]],
+                              d["records"]) for d in items]  # fmt: skip
+        return {share.host: share for share in shares}
+    except (ValueError, TypeError, KeyError):
+        return {}
 
 
 @dataclass(frozen=True)
@@ -81,6 +131,9 @@ class SyncState:
         # of an import's time went to checking each record again, time a keystroke waited for the
         # GIL meanwhile (bench/sync.py); bounded as the imports of history files bound theirs
         self._verdicts: dict[str, RecordResult] = {}
+        # the refusals of an import not written yet (`sync_refused` rows): written in one
+        # transaction per REFUSAL_BATCH, not one per file
+        self._refusals: list[tuple[str, str, int, int, int, int, float]] = []
 
     # -- identity ----------------------------------------------------------------------------------
 

@@ -46,6 +46,13 @@ def in_ranges(ranges: Ranges, n: int) -> bool:
     return at >= 0 and ranges[at][0] <= n <= ranges[at][1]
 
 
+def numbers_in(ranges: Ranges) -> Iterator[int]:
+    """Each number the ranges hold (as many as they say: count them first when they come from
+    another machine)."""
+    for first, last in ranges:
+        yield from range(first, last + 1)
+
+
 def parse_live(value: Any, seq: int) -> Ranges:
     """The manifest of segment `seq` (its first chunk's `live`); Refused unless it is sorted,
     disjoint ranges of segment numbers up to `seq` that hold `seq`."""

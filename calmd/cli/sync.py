@@ -40,19 +40,12 @@ def _sync(data: Path) -> Any:
     return Sync(HistoryStore(paths.history_path(data)), data)
 
 
-def _others_in(folder: Path, own: str) -> list[str]:
-    """The other machines whose share the folder holds."""
-    from calmd.sync.seal import HOST_ID
-
-    try:
-        return sorted(n for n in os.listdir(folder) if HOST_ID.match(n) and n != own)
-    except OSError:
-        return []
-
-
 def cmd_sync(args: argparse.Namespace) -> int:
     from calmd.sync.config import SyncConfig, SyncError, read_config, write_config
-    from calmd.sync.seal import new_key, write_key
+    from calmd.sync.engines import git_sync
+    from calmd.sync.folder import check_key_reads, other_machines
+    from calmd.sync.seal import new_key, read_key, write_key
+    from calmd.sync.state import clean_host_name
 
     data = paths.data_dir()
     if args.sync_command == "now":
@@ -76,34 +69,45 @@ def cmd_sync(args: argparse.Namespace) -> int:
     current = read_config(config_path)
     if args.folder is None and current is None:
         raise CalmError("sync is not set up here: give the folder first (`calm sync --folder DIR`)")
+    name = clean_host_name(args.name) if args.name else None
     folder = os.path.abspath(os.path.expanduser(args.folder)) if args.folder is not None else current.folder  # type: ignore[union-attr]
-    if not Path(folder).is_dir():
-        raise CalmError(f"--folder {folder}: not a folder; create it (the one your sync engine replicates)")
+    _text_or_error(folder, "--folder")
     config = SyncConfig(
         folder,
         args.mode or (current.mode if current else MODES[0]),
         args.git if args.git is not None else (current.git if current else ""),
         args.interval or (current.interval_s if current else SyncConfig.interval_s),
     )
+    _text_or_error(config.git, "--git")
+    if config.git and not Path(folder).exists():
+        paths.private_dir(Path(folder))  # calm's own clone of the remote: nothing else replicates it
+    if not Path(folder).is_dir():
+        raise CalmError(f"--folder {folder}: not a folder; create it (the one your sync engine replicates)")
+    joining = current is None or current.folder != folder
     sync = _sync(data)
     try:
-        if args.name:
-            sync.set_host_name(args.name)
+        if config.git and joining:  # what the remote holds, so that the other machines' shares are seen
+            said = git_sync(Path(folder), config.git, name or sync.host_name(), push=False)
+            if said:
+                print(visible(f"warning: {said}; calmd tries again at each turn"), file=sys.stderr)
         key_path = paths.sync_key_path(data)
+        others = other_machines(Path(folder), sync.host_id())
         if not key_path.exists():
-            others = _others_in(Path(folder), sync.host_id())
             if others:
                 raise SyncError(
                     f"{folder} already holds the history of {len(others)} other machine(s): bring the key "
                     "from one of them (there `calm sync key --show`, here `calm sync key --import`), "
-                    "then run "
-                    "this again"
+                    "then run this again"
                 )
             write_key(key_path, new_key())
             print(
                 f"made a new sync key ({visible(str(key_path))}); carry it to your other machines: "
                 "`calm sync key --show`"
             )
+        elif joining:
+            check_key_reads(Path(folder), sync.host_id(), read_key(key_path))
+        if name:
+            sync.set_host_name(name)
         write_config(config_path, config)
         print(
             visible(
@@ -114,6 +118,15 @@ def cmd_sync(args: argparse.Namespace) -> int:
     finally:
         sync.store.close()
     return 0
+
+
+def _text_or_error(value: str, flag: str) -> None:
+    """CalmError unless `value` is text (a name given with bytes that are not UTF-8 is not: it
+    could not be kept in sync.json or the history as given)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CalmError(f"{flag} {value}: not UTF-8 text (calm keeps it in sync.json)") from None
 
 
 def _now(data: Path) -> int:

@@ -55,7 +55,7 @@ def read_config(path: Path) -> SyncConfig | None:
         raise SyncError(f"{path}: not a calm sync config (run `calm sync --folder DIR` again)")
     folder, mode, git, interval = data.get("folder"), data.get("mode", "both"), data.get("git", ""), \
         data.get("interval_s", 30.0)  # fmt: skip
-    if not isinstance(folder, str) or not folder.startswith("/"):
+    if not isinstance(folder, str) or not folder.startswith("/") or not _is_text(folder):
         raise SyncError(f"{path}: field 'folder' must be an absolute path")
     if mode not in MODES:
         raise SyncError(f"{path}: field 'mode' must be one of {', '.join(MODES)}")
@@ -64,6 +64,14 @@ def read_config(path: Path) -> SyncConfig | None:
     if not isinstance(interval, int | float) or not math.isfinite(interval) or interval <= 0:
         raise SyncError(f"{path}: field 'interval_s' must be a positive number of seconds")
     return SyncConfig(folder, mode, git, float(interval))
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def write_config(path: Path, config: SyncConfig) -> None:

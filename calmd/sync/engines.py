@@ -12,10 +12,12 @@ from pathlib import Path
 GIT_TIMEOUT_S = 120.0
 
 
-def git_sync(folder: Path, remote: str, name: str) -> str:
+def git_sync(folder: Path, remote: str, name: str, *, push: bool = True) -> str:
     """Commit the folder and pull and push it (`calm sync --git REMOTE`): '' when it went well,
     else what git said (one line). Each machine changes only its own files, so merges never
-    conflict. git talks to the remote (over SSH, as the user set it up); calmd does not."""
+    conflict. git talks to the remote (over SSH, as the user set it up); calmd does not. Without
+    `push`, only what the remote holds is brought in (`calm sync --folder`, before it looks at the
+    other machines' shares)."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "LC_ALL": "C"}
     base = ["git", "-C", str(folder), "-c", "user.name=calm sync", "-c", f"user.email={name}@calm-sync",
             "-c", "commit.gpgsign=false"]  # fmt: skip
@@ -45,6 +47,8 @@ def git_sync(folder: Path, remote: str, name: str) -> str:
                 if merged.returncode:
                     git("merge", "--abort")
                     return _git_error("merge", merged)
+            if not push:
+                return ""
             pushed = git("push", "-q", "calm", "HEAD:calm-sync")
             if pushed.returncode == 0:
                 return ""

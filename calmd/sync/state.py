@@ -166,9 +166,7 @@ class SyncState:
             return self._meta(db, "sync_host_name") or this_hostname()
 
     def set_host_name(self, name: str) -> None:
-        name = " ".join(name.split())
-        if not name or len(name) > MAX_NAME_CHARS:
-            raise SyncError(f"--name: give 1 to {MAX_NAME_CHARS} characters")
+        name = clean_host_name(name)
         with self.store.writing() as db:
             self._set_meta(db, "sync_host_name", name)
 
@@ -177,6 +175,20 @@ class SyncState:
 
     def key(self) -> bytes:
         return read_key(paths.sync_key_path(self.data_dir))
+
+
+def clean_host_name(name: str) -> str:
+    """This machine's name as `calm sync --name` gives it, its spaces folded; SyncError unless it
+    is 1 to MAX_NAME_CHARS characters of text (bytes that are not UTF-8, given on the command line,
+    are not: the others could not be sent them)."""
+    name = " ".join(name.split())
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SyncError(f"--name {name}: not UTF-8 text: give 1 to {MAX_NAME_CHARS} characters") from None
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise SyncError(f"--name: give 1 to {MAX_NAME_CHARS} characters")
+    return name
 
 
 def file_stamp(st: os.stat_result) -> tuple[int, int, int, int]:

@@ -201,6 +201,11 @@ class Export(SyncState):
         or a new key. No file is ever written twice."""
         host_id = self.host_id()
         own_dir = paths.private_dir(paths.sync_host_dir(folder, host_id))
+        with self.store.reading() as db:
+            kept_folder = self._meta(db, "sync_folder")
+        if kept_folder != str(folder):  # where its share is, for `calm forget --all` with sync off
+            with self.store.writing() as db:
+                self._set_meta(db, "sync_folder", str(folder))
         remove_stale_temp_files(own_dir)
         own = self._own_segments()
         present = files_in(own_dir)

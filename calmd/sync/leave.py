@@ -24,7 +24,7 @@ class SyncHoldings:
     machines have not been sent yet (they would not forget those commands)."""
 
     files: tuple[Path, ...]  # sync.json and sync.key, those there
-    folder: Path | None  # the sync folder sync.json names (None: sync is off, or sync.json unreadable)
+    folder: Path | None  # the sync folder sync.json names, else the one this machine last wrote its share in
     share: Path | None  # this machine's sub-folder there, when there is one
     segments: int  # the segments in it
     others: int  # the other machines' sub-folders in the folder
@@ -36,19 +36,23 @@ class SyncHoldings:
 
 
 def sync_holdings(data_dir: Path, store: HistoryStore | None) -> SyncHoldings:
-    """What sync holds for this machine (reads only)."""
+    """What sync holds for this machine (reads only). Its share is found whether sync is on or off
+    (`calm sync --off` keeps the folder and the share): in the folder sync.json names, else in the
+    one it last wrote its share in (`sync_folder`, kept by each export)."""
     files = tuple(p for p in (paths.sync_config_path(data_dir), paths.sync_key_path(data_dir)) if p.is_file())
     try:
         config = read_config(paths.sync_config_path(data_dir))
     except SyncError:
         config = None  # deleted all the same; which folder it named is unknown
-    host_id, unsent = None, 0
+    host_id, unsent, last_folder = None, 0, None
     if store is not None:
         with store.reading() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'sync_host_id'").fetchone()
-            host_id = str(row[0]) if row else None
+            sql = "SELECT key, value FROM meta WHERE key IN ('sync_host_id', 'sync_folder')"
+            meta = dict(db.execute(sql).fetchall())
+            host_id, last_folder = meta.get("sync_host_id"), meta.get("sync_folder")
             unsent = db.execute("SELECT COUNT(*) FROM sync_forgotten WHERE sent = 0").fetchone()[0]
-    folder = Path(config.folder) if config is not None else None
+    named = config.folder if config is not None else last_folder
+    folder = Path(named) if named else None
     share, segments, others = None, 0, 0
     if folder is not None:
         try:

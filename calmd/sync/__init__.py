@@ -19,6 +19,7 @@ The rooms:
     import_.py   the others' shares: read newest first, refused whole or stored
     machine.py   Sync: a run (export, the engine, import) under the lock; its status
     engines.py   what replicates the folder (git, driven from here)
+    folder.py    a glance at the folder before joining it: the machines there, the keys they name
     leave.py     `calm forget --all`'s part: this machine leaves sync
 
 It sits above calmd/history (it reads and writes the store) and below calmd/daemon and calmd/cli,

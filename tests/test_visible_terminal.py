@@ -181,7 +181,7 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
             view.close()
 
 
-# A synced record's host is the name another machine's segments gave (calmd/history/sync.py), and
+# A synced record's host is the name another machine's segments gave (calmd/sync/), and
 # the sync folder any name: both as hostile as a command. Written here as an import leaves them.
 SYNC_ID = "0123456789abcdef"
 REFUSED, REASON = "00000002.calm", "tampered: a chunk does not open"

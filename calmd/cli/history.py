@@ -19,7 +19,7 @@ from calmd.shell import (  # imports nothing heavy (`calm history` and `calm sta
 from calmd.visible import visible
 
 if TYPE_CHECKING:
-    from calmd.history.sync import SyncHoldings
+    from calmd.sync.leave import SyncHoldings
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -147,7 +147,7 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     store stays, empty, and remembers that the shells' history files were imported, so the next
     start does not bring them back), the model and ranker trained on them and the ones they
     replaced, the datasets, the training run's status and log, the helpers' log, and the cache
-    (the compiled kernels). With `calm sync`, this machine leaves it (calmd/history/sync.py
+    (the compiled kernels). With `calm sync`, this machine leaves it (calmd/sync/leave.py
     `leave`): sync.json and the key deleted, and this machine's share of the sync folder, so
     that nothing comes back from the folder and nothing of this machine's history stays there;
     the other machines are sent no forget (they keep their history), and what stays in the folder
@@ -156,7 +156,8 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     import shutil
 
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import SyncError, leave, sync_holdings
+    from calmd.sync.config import SyncError
+    from calmd.sync.leave import leave, sync_holdings
     from calmd.training.background import TrainingLock, lock_holder
 
     data, cache = paths.data_dir(), paths.cache_dir()

@@ -47,8 +47,9 @@ from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, system
 from calmd.errors import CalmError, one_line
 from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
-from calmd.history.sync import Sync, SyncError
 from calmd.protocol import PROTOCOL_VERSION
+from calmd.sync.config import SyncError
+from calmd.sync.machine import Sync
 
 log = logging.getLogger("calmd")
 

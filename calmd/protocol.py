@@ -300,6 +300,7 @@ class RecordRequest:
     ts: float | None = None
     env: str = ""  # the active environment, short form (calmd/suggest/frames.py: short_env)
     duration: float | None = None  # seconds the command ran
+    paused: bool = False  # a command ran at `ts` while recording was paused: its time alone, no text
 
 
 @dataclass(frozen=True)
@@ -445,7 +446,10 @@ def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
-    if not isinstance(msg.get("cmd"), str):
+    paused = _bool(msg, "paused", rid)
+    if paused and msg.get("cmd") not in (None, ""):
+        raise ProtocolError("bad_field", "a paused record carries no 'cmd' (nothing of the line)", rid)
+    if not paused and not isinstance(msg.get("cmd"), str):
         raise ProtocolError("bad_field", "'cmd' (a string) is required", rid)
     code = msg.get("exit")
     ts = msg.get("ts")
@@ -472,6 +476,7 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
         duration=None if duration is None else float(duration),
+        paused=paused,
     )
 
 

@@ -137,7 +137,9 @@ def test_impossible_whens_are_dropped_and_counted_and_the_commands_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A 400-digit `when:` failed the whole import ("unexpected OverflowError"), a negative one was
-    stored as 1969: each command is kept now, without that time, and counted."""
+    stored as 1969: each command is kept now, without that time, and counted. It is timed by its
+    place in the file, the time of the entry before it (issue 39: it took the import's time and
+    sorted as the newest command)."""
     path = tmp_path / "fish_history"
     path.write_bytes(b"- cmd: make\n  when: 1700000000\n- cmd: ls\n  when: " + b"9" * 400 + b"\n"
                      b"- cmd: pwd\n  when: -5\n- cmd: top\n  when: 999999999999\n"
@@ -152,8 +154,10 @@ def test_impossible_whens_are_dropped_and_counted_and_the_commands_kept(
     store.close()
     times = {r.cmd: r.ts for r in rows}
     assert times["make"] == 1700000000 and times["cargo build"] == 1700000100
-    assert [r.cmd for r in rows][:3] == ["ls", "pwd", "top"]  # no time: the oldest, in file order
-    assert all(path.stat().st_mtime - 1 < times[c] < path.stat().st_mtime for c in ("ls", "pwd", "top"))
+    assert [r.cmd for r in rows] == ["make", "ls", "pwd", "top", "cargo build"]  # in file order
+    assert all(times[c] == 1700000000 for c in ("ls", "pwd", "top"))  # the time before them
+    assert calm_main(["history", "--db", db, "--commands"]) == 0
+    assert capsys.readouterr().out.split("\n")[:5] == ["make", "ls", "pwd", "top", "cargo build"]
     assert list(parse_fish_history(path.read_bytes()))[1:4] == [(None, "ls"), (None, "pwd"), (None, "top")]
     assert calm_main(["import", "--db", db, str(path)]) == 0  # nothing twice
     assert "0 commands imported" in capsys.readouterr().out
@@ -185,9 +189,9 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.
     holds no entry (1.8 million `- cmd: ls` entries held 640 MB; 20 bytes an entry would show)."""
     import tracemalloc
 
-    from calmd.history import store as store_module
+    from calmd.history import formats
 
-    monkeypatch.setattr(store_module, "IMPORT_CHUNK", 16 << 10)
+    monkeypatch.setattr(formats, "IMPORT_CHUNK", 16 << 10)
     peaks = []
     for size in (128 << 10, 512 << 10):
         folder = tmp_path / str(size)
@@ -210,7 +214,7 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_an_import_stopped_out_of_time_order_goes_on_where_it_was(tmp_path: Path) -> None:
-    from calmd.history.store import IMPORT_BATCH
+    from calmd.history.imports import IMPORT_BATCH
 
     path = tmp_path / "fish_history"
     n = _fish_file(path, 3 * IMPORT_BATCH * 25, shuffled=True)

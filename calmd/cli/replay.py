@@ -12,7 +12,7 @@ from calmd.errors import CalmError
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calmd.history.store import check_history_file
+    from calmd.history.formats import check_history_file
     from calmd.quality import replay
 
     files = replay.expand(args.files)

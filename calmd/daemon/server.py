@@ -422,6 +422,7 @@ class Server:
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),
                 "bad_times": store.counter("import_bad_times"),  # kept without their impossible time
+                "damaged": store.counter("import_damaged"),  # entries with a crash's NULs: skipped
             },
         }
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from calmd.arguments import Parser
+from calmd.arguments import Parser, whole
 from calmd.shell import helper as shell_helper  # imports nothing heavy: the parsers name its commands
+from calmd.shell import hooks
 
 
 def cmd_shell_helper(args: argparse.Namespace) -> int:
@@ -20,22 +21,28 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 def add_calm_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """enable, disable (calm)"""
     p = sub.add_parser("enable", help="turn shell suggestions back on in every shell")
-    p.set_defaults(func=shell_helper.cmd_enable)
+    p.set_defaults(func=hooks.cmd_enable)
     p = sub.add_parser("disable", help="turn shell suggestions off in every shell")
-    p.set_defaults(func=shell_helper.cmd_disable)
+    p.set_defaults(func=hooks.cmd_disable)
 
 
 def add_calmd_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """init, shell-helper (calmd)"""
     p = sub.add_parser("init", help="print the shell hook (for ~/.zshrc, ~/.bashrc, fish's config.fish)")
-    p.add_argument("shell", choices=shell_helper.SHELLS)
-    p.set_defaults(func=shell_helper.cmd_init)
+    p.add_argument("shell", choices=hooks.SHELLS)
+    p.set_defaults(func=hooks.cmd_init)
     p = sub.add_parser("shell-helper", help="the per-shell helper the hooks start (line protocol)")
     p.add_argument("--session", default="", help="session id (default: from the parent pid)")
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
     p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
-    p.add_argument("--shell", choices=shell_helper.SHELLS, help="the hook file to rewrite when calmd changes")
+    p.add_argument("--shell", choices=hooks.SHELLS, help="the hook file to rewrite when calmd changes")
+    p.add_argument(
+        "--shell-pid",
+        type=whole(1, 1 << 22),
+        metavar="PID",
+        help="the shell's pid: the helper goes when it ends (default: the helper's parent)",
+    )
     p.add_argument("--spool", metavar="DIR",
                    help="read requests from files in DIR and answer through DIR/reply (fish, which "
                    "cannot keep a pipe open: calmd/shell/spool.py)")  # fmt: skip

@@ -271,6 +271,19 @@ def _bad_utf8_path(value: Any, path: str) -> str | None:
     return None
 
 
+def wire_text(text: str) -> str:
+    """`text` as the wire carries it (UTF-8): a byte of a command line, a path or a query that was
+    not UTF-8 (Python keeps it as a lone surrogate, surrogateescape) becomes U+FFFD, as the store
+    keeps such bytes. msgpack refused the whole request ("unexpected UnicodeEncodeError") before."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        escapes = all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
+        raw = text.encode("utf-8", "surrogateescape" if escapes else "surrogatepass")
+        return raw.decode("utf-8", "replace")
+    return text
+
+
 # --------------------------------------------------------------------------- requests
 
 

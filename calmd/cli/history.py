@@ -79,7 +79,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """`calm search` typed at a prompt: what Ctrl-R opens (`python -m calmd.shell.search_ui`,
     whose output the hooks read through `$(...)`), and the line it prints ends with a newline,
     so that the prompt after it starts on a line of its own."""
-    status = search_ui.cmd_search(args)
+    status = search_ui.cmd_search(args, "calm")
     if status == search_ui.CHOSEN:
         sys.stdout.write("\n")
         sys.stdout.flush()

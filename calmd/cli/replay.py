@@ -9,6 +9,7 @@ from calmd import paths
 from calmd.arguments import Parser, whole
 from calmd.cli.common import probability
 from calmd.errors import CalmError
+from calmd.visible import visible
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -50,7 +51,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(replay.format_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        print(f"wrote {visible(args.json)}")
     return 0
 
 
@@ -63,7 +64,7 @@ def replay_search(files: list[Path], args: argparse.Namespace) -> int:
     print(replay.format_search_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        print(f"wrote {visible(args.json)}")
     return 0
 
 

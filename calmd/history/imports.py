@@ -155,8 +155,16 @@ def _add_meta(db: sqlite3.Connection, key: str, delta: int) -> None:
         _set_meta(db, key, str(int(_meta(db, key) or 0) + delta))
 
 
+def path_text(path: Path) -> str:
+    """A file's name as the store keeps it (SQLite takes UTF-8): as it is, its bytes that are not
+    UTF-8 as `\\xHH` (a name of Latin-1 bytes failed `calm import` with "unexpected
+    UnicodeEncodeError" before issue 39)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def mark_key(path: Path) -> str:
-    return f"imported:{path.resolve()}"
+    """The `meta` key of what the imports read of `path` (the resolved path: one key a file)."""
+    return f"imported:{path_text(path.resolve())}"
 
 
 def import_position(store: HistoryStore, path: Path) -> str | None:
@@ -169,7 +177,7 @@ def count_refused(store: HistoryStore, path: Path, reason: str) -> None:
     """An import refused `path` as not a history (`calmd status` shows the count and the last)."""
     with store.writing() as db:
         _add_meta(db, "import_refused", 1)
-        _set_meta(db, "last_import_refused", f"{path}: {reason}")
+        _set_meta(db, "last_import_refused", f"{path_text(path)}: {reason}")
 
 
 class _Writer:
@@ -179,7 +187,7 @@ class _Writer:
     def __init__(self, store: HistoryStore, path: Path, kind: str) -> None:
         self.store = store
         self.key = mark_key(path)
-        self.session, self.source = f"import:{path.name}", f"import:{kind}"
+        self.session, self.source = f"import:{path_text(Path(path.name))}", f"import:{kind}"
         self.counts = dict.fromkeys(_COUNTS, 0)
         self.tally = dict.fromkeys(_COUNTS, 0)
         self.verdicts: dict[str, RecordResult] = {}

@@ -217,16 +217,17 @@ def test_calm_import_refuses_with_one_line_and_imports_the_other_files(tmp_path:
 
 
 def test_the_daemon_imports_what_a_crash_left_of_a_history_and_says_so(tmp_path: Path) -> None:
-    """A 1 GB sparse ~/.bash_history (a crash's NULs, then a command the shell appended): the
-    daemon is ready at once, imports what is not damaged of it and ~/.zsh_history, and `calmd
-    status` counts the damaged entry. Before issue 39 the file was refused whole."""
+    """A 1 GB sparse ~/.bash_history (a crash's NULs, then what the shell appended, with a second
+    crash's block of NULs in it): the daemon is ready at once, imports what is not damaged of it
+    and ~/.zsh_history, and `calmd status` counts the damaged entry (the hole's line is cut by the
+    16 MiB bound: not an entry read). Before issue 39 the file was refused whole."""
     path = sparse(tmp_path / ".bash_history", 1 << 30, b"ls\n")
-    with open(path, "ab") as f:
-        f.write(b"\nmake\n")
+    with open(path, "ab") as f:  # what the shell appended after the crash, and a second crash's block
+        f.write(b"\nmake\n" + b"\0" * 4096 + b"\ngit status\n")
     (tmp_path / ".zsh_history").write_text(": 1700000000:0;make test\n")
     with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
         status = wait_imported(c, timeout=120)
-        assert status["history"]["commands"] == 2  # make test; make (ls lies beyond the newest 16 MiB)
+        assert status["history"]["commands"] == 3  # make test; make, git status (ls: beyond 16 MiB)
         assert status["history"]["import"]["refused"] == 0 and status["history"]["import"]["damaged"] == 1
         shown = subprocess.run([str(BIN / "calmd"), "status"], env=daemon_env(tmp_path),
                                capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip

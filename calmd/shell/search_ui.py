@@ -446,7 +446,8 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="calm search",
         description="Search the whole history, ranked by calmd (Ctrl-R in zsh, bash and fish). Prints "
-        "`run` or `edit` and the chosen command; exit 1 when cancelled, 3 when no daemon answers.",
+        "`run` or `edit` and the chosen command; exit 1 when cancelled (or no terminal), 2 for a query "
+        "too long, 3 when no daemon answers (each but a cancel says why on stderr).",
     )
     add_arguments(p)
     return p

@@ -214,7 +214,7 @@ def test_fish_history_is_imported_once_and_never_what_was_paused(home: Path) -> 
                 term.type(line)
                 term.send("Enter")
                 term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$")
-            wait_recorded(home, "echo two")  # the pauses were sent before it, in order
+            wait_recorded(home, "echo two", timeout=30)  # the pauses were sent before it, in order
         assert fish_history.is_file() and b"echo paused" in fish_history.read_bytes()
         with running_daemon(home, env=env) as daemon, CalmClient(daemon.socket) as client:
             wait_imported(client)
@@ -228,11 +228,11 @@ def test_fish_history_is_imported_once_and_never_what_was_paused(home: Path) -> 
                 term.send("Enter")
                 term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$")
             expected = ["echo one", "set CALM_RECORD 1", "echo two", "echo three", "set CALM_RECORD 1"]
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while _commands(home) != expected:  # the second `set CALM_RECORD 1` recorded
                 assert time.monotonic() < deadline, _commands(home)
                 time.sleep(0.05)
-            assert wait_recorded(home, "echo three").source == "shell"
+            assert wait_recorded(home, "echo three", timeout=30).source == "shell"
             calm_import = [str(BIN / "calm"), "import", str(fish_history)]
             out = subprocess.run(calm_import, env=daemon_env(home, **env), capture_output=True, text=True,
                                  timeout=60)  # fmt: skip

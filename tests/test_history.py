@@ -16,7 +16,6 @@ import pytest
 from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
-from calmd.history.formats import detect_format, parse_history, unmetafy
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.suggest.context import HISTORY_FRAMES, ContextTracker, recent_context
@@ -175,29 +174,6 @@ def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:
     # all five of A last (nearest the prediction), after the newest two of the others
     assert [r.cmd for r in recent_context(store, "A", 7)] == ["b3", "b4", "a0", "a1", "a2", "a3", "a4"]
     assert [r.cmd for r in store.recent(limit=2)] == ["a4", "b4"]
-
-
-def test_parse_bash_with_timestamps() -> None:
-    raw = b"ls\n#1700000000\ngit status\n#1700000100\nmake -j2\n"
-    assert list(parse_history(raw, "bash")) == [(None, "ls"), (1700000000.0, "git status"),
-                                                 (1700000100.0, "make -j2")]  # fmt: skip
-    assert detect_format(raw) == "bash"
-
-
-def test_parse_zsh_extended_multiline_and_metafied() -> None:
-    raw = (
-        b": 1700000000:0;git status\n"
-        b": 1700000005:3;for f in *; do\\\n  echo $f\\\ndone\n"
-        b": 1700000009:0;echo caf\x83\xe3\n"  # metafied byte: 0x83 then 0xC3 ^ 0x20
-        b": 1700000010:0;ls\n"
-    )
-    entries = list(parse_history(raw, "zsh"))
-    assert detect_format(raw) == "zsh"
-    assert entries[0] == (1700000000.0, "git status")
-    assert entries[1] == (1700000005.0, "for f in *; do\n  echo $f\ndone")
-    assert entries[2][1].encode("utf-8", "surrogateescape") == b"echo caf\xc3"
-    assert entries[3] == (1700000010.0, "ls")
-    assert unmetafy(b"a\x83\xa9b") == b"a\x89b"
 
 
 def test_import_is_incremental(store: HistoryStore, tmp_path: Path) -> None:

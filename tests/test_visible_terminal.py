@@ -154,7 +154,7 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
     ]
     refused = home / "refused" / ("evil" + "".join(forms) + "\u200b.hist")
     refused.parent.mkdir()
-    refused.write_bytes(b"\0" * 64)  # not a history: refused whole
+    refused.write_bytes(bytes(range(1, 32)) * 4)  # control bytes: not a history, refused whole
     with running_daemon(home):
         view = View(home, "search")
         try:

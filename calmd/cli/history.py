@@ -27,7 +27,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     and the others are still imported; exit 1 when any was refused. fish's history is told apart
     by its first entry (or --format fish) and read by calmd/history/fish.py."""
     from calmd.history.fish import import_fish_history, is_fish_history
-    from calmd.history.store import HistoryStore, NotAHistory, import_summary
+    from calmd.history.formats import NotAHistory
+    from calmd.history.imports import import_summary
+    from calmd.history.store import HistoryStore
 
     if args.max_mib <= 0:
         raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
@@ -77,7 +79,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """`calm search` typed at a prompt: what Ctrl-R opens (`python -m calmd.shell.search_ui`,
     whose output the hooks read through `$(...)`), and the line it prints ends with a newline,
     so that the prompt after it starts on a line of its own."""
-    status = search_ui.cmd_search(args)
+    status = search_ui.cmd_search(args, "calm")
     if status == search_ui.CHOSEN:
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -112,6 +112,11 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def serve(self, sock: socket.socket | None = None) -> None:
+        """Bind (or take systemd's socket), start, serve until told to stop, shut down. The socket
+        file this daemon bound is removed on every way out: a stop, a start that fails after the
+        bind (a store of a newer schema: issue 39 found the file left behind), an exception;
+        SIGTERM and SIGINT are handled from the bind on (before, their default ended the process
+        while the model loaded)."""
         loop = asyncio.get_running_loop()
         paths.private_data_dir(self.config.data_dir)  # before anything is written there
         if sock is None:
@@ -120,18 +125,28 @@ class Server:
             sock = bind_socket(self.config.socket_path)
             st = self.config.socket_path.lstat()
             self._bound_socket = (st.st_dev, st.st_ino)
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+            await self._serve(sock, loop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            self._remove_socket()
+
+    async def _serve(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.service.history = self.history
         self.sync = Sync(self.history, self.config.data_dir)
         self.trainer.clean_leftovers()
         await self.reload()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         if self.config.hangup_stops:  # the terminal `calmd serve` was typed in closed
             loop.add_signal_handler(signal.SIGHUP, self._on_stop_signal, signal.SIGHUP)
         else:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if self.should_exit.is_set():  # SIGTERM or SIGINT while it started: not a request served
+            return
         scheduler = asyncio.ensure_future(self.scheduler.run())
         self.listener.start(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
@@ -159,8 +174,6 @@ class Server:
             timer.cancel()
             syncer.cancel()
             await self._shutdown(watcher, scheduler)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
 
     async def _import_then_check(self) -> None:
         """The first-start import, then the due check: automatic runs wait for the import (a run
@@ -251,7 +264,7 @@ class Server:
     async def _shutdown(self, watcher: asyncio.Future[None], scheduler: asyncio.Future[None]) -> None:
         """Everything within graceful_timeout; the watchdog ends the process if this overruns."""
         timeout = self.config.graceful_timeout
-        start_watchdog(timeout)
+        start_watchdog(timeout, self._remove_socket)
         deadline = time.monotonic() + timeout
         watcher.cancel()
         self.listener.stop()
@@ -284,7 +297,8 @@ class Server:
 
     def _remove_socket(self) -> None:
         """Remove the socket file if we bound it and it is still ours (under socket activation
-        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test)."""
+        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test). Safe to call again: once removed
+        (or replaced by another daemon's), it is left alone."""
         if self._bound_socket is None or os.environ.get("CALMD_KEEP_SOCKET"):
             return
         path = self.config.socket_path
@@ -423,6 +437,7 @@ class Server:
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),
                 "bad_times": store.counter("import_bad_times"),  # kept without their impossible time
+                "damaged": store.counter("import_damaged"),  # entries with a crash's NULs: skipped
             },
         }
 
@@ -495,9 +510,10 @@ def file_id(path: Path) -> FileId | None:
 _watchdog_started = threading.Event()
 
 
-def start_watchdog(timeout: float) -> None:
+def start_watchdog(timeout: float, before_exit: Callable[[], None] = lambda: None) -> None:
     """End the process `timeout` seconds from now if it is still there: SIGTERM always stops the
-    daemon, whatever hangs (a worker thread, a lock, a client that never reads)."""
+    daemon, whatever hangs (a worker thread, a lock, a client that never reads). `before_exit`
+    runs first (the socket file's removal: os._exit skips every `finally`)."""
     if _watchdog_started.is_set():
         return
     _watchdog_started.set()
@@ -505,6 +521,8 @@ def start_watchdog(timeout: float) -> None:
     def bark() -> None:
         time.sleep(timeout)
         log.error("shutdown did not finish within %g s: exiting now", timeout)
+        with contextlib.suppress(Exception):
+            before_exit()
         _hard_exit(EXIT_SHUTDOWN_TIMEOUT)
 
     threading.Thread(target=bark, name="calmd-watchdog", daemon=True).start()

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from calmd.arguments import Parser, run_tool  # noqa: E402
-from calmd.history.secrets import find_secret  # noqa: E402
+from calmd.secrets import find_secret  # noqa: E402
 
 OLD_COMMITS = {"before issue 30": "ffe7a68", "before issue 23": "ad7d2a1", "before issue 12": "aa4422d"}
 CORPUS = REPO / "tests" / "data" / "secrets"

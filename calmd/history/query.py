@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from calmd.errors import CalmError
-from calmd.history.secrets import DETECTOR_VERSION
 from calmd.history.store import SCHEMA_VERSION, HistoryStore, clean_text, valid_time
 from calmd.protocol import TS_MAX
+from calmd.secrets import DETECTOR_VERSION
 from calmd.visible import json_escaped, json_text, visible
 
 BATCH = 20_000  # rows the search index reads per round trip

@@ -6,7 +6,7 @@ from (`shell` for the hooks, `import:bash` / `import:zsh` for imported history f
 
 Filters, applied to everything stored (docs/history.md):
 - commands that start with a space are not stored (the bash/zsh `ignorespace` convention);
-- commands holding credentials (calmd/history/secrets.py) are dropped and counted, never stored;
+- commands holding credentials (calmd/secrets/) are dropped and counted, never stored;
 - empty commands and commands over 64 KiB are ignored;
 - bytes that are not UTF-8 (and NULs) are stored as U+FFFD and counted, never a failure.
 
@@ -40,8 +40,8 @@ from typing import Any, BinaryIO
 from calmd import paths
 from calmd.errors import CalmError, DiskFull
 from calmd.history.recorded import COMP_ITEMS, clean_env
-from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
 from calmd.protocol import INT64_MAX, TS_MAX
+from calmd.secrets import DETECTOR_VERSION, find_secret, forget_command
 from calmd.visible import visible
 
 log = logging.getLogger("calmd.history.store")

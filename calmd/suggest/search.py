@@ -491,7 +491,7 @@ class SearchIndex:
         self.text.arrays()
 
     def shown(self, i: int) -> bool:
-        """Whether command `i` may be shown: what the store would store today (calmd/history/secrets.py),
+        """Whether command `i` may be shown: what the store would store today (calmd/secrets/),
         and nothing that drives a terminal (no control character but a multi-line command's
         newlines: calmd/suggest/filters.py, the rule every candidate follows)."""
         found = self._shown.get(i)

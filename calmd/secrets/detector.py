@@ -32,9 +32,15 @@ DETECTOR_VERSION = 5
 _CREDENTIAL_HINT = re.compile(
     r"netrc|\.aws/|\.boto|s3cfg|pgpass|git-credentials|npmrc|yarnrc|pypirc|config\.json|my\.cnf|mylogin"
 )
-_URL_HINT = re.compile(r"://|@|[?&][A-Za-z_][\w.-]*=")
-_NESTED_HINT = re.compile(r"\$\(|`|<\(|['\"][^'\"]*\s")
+_QUOTED_SPACE = re.compile(r"['\"][^'\"]*\s")
 NESTING = 2  # levels of commands inside commands that are judged
+# A quoted argument is judged as a command line when a program runs it (`ssh host '...'`, `bash -c
+# "..."`, `alias x='...'`) or it reads as one (an option, a pipe, a list): not a commit's message.
+_RUNNERS = frozenset({"ssh", "sh", "bash", "zsh", "dash", "fish", "ksh", "su", "sudo", "doas", "watch",
+                      "expect", "tmux", "screen", "eval", "alias", "nohup", "runuser", "xargs", "parallel",
+                      "script", "flock", "mosh", "lftp", "exec"})  # fmt: skip
+_COMMAND_OPTIONS = frozenset({"-c", "-e", "-x", "--command", "--eval", "--exec", "exec", "-exec", "--"})
+_COMMANDISH = re.compile(r"\s-\w|[|;]|&&")
 
 
 def find_secret(cmd: str) -> str | None:
@@ -49,12 +55,11 @@ def _judge(cmd: str, depth: int) -> str | None:
     line = Line(cmd)
     lowered = line.lower
     hinted = HINT.search(lowered) is not None
-    rule = token_rule(cmd)
-    if rule is None and ("calm" in lowered or cmd.count("-") >= 13):
-        rule = calm_secret_rule(cmd)
+    rule = calm_secret_rule(cmd) if ("calm" in lowered or cmd.count("-") >= 13) else None
+    rule = rule or token_rule(cmd)
     if rule is None and hinted:
         rule = named_value_rule(line)
-    if rule is None and _URL_HINT.search(cmd):
+    if rule is None and ("://" in cmd or "@" in cmd or ("=" in cmd and ("?" in cmd or "&" in cmd))):
         rule = url_rule(cmd)
     if rule is None and _CREDENTIAL_HINT.search(lowered):
         rule = credential_file_rule(cmd)
@@ -62,7 +67,7 @@ def _judge(cmd: str, depth: int) -> str | None:
         rule or key_material_rule(cmd) or inline_code_rule(cmd, lowered) or prefix_rule(cmd)
         or basic_auth_rule(cmd) or random_string_rule(cmd) or _structure_rule(line, hinted)
     )  # fmt: skip
-    if rule is None and _NESTED_HINT.search(cmd):
+    if rule is None and _nests(cmd):
         rule = _nested_rule(line, 1)
     return rule
 
@@ -73,16 +78,30 @@ def _structure_rule(line: Line, hinted: bool) -> str | None:
     return tool_rule(line) or config_rule(line) or fed_rule(line.text) or positions_rule(line, hinted)
 
 
+def _nests(cmd: str) -> bool:
+    """Whether a line may nest a command: a substitution, or a quoted argument with a space."""
+    return (
+        "$(" in cmd
+        or "`" in cmd
+        or "<(" in cmd
+        or (("'" in cmd or '"' in cmd) and " " in cmd and _QUOTED_SPACE.search(cmd) is not None)
+    )
+
+
 def _nested_rule(line: Line, depth: int) -> str | None:
     """The commands inside substitutions and quoted arguments, each judged as a line."""
     for inner in substitutions(line.text):
         rule = hashed_literal_rule(inner) or _nested(inner, depth)
         if rule:
             return rule
-    for word in line.words:
+    words = line.words
+    runner = bool(words) and words[0].rsplit("/", 1)[-1] in _RUNNERS
+    for k, word in enumerate(words):
         if word[:1] in "'\"" or word[:2] == "$'":
             inner = unquote(word)
-            if inner != word and " " in inner.strip():
+            if inner == word or " " not in inner.strip() or inner.startswith(("$(", "`")):
+                continue  # (a substitution: judged above)
+            if runner or (k and words[k - 1] in _COMMAND_OPTIONS) or _COMMANDISH.search(inner):
                 rule = _nested(inner, depth)
                 if rule:
                     return rule
@@ -92,6 +111,6 @@ def _nested_rule(line: Line, depth: int) -> str | None:
 def _nested(cmd: str, depth: int) -> str | None:
     line = Line(cmd)
     rule = _structure_rule(line, HINT.search(line.lower) is not None)
-    if rule is None and depth < NESTING and _NESTED_HINT.search(cmd):
+    if rule is None and depth < NESTING and _nests(cmd):
         rule = _nested_rule(line, depth + 1)
     return rule

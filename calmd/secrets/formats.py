@@ -117,7 +117,12 @@ def _bounded(text: str, start: int, end: int) -> bool:
     )
 
 
+SHORTEST_TOKEN = 12  # the fewest characters a match of TOKEN_FORMATS has (Slack's `xapp-`; a test checks)
+
+
 def token_rule(cmd: str) -> str | None:
+    if len(cmd) < SHORTEST_TOKEN:
+        return None
     for needle, patterns in _BY_NEEDLE.items():
         if needle not in cmd:
             continue
@@ -146,6 +151,8 @@ _TOKENISH = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z0-9_.+-]{19,}")  # a prefix and
 
 
 def prefix_rule(cmd: str) -> str | None:
+    if len(cmd) < 19:
+        return None
     for found in _TOKENISH.finditer(cmd):
         word = found.group(0)
         if not word.startswith(_BY_LENGTH):

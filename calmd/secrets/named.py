@@ -155,19 +155,19 @@ def named_value_rule(line: Line) -> str | None:
 
 def _here_documents(text: str) -> str | None:
     """A here-document's lines as the file they make holds them (`cat > .env <<'EOF'`: with the
-    delimiter quoted, `$` and `/` in a value are its characters)."""
+    delimiter quoted, `$` and `/` in a value are its characters; unquoted, `$X` expands)."""
     for kind, body in shell_tokens(text):
-        if kind == "heredoc-literal" and body:
-            for found in _BODY_ASSIGNMENT.finditer(body):
-                name_is = name_kind(found.group(1), bare_key=True)
-                value = found.group(2).strip().strip("'\"")
-                if (
-                    name_is
-                    and value
-                    and not is_placeholder(value)
-                    and (name_is == "password" or looks_random(value))
-                ):
-                    return "config-secret"
+        if kind not in ("heredoc", "heredoc-literal") or not body:
+            continue
+        for found in _BODY_ASSIGNMENT.finditer(body):
+            name_is = name_kind(found.group(1), bare_key=True)
+            value = found.group(2).strip().strip("'\"")
+            if not name_is or not value or is_placeholder(value) or quoted_reference(value):
+                continue
+            if kind == "heredoc" and ("$" in value or "`" in value):
+                continue  # the shell puts a value there
+            if name_is == "password" or looks_random(value):
+                return "config-secret"
     return None
 
 

@@ -154,6 +154,8 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
 
 
 def _key_shaped(value: str) -> bool:
+    if len(value) < 20 or (value.islower() and not any(c.isdigit() for c in value)):
+        return False  # (a package's name: `texlive-latex-recommended`)
     if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES):
         return False
     core = value.strip("=")
@@ -189,9 +191,9 @@ def _keywords(words: Sequence[str]) -> bool:
         return False
     setting = False
     for k, raw in enumerate(words[:-1]):
-        if not k or raw[:1] in "'\"-":
+        if not k or raw[:1] == "-":
             continue
-        word = raw.rstrip("=:")
+        word = (unquote(raw) if raw[:1] in "'\"" else raw).rstrip("=:")
         lowered = word.lower()
         if lowered in _READING:
             return False
@@ -223,7 +225,8 @@ def _keywords(words: Sequence[str]) -> bool:
 def _secret_command(words: Sequence[str], options: Sequence[tuple[str, str | None]]) -> bool:
     """A command that sets a secret: its values are secrets whatever their names."""
     lowered = {unquote(w).lower() for w in words}
-    if not (SECRET_NOUNS & lowered) or not (SETTING_VERBS & {unquote(w).lower() for w in words[:5]}):
+    parts = lowered | {part for word in lowered if "-" in word for part in word.split("-")}  # `user-secrets`
+    if not (SECRET_NOUNS & parts) or not (SETTING_VERBS & {unquote(w).lower() for w in words[:5]}):
         return False
     if _READING & lowered:
         return False
@@ -335,21 +338,39 @@ _PAIR_HINT = re.compile(
     r"-userpass|-user-pass|-auth-user|-dest-creds|-src-creds)[\s=]+\S*:"
 )
 _CERT_HINT = re.compile(r"\.(?:pem|p12|pfx|crt|cer|key|jks|keystore|der|pkcs12):")
-_NOUN_HINT = re.compile(r"secret|keychain|keyring|credential|creds|password|securestring")
-_VERB_HINT = re.compile(r"\b(?:login|auth|authtoken|authenticate|install|register|activate|join|connect|"
-                        r"token|enroll|link)\b.*\S{20}|\b(?:unlock|unseal|decrypt)\b")  # fmt: skip
+_TOKEN_VERB_HINT = re.compile(
+    r"\b(?:login|auth|authtoken|authenticate|install|register|activate|join|connect|token|enroll|link)\b"
+)
+_LONG_WORD = re.compile(r"\S{20}")
 
 
 def positions_rule(line: Line, hinted: bool) -> str | None:
     """(`hinted`: the line holds a word that may name a secret, named.HINT)"""
     text = line.text
+    lower = line.lower
     if ":" in text and _CERT_HINT.search(text) and _certificate_passphrase(line.words):
         return "certificate-passphrase"
-    login = _LOGIN_HINT.search(text) is not None and _USER_HINT.search(text) is not None
-    pairs = ":" in text and _PAIR_HINT.search(text) is not None
-    keys = _KEY_HINT.search(text) is not None
-    nouns = _NOUN_HINT.search(line.lower) is not None
-    verbs = _VERB_HINT.search(line.lower) is not None
+    flagged = " -" in text
+    long_word = len(text) >= 20 and _LONG_WORD.search(text) is not None
+    # (substring search runs at C speed: it goes before a regular expression's alternation)
+    login = (
+        flagged
+        and (" -p" in text or " -P" in text or "--pw" in text or "--passwd" in text)
+        and _LOGIN_HINT.search(text) is not None
+        and _USER_HINT.search(text) is not None
+    )
+    pairs = flagged and ":" in text and _PAIR_HINT.search(text) is not None
+    keys = flagged and long_word and _KEY_HINT.search(text) is not None
+    nouns = (
+        "secret" in lower or "keych" in lower or "keyring" in lower or "cred" in lower or "password" in lower
+    )
+    nouns = nouns or "securestring" in lower
+    verbs = (
+        "unlock" in lower
+        or "unseal" in lower
+        or "decrypt" in lower
+        or (long_word and _TOKEN_VERB_HINT.search(lower) is not None)
+    )
     if not (login or pairs or keys or nouns or verbs or hinted):
         return None
     for words in line.commands:

@@ -44,7 +44,7 @@ def random_string_rule(cmd: str) -> str | None:
     of letters and digits (and `_-+`), upper and lower case and digits mixed the way random text
     mixes them. Paths, URLs and dotted names are not candidates: a generated path component is
     a file name, not a credential."""
-    if not _LONG_WORD.search(cmd):
+    if len(cmd) < 20 or not _LONG_WORD.search(cmd):
         return None
     for found in _SHELL_WORD.finditer(cmd):
         word = found.group(0)
@@ -99,6 +99,8 @@ def _random_base64(word: str) -> bool:
 
 def basic_auth_rule(cmd: str) -> str | None:
     """base64 of `user:password` anywhere (written into a file, a config, a header)."""
+    if len(cmd) < 11:
+        return None
     for found in _PAIR_CANDIDATE.finditer(cmd):
         word = found.group(0)
         if len(word) <= 200 and not word.islower() and not word.isupper() and decodes_to_pair(word):

@@ -268,7 +268,7 @@ def _secret_file_argument(words: Sequence[str]) -> bool:
     return False
 
 
-_FED_SOURCES = re.compile(r"echo|printf|yes\b|<<|<\(")
+_FED_SOURCES = re.compile(r"echo|printf|yes\b|<<|<\(")  # (and `base64` after one of them)
 
 
 def fed_rule(cmd: str) -> str | None:
@@ -287,5 +287,26 @@ def fed_rule(cmd: str) -> str | None:
                 return "fed-secret"
             if "<(" in cmd and _secret_file_argument(stage.words):
                 return "fed-secret"
+            if (
+                fed
+                and _encodes(stage.words)
+                and any(_PAIR.fullmatch(text) and "://" not in text for text in fed)
+            ):
+                return "basic-auth-built"  # `echo -n user:pass | base64`: a Basic credential made
             piped = _writes(stage, fed)
     return None
+
+
+_PAIR = re.compile(r"[\w.@\\-]{1,64}:(?=[^:\s]*[\d\W])[^\s:]{4,}")  # `user:pass`, a digit or a symbol in it
+
+
+def _encodes(words: Sequence[str]) -> bool:
+    """Whether a stage encodes what it reads in base64 (`base64`, `openssl base64`, `basenc
+    --base64`), not decodes it."""
+    args = [unquote(w) for w in words]
+    for k in command_starts(words):
+        name = args[k].rsplit("/", 1)[-1]
+        rest = args[k + 1 :]
+        if name in ("base64", "basenc", "b64") or (name == "openssl" and rest[:1] in (["base64"], ["enc"])):
+            return not {"-d", "--decode", "-D", "-di", "-id"} & set(rest)
+    return False

@@ -180,7 +180,6 @@ _VERSION = re.compile(r"v?\d+(?:\.\w+)+")
 _HOSTLIKE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+(?::\d+)?")
 _FILE_NAME = re.compile(r"[\w.+-]*\.[A-Za-z][A-Za-z0-9]{0,4}")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
-_PORT_MAP = re.compile(r"[\d.:/a-z-]*\d+:\d+[\d.:/a-z-]*")
 _IDENTIFIER = re.compile(r"[a-z]+(?:[_-][a-z]+)*")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 HEX = re.compile(r"(?:0x)?[0-9a-fA-F]+")
@@ -190,20 +189,32 @@ def is_uuid(value: str) -> bool:
     return _UUID.fullmatch(value) is not None
 
 
+# One pass for the shapes above (a number, a version, a host, a file name, an e-mail, a UUID).
+_ORDINARY = re.compile("|".join(p.pattern for p in (_NUMBER, _VERSION, _HOSTLIKE, _FILE_NAME, _EMAIL, _UUID)))
+_PORT_PART = re.compile(r"\d+(?:-\d+)?(?:/\w+)?")
+
+
+def _port_map(value: str) -> bool:
+    """`8080:80`, `127.0.0.1:8080:80/tcp`, `5432:db.internal:5432`: ports on one side or both."""
+    parts = value.split(":")
+    return (
+        len(parts) >= 2
+        and (_PORT_PART.fullmatch(parts[0]) is not None or _PORT_PART.fullmatch(parts[-1]) is not None)
+        and all(re.fullmatch(r"[\w.-]*(?:/\w+)?", part) for part in parts)
+    )
+
+
 def ordinary(value: str) -> bool:
     """A value with a shape of its own that is not a password: a number, a version, a host, a
     file name, an e-mail address, a port mapping, a UUID, an assignment, an option, a path."""
     return (
-        _NUMBER.fullmatch(value) is not None
-        or _VERSION.fullmatch(value) is not None
-        or _HOSTLIKE.fullmatch(value) is not None
-        or _FILE_NAME.fullmatch(value) is not None
-        or _EMAIL.fullmatch(value) is not None
-        or _PORT_MAP.fullmatch(value) is not None
-        or is_uuid(value)
-        or value.startswith(("-", "/", "~", "./", "../", "http:", "https:", "$"))
+        not value
+        or value[0] in "-/~$"
+        or value.startswith(("./", "../", "http:", "https:"))
         or "=" in value.rstrip("=")
         or any(c.isspace() for c in value)
+        or _ORDINARY.fullmatch(value) is not None
+        or (":" in value and _port_map(value))
     )
 
 

@@ -28,9 +28,11 @@ UNITS = [
 
 @pytest.mark.parametrize("unit", UNITS)
 def test_no_rule_is_quadratic_on_a_64_kib_command(unit: str) -> None:
-    """And a 64 KiB run of letters before a URL's `://` (the URL rule once tried a scheme at
-    every letter: 5 s)."""
-    cmd = (unit * (65536 // len(unit)))[: 65536 - 40] + " https://me:pw@example.com >> ~/.netrc"
-    start = time.perf_counter()
-    find_secret(cmd)
-    assert time.perf_counter() - start < 1.0
+    """The shape alone (every rule runs: no secret ends the search early; `auth=('a', ` cost 12 s
+    before a hint's `.*` was taken out), and the shape before a URL's `://` (the URL rule once
+    tried a scheme at every letter: 5 s)."""
+    shape = unit * (65536 // len(unit))
+    for cmd in (shape[:65536], shape[: 65536 - 40] + " https://me:pw@example.com >> ~/.netrc"):
+        start = time.perf_counter()
+        find_secret(cmd)
+        assert time.perf_counter() - start < 1.0

@@ -8,6 +8,7 @@ import string
 import pytest
 
 from calmd.secrets import find_secret
+from calmd.secrets.formats import SHORTEST_TOKEN, TOKEN_FORMATS
 from tests.credentials.forms import RNG_SEED, random_word
 
 PREFIXES = ["github_pat_", "ghp_", "glpat-", "sk-ant-api03-", "hf_", "npm_", "dckr_pat_"]
@@ -31,3 +32,11 @@ def test_a_token_inside_a_longer_word_is_not_the_token() -> None:
     assert find_secret(f"echo x{token}") != "github-token"
     assert find_secret("ls AKIAUJZDEGXDNCF32EPF") == "aws-access-key-id"
     assert find_secret("ls AKIAUJZDEGXDNCF32EPFX") is None  # 21 characters: not an access key id
+
+
+def test_no_token_format_matches_fewer_characters_than_the_rule_skips() -> None:
+    """token_rule skips a line shorter than SHORTEST_TOKEN (half the lines of a history are): no
+    format may match one."""
+    from re import _parser  # the widths of a pattern's matches
+
+    assert min(_parser.parse(pattern).getwidth()[0] for _, _, pattern in TOKEN_FORMATS) == SHORTEST_TOKEN

@@ -55,6 +55,7 @@ SECRET_SETTING = [
     "aws ssm put-parameter --name /app/{user} --type SecureString --value '{secret}'",
     "fly secrets set RELAY_{user}='{secret}'",
     "doppler secrets set HOOK='{secret}' --project shop",
+    "dotnet user-secrets set \"Db:Password\" '{secret}'",
 ]
 SOLE_TOKENS = [
     "wandb login {hex40}",

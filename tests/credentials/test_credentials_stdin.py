@@ -30,6 +30,9 @@ FED_FORMS = [
     "restic -r /srv/backup --password-file <(echo '{secret}') snapshots",
     "docker login -u {user} --password-stdin {host} <<'EOF'\n{secret}\nEOF",
     "cat <<'END' | passwd --stdin {user}\n{secret}\nEND",
+    # a Basic credential built inline: base64 of a literal `user:password`
+    "echo -n '{user}:{pair_secret}x1' | base64",
+    "curl -H \"Authorization: Basic $(printf '%s' '{user}:{pair_secret}x1' | base64)\" https://{host}/",
 ]
 
 
@@ -57,6 +60,9 @@ FED_REFERENCES = [
     "git clone https://<user>:<token>@{host}/{user}/repo.git",
     "curl -u <{user}>:<password> https://{host}/api",
     'mysql -u {user} "--password=$DB_PW" shop',
+    'echo -n "$API_USER:$API_PASS" | base64',
+    "echo 'https://{host}/releases/download/v1.4.2/tool-1.4.2.jar' | base64",
+    "echo hello:world | base64",
 ]
 
 

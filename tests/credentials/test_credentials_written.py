@@ -36,6 +36,7 @@ CONFIG_LINE_FORMS = [
     'spark-submit --conf "spark.hadoop.fs.s3a.secret.key={b62}" job.py',
     "docker run -e 'JAVA_OPTS=-Dkeystore.password={pair_secret} -Xmx1g' app:latest",
     "cat > .env <<'EOF'\nDB_PASSWORD={secret}\nEOF",
+    "cat <<EOF | kubectl apply -f -\nkind: Secret\nstringData:\n  password: {pair_secret}\nEOF",
 ]
 ENCODED_FORMS = [
     "echo '{b64pair}' > /etc/{user}/basic.auth",
@@ -69,6 +70,7 @@ WRITTEN_HARMLESS = [
     " >> authorized_keys",
     "python3 -c \"import getpass; pw = getpass.getpass('Password: ')\"",
     "git commit -m 'password: reset flow, see docs'",
+    "cat <<EOF | kubectl apply -f -\nkind: Secret\nstringData:\n  password: $DB_PW\nEOF",
 ]
 
 

@@ -39,6 +39,8 @@ BEARER = re.compile(r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{16,})")
 # `password: x`, `api_secret = "x"`, `PrivateKey = x` (YAML, INI, TOML, properties, WireGuard)
 _SPACED = re.compile(r"""(?:^|[\s'"{,;(\[])([A-Za-z_][\w.-]*)(?:\s*:\s+|\s+=\s*|=\s+)(['"]?)([^\s'"]+)""")
 _CALL = re.compile(r"[a-z_][\w.]*\((?:['\")]|$)|\[.*\]$|\{.*\}$")  # code: `getpass.getpass(`, `[...]`
+_CONVERSION = re.compile(r"%[-+ #0-9.]*[sdqb](?:\\n)*")
+_REDIRECTION = re.compile(r"\d*[<>]|&>")  # a redirection's word ends a command's arguments
 _WRITES = re.compile(r">|\btee\b")  # the line writes into a file
 _BODY_ASSIGNMENT = re.compile(r"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][\w.-]*)[ \t]*[=:][ \t]*(\S.*)$")
 _XML = re.compile(r"<([A-Za-z_][\w.-]*)>([^<>\s]{2,200})</\1>")
@@ -58,8 +60,8 @@ def _options(text: str) -> str | None:
                 continue  # `docker build --secret id=x,src=file` names a file
             if name == "pass" and value.isdigit() and len(value) <= 2:
                 continue  # `ffmpeg -pass 1`: the first of a two-pass encode
-            if value.startswith("{{"):
-                continue  # a template (`password={{ vault_pw }}`)
+            if value.startswith("{{") or _CONVERSION.fullmatch(raw.strip("'\"")):
+                continue  # a template (`password={{ vault_pw }}`), printf's `%s` (its argument is judged)
             if kind == "password" or looks_random(value):
                 return "password-argument" if kind == "password" else "token-argument"
     return None
@@ -175,7 +177,9 @@ def _printed(line: Line) -> str | None:
     """What `printf FORMAT ARGS` writes (a config line whose value is printf's argument)."""
     for words in line.commands:
         if command_name(words[0]) == "printf" and len(words) > 2 and words[1] != "-v":
-            printed = printf_output(words[1], words[2:])
+            args = words[2:]
+            args = args[: next((k for k, w in enumerate(args) if _REDIRECTION.match(w)), len(args))]
+            printed = printf_output(words[1], args)
             rule = _options(printed) or _fields(
                 printed, literal_text=True, written=_WRITES.search(line.text) is not None
             )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 PASSWORD_WORDS = ("password", "passwd", "passphrase", "passcode", "pass", "pwd", "psk", "pw", "pword")
-_NOT_PASS = ("bypass", "compass", "surpass", "encompass", "overpass", "underpass", "trespass", "nopass")
+_NOT_PASS = ("bypass", "compass", "surpass", "encompass", "overpass", "underpass", "trespass", "nopass",
+             "askpass")  # fmt: skip
 # Name endings that say the value is where a secret lives, or something about it, not the secret.
 _REFERENCE_ENDINGS = frozenset({"file", "files", "path", "dir", "name", "names", "type", "length", "len",
                                 "size", "count", "id", "ids", "arn", "ref", "env", "stdin", "prompt",

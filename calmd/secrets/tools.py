@@ -27,8 +27,8 @@ def _option_value(args: Sequence[str], flags: tuple[str, ...], *, attached: bool
         arg = as_option(raw)
         for flag in flags:
             if arg == flag:
-                if separate and i + 1 < len(args):
-                    values.append(args[i + 1])
+                if separate and i + 1 < len(args) and not re.match(r"--?[A-Za-z]", args[i + 1]):
+                    values.append(args[i + 1])  # (`mongo -u x -p -d db`: `-p` alone asks)
             elif arg.startswith(flag + "="):
                 values.append(arg[len(flag) + 1 :])
             elif attached and not flag.startswith("--") and arg.startswith(flag) and len(arg) > len(flag):

@@ -26,7 +26,7 @@ from calmd.secrets.values import (
 
 # One shell word: quoted parts and single unquoted characters (no nested quantifier: linear time).
 _VALUE = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s'"&;|),])+"""
-HINT = re.compile(r"pass|pw|secret|token|key|auth|cred|psk|cookie|bearer|://|sig=|appid|mnemonic|communit")
+HINT = re.compile(r"pass|pw|secret|token|key|auth|cred|psk|cookie|bearer|appid|mnemonic|communit")
 ASSIGNMENT = re.compile(rf"""(?:^|[\s;&|(,'"{{\[])([A-Za-z_][A-Za-z0-9_.-]*)=({_VALUE})""")
 OPTION = re.compile(rf"(?:^|[\s=])--?([A-Za-z][A-Za-z0-9_.-]*[A-Za-z])(?:=|\s+(?=[^\s-]))({_VALUE})")
 JSON_FIELD = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:\s*(?:"([^"]*)"|'([^']*)')""")

@@ -327,21 +327,30 @@ def _certificate_passphrase(words: Sequence[str]) -> bool:
     return False
 
 
-# What each rule needs in a line before it looks at the line's commands (most lines have none).
-_LOGIN_HINT = re.compile(r"(?:^|\s)-(?:p|P|pw|pwd|pass|passwd|-pw|-pwd|-passwd)\s")
-_USER_HINT = re.compile(r"(?:^|\s)-(?:u|U|l|-username|user|username|-login|login|usr)\s|--user=")
-_KEY_HINT = re.compile(
-    r"(?:^|\s)-(?:[kKaAxXtTsSHwWpP]|pw|pwd|pass|key|secret|token|auth)[\s=]+['\"]?[^\s'\"]{16}"
-)
-_PAIR_HINT = re.compile(
-    r"(?:^|\s)['\"]?-(?:u|-?user|-auth|-creds?|-credentials|-login|-basic|-proxy-user|-http-user|"
-    r"-userpass|-user-pass|-auth-user|-dest-creds|-src-creds)[\s=]+\S*:"
-)
+# What each rule needs in a line before it looks at the line's commands (most lines have none):
+# the options a line gives (one pass), long words, a verb (substring search first: it runs at C
+# speed, a regular expression's alternation tries every position).
+_FLAG = re.compile(r"(?<!\S)['\"]?(--?[A-Za-z][\w-]{0,20})(?=[\s=]|$)")
+_LOGIN_FLAGS = frozenset({"-p", "-P", "-pw", "-pwd", "-pass", "-passwd", "--pw", "--pwd", "--passwd"})
+_USER_HINTS = frozenset({"-u", "-U", "-l", "--username", "-user", "-username", "--login", "-login", "-usr",
+                         "--user"})  # fmt: skip
+_KEY_HINTS = frozenset({*_KEY_FLAGS, "-key", "-secret", "-token", "-auth"})
 _CERT_HINT = re.compile(r"\.(?:pem|p12|pfx|crt|cer|key|jks|keystore|der|pkcs12):")
 _TOKEN_VERB_HINT = re.compile(
     r"\b(?:login|auth|authtoken|authenticate|install|register|activate|join|connect|token|enroll|link)\b"
 )
-_LONG_WORD = re.compile(r"\S{20}")
+_VERB_NEEDLES = (
+    "login",
+    "auth",
+    "install",
+    "register",
+    "activate",
+    "join",
+    "connect",
+    "token",
+    "enroll",
+    "link",
+)
 
 
 def positions_rule(line: Line, hinted: bool) -> str | None:
@@ -350,26 +359,18 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
     lower = line.lower
     if ":" in text and _CERT_HINT.search(text) and _certificate_passphrase(line.words):
         return "certificate-passphrase"
-    flagged = " -" in text
-    long_word = len(text) >= 20 and _LONG_WORD.search(text) is not None
-    # (substring search runs at C speed: it goes before a regular expression's alternation)
-    login = (
-        flagged
-        and (" -p" in text or " -P" in text or "--pw" in text or "--passwd" in text)
-        and _LOGIN_HINT.search(text) is not None
-        and _USER_HINT.search(text) is not None
-    )
-    pairs = flagged and ":" in text and _PAIR_HINT.search(text) is not None
-    keys = flagged and long_word and _KEY_HINT.search(text) is not None
-    nouns = (
-        "secret" in lower or "keych" in lower or "keyring" in lower or "cred" in lower or "password" in lower
-    )
-    nouns = nouns or "securestring" in lower
-    verbs = (
-        "unlock" in lower
-        or "unseal" in lower
-        or "decrypt" in lower
-        or (long_word and _TOKEN_VERB_HINT.search(lower) is not None)
+    flags = set(_FLAG.findall(text)) if "-" in text else set()
+    long_word = len(text) >= 20 and any(len(word) >= 20 for word in text.split())
+    login = not flags.isdisjoint(_LOGIN_FLAGS) and (not flags.isdisjoint(_USER_HINTS) or "--user=" in text)
+    pairs = ":" in text and not flags.isdisjoint(_PAIR_FLAGS)
+    keys = long_word and not flags.isdisjoint(_KEY_HINTS)
+    nouns = "secret" in lower or "keych" in lower or "keyring" in lower or "cred" in lower
+    nouns = nouns or "password" in lower or "securestring" in lower
+    verbs = "unlock" in lower or "unseal" in lower or "decrypt" in lower
+    verbs = verbs or (
+        long_word
+        and any(verb in lower for verb in _VERB_NEEDLES)
+        and _TOKEN_VERB_HINT.search(lower) is not None
     )
     if not (login or pairs or keys or nouns or verbs or hinted):
         return None

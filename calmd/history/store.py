@@ -6,7 +6,7 @@ from (`shell` for the hooks, `import:bash` / `import:zsh` for imported history f
 
 Filters, applied to everything stored (docs/history.md):
 - commands that start with a space are not stored (the bash/zsh `ignorespace` convention);
-- commands holding credentials (calmd/history/secrets.py) are dropped and counted, never stored;
+- commands holding credentials (calmd/secrets/) are dropped and counted, never stored;
 - empty commands and commands over 64 KiB are ignored;
 - bytes that are not UTF-8 (and NULs) are stored as U+FFFD and counted, never a failure.
 
@@ -42,8 +42,8 @@ from calmd.errors import CalmError, DiskFull
 from calmd.history import coverage
 from calmd.history.formats import MAX_COMMAND_CHARS, MAX_IMPORT_BYTES
 from calmd.history.recorded import COMP_ITEMS, clean_env
-from calmd.history.secrets import DETECTOR_VERSION, find_secret, forget_command
 from calmd.protocol import INT64_MAX, TS_MAX
+from calmd.secrets import DETECTOR_VERSION, find_secret, forget_command
 
 if TYPE_CHECKING:
     from calmd.history.imports import ImportResult, ShellImport
@@ -54,7 +54,7 @@ VERDICT_CACHE = 100_000  # distinct commands whose check an import (or a sync) r
 
 SCHEMA_VERSION = 5  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
 # 4: duration (seconds the command ran, when the shell said); 5: host, origin, origin_id and the sync
-# tables (calmd/history/sync.py: the history shared between machines)
+# tables (calmd/sync/: the history shared between machines)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
 _SCHEMA = """
@@ -80,7 +80,7 @@ CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
 CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# Schema 5, after the migration has added the columns (calmd/history/sync.py, docs/sync.md). A row's
+# Schema 5, after the migration has added the columns (calmd/sync/, docs/sync.md). A row's
 # `host` is the name of the machine that recorded it ('' for this one), `origin` that machine's sync
 # id ('' for this one) and `origin_id` the record's number there (this machine's: given when it is
 # first shared): (origin, origin_id) is a record's identity across machines, so that importing it
@@ -127,7 +127,7 @@ def valid_time(ts: float | None) -> bool:
     (protocol.TS_MAX). A negative, infinite or NaN time is not, nor one read from a digit string
     too long to be a time (`#999999999999` is the year 33658): an import keeps such a command
     without its time (`ImportResult.bad_times`), as sync keeps such a record from another machine
-    (calmd/history/sync.py `parse_record`, `sync_bad_times`)."""
+    (calmd/sync/ `parse_record`, `sync_bad_times`)."""
     return ts is not None and 0.0 <= ts <= TS_MAX
 
 
@@ -146,7 +146,7 @@ class HistoryRow:
     comp: tuple[str, ...] = ()
     env: str = ""
     duration: float | None = None  # seconds it ran (schema 4; None: the shell did not say, or imported)
-    host: str = ""  # the machine that recorded it (schema 5; '': this one, calmd/history/sync.py)
+    host: str = ""  # the machine that recorded it (schema 5; '': this one, calmd/sync/)
 
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
@@ -424,7 +424,7 @@ class HistoryStore:
 
     def _remember_forgotten(self, ids: list[int]) -> None:
         """Before rows are deleted (inside the caller's transaction): the sync identity of those
-        that were shared goes to `sync_forgotten` (to be sent: calmd/history/sync.py), so that the
+        that were shared goes to `sync_forgotten` (to be sent: calmd/sync/), so that the
         other machines delete them too and an import never brings them back; when some were this
         machine's own, its segments are to be rewritten without them (`sync_rebuild`)."""
         marks = ",".join("?" * len(ids))
@@ -442,20 +442,20 @@ class HistoryStore:
             self._meta_set("sync_rebuild", "1")
 
     def delete_rows(self, ids: Sequence[int]) -> int:
-        """Delete these rows for good, as `forget` does (calmd/history/sync.py: a forget that came
+        """Delete these rows for good, as `forget` does (calmd/sync/: a forget that came
         from another machine)."""
         return self._delete_ids(list(ids))
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[sqlite3.Connection]:
         """The connection inside a write transaction under the lock (all of it or nothing):
-        for calmd/history/sync.py, whose tables live in this store."""
+        for calmd/sync/, whose tables live in this store."""
         with self._write_transaction(immediate=True):
             yield self._db
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
-        """The connection under the lock, for reads (calmd/history/sync.py)."""
+        """The connection under the lock, for reads (calmd/sync/)."""
         with self._lock:
             yield self._db
 

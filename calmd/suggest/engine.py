@@ -49,10 +49,10 @@ import numpy as np
 
 from calmd import paths
 from calmd.errors import CalmError
-from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import BeamSearch, Candidate
+from calmd.secrets import find_secret
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.disk import Disk, check_arguments

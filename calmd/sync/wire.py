@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calmd.history.recorded import clean_env
-from calmd.history.secrets import DETECTOR_VERSION
 from calmd.history.store import _comp_text, clean_text, valid_time
+from calmd.secrets import DETECTOR_VERSION
 from calmd.sync.seal import HOST_ID, Refused
 
 CHUNK_RECORDS = 2000  # records per chunk, at most

@@ -212,7 +212,7 @@ def test_forget_all_deletes_this_machines_share_with_sync_off(tmp_path: Path, fo
     laptop.calm("sync", "--off")
     assert share.is_dir() and laptop.key_path.exists()
     dry = laptop.calm("forget", "--all", "--dry-run").stdout
-    assert f"{share} (this machine's share of the sync folder: 1 segment" in dry
+    assert f"{share} (this machine's share of the sync folder: 1 segment; your other machines" in dry  # one
     done = laptop.calm("forget", "--all", "--yes").stdout
     assert f"its share of the sync folder ({share}) is deleted" in done
     assert f"{folder} still holds the shares of 1 other machine" in done

@@ -51,7 +51,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 refused += 1
                 continue
             print(import_summary(result))  # its file name through `visible`
-        print(f"history: {store.count()} commands in {visible(str(store.path))}")
+        count = store.count()
+        print(f"history: {count} command{'s' * (count != 1)} in {visible(str(store.path))}")
     finally:
         store.close()
     return 1 if refused else 0
@@ -179,8 +180,9 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     listing = [f"{commands} stored command{'s' * (commands != 1)} ({db})"] + [str(p) for p in files + folders]
     listing += [str(p) for p in holdings.files]
     if holdings.share is not None:
-        listing.append(f"{holdings.share} (this machine's share of the sync folder: {holdings.segments} "
-                       "segments; your other machines keep what they received)")  # fmt: skip
+        segments = f"{holdings.segments} segment{'s' * (holdings.segments != 1)}"
+        listing.append(f"{holdings.share} (this machine's share of the sync folder: {segments}; your other "
+                       "machines keep what they received)")  # fmt: skip
     if holdings.unsent_forgets:
         listing.append(
             f"note: {holdings.unsent_forgets} forget{'s' * (holdings.unsent_forgets != 1)} made here "

@@ -76,14 +76,18 @@ class ImportResult:
 def import_summary(result: ImportResult) -> str:
     """What an import did, in one line, as `calm import` prints it: the file's name through
     `visible` (a name is the user's bytes; calmd/visible.py), the rest calmd's own words."""
-    imported = f"{result.imported} commands imported ({result.format} format)"
+    imported = f"{commands(result.imported)} imported ({result.format} format)"
     return f"{visible(str(result.path))}: {imported}, " + ", ".join(import_details(result))
 
 
 def import_log_line(result: ImportResult) -> str:
     """What an import did, as the daemon logs it (the file's name escaped too)."""
     details = ", ".join(import_details(result))
-    return f"imported {result.imported} commands from {visible(str(result.path))} ({details})"
+    return f"imported {commands(result.imported)} from {visible(str(result.path))} ({details})"
+
+
+def commands(count: int) -> str:
+    return f"{count} command{'s' * (count != 1)}"
 
 
 def import_details(result: ImportResult) -> list[str]:

@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.errors import CalmError, DiskFull
-from calmd.history import coverage
+from calmd.history import coverage, schema
 from calmd.history.formats import MAX_COMMAND_CHARS, MAX_IMPORT_BYTES
 from calmd.history.recorded import COMP_ITEMS, clean_env
+from calmd.history.schema import SCHEMA_VERSION, SYNC_KEPT
 from calmd.protocol import INT64_MAX, TS_MAX
 from calmd.secrets import DETECTOR_VERSION, find_secret, forget_command
 
@@ -52,74 +53,8 @@ log = logging.getLogger("calmd.history.store")
 
 VERDICT_CACHE = 100_000  # distinct commands whose check an import (or a sync) remembers
 
-SCHEMA_VERSION = 5  # 2: no prev_cmd column (nothing read it); 3: comp and env (the context's COMP, ENV);
-# 4: duration (seconds the command ran, when the shell said); 5: host, origin, origin_id and the sync
-# tables (calmd/sync/: the history shared between machines)
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS commands (
-    id       INTEGER PRIMARY KEY,
-    ts       REAL NOT NULL,
-    session  TEXT NOT NULL DEFAULT '',
-    cwd      TEXT NOT NULL DEFAULT '',
-    git      TEXT NOT NULL DEFAULT '',
-    cmd      TEXT NOT NULL,
-    exit     INTEGER,
-    source   TEXT NOT NULL DEFAULT 'shell',
-    comp     TEXT NOT NULL DEFAULT '',
-    env      TEXT NOT NULL DEFAULT '',
-    duration REAL,
-    host     TEXT NOT NULL DEFAULT '',
-    origin   TEXT NOT NULL DEFAULT '',
-    origin_id INTEGER
-);
-CREATE INDEX IF NOT EXISTS commands_cmd ON commands (cmd);
-CREATE INDEX IF NOT EXISTS commands_session ON commands (session, id);
-CREATE INDEX IF NOT EXISTS commands_cwd ON commands (cwd, id);
-CREATE INDEX IF NOT EXISTS commands_ts ON commands (ts);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-# Schema 5, after the migration has added the columns (calmd/sync/, docs/sync.md). A row's
-# `host` is the name of the machine that recorded it ('' for this one), `origin` that machine's sync
-# id ('' for this one) and `origin_id` the record's number there (this machine's: given when it is
-# first shared): (origin, origin_id) is a record's identity across machines, so that importing it
-# twice stores it once. `sync_forgotten` keeps the identity of every shared record deleted here or
-# elsewhere (never its text): forgets travel, and a record forgotten never comes back; its `sent` is
-# 0 until this machine sends it, then the number of this machine's segment that carries it (-1: one
-# learnt from another machine, carried again only when this machine writes all its segments anew).
-# `sync_own`: this machine's live segments as it wrote them (size, hash, the record ranges they hold)
-# for its check of the folder; `sync_hosts`: the others, with the newest manifest read (the numbers of
-# their live segments); `sync_files`: the others' segments read, as they were; `sync_refused`: why not.
-# What `forget_all` keeps of sync in `meta`: this machine's id and name, and the next segment and
-# record numbers (never given twice: the other machines know the ones given, and would ignore a
-# new record under an old number).
-SYNC_KEPT = ("sync_host_id", "sync_host_name", "sync_next_seq", "sync_next_id")
-_SYNC_SCHEMA = """
-CREATE UNIQUE INDEX IF NOT EXISTS commands_origin ON commands (origin, origin_id) WHERE origin_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS commands_unshared ON commands (id) WHERE origin_id IS NULL;
-CREATE TABLE IF NOT EXISTS sync_forgotten (
-    origin TEXT NOT NULL, origin_id INTEGER NOT NULL, sent INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (origin, origin_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sync_hosts (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, records INTEGER NOT NULL DEFAULT 0,
-    last_seq INTEGER NOT NULL DEFAULT 0, last_sealed REAL,
-    manifest_seq INTEGER NOT NULL DEFAULT 0, live TEXT NOT NULL DEFAULT '[]'
-);
-CREATE TABLE IF NOT EXISTS sync_files (
-    host TEXT NOT NULL, seq INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (host, seq)
-);
-CREATE TABLE IF NOT EXISTS sync_own (
-    seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, digest BLOB NOT NULL, mtime_ns INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, ranges TEXT NOT NULL, records INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sync_refused (
-    path TEXT PRIMARY KEY, reason TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL DEFAULT 0, ino INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL
-);
-"""
 
 
 def valid_time(ts: float | None) -> bool:
@@ -220,71 +155,49 @@ class HistoryStore:
         self._db.execute("PRAGMA busy_timeout=5000")
         # Deleted rows are overwritten with zeros, not left in free pages (forget, re-scans).
         self._db.execute("PRAGMA secure_delete=ON")
-        with self._lock:
-            self._db.executescript(_SCHEMA)
-            version = self._meta_get("schema_version")
-            if version is None:
-                self._meta_set("schema_version", str(SCHEMA_VERSION))
-            elif not version.isdigit():
-                raise CalmError(
-                    f"{self.path}: its schema version {version[:20]!r} is not a number: not a calmd history "
-                    "store; give a history.sqlite3 calm wrote, or a new path"
-                )
-            elif int(version) > SCHEMA_VERSION:
-                raise CalmError(
-                    f"{self.path}: history schema {version} is newer than this calmd ({SCHEMA_VERSION}): "
-                    "upgrade calm to use it, or give another store"
-                )
-        if version is not None and int(version) < SCHEMA_VERSION:
-            self._migrate(int(version))
-        with self._lock:
-            self._db.executescript(_SYNC_SCHEMA)
-            self._db.executescript(coverage.SCHEMA)  # the paused moments (no schema version: a table more)
-        os.chmod(self.path, 0o600)  # it is the user's whole shell history
         self.last_disk_full: float | None = None  # when a write last failed for lack of space
+        try:
+            self._prepare()
+        except sqlite3.DatabaseError as exc:  # a table of another program, a view (schema.py)
+            said = schema.not_calms(exc, self.path)
+            if said is None:
+                raise
+            self._db.close()
+            raise said from None
+        os.chmod(self.path, 0o600)  # it is the user's whole shell history
         self.rescanned = self._rescan_if_outdated()
         self._repair_times()
 
     def _repair_times(self) -> None:
-        """Give the rows an older calmd stored with an impossible time (an import before issue 30
-        kept `: 999999999999:0;ls` as the year 33658, a negative fish `when:` as 1969, a 400-digit
-        one as infinity) the time of the row before them: `calm history`, `calm stats` and the
-        rankings read times as times. Two probes of the `ts` index when there are none."""
-        bad = "ts < 0 OR ts > ?"
+        """The impossible times an older calmd stored, repaired (schema.repair_times): `calm history`,
+        `calm stats` and the rankings read times as times."""
         with self._lock:
-            if self._db.execute(f"SELECT 1 FROM commands WHERE {bad} LIMIT 1", (TS_MAX,)).fetchone() is None:
+            if not schema.impossible_times(self._db):
                 return
         try:
-            before = "SELECT c.ts FROM commands c WHERE c.id < commands.id AND c.ts BETWEEN 0 AND ? " \
-                "ORDER BY c.id DESC"  # fmt: skip
             with self._write_transaction(immediate=True):
-                repaired = self._db.execute(
-                    f"UPDATE commands SET ts = coalesce(({before} LIMIT 1), 0) WHERE {bad}", (TS_MAX, TS_MAX)
-                ).rowcount
+                repaired = schema.repair_times(self._db)
                 self._meta_add("import_bad_times", repaired)
         except (DiskFull, sqlite3.OperationalError) as exc:  # the store still opens: the next open repairs
             log.warning("could not repair the impossible times of %s: %s", self.path, exc)
             return
         log.info("%d stored commands had an impossible time: given the time of the command before", repaired)
 
-    def _migrate(self, version: int) -> None:
-        """Bring a history written by an older calmd to SCHEMA_VERSION, in one transaction."""
-        with self._write_transaction(immediate=True):
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(commands)")}
-            if version < 2 and "prev_cmd" in columns:
-                self._db.execute("ALTER TABLE commands DROP COLUMN prev_cmd")
-            if version < 3:  # older records: no COMP or ENV known (empty frames, as they were served)
-                for column in ("comp", "env"):
-                    if column not in columns:
-                        self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
-            if version < 4 and "duration" not in columns:  # older records: how long they ran is unknown
-                self._db.execute("ALTER TABLE commands ADD COLUMN duration REAL")
-            if version < 5:  # older records: all of this machine, none shared yet
-                text = "TEXT NOT NULL DEFAULT ''"
-                for column, kind in (("host", text), ("origin", text), ("origin_id", "INTEGER")):
-                    if column not in columns:
-                        self._db.execute(f"ALTER TABLE commands ADD COLUMN {column} {kind}")
-            self._meta_set("schema_version", str(SCHEMA_VERSION))
+    def _prepare(self) -> None:
+        """calm's tables made, an older calmd's store migrated, and the file's tables checked
+        (calmd/history/schema.py); CalmError for a store of a newer calmd or one that is not calm's."""
+        with self._lock:
+            self._db.executescript(schema.TABLES)
+            version = schema.schema_version(self._db, self.path)
+            if version is None:
+                self._meta_set("schema_version", str(SCHEMA_VERSION))
+        if version is not None and version < SCHEMA_VERSION:
+            with self._write_transaction(immediate=True):
+                schema.migrate(self._db, version)
+        with self._lock:
+            self._db.executescript(schema.SYNC_TABLES)
+            self._db.executescript(coverage.SCHEMA)  # the paused moments (no schema version: a table more)
+            schema.check_tables(self._db, self.path)
 
     def close(self) -> None:
         with self._lock:

@@ -23,7 +23,9 @@ from calmd.secrets.tools import config_rule, tool_rule
 from calmd.secrets.urls import url_rule
 from calmd.secrets.written import credential_file_rule, key_material_rule
 
-DETECTOR_VERSION = 5
+DETECTOR_VERSION = 6
+# 6: random base64 that starts like DER (`M[A-P]`) and is no public key's or certificate's DER
+#    (values.public_key: told by its structure); key ids and public keys left alone (issue 39)
 # 5: credential positions without tool names, pairs without a scheme, URL query and path tokens,
 #    quoted config values, nested commands, random base64, calm's own sync key (issue 39)
 # 4: fed to stdin, admin positionals, key material, inline code, quoting (issue 30)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from calmd.secrets.names import name_kind
+from calmd.secrets.names import OPENPGP_TOOLS, chooses_a_key, name_kind
 from calmd.secrets.shellwords import Line, command_name, printf_output, shell_tokens, unquote
 from calmd.secrets.values import (
     is_placeholder,
     is_reference,
+    key_id,
     literal,
     looks_random,
     password_like,
@@ -45,9 +46,11 @@ _WRITES = re.compile(r">|\btee\b")  # the line writes into a file
 _BODY_ASSIGNMENT = re.compile(r"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][\w.-]*)[ \t]*[=:][ \t]*(\S.*)$")
 _XML = re.compile(r"<([A-Za-z_][\w.-]*)>([^<>\s]{2,200})</\1>")
 _WINDOWS = re.compile(r"(?:^|\s)/([A-Za-z][\w-]*):(\S+)")
+_KEY_ID_HINT = re.compile(r"[0-9A-Fa-f]{8}")
 
 
-def _options(text: str) -> str | None:
+def _options(text: str, *, openpgp: bool = False) -> str | None:
+    """(`openpgp`: the line runs an OpenPGP tool, whose options but a passphrase take key ids)"""
     for pattern in (ASSIGNMENT, OPTION):
         for found in pattern.finditer(text):
             name = found.group(1)
@@ -58,6 +61,8 @@ def _options(text: str) -> str | None:
             value = literal(raw)
             if value is None or (pattern is OPTION and re.match(r"(?:id|src|env|type|target)=", value)):
                 continue  # `docker build --secret id=x,src=file` names a file
+            if key_id(value) and (chooses_a_key(name) or (openpgp and "passphrase" not in name.lower())):
+                continue  # `-c user.signingkey=3AA5C34371567BD2`, `gpg --export-secret-keys 3AA5...`
             if name == "pass" and value.isdigit() and len(value) <= 2:
                 continue  # `ffmpeg -pass 1`: the first of a two-pass encode
             if value.startswith("{{") or _CONVERSION.fullmatch(raw.strip("'\"")):
@@ -137,7 +142,10 @@ def _quoted_texts(line: Line) -> Iterator[tuple[str, bool]]:
 def named_value_rule(line: Line) -> str | None:
     """(Only for a line whose lower case holds a HINT.)"""
     text = line.requoted  # `"--password=x"` read as `--password="x"`
-    rule = _options(text) or _fields(text) or _headers(text)
+    openpgp = _KEY_ID_HINT.search(text) is not None and any(
+        command_name(words[0]) in OPENPGP_TOOLS for words in line.commands
+    )
+    rule = _options(text, openpgp=openpgp) or _fields(text) or _headers(text)
     if rule is None and "/" in text and ":" in text:
         rule = _windows_options(text)
     if rule is None and ("'" in text or '"' in text):

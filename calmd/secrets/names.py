@@ -80,6 +80,19 @@ def name_kind(name: str, *, bare_key: bool = False) -> str | None:
     return None
 
 
+# An OpenPGP key is chosen by its id: a value of that shape (values.key_id) given to such a name, or
+# to an option of an OpenPGP tool that is no passphrase, names the key (`gpg -k` prints it).
+_OPENPGP_WORDS = frozenset({"gpg", "pgp", "gnupg", "openpgp", "signingkey"})
+OPENPGP_TOOLS = frozenset({"gpg", "gpg2", "gpgsm", "gpgv", "gpgv2", "sq", "sqop"})
+
+
+def chooses_a_key(name: str) -> bool:
+    """A name whose value chooses an OpenPGP key to sign or encrypt with: git's `user.signingkey`
+    (however cased), `GPG_SIGNING_KEY`, `gpg.keyname`, `PGP_KEY`."""
+    parts = name_words(name)
+    return not _OPENPGP_WORDS.isdisjoint(parts) or parts[-3:] == ["user", "signing", "key"]
+
+
 # --------------------------------------------------------------------------- options
 
 SECRET_PARTS = frozenset({"password", "passwd", "pass", "passphrase", "pwd", "psk", "secret", "secrets",

@@ -27,19 +27,22 @@ import re
 from collections.abc import Sequence
 
 from calmd.secrets.formats import prefix_rule, token_rule
-from calmd.secrets.names import SECRET_NOUNS, SETTING_VERBS, name_kind, name_words
+from calmd.secrets.names import SECRET_NOUNS, SETTING_VERBS, chooses_a_key, name_kind, name_words
 from calmd.secrets.shellwords import Line, command_name, is_expansion, unquote
 from calmd.secrets.values import (
     PUBLIC_PREFIXES,
     decodes_to_text,
     generated,
     is_placeholder,
+    key_id,
     literal,
     looks_random,
     ordinary,
     password_like,
     path_like,
+    public_key,
     random_bytes,
+    reads_as_words,
 )
 
 # Tools whose separate `-p` asks for the password (the next word is a database): tools.py's.
@@ -156,8 +159,8 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
 def _key_shaped(value: str) -> bool:
     if len(value) < 20 or (value.islower() and not any(c.isdigit() for c in value)):
         return False  # (a package's name: `texlive-latex-recommended`)
-    if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES):
-        return False
+    if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES) or public_key(value):
+        return False  # (minisign's, signify's `-P RW...`: the key a signature is verified with)
     core = value.strip("=")
     if len(core) >= 20 and random_bytes(value):
         return True
@@ -180,6 +183,8 @@ def _short_flag_values(name: str, options: Sequence[tuple[str, str | None]]) -> 
     return False
 
 
+# Where a setting command may send a value it then asks for (`vercel env add NAME production`).
+_DEPLOYMENTS = frozenset({"production", "preview", "development", "staging"})
 _KEY_SETTERS = frozenset({"set", "put", "write", "store", "insert", "kv", "config", "configure", "setenv",
                           "set-value", "setex", "hset", "put-value"})  # fmt: skip
 
@@ -212,9 +217,13 @@ def _keywords(words: Sequence[str]) -> bool:
         compound = key != word or len(name_words(key)) > 1
         quoted = words[k + 1][:1] in "'\""
         if kind == "token":
+            if public_key(value) or (key_id(value) and chooses_a_key(word)):
+                continue  # `config user.signingkey 3AA5C34371567BD2`: the key's public name
             if looks_random(value) or token_rule(value) or prefix_rule(value):
                 return True
         elif compound or setting:
+            if not quoted and value in _DEPLOYMENTS and words[k + 2 : k + 3] in ([], ["--"]):
+                continue  # `vercel env add DB_PASSWORD production`: where it goes; it prompts
             if not (ordinary(value) and not quoted) or value.isdigit():
                 return True
         elif password_like(value) or generated(value):
@@ -234,7 +243,7 @@ def _secret_command(words: Sequence[str], options: Sequence[tuple[str, str | Non
         if raw is not None and flag in _VALUE_OPTIONS:
             named = re.match(r"[A-Za-z_][\w.-]*=", raw)
             value = literal(raw[named.end() :] if named else raw)
-            if value and not is_placeholder(value):
+            if value and not is_placeholder(value) and not _names_what_is_set(words, flag, raw):
                 return True
     for raw in words[1:]:
         if raw.startswith("-") or "=" not in raw:
@@ -246,6 +255,31 @@ def _secret_command(words: Sequence[str], options: Sequence[tuple[str, str | Non
         if value and not is_placeholder(value) and len(value) >= 4:
             return True
     return False
+
+
+_NAME_SET = re.compile(r"[A-Za-z_][\w-]*(?:[:./][A-Za-z_][\w-]*)*")
+
+
+def _names_what_is_set(words: Sequence[str], flag: str, raw: str) -> bool:
+    """`pulumi config set --secret dbPassword`: a flag named by the noun alone may only mark what
+    is set as a secret; the word after it is then the name of what is set, when it reads as a name
+    (it says what it holds, or is words without a digit) and no value follows it: the command
+    prompts for the value (`--secret NAME VALUE`: the value follows; `--secret NAME "$X"`: a
+    reference does)."""
+    if flag.lstrip("-") not in SECRET_NOUNS:
+        return False
+    after = next((k + 2 for k in range(len(words) - 1) if words[k] == flag and words[k + 1] == raw), None)
+    if after is None:
+        return False
+    if after < len(words) and not words[after].startswith("-"):
+        value = literal(words[after])  # what follows the name: the value, when it is a literal
+        if value is not None and not is_placeholder(value):
+            return False
+    name = unquote(raw)
+    if _NAME_SET.fullmatch(name) is None or generated(name):
+        return False  # (a password: `hunter2` has a digit no name of words has)
+    said = name_kind(re.split(r"[:./]", name)[-1]) is not None  # `dbPassword`, `github:token`
+    return said or (reads_as_words(name) and not any(c.isdigit() for c in name))
 
 
 _REFERENCE_NAMES = frozenset({"user", "username", "host", "hostname", "url", "uri", "port", "name", "id",

@@ -5,7 +5,8 @@ A word of 20+ letters and digits that mixes upper case, lower case and digits th
 text does (class changes at ~62% of adjacent characters; CamelCase names ~20%) is a generated
 key; so is base64 of random bytes (with `/` and `+`), and base64 of `user:password`. Not
 candidates: paths and URLs (calmd/secrets/urls.py judges those), content ids and public keys
-(`Qm...`, `bafy...`, `AAAA...` ssh keys, `age1...`), npm integrity strings, values after
+(`Qm...`, `bafy...`, `AAAA...` ssh keys, `age1...`; by format, values.public_key: a signature
+tool's `RW...`, a Nix cache's `name-1:...`, DER), npm integrity strings, values after
 `--hash`, `sha256:`, `--id`, `--commit`, `list=` ..., base64 of ordinary text. Hex and base36
 ids (commits, checksums, containers) are never judged here: only in a credential position.
 """
@@ -20,6 +21,7 @@ from calmd.secrets.values import (
     decodes_to_text,
     mixes,
     path_like,
+    public_key,
     random_bytes,
 )
 
@@ -28,13 +30,12 @@ _SHELL_WORD = re.compile(r"""[^\s'"`]+""")
 _NAME_PREFIX = re.compile(r"(?:--?[A-Za-z][\w.-]*|[A-Za-z_][\w.-]*)[=:]")
 _AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
 _RANDOM_WORD = re.compile(r"[A-Za-z0-9_+-]{20,}={0,2}")
-_DER = re.compile(r"M[A-P]")  # base64 of a DER SEQUENCE (0x30)
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{20,}={0,2}")
 _PAIR_CANDIDATE = re.compile(r"(?<![\w+/=.-])[A-Za-z0-9+/]{11,}={0,2}(?![\w+/=.-])")
 # ...and values of options or parameters whose name says they are an identifier of something.
 _HARMLESS_BEFORE = re.compile(
     r"(?:--?[\w-]*(?:id|ids|hash|sha|digest|ref|rev|revision|commit|spreadsheet|sheet|doc|document|file|"
-    r"folder|playlist|video|list|peer|pubkey|public-?key)|\bpeer|\bbtih|\bsha\d+|\bid|\blist)[\s=:]+$",
+    r"folder|playlist|video|list|peer|pubkey|public-?keys?)|\bpeer|\bbtih|\bsha\d+|\bid|\blist)[\s=:'\"]+$",
     re.IGNORECASE,
 )
 
@@ -50,6 +51,8 @@ def random_string_rule(cmd: str) -> str | None:
         word = found.group(0)
         if len(word) < 20:
             continue
+        if public_key(word):
+            continue  # (`cache.nixos.org-1:KEY` whole: its name is part of it)
         prefix = _NAME_PREFIX.match(word)
         if prefix and prefix.end() == len(word.rstrip("=")) + 1:
             prefix = None  # base64's padding, not `NAME=`
@@ -58,7 +61,7 @@ def random_string_rule(cmd: str) -> str | None:
         if len(word) < 20 or word.startswith(("-", "$", "@")) or word.startswith(PUBLIC_PREFIXES):
             continue
         start = found.start() + (prefix.end() if prefix else 0)
-        if _HARMLESS_BEFORE.search(cmd[max(0, start - 48) : start]):
+        if _HARMLESS_BEFORE.search(cmd[max(0, start - 48) : start]) or public_key(word):
             continue
         if _AWS_SECRET.fullmatch(word):
             has_all, change = mixes(word)
@@ -92,9 +95,10 @@ def random_string_rule(cmd: str) -> str | None:
 
 def _random_base64(word: str) -> bool:
     """base64 of random bytes (a key's line, a WireGuard or AES key): mixed like random text,
-    decoding to bytes that are neither text nor a structure of few values. Not DER (`MII...`):
-    a certificate or a public key; a private key's DER is written.py's."""
-    return not _DER.match(word) and random_bytes(word)
+    decoding to bytes that are neither text nor a structure of few values. Not a certificate's or
+    a public key's DER (`MII...`, values.public_key: told by its structure; random base64 starts
+    `M[A-P]` once in 256, and was let through before issue 39)."""
+    return not public_key(word) and random_bytes(word)
 
 
 def basic_auth_rule(cmd: str) -> str | None:

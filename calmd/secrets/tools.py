@@ -13,9 +13,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from calmd.secrets.names import name_kind
+from calmd.secrets.names import chooses_a_key, name_kind
 from calmd.secrets.shellwords import SEPARATORS, Line, as_option, is_expansion, unquote
-from calmd.secrets.values import is_reference, literal, looks_random, names_no_secret, written_value
+from calmd.secrets.values import (
+    is_reference,
+    key_id,
+    literal,
+    looks_random,
+    names_no_secret,
+    public_key,
+    written_value,
+)
 
 
 def _option_value(args: Sequence[str], flags: tuple[str, ...], *, attached: bool = True,
@@ -355,9 +363,18 @@ def _config_set(args: Sequence[str]) -> bool:
             if name.lower() in ("_authtoken", "_auth", "npmauthtoken"):
                 kind = "password"  # npm's and yarn's registry token: a secret whatever it looks like
             value = written_value(rest[1])
-            if kind is not None and value and (kind == "password" or len(value) >= 8):
+            if kind is not None and value and (kind == "password" or _token_set(key, value)):
                 return True
     return False
+
+
+def _token_set(key: str, value: str) -> bool:
+    """A value set under a token or key name that may be the token: not where it lives (a path, a
+    variable), not a key's public name (`user.signingkey 3AA5C34371567BD2`, an ssh key's file)
+    nor a public key (git's `key::ssh-ed25519 AAAA...`)."""
+    if len(value) < 8 or is_reference(value) or public_key(value):
+        return False
+    return not (key_id(value) and chooses_a_key(key))
 
 
 def _snmp(args: Sequence[str]) -> bool:

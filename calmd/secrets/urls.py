@@ -93,6 +93,8 @@ def _query(text: str) -> str | None:
         value = url_unquote(raw).strip("\\")
         if raw.startswith(("$", "{")) or _FORMAT.match(raw) or is_placeholder(value):
             continue
+        if value.startswith(("/", "~/")) and value.count("/") >= 2:
+            continue  # a key's file: `nix copy --to 's3://cache?secret-key=/etc/nix/key.sec'`
         kind = name_kind(name, bare_key=True)
         if kind and (kind == "password" or looks_random(value)):
             return "url-query-secret"

@@ -98,6 +98,48 @@ def random_bytes(word: str) -> bool:
     return printable < 0.8 * len(raw) and len(set(raw)) >= 0.6 * min(len(raw), 64)
 
 
+# --------------------------------------------------------------------------- public keys and key ids
+
+# A Nix binary cache's key: `name-N:` and base64 of the key (32 bytes public, 64 secret).
+_NAMED_KEY = re.compile(r"[A-Za-z0-9][\w.-]*-\d+:([A-Za-z0-9+/]{43}=)")
+# An OpenSSH public key's line (git's `key::` before it: user.signingkey given the key itself).
+_OPENSSH_PUBLIC = re.compile(
+    r"(?:key::)?(?:ssh-(?:ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-\S+@openssh\.com) AAAA"
+)
+# An OpenPGP key chosen by its id or fingerprint: 8, 16 or 40 hex digits (`0x` before, `!` after:
+# that very subkey); `gpg -k` prints them, and every tool that signs or encrypts takes them.
+_KEY_ID = re.compile(r"(?:0x)?(?:[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16}|[0-9A-Fa-f]{40})!?")
+
+
+def public_key(word: str) -> bool:
+    """A public key by its format, however random it looks: the Ed25519 key of minisign, signify
+    and usign (`-P RW...`: base64 of 42 bytes, `Ed`, the key's id, the key), a Nix binary cache's
+    (`cache.nixos.org-1:` and 32 bytes: its secret key is 64), an OpenSSH public key's line (git's
+    `key::ssh-ed25519 AAAA...` too), and base64 of DER whose first element is a structure (a
+    SubjectPublicKeyInfo, a certificate; a private key's starts with its version number)."""
+    if _OPENSSH_PUBLIC.match(word):
+        return True
+    named = _NAMED_KEY.fullmatch(word)
+    if named is not None:
+        raw = _b64decode(named.group(1))
+        return raw is not None and len(raw) == 32
+    if len(word) < 40 or word[:1] not in "RM":
+        return False
+    if word[0] == "R":
+        raw = _b64decode(word) if len(word) <= 60 else None
+        return raw is not None and len(raw) == 42 and raw[:2] == b"Ed"
+    head = _b64decode(word[:12])  # DER's first bytes (a line of a longer text decodes alone too)
+    if head is None or head[0] != 0x30:
+        return False
+    inner = 2 + (head[1] & 0x7F if head[1] & 0x80 else 0)  # after the outer SEQUENCE's length
+    return inner < len(head) and head[inner] == 0x30
+
+
+def key_id(value: str) -> bool:
+    """An OpenPGP key's id or fingerprint (`3AA5C34371567BD2`, `0x...`, 40 hex digits, `...!`)."""
+    return _KEY_ID.fullmatch(value) is not None
+
+
 # --------------------------------------------------------------------------- references
 
 # What documentation and templates put where a secret goes: `<token>`, `{password}`, `[pass]`,

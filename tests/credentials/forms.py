@@ -59,7 +59,7 @@ def values(rng: random.Random) -> dict[str, str]:
     user = random_word(rng, string.ascii_lowercase, 3, 8)
     secret = random_password(rng)
     pair_secret = random_password(rng, PAIR_CHARS)
-    return {
+    drawn = {
         "host": random_word(rng, string.ascii_lowercase, 3, 10) + ".example.org",
         "user": user,
         "secret": secret,
@@ -79,6 +79,22 @@ def values(rng: random.Random) -> dict[str, str]:
         + base64.urlsafe_b64encode(f'{{"a":"{rng.randbytes(12).hex()}","t":"{user}"}}'.encode())
         .decode()
         .rstrip("=")[3:],
+    }
+    return {**drawn, **keys(user, drawn)}
+
+
+def keys(user: str, drawn: dict[str, str]) -> dict[str, str]:
+    """An OpenPGP key's id and fingerprint, the public and secret keys of minisign's and Nix's
+    formats (docs/secrets.md), made of values drawn already (a new draw would change every form's
+    values)."""
+    key, hex40, hex64 = base64.b64decode(drawn["b64key"]), drawn["hex40"], drawn["hex64"]
+    return {
+        "keyid": hex64[:16].upper(),
+        "fingerprint": hex40.upper(),
+        "edpub": base64.b64encode(b"Ed" + bytes.fromhex(hex64[:16]) + key).decode(),
+        "edsec": base64.b64encode(b"EdScB2" + bytes.fromhex(hex64 + hex40) + key * 3).decode(),
+        "nixpub": f"{user}.example.org-1:" + base64.b64encode(key).decode(),
+        "nixsec": f"{user}.example.org-1:" + base64.b64encode(bytes.fromhex(hex64) + key).decode(),
     }
 
 

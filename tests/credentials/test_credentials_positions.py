@@ -56,6 +56,9 @@ SECRET_SETTING = [
     "fly secrets set RELAY_{user}='{secret}'",
     "doppler secrets set HOOK='{secret}' --project shop",
     "dotnet user-secrets set \"Db:Password\" '{secret}'",
+    "pulumi config set --secret {user}Password '{secret}'",
+    "pulumi config set --secret {user}:apiKey {b62} --stack prod",
+    "pulumi -C infra config set --secret {user}Token {b36}",
 ]
 SOLE_TOKENS = [
     "wandb login {hex40}",
@@ -117,6 +120,10 @@ HARMLESS = [
     "aws ssm get-parameter --name /app/{user} --with-decryption",
     "security find-generic-password -a {user} -s relay -w",
     "kubectl create secret generic {user} --from-file=./config.env",
+    "pulumi config set --secret {user}Password",  # it prompts for the value
+    "pulumi config set --secret {user}:apiKey --stack prod",
+    'pulumi config set --secret {user}Token "$TOKEN"',
+    "vercel env add {user}_DB_PASSWORD production",
     "git config --global credential.helper store",
     "wandb login",
     "npm install --save-dev typescript-language-server",

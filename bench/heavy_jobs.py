@@ -237,7 +237,8 @@ def run_job(job: str, tree: Path, records: int, work: Path) -> Run:
                 child = subprocess.Popen(argv, env=home.env(), cwd=tree, stdout=subprocess.DEVNULL)
                 busy = typist.type_while(lambda: child.poll() is None)
             elif job == "sync":
-                from calmd.history.sync import SyncConfig, write_config, write_key
+                from calmd.sync.config import SyncConfig, write_config
+                from calmd.sync.seal import write_key
 
                 folder, key = sealed_folder(work, records)
                 write_key(paths.sync_key_path(home.data), key)
@@ -277,7 +278,9 @@ def sealed_folder(work: Path, records: int) -> tuple[Path, bytes]:
     if records in _SEALED:
         return _SEALED[records]
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import Sync, SyncConfig, new_key, write_config, write_key
+    from calmd.sync.config import SyncConfig, write_config
+    from calmd.sync.machine import Sync
+    from calmd.sync.seal import new_key, write_key
 
     one = work / "sealer"
     folder = work / "folder"

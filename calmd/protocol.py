@@ -271,6 +271,19 @@ def _bad_utf8_path(value: Any, path: str) -> str | None:
     return None
 
 
+def wire_text(text: str) -> str:
+    """`text` as the wire carries it (UTF-8): a byte of a command line, a path or a query that was
+    not UTF-8 (Python keeps it as a lone surrogate, surrogateescape) becomes U+FFFD, as the store
+    keeps such bytes. msgpack refused the whole request ("unexpected UnicodeEncodeError") before."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        escapes = all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
+        raw = text.encode("utf-8", "surrogateescape" if escapes else "surrogatepass")
+        return raw.decode("utf-8", "replace")
+    return text
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -301,6 +314,7 @@ class RecordRequest:
     ts: float | None = None
     env: str = ""  # the active environment, short form (calmd/suggest/frames.py: short_env)
     duration: float | None = None  # seconds the command ran
+    paused: bool = False  # a command ran at `ts` while recording was paused: its time alone, no text
 
 
 @dataclass(frozen=True)
@@ -448,7 +462,10 @@ def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
-    if not isinstance(msg.get("cmd"), str):
+    paused = _bool(msg, "paused", rid)
+    if paused and msg.get("cmd") not in (None, ""):
+        raise ProtocolError("bad_field", "a paused record carries no 'cmd' (nothing of the line)", rid)
+    if not paused and not isinstance(msg.get("cmd"), str):
         raise ProtocolError("bad_field", "'cmd' (a string) is required", rid)
     code = msg.get("exit")
     ts = msg.get("ts")
@@ -475,6 +492,7 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
         duration=None if duration is None else float(duration),
+        paused=paused,
     )
 
 

@@ -577,11 +577,17 @@ _calm_precmd() {
   _CALM_KEYS=()  # a new prompt: the last one's first keys were chosen for another context
   if (( _CALM_RAN )); then
     _CALM_RAN=0
-    if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
-      local cmd cwd
-      _calm_esc $_CALM_CMD; cmd=$REPLY
-      _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
-      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
+    if [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
+      if (( CALM_RECORD )); then
+        local cmd cwd
+        _calm_esc $_CALM_CMD; cmd=$REPLY
+        _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
+        _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
+      else
+        # Paused: zsh writes the line to its own history file all the same. The daemon is told
+        # when it started, and nothing else, so that no import of that file brings it back.
+        _calm_send p "$_CALM_TS" $(( EPOCHREALTIME - _CALM_TS ))
+      fi
     fi
   fi
   # The environment (ENV frame), when it changed: after the record, which was typed before it did.

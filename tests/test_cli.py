@@ -216,7 +216,7 @@ def test_import_history_files(tmp_path: Path) -> None:
     home = tmp_path / "home"
     out = run("calm", "import", str(bash), str(zsh), env={"CALM_HOME": str(home)}).stdout
     assert f"{bash}: 2 commands imported (bash format), 1 dropped as credentials" in out
-    assert f"{zsh}: 1 commands imported (zsh format)" in out
+    assert f"{zsh}: 1 command imported (zsh format)" in out
     assert f"history: 3 commands in {home / paths.HISTORY}" in out
     missing = run("calm", "import", str(tmp_path / "nope"), env={"CALM_HOME": str(home)}, check=False)
     assert missing.returncode == 1 and "No such file" in missing.stderr

@@ -159,6 +159,27 @@ def test_a_socket_file_of_another_user_is_neither_used_nor_replaced(tmp_path: Pa
     assert sock.lstat().st_uid == 65534  # left where it was
 
 
+def test_a_store_whose_meta_is_a_view_is_one_line_exit_3(tmp_path: Path) -> None:
+    """`calmd serve` on a store whose `meta` table is a view served, and answered every record
+    with "internal: cannot modify meta because it is a view": the hooks' commands were lost. It
+    now refuses to start, in one line naming the file, and leaves no socket."""
+    import sqlite3
+
+    from calmd.history.store import HistoryStore
+
+    db = tmp_path / "data" / paths.HISTORY
+    HistoryStore(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.executescript("ALTER TABLE meta RENAME TO kept; CREATE VIEW meta AS SELECT * FROM kept")
+    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
+    done = serve_once(tmp_path)
+    said = [line for line in done.stdout.splitlines() if line.startswith("calmd: ")]
+    assert done.returncode == 3 and "Traceback" not in done.stdout + done.stderr, done
+    assert said == [f"calmd: error: {db}: not a calmd history store (meta is a view, not a table); give a "
+                    "history.sqlite3 calm wrote, or a new path"]  # fmt: skip
+    assert not Path(daemon_env(tmp_path)["CALMD_SOCKET"]).exists()
+
+
 # --------------------------------------------------------------------------- weights
 
 

@@ -13,8 +13,10 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
-from calmd.history.sync import Sync, SyncConfig, new_key, write_config, write_key
 from calmd.shell.client import CalmClient
+from calmd.sync.config import SyncConfig, write_config
+from calmd.sync.machine import Sync
+from calmd.sync.seal import new_key, write_key
 from tests.daemon import running_daemon
 
 pytestmark = pytest.mark.slow  # real daemons, tens of thousands of commands

@@ -9,7 +9,7 @@ import re
 import subprocess
 
 from calmd.cli import calm_parser, calmd_parser
-from calmd.shell.helper import SHELLS
+from calmd.shell.hooks import SHELLS
 from tests.daemon import BIN
 
 INTERNAL = {"shell-helper"}  # started by the hooks, not by a person

@@ -217,7 +217,7 @@ def test_a_sync_reads_every_batch_up_to_the_newest_row(
     store = HistoryStore(tmp_path / paths.HISTORY)
     for i in range(30):
         store.record(f"typed {i}", exit=0, session="s")
-    with store.writing() as conn:  # one record synced from another machine (calmd/history/sync.py)
+    with store.writing() as conn:  # one record synced from another machine (calmd/sync/)
         conn.execute("INSERT INTO commands (ts, session, cmd, host, origin, origin_id) "
                      "VALUES (2000, 'x:s', 'typed far', 'desktop', '0123456789abcdef', 1)")  # fmt: skip
     rows_after = query.rows_after

@@ -6,7 +6,7 @@ the shell hooks) command lines: one module per command group.
     dataset.py   calm dataset (its flags are DatasetOptions' fields)
     model.py     calm init, train, evaluate, generate, rollback
     history.py   calm import, search, history, stats, forget
-    sync.py      calm sync (now, key): the history shared between machines (calmd/history/sync.py)
+    sync.py      calm sync (now, key): the history shared between machines (calmd/sync/)
     replay.py    calm replay
     shell.py     calm enable, disable; calmd init, shell-helper
     daemon.py    calmd serve (its flags are ServerConfig's fields), status, stop, complete, install-systemd

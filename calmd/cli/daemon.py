@@ -10,7 +10,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
@@ -199,19 +199,22 @@ def result_lines(text: str, width: int | None) -> list[str]:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    from calmd.protocol import MAX_INPUT_BYTES
+    from calmd.protocol import MAX_INPUT_BYTES, wire_text
     from calmd.shell.client import DaemonError, DaemonNotRunning
 
     if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
         raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")
-    history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
+    # bytes that are not UTF-8 (a shell passes them as they are) as U+FFFD: the store's rule
+    text, session = wire_text(args.text), wire_text(args.session)
+    history = [{"cmd": wire_text(h), "exit": 0} for h in args.history] if args.history else None
+    cwd, git = wire_text(args.cwd or _cwd()), None if args.git is None else wire_text(args.git)
     try:
         with connect(args) as client:
-            ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
+            ctx: dict[str, Any] = {"cwd": cwd, "git": git, "history": history}
             # asked as the zsh hook asks (the early line first; a multi-line entry too), so the
             # daemon's ghost rule shows what a shell draws: with --scores, the drawn line is marked
             # `ghost`. Printed escaped, never raw: `\n`, `\e` ...
-            for message in client.complete(args.text, n=args.n, session=args.session, early=True,
+            for message in client.complete(text, n=args.n, session=session, early=True,
                                            multiline=True, **ctx):  # fmt: skip
                 if "early" in message and args.scores:
                     drawn = "ghost" if message.get("ghost") else "     "
@@ -236,6 +239,14 @@ def cmd_complete(args: argparse.Namespace) -> int:
     except DaemonError as exc:
         raise CalmError(f"the daemon refused the request: {exc}") from None
     return 0
+
+
+def _cwd() -> str:
+    """The current folder, or none when it is gone (removed under the shell)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def cmd_install_systemd(args: argparse.Namespace) -> int:

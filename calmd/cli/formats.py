@@ -9,6 +9,7 @@ import sys
 from calmd.arguments import Parser
 from calmd.cli.common import new_console
 from calmd.errors import CalmError
+from calmd.visible import quoted
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -28,7 +29,7 @@ def cmd_detokenize(args: argparse.Namespace) -> int:
         try:
             value = int(word)
         except ValueError:
-            raise CalmError(f"{word!r} is not a token id (an integer 0-277)") from None
+            raise CalmError(f"{quoted(word)} is not a token id (an integer 0-277)") from None
         if not 0 <= value <= 0xFFFF:
             raise CalmError(f"token id {value} is out of range; valid ids are 0-277")
         values.append(value)

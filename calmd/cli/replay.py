@@ -9,10 +9,11 @@ from calmd import paths
 from calmd.arguments import Parser, whole
 from calmd.cli.common import probability
 from calmd.errors import CalmError
+from calmd.visible import visible
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calmd.history.store import check_history_file
+    from calmd.history.formats import check_history_file
     from calmd.quality import replay
 
     files = replay.expand(args.files)
@@ -50,7 +51,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(replay.format_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        print(f"wrote {visible(args.json)}")
     return 0
 
 
@@ -63,7 +64,7 @@ def replay_search(files: list[Path], args: argparse.Namespace) -> int:
     print(replay.format_search_table(result))
     if args.json:
         replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        print(f"wrote {visible(args.json)}")
     return 0
 
 

@@ -156,6 +156,10 @@ def _import_line(imported: dict[str, Any]) -> str:
     if bad_times:
         plural = "s" * (bad_times != 1)
         parts.append(f"{bad_times} imported command{plural} had an impossible time (kept without it)")
+    damaged = imported.get("damaged") or 0
+    if damaged:
+        plural = "y was" if damaged == 1 else "ies were"
+        parts.append(f"{damaged} entr{plural} damaged by NUL bytes, as a crash leaves them (skipped)")
     return "; ".join(parts)
 
 

@@ -80,6 +80,11 @@ class Answers:
         self.sent = 0  # first keys answered at once (status)
         self.keyed = 0  # empty-prompt answers that went out with their first keys (status)
 
+    def describe(self) -> dict[str, int]:
+        """`first_keys`: first keys answered at once from the empty prompt's answer; `keyed`:
+        empty-prompt answers sent with their first keys (zsh draws those itself)."""
+        return {"first_keys": self.sent, "keyed": self.keyed}
+
     def changed(self) -> None:
         """A command was stored or forgotten: every answer kept belongs to another history."""
         self.version += 1

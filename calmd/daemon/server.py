@@ -46,12 +46,12 @@ from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
-from calmd.daemon.worker import Worker, WorkerError
+from calmd.daemon.worker import Worker, WorkerError, first_import_due, sync_turn
 from calmd.errors import CalmError, one_line
-from calmd.history.fish import default_path as fish_history_path
-from calmd.history.store import SHELL_HISTORIES, HistoryStore
-from calmd.history.sync import Sync, SyncError, SyncReport
+from calmd.history.store import HistoryStore
 from calmd.protocol import PROTOCOL_VERSION
+from calmd.sync.config import SyncError
+from calmd.sync.machine import Sync
 
 log = logging.getLogger("calmd")
 
@@ -85,7 +85,7 @@ class Server:
         self.history: HistoryStore | None = None
         self.should_exit = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
-        # a hot reload reads the new weights here, beside the keystrokes (calmd/daemon/reload.py)
+        # (a hot reload reads the new weights here, beside the keystrokes: calmd/daemon/reload.py)
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-load")
         self.scheduler = FairScheduler(self._pool)  # completions reach the pool only through it
         self._reload_lock = asyncio.Lock()
@@ -120,6 +120,11 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def serve(self, sock: socket.socket | None = None) -> None:
+        """Bind (or take systemd's socket), start, serve until told to stop, shut down. The socket
+        file this daemon bound is removed on every way out: a stop, a start that fails after the
+        bind (a store of a newer schema: issue 39 found the file left behind), an exception;
+        SIGTERM and SIGINT are handled from the bind on (before, their default ended the process
+        while the model loaded)."""
         loop = asyncio.get_running_loop()
         paths.private_data_dir(self.config.data_dir)  # before anything is written there
         if sock is None:
@@ -128,18 +133,28 @@ class Server:
             sock = bind_socket(self.config.socket_path)
             st = self.config.socket_path.lstat()
             self._bound_socket = (st.st_dev, st.st_ino)
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+            await self._serve(sock, loop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            self._remove_socket()
+
+    async def _serve(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.service.history = self.history
         self.sync = Sync(self.history, self.config.data_dir)
         self.trainer.clean_leftovers()
         await self.reload()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         if self.config.hangup_stops:  # the terminal `calmd serve` was typed in closed
             loop.add_signal_handler(signal.SIGHUP, self._on_stop_signal, signal.SIGHUP)
         else:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if self.should_exit.is_set():  # SIGTERM or SIGINT while it started: not a request served
+            return
         scheduler = asyncio.ensure_future(self.scheduler.run())
         self.listener.start(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
@@ -170,8 +185,6 @@ class Server:
             syncer.cancel()
             self.catch_up.stop()
             await self._shutdown(watcher, scheduler)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
 
     async def _import_then_check(self) -> None:
         """The first-start import, then the due check: automatic runs wait for the import (a run
@@ -227,8 +240,7 @@ class Server:
 
     async def _sync_once(self) -> None:
         assert self.sync is not None
-        found = await self.sync_worker.run("sync")
-        report = None if found is None else SyncReport(**found)
+        report = await sync_turn(self.sync_worker)
         self.catch_up.poke()
         if report is not None:
             self.sync.last_run = time.time()
@@ -256,19 +268,9 @@ class Server:
         # running: not imported as a finished command without a status; the hook records it when
         # it ends, with its status. (Started by systemd or a hook's helper, no entry is.)
         leave_after = process_started() - START_SLACK_S if started_by_a_shell() else None
-        if await asyncio.to_thread(self._import_due):  # a process is started only for files to read
+        assert self.history is not None
+        if await asyncio.to_thread(first_import_due, self.history, Path.home()):  # a process only for files
             await self.import_worker.run("first_import", home=str(Path.home()), leave_after=leave_after)
-
-    def _import_due(self) -> bool:
-        """Whether the first-start import has a file to read: ~/.bash_history or ~/.zsh_history
-        before the first start's import is done, fish's history while it was never read whole."""
-        store = self.history
-        assert store is not None
-        home = Path.home()
-        if not store.counter("first_start_done") and any((home / n).is_file() for n in SHELL_HISTORIES):
-            return True
-        fish = fish_history_path()
-        return fish.is_file() and not (store.import_position(fish) or "").endswith(":done")
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -278,7 +280,7 @@ class Server:
     async def _shutdown(self, watcher: asyncio.Future[None], scheduler: asyncio.Future[None]) -> None:
         """Everything within graceful_timeout; the watchdog ends the process if this overruns."""
         timeout = self.config.graceful_timeout
-        start_watchdog(timeout)
+        start_watchdog(timeout, self._remove_socket)
         deadline = time.monotonic() + timeout
         watcher.cancel()
         self.listener.stop()
@@ -316,7 +318,8 @@ class Server:
 
     def _remove_socket(self) -> None:
         """Remove the socket file if we bound it and it is still ours (under socket activation
-        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test)."""
+        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test). Safe to call again: once removed
+        (or replaced by another daemon's), it is left alone."""
         if self._bound_socket is None or os.environ.get("CALMD_KEEP_SOCKET"):
             return
         path = self.config.socket_path
@@ -459,12 +462,9 @@ class Server:
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),
                 "bad_times": store.counter("import_bad_times"),  # kept without their impossible time
+                "damaged": store.counter("import_damaged"),  # entries with a crash's NULs: skipped
             },
         }
-
-    def _prefetch_status(self) -> dict[str, Any]:
-        answers = self.service.answers
-        return {**self.service.prefetch_stats, "first_keys": answers.sent, "keyed": answers.keyed}
 
     def _training_wait(self) -> dict[str, Any]:
         if self.history is None:
@@ -497,7 +497,7 @@ class Server:
             "training": {**self.trainer.status(self.config.train_threshold), **self._training_wait()},
             # `first_keys`: first keys of a line answered at once from the empty prompt's answer;
             # `keyed`: empty-prompt answers sent with their first keys (zsh draws those itself)
-            "prefetch": self._prefetch_status(),
+            "prefetch": {**self.service.prefetch_stats, **self.service.answers.describe()},
             "disk": self._disk_status(),
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
@@ -537,9 +537,10 @@ def file_id(path: Path) -> FileId | None:
 _watchdog_started = threading.Event()
 
 
-def start_watchdog(timeout: float) -> None:
+def start_watchdog(timeout: float, before_exit: Callable[[], None] = lambda: None) -> None:
     """End the process `timeout` seconds from now if it is still there: SIGTERM always stops the
-    daemon, whatever hangs (a worker thread, a lock, a client that never reads)."""
+    daemon, whatever hangs (a worker thread, a lock, a client that never reads). `before_exit`
+    runs first (the socket file's removal: os._exit skips every `finally`)."""
     if _watchdog_started.is_set():
         return
     _watchdog_started.set()
@@ -547,6 +548,8 @@ def start_watchdog(timeout: float) -> None:
     def bark() -> None:
         time.sleep(timeout)
         log.error("shutdown did not finish within %g s: exiting now", timeout)
+        with contextlib.suppress(Exception):
+            before_exit()
         _hard_exit(EXIT_SHUTDOWN_TIMEOUT)
 
     threading.Thread(target=bark, name="calmd-watchdog", daemon=True).start()

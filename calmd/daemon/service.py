@@ -191,6 +191,14 @@ class Service:
 
     async def record(self, request: RecordRequest) -> dict[str, Any]:
         assert self.history is not None
+        if request.paused:  # recording paused (CALM_RECORD=0): when, so that no import brings it back
+            start = request.ts if request.ts is not None else time.time() - (request.duration or 0.0)
+            deleted = await asyncio.to_thread(self.history.note_paused, start, request.session)
+            if deleted:
+                self._recent_cache.clear()
+                if self.search is not None:
+                    self.search.touch()
+            return {"ok": True, "stored": False, "reason": "paused"}
         self.disk.invalidate()  # the command may have made or removed what the next keystroke lists
         result = await asyncio.to_thread(
             self.history.record,

@@ -35,11 +35,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from calmd.history.store import HistoryStore
+from calmd.sync.state import SyncReport
+
 log = logging.getLogger("calmd")
 
 WORKER_NICE = 10  # the child's niceness over the daemon's: below the keystrokes, above a training run
 IDLE_EXIT_S = 120.0  # a worker with no job this long goes (the next job starts another)
 MAX_ANSWER_BYTES = 1 << 20  # a job's answer line, at most (a sync report's refusals are bounded)
+READY = "ready"  # the child's first line
 
 
 class WorkerError(Exception):
@@ -60,6 +64,8 @@ class Worker:
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._idle: asyncio.TimerHandle | None = None
+        self._ready = asyncio.Event()  # the child said it runs: its SIGTERM handler is in place
+        self._stopping = False  # the daemon's shutdown began
         self.busy = False
         self.jobs = 0  # jobs answered (status)
 
@@ -114,6 +120,16 @@ class Worker:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             start_new_session=True, limit=MAX_ANSWER_BYTES,
         )  # fmt: skip
+        self._ready.clear()
+        assert self._proc.stdout is not None
+        said = await self._proc.stdout.readline()  # the child's first line: it runs, signals handled
+        if said.strip() != READY.encode():
+            code = await self._proc.wait()
+            self._proc = None
+            raise WorkerError(f"the {self.name} worker ended ({_ended(code)}) as it started")
+        self._ready.set()
+        if self._stopping:  # the daemon stops: the job about to come runs one batch
+            self._proc.send_signal(signal.SIGTERM)
         log.debug("the %s worker started (pid %d)", self.name, self._proc.pid)
         return self._proc
 
@@ -126,20 +142,43 @@ class Worker:
             self._proc = None
 
     async def stop(self, timeout: float) -> None:
-        """The daemon's shutdown: an import stops after its batch, a sync turn ends; waits at most
-        `timeout` s for that (what goes on after, the child finishes alone and exits)."""
+        """The daemon's shutdown: an import stops after its batch (a job asked for before or after
+        this runs one batch), a sync turn ends; waits at most `timeout` s for the child to exit
+        (what goes on after, the child finishes alone)."""
+        self._stopping = True
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        if proc.stdin is not None:
-            proc.stdin.close()
+        if self._ready.is_set():  # else `_started` says it once the child's handler is in place
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        if proc.stdin is not None and not self.busy:
+            proc.stdin.close()  # idle: it ends at the end of its stdin (busy: after its answer)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), timeout=max(0.0, timeout))
+
+
+def first_import_due(store: HistoryStore, home: Path) -> bool:
+    """Whether the first-start import has a file to read (a worker is started only then):
+    ~/.bash_history or ~/.zsh_history before the first start's import is done, fish's history
+    while it was never read whole."""
+    from calmd.history.fish import default_path
+    from calmd.history.imports import SHELL_HISTORIES, import_position
+
+    if not store.counter("first_start_done") and any((home / n).is_file() for n in SHELL_HISTORIES):
+        return True
+    fish = default_path()
+    return fish.is_file() and not (import_position(store, fish) or "").endswith(":done")
+
+
+async def sync_turn(worker: Worker) -> SyncReport | None:
+    """One sync turn in `worker`: its report's counts (None: sync not set up, or another process
+    holds the sync lock)."""
+    found = await worker.run("sync")
+    return None if found is None else SyncReport(**found)
 
 
 def _ended(code: int) -> str:
@@ -154,8 +193,6 @@ class _Jobs:
     are worth keeping: a history repeats itself)."""
 
     def __init__(self, store_path: Path, data_dir: Path) -> None:
-        from calmd.history.store import HistoryStore
-
         self.store = HistoryStore(store_path)
         self.data_dir = data_dir
         self.stop = threading.Event()
@@ -163,27 +200,30 @@ class _Jobs:
 
     def first_import(self, home: str, leave_after: float | None) -> dict[str, Any]:
         """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was
-        never read whole (calmd/history/fish.py): in batches, stopped by SIGTERM after one."""
+        never read whole (calmd/history/fish.py): in batches, stopped by SIGTERM after one each."""
         from calmd.history.fish import import_first_start
 
         done = self.store.import_shell_histories(Path(home), self.stop, leave_after=leave_after)
-        if not self.stop.is_set():
-            import_first_start(self.store, stop=self.stop, leave_after=leave_after)
+        # (stopped, each import still does a batch: a daemon stopped as it started imports some)
+        import_first_start(self.store, stop=self.stop, leave_after=leave_after)
         return {"stopped": self.stop.is_set(), "files": len(done.results)}
 
     def sync(self) -> dict[str, Any] | None:
-        """One turn of calmd/history/sync.py's `Sync.run`: its report, or None (not set up, or
-        another process holds the sync lock)."""
-        from calmd.history.sync import Sync
+        """One turn of calmd/sync/machine.py's `Sync.run`: its report's counts (what the daemon
+        logs and keeps; the lists stay here), or None (not set up, or another process holds the
+        sync lock)."""
+        from calmd.sync.machine import Sync
 
         if self._sync is None:
             self._sync = Sync(self.store, self.data_dir)
         report = self._sync.run()
-        return None if report is None else dataclasses.asdict(report)
+        if report is None:
+            return None
+        return {k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, int | str)}
 
 
 def _answer(jobs: _Jobs, request: dict[str, Any]) -> dict[str, Any]:
-    from calmd.history.sync import SyncError
+    from calmd.sync.config import SyncError
 
     name = request.get("job")
     args = request.get("args") or {}
@@ -220,6 +260,8 @@ def main(argv: list[str]) -> int:
     jobs = _Jobs(Path(argv[0]), Path(argv[1]))
     signal.signal(signal.SIGTERM, lambda *_: jobs.stop.set())
     signal.signal(signal.SIGINT, lambda *_: jobs.stop.set())
+    sys.stdout.write(READY + "\n")
+    sys.stdout.flush()
     try:
         for line in sys.stdin:
             answer = _answer(jobs, json.loads(line))

@@ -1,22 +1,23 @@
-"""Shell integration: `calmd init zsh|bash`, the per-shell helper, `calm enable|disable`.
+"""The per-shell helper (`calmd shell-helper`): one per shell, between its hook and the daemon.
 
-The hooks in client/ (calm.zsh, calm.bash) never start a Python process per keystroke. Each shell
-starts one helper (`calmd shell-helper`) when the hook loads, talks to it over two pipes with one
-line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
-whenever the daemon comes back. The helper is silent: its errors go to a log file.
+The hooks in client/ never start a Python process per keystroke. Each shell starts one helper
+when the hook loads, talks to it over two pipes (bash, zsh; fish: files and a FIFO,
+calmd/shell/spool.py) with one line per message (calmd/shell/lines.py), and the helper holds one
+CalmClient connection to the daemon, reconnecting whenever the daemon comes back. The helper is
+silent: its errors go to a log file. It goes when its shell does, however it was started
+(calmd/shell/lifetime.py): at the end of its stdin, when the shell's process ends (the pid the
+hook gives with --shell-pid, else its parent's, read first thing), on SIGTERM and SIGHUP.
 
-The line protocol between the hooks and the helper is calmd/shell/lines.py's.
+The hooks' own files (`calmd init`, the hook file, `calm enable|disable`): calmd/shell/hooks.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
-import functools
 import logging
 import os
 import select
-import shlex
 import signal
 import stat
 import subprocess
@@ -29,122 +30,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calmd import paths
-from calmd.atomic import atomic_write, read_regular_file
 from calmd.protocol import MAX_PATH_BYTES
-from calmd.shell.lines import Complete, Env, Record, escape, parse_request, unescape  # noqa: F401 (named through here)
+from calmd.shell.hooks import (
+    disabled_flag,
+    hook_file,
+    init_script,
+    log_path,
+    python_command,
+    write_hook_file,
+)
+from calmd.shell.lifetime import ShellWatch
+from calmd.shell.lines import Complete, Env, Record, escape, parse_request
 
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
 
-SHELLS = ("zsh", "bash", "fish")
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
-PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
-HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
+PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs (without a pidfd)
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
 MAX_KEYS = 64  # first-key lines kept per answer
 
 log = logging.getLogger("calmd.shell.helper")
-
-
-# --------------------------------------------------------------------------- paths and flags
-
-
-def disabled_flag() -> Path:
-    return paths.data_dir() / paths.DISABLED_FLAG
-
-
-def log_path() -> Path:
-    return paths.data_dir() / paths.HELPER_LOG
-
-
-def script_path(shell: str) -> Path:
-    """client/calm.<shell> beside the package (a source or editable install), else inside it."""
-    here = paths.PACKAGE_DATA.parent
-    for folder in (here.parent / "client", paths.PACKAGE_DATA / "client"):
-        candidate = folder / paths.HOOK_FILE.format(shell=shell)
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
-
-
-@functools.cache
-def python_command() -> tuple[str, ...]:
-    """How the hooks start this calmd's Python: this interpreter by its path, and never the
-    `calmd` folder or `calmd.py` of the shell's current folder, which `python -m` imports first
-    (a clone of calmd: the hook did nothing there, silently). `-I` (isolated: no current folder,
-    no PYTHON* variables, no user site) when it still finds this calmd, as in a virtual
-    environment or a system install; else `-P`, which only leaves the current folder out (a
-    `pip install --user` calmd, or one on PYTHONPATH). Asked once, of a child started in /."""
-    import calmd
-
-    here = Path(calmd.__file__).resolve()
-    try:
-        found = subprocess.run(
-            [sys.executable, "-I", "-c", "import calmd, sys; sys.stdout.write(calmd.__file__)"],
-            cwd="/", capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        isolated = found.returncode == 0 and Path(found.stdout).resolve() == here
-    except (OSError, subprocess.SubprocessError):
-        isolated = False
-    return (sys.executable, "-I" if isolated else "-P")
-
-
-def init_script(shell: str, socket: str | None = None) -> str:
-    """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
-    from calmd import __version__
-
-    helper = [*python_command(), "-m", "calmd", "shell-helper", "--shell", shell]
-    search = [*python_command(), "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
-    if socket:
-        helper += ["--socket", socket]
-        search += ["--socket", socket]
-    comment = f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)"
-    if shell == "fish":
-        head = [
-            comment,
-            "set -g _CALM_HELPER " + " ".join(fish_quote(w) for w in helper),
-            "set -g _CALM_SEARCH " + " ".join(fish_quote(w) for w in search),
-            f"set -g _CALM_DISABLED_FILE {fish_quote(str(disabled_flag()))}",
-        ]
-    else:
-        head = [
-            comment,
-            "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
-            "_CALM_SEARCH=(" + " ".join(shlex.quote(w) for w in search) + ")",
-            f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
-        ]
-    return "\n".join(head) + "\n" + script_path(shell).read_text()
-
-
-def fish_quote(word: str) -> str:
-    """`word` as one fish word: single quotes, in which fish reads only \\ and \' as escapes."""
-    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def hook_file(shell: str) -> Path:
-    """Where `calmd init` keeps its output, for the setup line that sources it without starting
-    Python: calm.zsh or calm.bash in the data dir."""
-    return paths.data_dir() / paths.HOOK_FILE.format(shell=shell)
-
-
-def write_hook_file(shell: str, text: str) -> bool:
-    """Put `text` in the hook file (atomically, owner-only) unless it holds it already; True when
-    written. Never raises: the shell works without the file (its setup line falls back)."""
-    path = hook_file(shell)
-    try:
-        if path.exists() and bytes(read_regular_file(path, limit=HOOK_FILE_LIMIT)) == text.encode():
-            return False
-        paths.private_dir(path.parent)
-        with atomic_write(path) as out:
-            out.write(text.encode())
-    except OSError as exc:
-        log.info("could not write %s: %s", path, exc)
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------- the helper
 
 
 @dataclass
@@ -186,10 +93,12 @@ class Helper:
         line_format: int = 1,
         shell: str | None = None,
         socket_arg: str | None = None,
+        watch: ShellWatch | None = None,
     ) -> None:
         from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
         self.default_threshold = DEFAULT_MIN_CONFIDENCE
+        self.watch = watch  # the shell: the helper goes when it does
         self.line_format = line_format
         self.shell = shell  # the hook file to keep current, and the --socket it was made with
         self.socket_arg = socket_arg
@@ -260,9 +169,9 @@ class Helper:
             self.take(raw)
         return True
 
-    def take(self, raw: bytes) -> None:
-        """One line from the shell."""
-        request = parse_request(raw.decode("utf-8", "replace"))
+    def take(self, raw: bytes, written: float | None = None) -> None:
+        """One line from the shell (`written`: when, if known: calmd/shell/lines.py)."""
+        request = parse_request(raw.decode("utf-8", "replace"), written)
         log.debug("shell: %r", request)
         if isinstance(request, Record):
             request.env = self.env
@@ -467,12 +376,27 @@ class Helper:
         if write_hook_file(self.shell, init_script(self.shell)):
             log.info("rewrote %s for calmd as installed now", hook_file(self.shell))
 
+    def shell_gone(self, ready: list[int], look: bool) -> bool:
+        """Whether the shell ended: its pidfd is in `ready`, or (without one; `look`: it is time to
+        look, every PARENT_CHECK_EVERY at most) it no longer runs."""
+        watch = self.watch
+        if watch is None:
+            return False
+        fd = watch.fileno()
+        return fd in ready if fd is not None else look and watch.gone()
+
+    def watched(self) -> list[int]:
+        """The descriptors the loop waits on besides its own: the shell's pidfd, when there is one."""
+        fd = None if self.watch is None else self.watch.fileno()
+        return [] if fd is None else [fd]
+
     def run(self) -> int:
-        parent = os.getppid()
+        if self.watch is not None and self.watch.gone():
+            return 0  # the shell ended before the helper ran
         while True:
             self.send_work()
             self.flush()
-            fds = [self.stdin]
+            fds = [self.stdin, *self.watched()]
             if self.client is not None:
                 fds.append(self.client.fileno())
             try:
@@ -485,7 +409,7 @@ class Helper:
                 self.chores_done = True
                 self.refresh_hook_file()
                 continue
-            if not ready and os.getppid() != parent:
+            if self.shell_gone(ready, look=not ready):
                 return 0  # the shell is gone; a process it started may still hold our stdin open
             if self.stdin in ready and not self.read_stdin():
                 return 0
@@ -533,59 +457,50 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 HelperFactory = Callable[..., Helper]  # (session, socket path, **options) -> the helper to run
 
 
-def serve_shell(args: argparse.Namespace, make: HelperFactory) -> int:
-    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`)."""
+class Stopped(BaseException):
+    """A signal that ends the helper (SIGTERM; fish's also SIGHUP): raised where the loop is, so
+    that it leaves through its cleanup (the spool folder), never by the default action."""
+
+
+def stop_on(*signals: signal.Signals) -> None:
+    """End the helper cleanly on these signals: each raises Stopped once, then they are ignored
+    (a second one must not break into the cleanup)."""
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for sig in signals:
+        signal.signal(sig, stop)
+
+
+def serve_shell(
+    args: argparse.Namespace, make: HelperFactory, stops: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+) -> int:
+    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`), for as long as
+    its shell runs (`--shell-pid`, else the parent it had when it started: calmd/shell/lifetime.py)
+    and until one of `stops` comes (bash's and zsh's hooks start it with SIGHUP ignored: the
+    terminal's hangup is not the shell's end)."""
     # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
-    _setup_log()
-    reopen_stdin_read_only()
-    socket_arg = getattr(args, "socket", None)
-    socket = Path(socket_arg) if socket_arg else paths.socket_path()
-    session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
-                  socket_arg=socket_arg)  # fmt: skip
+    stop_on(*stops)
     try:
+        watch = ShellWatch(getattr(args, "shell_pid", None))
+        _setup_log()
+        reopen_stdin_read_only()
+        socket_arg = getattr(args, "socket", None)
+        socket = Path(socket_arg) if socket_arg else paths.socket_path()
+        session = args.session or f"shell-{watch.pid}-{int(time.time())}"
+        helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
+                      socket_arg=socket_arg, watch=watch)  # fmt: skip
         return helper.run()
-    except (BrokenPipeError, KeyboardInterrupt):
+    except (BrokenPipeError, KeyboardInterrupt, Stopped):
         return 0
     except Exception:
         log.exception("shell helper crashed")
         return 1
-
-
-# --------------------------------------------------------------------------- commands
-
-
-def cmd_init(args: argparse.Namespace) -> int:
-    """Print the hook, and keep it in the hook file for the setup line that sources it. A hook for
-    another socket (`calmd --socket PATH init`) is printed only: the setup line's file is the
-    default one, what its fallback `calmd init SHELL` gives."""
-    socket = getattr(args, "socket", None)
-    text = init_script(args.shell, socket)
-    if socket is None:
-        write_hook_file(args.shell, text)
-    sys.stdout.write(text)
-    return 0
-
-
-def cmd_enable(args: argparse.Namespace) -> int:
-    flag = disabled_flag()
-    try:
-        flag.unlink()
-    except FileNotFoundError:
-        print("calm: suggestions are on already (they were not disabled)")
-        return 0
-    print(f"calm: suggestions enabled (removed {flag})")
-    return 0
-
-
-def cmd_disable(args: argparse.Namespace) -> int:
-    flag = disabled_flag()
-    flag.parent.mkdir(parents=True, exist_ok=True)
-    flag.touch()
-    print(f"calm: suggestions disabled in every shell until `calm enable` (flag file {flag})")
-    return 0
 
 
 if __name__ == "__main__":  # `python -m calmd.shell.helper ...`: hooks written by earlier calmd

@@ -1,20 +1,24 @@
-"""The line protocol between a shell's hook (client/calm.zsh, calm.bash, calm.fish) and its helper
-(calmd/shell/helper.py): what the shell writes, parsed, and how fields are escaped.
-
-Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
-separated by tabs). The hooks start the helper with `--format 2`:
+"""The line protocol between a shell's hook and its helper (calmd/shell/helper.py), as the helper
+parses it. UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
+separated by tabs. The hooks start the helper with `--format 2`:
 
     shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
                       r <exit> <cwd> <git> <ts> <cmd> [<secs>]   record an executed command (and
                                                                  how long it ran; ts empty: then)
+                      p <ts> <secs>                              a command ran while recording was
+                                                                 paused (CALM_RECORD=0): when, and
+                                                                 nothing else (ts empty: then)
                       e <virtualenv> <conda env>                 the environment changed
     helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
 
 `e` comes from the prompt hook when $VIRTUAL_ENV or $CONDA_DEFAULT_ENV changed (and once after the
 helper starts), never per keystroke; the helper sends its short form (`venv:proj`,
 calmd.suggest.frames.short_env) as `env` with every `complete` and with the records read after
-it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
-daemon connection with the first `complete` (`path`), for COMP's commands.
+it. `p` (the fish hook's, issue 39) lets the daemon leave a paused line out of any import of the
+shell's own history file, which holds it (calmd/history/coverage.py): it carries the start only.
+
+An `r` or `p` line without a `ts` is timed by the helper: the moment it was written (fish's
+request file's mtime; else when the helper read it) less the seconds it ran.
 
 `min` is the shell's CALM_MIN_CONFIDENCE (empty: the daemon's fitted ghost rule,
 calmd/suggest/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
@@ -24,10 +28,9 @@ only cycling should reach it (an older daemon sends no `ghost`: then 1 when the 
 `early` answer (the history's best line, asked for with `"early": true`) when the daemon draws it;
 then with the first candidate when it is drawn and differs from what is shown (both final=0);
 then with every candidate (final=1), which may hold none (no daemon, disabled, nothing to
-suggest). Only the newest `c`
-matters: older ones that are still queued are skipped, and the daemon cancels an older request of
-the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
-`c`, and kept (up to 256) while no daemon runs.
+suggest). Only the newest `c` matters: older ones that are still queued are skipped, and the
+daemon cancels an older request of the same session when a newer one arrives. `r` and `p` lines
+get no answer; they are sent before the next `c`, and kept (up to 256) while no daemon runs.
 
 Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
 `c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
@@ -51,9 +54,6 @@ from calmd.protocol import EXIT_MAX, EXIT_MIN, MAX_CANDIDATES, TS_MAX
 log = logging.getLogger("calmd.shell.helper")
 
 
-# --------------------------------------------------------------------------- escaping
-
-
 def escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
@@ -73,9 +73,6 @@ def unescape(text: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
-
-
-# --------------------------------------------------------------------------- the shell's lines
 
 
 @dataclass
@@ -123,9 +120,14 @@ class Record:
     ts: float | None
     env: str = ""  # the short form of the environment the command was typed in
     duration: float | None = None  # seconds it ran, when the shell measured it
+    paused: bool = False  # a `p` line: a command ran while recording was paused (cmd empty)
 
     def fields(self, session: str) -> dict[str, Any]:
-        """The `record` request's fields besides `cmd`, unset ones left out."""
+        """The `record` request's fields besides `cmd`, unset ones left out. A paused one carries
+        its start and session alone: nothing of the line (an older daemon takes its empty `cmd`
+        for an empty command, and stores nothing)."""
+        if self.paused:
+            return {"paused": True, "session": session, **({"ts": self.ts} if self.ts is not None else {})}
         fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
                   "env": self.env, "duration": self.duration}  # fmt: skip
         return {k: v for k, v in fields.items() if v is not None and v != ""}
@@ -142,8 +144,11 @@ class Env:
         return short_env(self.virtual_env, self.conda_env)
 
 
-def parse_request(line: str) -> Complete | Record | Env | None:
+def parse_request(line: str, written: float | None = None) -> Complete | Record | Env | None:
+    """One line from the shell; `written`: when the shell wrote it, if known (a spool file's
+    mtime), else now: the start of a command the shell gave no time for is then less its seconds."""
     parts = line.split("\t")
+    now = time.time() if written is None else written
     try:
         if parts[0] == "e" and len(parts) == 3:
             return Env(unescape(parts[1]), unescape(parts[2]))
@@ -159,9 +164,14 @@ def parse_request(line: str) -> Complete | Record | Env | None:
             duration = parse_duration(parts[6]) if len(parts) == 7 else None
             ts = parse_time(parts[4])
             if ts is None and duration is not None:  # the shell had no clock: it started that long ago
-                ts = time.time() - duration
+                ts = now - duration
             cwd, git = unescape(parts[2]), unescape(parts[3])
             return Record(unescape(parts[5]), exit_code, cwd, git, ts, duration=duration)
+        if parts[0] == "p" and len(parts) == 3:  # paused: when it started, nothing else
+            ts = parse_time(parts[1])
+            if ts is None:
+                ts = now - (parse_duration(parts[2]) or 0.0)
+            return Record("", None, "", "", ts, paused=True)
     except ValueError:
         pass
     log.warning("ignoring a malformed request: %.200r", line)

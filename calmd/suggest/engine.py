@@ -49,10 +49,10 @@ import numpy as np
 
 from calmd import paths
 from calmd.errors import CalmError
-from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import BeamSearch, Candidate
+from calmd.secrets import find_secret
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.disk import Disk, check_arguments
@@ -82,6 +82,7 @@ from calmd.suggest.ranking import (
     packaged_ranker_path,
     serving_ranker,
 )
+from calmd.visible import quoted
 
 # nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
 # below every line that belongs here, and never drawn (confidence 0)
@@ -136,7 +137,7 @@ class RankWeights:
             name = name.replace("-", "_")
             if name not in known:
                 raise CalmError(
-                    f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}"
+                    f"--weight {item}: unknown weight {quoted(name)}; known: {', '.join(sorted(known))}"
                 )
             try:
                 weights[name] = float(value)
@@ -808,8 +809,10 @@ class ModelEngine:
             if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
-                if find_secret(cmd) is not None or placeholder(cmd, typed) or (
-                    self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds)
+                if (
+                    find_secret(cmd) is not None
+                    or placeholder(cmd, typed)
+                    or (self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds))
                 ):
                     continue
                 carry.add(cmd)

@@ -20,7 +20,7 @@ Ranking, in two stages:
 The list is the pool in score order, then the other matches, most recent first.
 
 Filter modes (`MODES`): every command (`global`), those recorded on this machine (`host`: the
-history may hold other machines', calmd/history/sync.py), run in the current folder (`folder`), in
+history may hold other machines', calmd/sync/), run in the current folder (`folder`), in
 this shell session (`session`), or that succeeded at least once (`success`: exit 0, or no status
 known, as for imported history). Each result carries its latest run in that scope: when, where,
 with which status.
@@ -128,7 +128,7 @@ class SearchIndex:
         self.row_session = Column(np.int64)
         self.row_exit = Column(np.int64, NO_EXIT)
         self.row_id = Column(np.int64)  # the store's row id (0 in the replay)
-        self.row_remote = Column(np.bool_, False)  # recorded on another machine (calmd/history/sync.py)
+        self.row_remote = Column(np.bool_, False)  # recorded on another machine (calmd/sync/)
         self.cwds: dict[str, int] = {}
         self.cwd_names: list[str] = []
         self.sessions: dict[str, int] = {}
@@ -216,7 +216,7 @@ class SearchIndex:
         self.text.arrays()
 
     def shown(self, i: int) -> bool:
-        """Whether command `i` may be shown: what the store would store today (calmd/history/secrets.py),
+        """Whether command `i` may be shown: what the store would store today (calmd/secrets/),
         and nothing that drives a terminal (no control character but a multi-line command's
         newlines: calmd/suggest/filters.py, the rule every candidate follows)."""
         found = self._shown.get(i)

@@ -18,8 +18,8 @@ import urllib.parse
 from pathlib import Path
 
 from calmd.errors import CalmError
-from calmd.history.secrets import DETECTOR_VERSION
 from calmd.history.store import SCHEMA_VERSION, HistoryStore
+from calmd.secrets import DETECTOR_VERSION
 
 
 class NoHistory(CalmError):

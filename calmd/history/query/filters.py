@@ -16,6 +16,7 @@ from calmd.errors import CalmError
 from calmd.history.query.connection import compiled_pattern, scanned_by_this_detector, shown
 from calmd.history.store import clean_text
 from calmd.protocol import TS_MAX
+from calmd.visible import quoted
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class HistoryFilter:
                     compiled_pattern(pattern)
                 except re.error as exc:
                     raise CalmError(
-                        f"--regex: {self.pattern!r} is not a valid regular expression: {exc}"
+                        f"--regex: {quoted(self.pattern)} is not a valid regular expression: {exc}"
                     ) from None
                 clauses.append("calm_regexp(?, cmd)")
             else:

@@ -30,7 +30,7 @@ class Entry(NamedTuple):
     exit: int | None
     source: str
     duration: float | None  # seconds it ran, when the shell said
-    host: str = ""  # the machine that recorded it ('' : this one; calmd/history/sync.py)
+    host: str = ""  # the machine that recorded it ('' : this one; calmd/sync/)
 
     @property
     def failed(self) -> bool:

@@ -13,6 +13,7 @@ import re
 from calmd.errors import CalmError
 from calmd.history.store import valid_time
 from calmd.protocol import TS_MAX
+from calmd.visible import quoted
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hour|hours|d|day|days|w|week|weeks)\s*(?:ago)?\Z")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400,
@@ -38,7 +39,7 @@ def parse_when(text: str, now: float) -> float:
         return dt.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         raise CalmError(
-            f"{text!r} is not a time: give e.g. 30m, 2h, 3d, 1w (ago), today, yesterday, "
+            f"{quoted(text)} is not a time: give e.g. 30m, 2h, 3d, 1w (ago), today, yesterday, "
             "2025-11-24, '2025-11-24 13:00' or seconds since the epoch"
         ) from None
 

@@ -300,6 +300,7 @@ class CompleteRequest:
     # rule's fitted thresholds (calmd/suggest/ghost.py); None: as fitted
     drawn: str | None = None  # the line the shell shows as ghost text now: the incumbent
     multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
+    keys: bool = False  # with the empty prompt's answer, each likely first key's early line (`key`)
 
 
 @dataclass(frozen=True)
@@ -434,7 +435,7 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'ctx.completions' must be a list of strings", rid)
         ctx["completions"] = list(comps)
     session = _str(msg, "session", rid, limit=256)
-    early, multiline = _bool(msg, "early", rid), _bool(msg, "multiline", rid)
+    early, multiline, keys = _bool(msg, "early", rid), _bool(msg, "multiline", rid), _bool(msg, "keys", rid)
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
     min_confidence = msg.get("min_confidence")
     if min_confidence is not None:
@@ -446,7 +447,9 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
         min_confidence = float(min_confidence)
     drawn = _str(msg, "drawn", rid) if msg.get("drawn") is not None else None
-    return CompleteRequest(rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline)
+    return CompleteRequest(
+        rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline, keys
+    )
 
 
 def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:

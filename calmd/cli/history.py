@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from calmd.visible import visible
 if TYPE_CHECKING:
     from calmd.sync.leave import SyncHoldings
 
+IMPORT_NICE = 10  # `calm import`'s niceness over the shell's
+
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Each file in turn; one that is not a history (or cannot be read) is reported on one line
@@ -33,6 +36,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     if args.max_mib <= 0:
         raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
+    # a batch job beside the shells: on a busy machine their keystrokes (the daemon) go first, as
+    # they do before the daemon's own import worker (calmd/daemon/worker.py; issue 42)
+    with contextlib.suppress(OSError):
+        os.nice(IMPORT_NICE)
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
     refused = 0
     try:

@@ -49,7 +49,8 @@ def add_calmd_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--session", default="", help="session id (default: from the parent pid)")
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
     p.add_argument("--autostart", action="store_true", help="start `calmd serve` once when no daemon answers")
-    p.add_argument("--format", type=int, choices=(1, 2), default=1, help="line format (the hooks use 2)")
+    p.add_argument("--format", type=int, choices=(1, 2, 3), default=1,
+                   help="line format (zsh's hook uses 3, bash's and fish's 2)")  # fmt: skip
     p.add_argument("--shell", choices=hooks.SHELLS, help="the hook file to rewrite when calmd changes")
     p.add_argument(
         "--shell-pid",

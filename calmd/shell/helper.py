@@ -49,6 +49,7 @@ LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
 PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs (without a pidfd)
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
+MAX_KEYS = 64  # first-key lines kept per answer
 
 log = logging.getLogger("calmd.shell.helper")
 
@@ -64,6 +65,7 @@ class Active:
     candidates: list[str] = field(default_factory=list)
     confident: list[bool] = field(default_factory=list)
     shown: str = ""  # the candidate already sent on its own (final=0), early or the model's best
+    keys: list[str] = field(default_factory=list)  # the empty prompt's lines for a first key (`key`)
 
     def is_drawn(self, message: dict[str, Any]) -> bool:
         """Whether the daemon draws this early line or candidate (`ghost`); from an older daemon
@@ -129,12 +131,19 @@ class Helper:
 
     # -- shell side ------------------------------------------------------------------------------
 
-    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+    def emit(
+        self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None,
+        keys: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        """A line for the shell; `keys` (format 3): lines drawn at once when their first character
+        alone is typed, after the candidates, flagged 2 (calmd/shell/lines.py)."""
         head = [seq, "1" if final else "0"]
+        extra = keys if keys and self.line_format >= 3 else []
         if self.line_format >= 2:
             flags = confident if confident is not None else [True] * len(candidates)
-            head.append("".join("1" if f else "0" for f in flags))
-        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"))
+            head.append("".join("1" if f else "0" for f in flags) + "2" * len(extra))
+        lines = [*candidates, *extra]
+        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in lines)]) + "\n"))
 
     def flush(self) -> None:
         """Write what `emit` queued, in one write. An early or first answer that came in the same
@@ -250,6 +259,8 @@ class Helper:
                 extra: dict[str, Any] = {"early": True} if self.line_format >= 2 else {}
                 if q.min_confidence is not None:
                     extra["min_confidence"] = q.min_confidence
+                if self.line_format >= 3 and not q.input:
+                    extra["keys"] = True  # the empty prompt: its first keys, to draw in the shell at once
                 if len(self.drawn) > len(q.input) and self.drawn.startswith(q.input):
                     extra["drawn"] = self.drawn  # the user typed along it: it stays unless beaten
                 if self.multiline:
@@ -290,6 +301,21 @@ class Helper:
                 active.shown = self.drawn = text
                 self.emit(active.seq, False, [text])
             return
+        if "key" in message:
+            # The line the shell draws at once when this first character alone is typed.
+            key, text = message.get("key"), message.get("line")
+            if (
+                not active.input
+                and isinstance(key, str)
+                and len(key) == 1
+                and isinstance(text, str)
+                and len(text) > 1
+                and text.startswith(key)
+                and self.sendable(text, multiline=self.multiline)
+                and len(active.keys) < MAX_KEYS
+            ):
+                active.keys.append(text)
+            return
         if "candidate" in message:
             candidate = str(message["candidate"])
             # an older daemon sent control characters too: none reaches the shell
@@ -326,7 +352,7 @@ class Helper:
         if "error" in message:
             log.warning("complete failed: %s", message["error"])
         self.drawn = next((c for c, f in zip(active.candidates, active.confident, strict=True) if f), "")
-        self.emit(active.seq, True, active.candidates, active.confident)
+        self.emit(active.seq, True, active.candidates, active.confident, active.keys)
         self.active = None
 
     def read_daemon(self) -> None:

@@ -34,6 +34,12 @@ get no answer; they are sent before the next `c`, and kept (up to 256) while no 
 
 Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
 `c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
+
+With `--format 3` (zsh's hook), a `c` line for the empty prompt asks the daemon for its first keys
+too (`keys`, docs/protocol.md): the final answer carries, after the candidates, the line to draw at
+once for each likely first character, flagged 2. The shell draws the one that extends a buffer of
+that one character as soon as the key is typed, with no round trip, until the answer to that key
+comes; flag-2 lines are never cycled to (issue 42).
 """
 
 from __future__ import annotations

@@ -107,7 +107,11 @@ class SpoolHelper(Helper):
             self.pending.clear()  # the hook waits for this answer now, never for an older one
         super().take(raw, written)
 
-    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+    def emit(
+        self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None,
+        keys: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        """(fish asks for no first keys: `keys` stays out.)"""
         if not final:
             return  # fish reads one answer per key: the final one
         sure = confident if confident is not None else [True] * len(candidates)

@@ -70,6 +70,7 @@ from calmd.suggest.filters import (
 )
 from calmd.suggest.frames import VocabularyFollowers, current_word
 from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.index_catch_up import keystroke_sync, warm_sync
 from calmd.suggest.kinds import wrong_kind
 from calmd.suggest.ranking import (
     POOL_RECENT,
@@ -87,9 +88,6 @@ from calmd.visible import quoted
 # below every line that belongs here, and never drawn (confidence 0)
 ELSEWHERE_PENALTY = 25.0
 DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
-# Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
-# 50,000 commands a second is caught up with over the next keystrokes, never waited for.
-KEYSTROKE_SYNC_ROWS = 5_000
 # Junk lines (calmd/suggest/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
@@ -281,25 +279,31 @@ class ModelEngine:
         """Where the disk check and the COMP proposals look (the server's, shared across reloads)."""
         self.disk = disk
 
-    def warm_up(self, cwd: str = "") -> None:
+    def warm_up(self, cwd: str = "", cancelled: threading.Event | None = None) -> bool:
         """Pay at load what the first keystroke would pay otherwise (1.3-1.8 s measured before):
         the history index read from the store, the model's first passes (kernels, the fused
         scan's library, allocator), the calibration and the filters. One request on the empty
-        prompt and one after a typed character, in a session of its own that is then forgotten."""
+        prompt and one after a typed character, in a session of its own that is then forgotten.
+        `cancelled`: stop at the model's next step and say so (False): a hot reload's warm-up is a
+        background job of the daemon, which the next keystroke stops (issue 42)."""
         if self.history is not None and self.index is not None:
-            self.index.sync(self.history)
+            warm_sync(self.index, self.history)
         history = []
         if self.history is not None:
             history = [{"cmd": r.cmd, "exit": r.exit} for r in self.history.recent(limit=HISTORY_FRAMES)]
         session = "calmd-warm-up"
         counts = self.searches, self.reused  # the status counts the users' requests only
+        stop = cancelled if cancelled is not None else threading.Event()
         for typed in ("", "g", "gi"):
             ctx = {"input": typed, "history": history, **({"cwd": cwd} if cwd else {})}
-            for _ in self.complete(ctx, 5, session, threading.Event(), lambda *_: None):
+            for _ in self.complete(ctx, 5, session, stop, lambda *_: None):
                 pass
+            if stop.is_set():
+                break
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
         self.searches, self.reused = counts
+        return not stop.is_set()
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -786,7 +790,9 @@ class ModelEngine:
         store, index = self.history, self.index
         if store is None or index is None:
             return HistorySide({}, set(), set())
-        index.sync(store, budget=KEYSTROKE_SYNC_ROWS)  # what any shell recorded since the last keystroke
+        # what any shell recorded since the last keystroke; what an import or a sync added is read
+        # between keystrokes (calmd/suggest/index_catch_up.py)
+        keystroke_sync(index, store)
         if self.parts == "model":
             return HistorySide({}, set(), set())  # the ablation without the history's proposals
         context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from calmd.suggest.search_match import Column, CommandText, Matches, parse_query
 from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker
 
 SEARCH_LIMIT = 500_000  # the newest commands searched (memory: about 60 bytes each, plus the text)
+PAUSED_BATCH = 100  # rows read between two pauses when the daemon's keystrokes go first (1-5 ms)
 POOL_RECENT = 60
 POOL_FREQUENT = 40
 POOL_FOLDER = 40
@@ -177,13 +179,14 @@ class SearchIndex:
             self.transitions.add(cmd, session, exit, ts, cwd, git)
         self.version += 1
 
-    def sync(self, db: sqlite3.Connection) -> int:
+    def sync(self, db: sqlite3.Connection, pause: Callable[[], None] | None = None) -> int:
         """Read the rows the store gained since the last sync (a read-only connection,
         calmd/history/query/); returns how many. The first sync reads the newest SEARCH_LIMIT.
         Rows deleted meanwhile (the generation moved) start it over; so does growing past
         SEARCH_LIMIT by a quarter (the oldest are then left out), and more than SEARCH_LIMIT new
         rows (an import: it reads the newest then). It reads up to the newest row there is when it
-        starts, never chasing an import that adds rows meanwhile (issue 30)."""
+        starts, never chasing an import that adds rows meanwhile (issue 30). `pause`: called
+        between two slices of PAUSED_BATCH rows (the daemon's keystrokes go first, issue 42)."""
         generation = query.generation(db)
         deleted = self.generation is not None and generation != self.generation
         behind = len(self) and query.newest_after(db, SEARCH_LIMIT) > self.last_id  # an import added more
@@ -195,8 +198,11 @@ class SearchIndex:
             self.transitions_from = query.newest_after(db, INDEX_LIMIT)
         newest = query.newest_after(db, 0)  # what is there now: an import adding rows is not chased
         added = 0
+        batch = query.BATCH if pause is None else PAUSED_BATCH
         while True:
-            rows = [row for row in query.rows_after(db, self.last_id) if row[0] <= newest]
+            if pause is not None:
+                pause()
+            rows = [row for row in query.rows_after(db, self.last_id, batch) if row[0] <= newest]
             if not rows:
                 return added
             for rid, ts, session, cwd, git, cmd, code, host in rows:

@@ -33,12 +33,9 @@ unasked), or dropped when only the model proposes a `cd` into nothing.
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import os
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -52,40 +49,30 @@ from calmd.errors import CalmError
 from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
-from calmd.model.generate import BeamSearch, Candidate
+from calmd.model.generate import Candidate
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.disk import Disk, check_arguments
+from calmd.suggest.disk import Disk
 from calmd.suggest.filters import (
     Vocabulary,
     balanced,
-    cut_off,
-    cwd_argument,
-    flag_name,
-    invented,
     packaged_vocabulary,
     placeholder,
-    repeats_word,
     sendable,
 )
-from calmd.suggest.frames import VocabularyFollowers, current_word
+from calmd.suggest.frames import VocabularyFollowers
 from calmd.suggest.ghost import GhostRule, packaged_rule
-from calmd.suggest.kinds import wrong_kind
+from calmd.suggest.judge import ELSEWHERE_PENALTY, HistorySide, LineJudge
 from calmd.suggest.ranking import (
     POOL_RECENT,
     HistoryIndex,
     Ranker,
-    first_word,
-    outside_git,
     packaged_ranker,
     packaged_ranker_path,
     serving_ranker,
 )
+from calmd.suggest.through import MAX_SPARE, KeptAnswer, Mixture, context_key, history_index, history_version
 
-# nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
-# below every line that belongs here, and never drawn (confidence 0)
-ELSEWHERE_PENALTY = 25.0
-DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
 # Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
 # 50,000 commands a second is caught up with over the next keystrokes, never waited for.
 KEYSTROKE_SYNC_ROWS = 5_000
@@ -161,69 +148,7 @@ class Suggestion(NamedTuple):
 EarlyCallback = Callable[[str, float, bool], None]  # (line, confidence, drawn as the ghost)
 
 
-@dataclass
-class HistorySide:
-    """The history's proposals for one keystroke, after the junk filters."""
-
-    proposals: dict[str, float]  # command -> P_hist (normalised before the failing ones went)
-    carry: set[str]  # which of them are carry-overs (new lines, not past commands)
-    failing: set[str]  # the pool's commands that never succeeded or name a missing path (not proposed)
-
-    def ordered(self) -> list[str]:
-        """Best first."""
-        return sorted(self.proposals, key=self.proposals.__getitem__, reverse=True)
-
-
-MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
-MAX_SPARE = 10  # lines a search found beyond the n best that an answer keeps for typing through
-ANSWERS_PER_SESSION = 8  # a session's answers kept: the newest, and earlier inputs a backspace returns to
-
-
-@dataclass
-class _Answer:
-    """A session's last whole answer: what typing through it continues."""
-
-    key: str  # its context_key and history_version: typing through needs the very same ones
-    typed: str  # the input it answered
-    n: int  # how many lines were asked for
-    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
-    # None for the earlier answers, which only a repeat of their input continues
-    lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
-    comp: tuple[str, ...] = ()  # the COMP items the context held (typing through rescores on a change)
-
-
-def context_key(ctx: dict[str, Any]) -> str:
-    """Everything of a request's context but the typed input and the COMP items, as one string:
-    two requests with the same key differ only by what was typed and what COMP offered for it
-    (the context is opaque here: frames, cwd, git and whatever else it carries)."""
-    return json.dumps({k: v for k, v in ctx.items() if k not in ("input", "completions")}, sort_keys=True,
-                      default=str)  # fmt: skip
-
-
-_INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
-_INDEX_IDS: weakref.WeakKeyDictionary[HistoryIndex, int] = weakref.WeakKeyDictionary()
-_NEXT_INDEX_ID = itertools.count(1)
-
-
-def history_index(store: HistoryStore) -> HistoryIndex:
-    """One in-memory index per store, shared by the engines a hot reload replaces (so a reload
-    does not re-read the whole history). Used from the daemon's single inference thread."""
-    index = _INDEXES.get(store)
-    if index is None:
-        index = _INDEXES[store] = HistoryIndex()
-        _INDEX_IDS[index] = next(_NEXT_INDEX_ID)
-    return index
-
-
-def history_version(index: HistoryIndex | None) -> str:
-    """Which store and which of its states the index holds: any command recorded (by any session)
-    or deleted since makes another version, and an answer of another version is not continued."""
-    if index is None:
-        return "-"
-    return f"{_INDEX_IDS.get(index, 0)}:{index.last_id}:{getattr(index, '_generation', None)}"
-
-
-class ModelEngine:
+class ModelEngine(LineJudge, Mixture):
     """Wraps a loaded model and its generator; thread-confined to the daemon's worker thread."""
 
     def __init__(
@@ -265,7 +190,7 @@ class ModelEngine:
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
         self.followers = VocabularyFollowers(self.vocabulary.known, static=1)
-        self.answers: OrderedDict[str, list[_Answer]] = OrderedDict()  # per session: its last whole
+        self.answers: OrderedDict[str, list[KeptAnswer]] = OrderedDict()  # per session: its last whole
         # answers in one context, the newest first
         self.reused = 0  # requests answered from the previous answer (typing through, a repeat)
         self.searches = 0  # requests that ran the model's search (or scored a complete input)
@@ -491,152 +416,9 @@ class ModelEngine:
         if not complete:
             more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
             comp = tuple(ctx.get("completions") or ())
-            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
+            self._remember(session, KeptAnswer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
         else:
             self._remember(session, None)
-
-    # -- typing through a suggestion --------------------------------------------------------------
-
-    def _remember(self, session: str, answer: _Answer | None) -> None:
-        """Keep the session's whole answer (only a whole one: a cancelled request's is not), and
-        its earlier answers in the same context for the inputs a backspace goes back to (those
-        without their model state: a repeat needs none)."""
-        if answer is None or not answer.lines:  # nothing to continue: the earlier ones stay
-            return
-        earlier = self.answers.pop(session, [])
-        kept = [e for e in earlier if e.key == answer.key and e.typed != answer.typed][
-            : ANSWERS_PER_SESSION - 1
-        ]
-        for e in kept:
-            e.start = None
-        self.answers[session] = [answer, *kept]
-        while len(self.answers) > MAX_ANSWERS:
-            self.answers.popitem(last=False)
-
-    def _typed_through(
-        self, session: str, key: str, ctx: dict[str, Any], n: int, start: Any, side: HistorySide,
-        scored: list[str], judge: Callable[[str], float | None], lam: float, elsewhere: Callable[[str], bool],
-    ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
-        """The answer to `typed` from the session's previous answer, when the user typed on along
-        its top line, or from an earlier one for the same input (a repeat, a backspace back to
-        it): its lines that still extend the input, rescored exactly as a search scores them (the
-        model's log-probability given the longer input is the old one minus that of the typed
-        bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
-        continue, the context or the history changed, or the top line no longer leads (then a
-        search runs). The COMP items may have changed since (a new word begun). What it cannot
-        do: propose a line the previous answer did not hold, but the history's and COMP's lines
-        for the new input (docs/performance.md, "Typing through a suggestion")."""
-        typed = str(ctx.get("input", ""))
-        answers = [a for a in self.answers.get(session, []) if a.key == key]
-        if not self.weights.typing_through or not answers:
-            return None
-        last = next((a for a in answers if a.typed == typed and n <= a.n), answers[0])
-        if not typed.startswith(last.typed) or (typed == last.typed and n > last.n):
-            return None
-        if last.start is None and typed != last.typed:
-            return None
-        top = last.lines[0][0]
-        any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
-        if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
-            return None
-        kept = [(t, lp) for t, lp in last.lines if t.startswith(typed) and t.rstrip() != typed.rstrip()]
-        # Their scores given the longer input: the old ones less what the typed bytes cost. When the
-        # COMP items changed since (a word begun) this keeps the old frame's scores: scoring the
-        # lines afresh in the new context was one batched prefill per line, 10-24 ms for 5-15
-        # lines, more than the search it saves (a COMP frame moves the model's scores little:
-        # docs/quality.md, "COMP").
-        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
-        rescored = [(t, old_lp - drop) for t, old_lp in kept]
-        # the history's and COMP's lines for this input that the answer did not hold, scored as a
-        # search scores them (a new word's files, a line the pool has only now)
-        have = {t for t, _ in kept}
-        fresh = [t for t in scored if t not in have]
-        if fresh:
-            scores = self.generator.score_many(ctx, fresh, session=session, start=start)
-            rescored += list(zip(fresh, scores, strict=True))
-        offset, temperature = math.log(1 - lam), self.weights.model_temperature
-        found: list[tuple[Candidate, float]] = []
-        for text, lp in rescored:
-            if text in scored:  # as `extra` is scored by a search
-                score = self._mixture_score(text, lp, side.proposals, lam, elsewhere)
-            else:
-                adjust = judge(text)
-                if adjust is None:
-                    continue
-                score = offset + lp / temperature + adjust
-            found.append((Candidate(text, score, 0), lp))
-        found.sort(key=lambda c: c[0].logprob, reverse=True)
-        if not found or (not any_line and found[0][0].text != top):
-            return None
-        return found
-
-    def _mixture_score(
-        self, cmd: str, lp: float, proposals: dict[str, float], lam: float, elsewhere: Callable[[str], bool],
-    ) -> float:  # fmt: skip
-        """A scored line on the mixture's scale: log(lam P_hist + (1 - lam) P_model^(1/T)), less
-        the penalty of a line that belongs to another branch or to a repository (`_elsewhere`)."""
-        p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / self.weights.model_temperature)
-        score = math.log(p) if p > 0 else -math.inf
-        return score - (ELSEWHERE_PENALTY if elsewhere(cmd) else 0.0)
-
-    def ranked(
-        self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
-        n: int, lam: float, cancelled: threading.Event, model_lp: dict[str, float] | None = None,
-        spare: list[Candidate] | None = None,
-    ) -> Iterator[Candidate]:  # fmt: skip
-        """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
-        log-probability scale) and the lines the beams finish, best first, each yielded as soon as
-        no live beam can beat it. A beam's score lp becomes log(1 - lam) + lp / T on the mixture's
-        scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
-        drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
-        and what it has is final (a model that keeps finishing junk would search to max_tokens).
-        `model_lp` receives each kept line's log-probability under the model alone, `spare` the
-        lines found but not yielded, best first (what typing through may continue besides)."""
-        offset, temperature = math.log(1 - lam), self.weights.model_temperature
-
-        def mixture(lp: float) -> float:
-            return offset + lp / temperature
-
-        pending = sorted((Candidate(t, s, 0) for t, s in extra if s > -math.inf), key=lambda c: c.logprob,
-                         reverse=True)  # fmt: skip
-        seen = {c.text for c in pending}
-        yielded = dropped = 0
-        budget = max(n, self.drop_budget)
-        tail = int(self.weights.tail_steps)  # steps the search goes on after its first line is final
-        first_at = 0
-        while not search.exhausted:
-            if cancelled.is_set():
-                return
-            if tail and yielded and search.steps - first_at >= tail:
-                break  # the drawn line is final; the others are what the search has by now
-            for cand in search.step():
-                if cand.text in seen:
-                    continue  # a history proposal: ranked with its own score
-                seen.add(cand.text)
-                adjust = judge(cand.text)
-                if adjust is None:
-                    dropped += 1
-                else:
-                    pending.append(Candidate(cand.text, mixture(cand.logprob) + adjust, cand.tokens))
-                    if model_lp is not None:
-                        model_lp[cand.text] = cand.logprob
-            pending.sort(key=lambda c: c.logprob, reverse=True)
-            bound = mixture(search.bound)
-            while pending and pending[0].logprob >= bound and yielded < n:
-                yield pending.pop(0)
-                yielded += 1
-                first_at = first_at or search.steps
-            if yielded >= n:
-                if spare is not None:
-                    spare.extend(pending)
-                return
-            if len(pending) + yielded >= n:  # beams that cannot reach the top n any more
-                search.prune((pending[n - yielded - 1].logprob - offset) * temperature)
-            if dropped >= budget:
-                break
-        yield from pending[: n - yielded]  # beams ran out (or max_tokens, or junk): the rest is final
-        if spare is not None:
-            spare.extend(pending[n - yielded :])
 
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may
@@ -647,127 +429,6 @@ class ModelEngine:
         by_history = bool(rule & 1) and run_before
         by_model = bool(rule & 2) and p_end >= 0.5  # the end of the line is the likeliest next token
         return by_history or by_model
-
-    def _judge(
-        self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool,
-        missing: Callable[[str], bool] | None = None,
-    ) -> Callable[[str], float | None]:  # fmt: skip
-        """What happens to a line a beam finished (or COMP completed): kept (0), demoted (a
-        negative number added to its score) or dropped (None). Dropped: half a command, a line
-        that failed every time it ran (`gti log` when `gti` was not found too), one naming a path
-        that is not there (`missing`: the disk check), and of the lines only the model wrote,
-        those continuing a complete input, holding a secret, with an invented word
-        (calmd/suggest/filters.py), cut off, or repeating a word."""
-        index = self.index
-        missing = missing or self._missing(ctx)
-        cwd = str(ctx.get("cwd") or "")
-        multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
-        kinds = self._kinds(ctx)
-
-        def judge(text: str) -> float | None:
-            if not sendable(text, multiline=multiline):
-                return None  # drives the terminal (a newline only from a multi-line input typed)
-            if text in side.proposals:
-                return 0.0  # judged with the history's (`_history_side`)
-            if not balanced(text) or missing(text):
-                return None  # half a command, whoever wrote it (a past line out of the pool too)
-            if index is not None and index.count.get(text, 0) > 0:  # the user's own line
-                return None if index.failing(text) else 0.0
-            if index is not None and index.missing(text):
-                return None  # `gti log` when `gti` was not found
-            if complete or find_secret(text) is not None or placeholder(text, typed) or repeats_word(text):
-                return None
-            if self.weights.vocabulary and (self._made_up(text, typed, cwd, kinds) or self._cut_off(text)):
-                return None
-            return 0.0
-
-        return judge
-
-    def _missing(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
-        """Whether a line's `cd` target or file argument is missing from the shell's cwd (always
-        False without a disk or a cwd). Memoised for the request once known: a folder not listed
-        in time is asked about again, as its listing comes while the keystroke is worked on."""
-        disk, cwd = self.disk, str(ctx.get("cwd") or "")
-        seen: dict[str, bool] = {}
-
-        def missing(text: str) -> bool:
-            if disk is None or not cwd:
-                return False
-            found = seen.get(text)
-            if found is None:
-                path, known = check_arguments(text, cwd, disk)
-                found = path is not None
-                if known:
-                    seen[text] = found
-            return found
-
-        return missing
-
-    @staticmethod
-    def _disk_proposals(typed: str, ctx: dict[str, Any]) -> list[str]:
-        """The input with the word being typed completed by each COMP item that is a path (the
-        daemon's COMP: files and directories of the cwd), for a word after the command's first."""
-        words, word = current_word(typed)
-        if not words or not word or word.startswith("-"):
-            return []
-        stem = typed[: len(typed) - len(word)]
-        items = [i for i in ctx.get("completions") or () if isinstance(i, str) and i.startswith(word)]
-        paths = [i for i in items if i != word and (i.endswith("/") or "." in i or "/" in i)]
-        return [stem + i for i in paths][:DISK_PROPOSALS]
-
-    def _cut_off(self, text: str) -> bool:
-        """A line only the model wrote that stops short: mid-word (`make to`), or after a flag
-        the user always gave more words to and never ended a line with (`git push -u`)."""
-        user = self.index.vocabulary if self.index is not None else None
-        if cut_off(text, self.vocabulary, user):
-            return True
-        last = text.rsplit(None, 1)[-1] if text.strip() else ""
-        return self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
-
-    def _elsewhere(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
-        """Whether a line belongs to another place than the shell's: a line the user only ever
-        ran inside a git repository, or a git line only the model wrote, while the shell is in
-        none; a line naming the branch it ran on, on another branch (`git push origin
-        feature/login` on master). Such a line is demoted and never drawn. Only judged when the
-        shell tells its cwd (the replay's histories do not: always False there)."""
-        index = self.index
-        cwd, branch = str(ctx.get("cwd") or ""), str(ctx.get("git") or "")
-        if index is None or not cwd.startswith("/"):
-            return lambda text: False
-
-        def elsewhere(text: str) -> bool:
-            if not branch:
-                if text in index.count:
-                    return index.repo_only(text)
-                return first_word(text) == "git" and not outside_git(text)
-            bound = index.bound_branch.get(text)
-            return bound is not None and bound != branch
-
-        return elsewhere
-
-    def _made_up(self, text: str, typed: str, cwd: str, kinds: Callable[[str, str], str | None]) -> bool:
-        """A line the user never ran with an invented subcommand or flag, the cwd pasted in, or an
-        argument of the wrong kind (`kinds`: calmd/suggest/kinds.py)."""
-        user = self.index.vocabulary if self.index is not None else None
-        if invented(text, typed, self.vocabulary, user) is not None:
-            return True
-        return (bool(cwd) and cwd_argument(text, typed, cwd, self.home)) or kinds(text, typed) is not None
-
-    def _kinds(self, ctx: dict[str, Any]) -> Callable[[str, str], str | None]:
-        """`wrong_kind` for one request: paths judged on the disk's listings of the shell's cwd
-        (none without a disk or a cwd), the COMP items as offered, the user's own words."""
-        disk, cwd = self.disk, str(ctx.get("cwd") or "")
-        comp = frozenset(str(c) for c in ctx.get("completions") or ())
-        exists = (lambda path: disk.exists(cwd, path)) if disk is not None and cwd.startswith("/") else None
-        index = self.index
-        user, mine = (index.vocabulary, index.arguments) if index is not None else (None, None)
-
-        def kinds(text: str, typed: str) -> str | None:
-            return wrong_kind(
-                text, typed, exists=exists, comp=comp, vocab=self.vocabulary, user=user, mine=mine
-            )
-
-        return kinds
 
     def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float, bool] | None:
         """The history's best proposal, its confidence and whether it is drawn, without the model
@@ -802,8 +463,10 @@ class ModelEngine:
             if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
-                if find_secret(cmd) is not None or placeholder(cmd, typed) or (
-                    self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds)
+                if (
+                    find_secret(cmd) is not None
+                    or placeholder(cmd, typed)
+                    or (self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds))
                 ):
                     continue
                 carry.add(cmd)

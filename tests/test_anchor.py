@@ -19,23 +19,26 @@ from calmd.suggest.forest import Forest
 lightgbm = pytest.importorskip("lightgbm")
 
 
-def _booster(rows: int = 600, features: int = 5, seed: int = 3) -> tuple[Any, np.ndarray]:
+def _booster(rows: int = 600, features: int = 5, seed: int = 3, leaves: int = 7) -> tuple[Any, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, features))
     x[:, 2] = rng.integers(0, 4, size=rows)  # ties at thresholds: a split on integers
     y = (x[:, 0] + 0.5 * x[:, 1] * x[:, 2] > 0.3).astype(float)
     data = lightgbm.Dataset(x, y, group=[20] * (rows // 20))
-    params = {"objective": "lambdarank", "num_leaves": 7, "min_data_in_leaf": 5, "verbosity": -1,
+    params = {"objective": "lambdarank", "num_leaves": leaves, "min_data_in_leaf": 2, "verbosity": -1,
               "num_threads": 1, "deterministic": True, "force_row_wise": True}  # fmt: skip
     return lightgbm.train(params, data, num_boost_round=40), x
 
 
-def test_forest_scores_as_lightgbm_predicts() -> None:
-    booster, x = _booster()
+@pytest.mark.parametrize("leaves", [7, 90])  # 90: more than 64 leaves, walked level by level in numpy
+def test_forest_scores_as_lightgbm_predicts(leaves: int) -> None:
+    booster, x = _booster(rows=2000, leaves=leaves)
     names = tuple(f"f{i}" for i in range(x.shape[1]))
     forest = Forest.from_lightgbm(booster.dump_model(), names)
     expected = booster.predict(x)
-    assert np.abs(forest.scores(x) - expected).max() < 1e-9
+    assert max(t["num_leaves"] for t in booster.dump_model()["tree_info"]) > (64 if leaves > 64 else 1)
+    assert np.abs(forest.scores(x) - expected).max() < 1e-9  # the C++ walk (csrc/forest.cpp)
+    assert np.abs(forest.scores(x, cpp=False) - expected).max() < 1e-9  # numpy's
     again = Forest.from_json(json.loads(json.dumps(forest.to_json())), names, "f.json")
     assert np.array_equal(again.scores(x), forest.scores(x))  # the file keeps every bit
     assert forest.scores(x[:0]).shape == (0,)

@@ -31,6 +31,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not m.is_file():
             raise CalmError(f"-m {m}: no such weight file")
         read_cwgt(m)  # a file that is no CWGT: said now, not after the warm-up
+    if args.reranker:
+        from calmd.suggest.rerank import Reranker
+
+        Reranker.load(Path(args.reranker))  # a file that is no reranker: said now, not after the warm-up
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
     if args.search:
@@ -45,7 +49,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               comp=args.comp, min_confidence=args.min_confidence,
                               models=replay.model_names(models) if len(models) > 1 else {},
                               ranker=args.ranker, refit=args.refit, jobs=args.jobs,
-                              first=args.first)  # fmt: skip
+                              first=args.first,
+                              reranker=Path(args.reranker) if args.reranker else None)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(report.format_table(result))
     if args.json:
@@ -119,6 +124,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="which predictors rank: the daemon's mixture (default), or one of its parts alone "
                    "(history: the history ranker, no model; model: the model's beams, no history "
                    "proposals)")  # fmt: skip
+    p.add_argument("--reranker", metavar="FILE.json",
+                   help="order the answers with this reranker (python -m calmd.quality.fit_reranker --output "
+                   "FILE.json), to measure it; default: the packaged one, when there is one")  # fmt: skip
     p.add_argument("--refit", choices=("model", "ranker", "both"), default="model",
                    help="with --with-training: what a run refits: the model (the background fine-tuning, "
                    "default), the history ranker on the user's commands (seconds), or both")  # fmt: skip

@@ -94,6 +94,7 @@ class ReplayConfig:
     jobs: int = 1  # users replayed at once, each in a process of its own
     first: int = 0  # only each user's first N commands, from an empty history (no warm-up): a new user
     anchor: bool = True  # replay the anchor (calmd/quality/anchor.py): off where only calmd is wanted
+    reranker: Path | None = None  # a reranker file (calmd/suggest/rerank.py) in place of the packaged one
 
     def systems(self) -> dict[str, Path]:
         """The calmd systems replayed: "calmd" for the one model, else one per model."""
@@ -291,11 +292,17 @@ def replay_file(path: Path, cfg: ReplayConfig) -> dict[str, Tally]:
     worker of `replay` runs, in this process or another."""
     from calmd.suggest.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.suggest.engine import ModelEngine, RankWeights
+    from calmd.suggest.rerank import Reranker
 
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
     weights = RankWeights(**cfg.weights)
-    return replay_user(path, cfg, lambda w: ModelEngine(w, weights, calibrator=calibrator, parts=cfg.ranker))
+    reranker = Reranker.load(cfg.reranker) if cfg.reranker is not None else True
+    return replay_user(
+        path,
+        cfg,
+        lambda w: ModelEngine(w, weights, calibrator=calibrator, parts=cfg.ranker, reranker=reranker),
+    )
 
 
 def replayed(files: Sequence[Path], cfg: ReplayConfig) -> Iterator[tuple[Path, dict[str, Tally]]]:

@@ -97,12 +97,17 @@ class PastOnly:
 
 @dataclass
 class Rows:
-    """The engine's suggestions at replay positions, as calibration rows (calmd/suggest/calibration.py)."""
+    """The engine's suggestions at replay positions, as calibration rows (calmd/suggest/calibration.py),
+    and the lines its reranker orders with their rows (calmd/suggest/rerank.py)."""
 
     candidate: list[Any] = field(default_factory=list)
     candidate_right: list[bool] = field(default_factory=list)
     early: list[Any] = field(default_factory=list)
     early_right: list[bool] = field(default_factory=list)
+    # per query: the reranker's lines, their RERANK_FEATURES (len(lines), F), the line the user ran,
+    # and the characters typed
+    rerank: list[tuple[list[str], Any, str, int]] = field(default_factory=list)
+    collect_rerank: bool = False  # keep `rerank` (calmd/quality/fit_reranker.py): 20 kB a query
 
     @property
     def candidate_x(self) -> Any:
@@ -212,6 +217,7 @@ class Ours:
         explain = rows is not None and target is not None
         if explain:
             engine.explained_early = None
+            engine.explained_rerank = None
         got = list(engine.complete(ctx, n, self.session, self.never, on_early, explain=explain,
                                    min_confidence=self.min_conf, drawn=drawn))  # fmt: skip
         if explain:
@@ -223,6 +229,9 @@ class Ours:
                 text, row = engine.explained_early
                 rows.early.append(row)
                 rows.early_right.append(text == target)
+            if rows.collect_rerank and getattr(engine, "explained_rerank", None) is not None and target:
+                lines, features = engine.explained_rerank
+                rows.rerank.append((lines, features, target, len(prefix)))
         draw = got[0].draw if got and got[0].ghost else None
         return Answer(early[0] if early else None, [(s.text, s.confidence, s.ghost) for s in got], draw)
 

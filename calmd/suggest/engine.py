@@ -21,7 +21,10 @@ For one keystroke (`ctx` with the typed `input`):
 4. both are ranked as a mixture of the two predictors, the history "cache model" and the
    language model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd) ** (1 / T).
    A command the user ran before thus needs no luck from the model, and the model still orders
-   close calls and proposes what the history has never seen;
+   close calls and proposes what the history has never seen. With a fitted reranker
+   (calmd/suggest/rerank.py: none is packaged, as it measured no better; `calm replay
+   --reranker`), its learned order over the mixture's lines and the likeliest history proposals
+   replaces the mixture's;
 5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final, with
    its calibrated confidence (calmd/suggest/calibration.py).
 The disk (issue 15, calmd/suggest/disk.py): the COMP frame's items that complete the word being
@@ -37,7 +40,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -71,6 +74,7 @@ from calmd.suggest.ranking import (
     packaged_ranker_path,
     serving_ranker,
 )
+from calmd.suggest.rerank import Keystroke, Reranker, features, packaged_reranker, union
 from calmd.suggest.through import MAX_SPARE, KeptAnswer, Mixture, context_key, history_index, history_version
 
 # Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
@@ -138,7 +142,7 @@ class Suggestion(NamedTuple):
     """One streamed candidate."""
 
     text: str  # the whole command line
-    score: float  # the mixture's log-probability (the ranking key; demotions lower it)
+    score: float  # the ranking key: the mixture's log-probability (or the reranker's); demotions lower it
     confidence: float  # calibrated P(this is the whole line the user runs), calmd/suggest/calibration.py
     ghost: bool = False  # the shells draw it as ghost text (calmd/suggest/ghost.py); at most one per answer
     features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
@@ -160,6 +164,7 @@ class ModelEngine(LineJudge, Mixture):
         vocabulary: Vocabulary | None = None,
         ghost: GhostRule | None = None,
         parts: str = "mixture",
+        reranker: Reranker | bool | None = True,
     ) -> None:
         import torch
 
@@ -183,6 +188,11 @@ class ModelEngine(LineJudge, Mixture):
         self.calibrator = calibrator or packaged_calibrator()
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.ghost = ghost or packaged_rule()
+        # the answer's order (rerank.py): True, the packaged reranker (None before its fit); None or
+        # False, the mixture's order
+        self.reranker = packaged_reranker() if reranker is True else reranker or None
+        self.popular: Mapping[str, int] = self.reranker.users if self.reranker is not None else {}
+        self.explained_rerank: tuple[list[str], np.ndarray] | None = None  # the last rows (explain=True)
         self.home = os.environ.get("HOME")
         self.max_scored = int(self.weights.scored)
         self.drop_budget = int(self.weights.drop_budget)
@@ -315,6 +325,7 @@ class ModelEngine(LineJudge, Mixture):
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
         line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
+        mixture_scores: dict[str, float] = {}  # the lines' mixture scores (the calibration reads them)
         if self.parts == "history":  # the ablation without the model: P_hist's order, nothing else
             p_end = 0.0
             complete = self._is_complete(typed, input_run_before, p_end)
@@ -324,6 +335,7 @@ class ModelEngine(LineJudge, Mixture):
             }
             by_score = sorted(line_scores, key=line_scores.__getitem__, reverse=True)
             ranked: Iterator[Candidate] = iter([Candidate(c, line_scores[c], 0) for c in by_score])
+            mixture_scores = line_scores
         else:
             lam = self.weights.history_mix if proposals else 0.0
             # once: building the sequence costs 0.3 ms
@@ -339,11 +351,22 @@ class ModelEngine(LineJudge, Mixture):
             lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
             if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
                 scored.append(incumbent)  # its score decides whether it stays
-            through = None
+            # the reranker's order (or, to fit it, the mixture's order and the rows it would read)
+            rerank = self.parts == "mixture" and index is not None and (self.reranker is not None or explain)
+            continued = None
             if not complete and model_typed == typed:
-                through = self._typed_through(
-                    session, key, ctx, n, start, side, scored, judge, lam, elsewhere
-                )
+                check_top = self.reranker is None or not rerank  # else checked in the reranker's order
+                continued = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam,
+                                                elsewhere, check_top)  # fmt: skip
+            through = continued[0] if continued is not None else None
+            reranked = None  # the reranker's order of the continued answer
+            if continued is not None and rerank and self.reranker is not None:
+                # typing along the top line continues the answer while that line still leads
+                lps = {c.text: lp for c, lp in continued[0]}
+                reranked = self._rerank(typed, side, [c for c, _ in continued[0]], lps, lam, p_end, complete,
+                                        elsewhere, explain)  # fmt: skip
+                if not reranked[0] or reranked[0][0].text != continued[1]:
+                    through, reranked = None, None
             if through is not None:
                 self.reused += 1
                 ranked = iter([c for c, _ in through[:n]])
@@ -362,17 +385,27 @@ class ModelEngine(LineJudge, Mixture):
                 line_scores = dict(extra)
                 if complete:  # only lines the user ran may continue it: no beams, no carry-overs
                     own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
-                    ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+                    own.sort(key=lambda c: c.logprob, reverse=True)
+                    ranked, spare = iter(own[:n]), own[n:]
                 else:
                     search = self.generator.beam_search(
                         ctx, width=max(int(self.weights.beam), n), start=start
                     )
                     ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
+            mixture_scores = dict(line_scores)
+            if rerank:
+                mixed = [*ranked, *spare]  # the mixture's answer, then what it kept beyond it
+                if cancelled.is_set():
+                    return
+                final, mixture_scores = reranked or self._rerank(typed, side, mixed, model_lp, lam, p_end,
+                                                                 complete, elsewhere, explain)  # fmt: skip
+                ranked, spare = iter(final[:n]), final[n:]
+                line_scores = {c.text: c.logprob for c in final}
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:
             count = index.count.get(text, 0) if index is not None else 0
             row = candidate_row(
-                log_p=score, p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
+                log_p=mixture_scores.get(text, score), p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
                 model_only=text not in proposals and count == 0, carry=text in side.carry, rank=rank,
                 k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
                 history=history_size,
@@ -420,6 +453,37 @@ class ModelEngine(LineJudge, Mixture):
         else:
             self._remember(session, None)
 
+    def _rerank(
+        self, typed: str, side: HistorySide, mixed: list[Candidate], model_lp: dict[str, float], lam: float,
+        p_end: float, complete: bool, elsewhere: Callable[[str], bool], explain: bool = False,
+    ) -> tuple[list[Candidate], dict[str, float]]:  # fmt: skip
+        """The reranker's order (calmd/suggest/rerank.py) of the mixture's lines (`mixed`, with
+        their mixture scores) and the likeliest history proposals, each scored by its
+        log-probability under the reranker less the penalty of a line that belongs elsewhere;
+        with the mixture's scores of them all (a history line the model did not score:
+        log(lam P_hist)). Without a reranker, `mixed` as it is; `explain` keeps the rows."""
+        assert self.index is not None
+        history = {t: p for t, p in side.proposals.items() if not (complete and t in side.carry)}
+        lines = union(history, [c.text for c in mixed])
+        mixture = {c.text: c.logprob for c in mixed}
+        for text in lines:
+            if text not in mixture and history.get(text, 0.0) > 0 and lam > 0:
+                penalty = ELSEWHERE_PENALTY if elsewhere(text) else 0.0
+                mixture[text] = math.log(lam * history[text]) - penalty
+        beams = {t for t in model_lp if t not in side.proposals and t not in side.rows}
+        keystroke = Keystroke(typed, side.context, side.proposals, side.carry, side.rows, model_lp, beams,
+                              mixture, p_end, self.popular)  # fmt: skip
+        rows = features(self.index, lines, keystroke)
+        if explain:
+            self.explained_rerank = (lines, rows)
+        if self.reranker is None:
+            return mixed, mixture
+        logp = self.reranker.log_probabilities(rows)
+        final = [Candidate(t, float(lp) - (ELSEWHERE_PENALTY if elsewhere(t) else 0.0), 0)
+                 for t, lp in zip(lines, logp, strict=True)]  # fmt: skip
+        final.sort(key=lambda c: c.logprob, reverse=True)
+        return final, mixture
+
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may
         continue it (`git status` is not followed by an invented ` -a`)."""
@@ -453,8 +517,9 @@ class ModelEngine(LineJudge, Mixture):
         prev = context[-1] if context else None
         pool = index.pool(typed, prev, size=int(self.weights.pool))
         if not pool:
-            return HistorySide({}, set(), set())
-        probs = self.ranker.probabilities(index.features(typed, pool, context))
+            return HistorySide({}, set(), set(), {}, context)
+        pool_rows = index.features(typed, pool, context)
+        probs = self.ranker.probabilities(pool_rows)
         proposals: dict[str, float] = {}
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
@@ -487,7 +552,7 @@ class ModelEngine(LineJudge, Mixture):
         failing = {cmd for cmd in proposals if index.failing(cmd) or (missing is not None and missing(cmd))}
         for cmd in failing:
             del proposals[cmd]
-        return HistorySide(proposals, carry, failing)
+        return HistorySide(proposals, carry, failing, dict(zip(pool, pool_rows, strict=True)), context)
 
 
 def load_engine(path: Path) -> ModelEngine:

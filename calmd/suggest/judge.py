@@ -7,8 +7,10 @@ that belongs to another branch or repository."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from calmd.history.secrets import find_secret
 from calmd.suggest.disk import Disk, check_arguments
@@ -43,6 +45,8 @@ class HistorySide:
     proposals: dict[str, float]  # command -> P_hist (normalised before the failing ones went)
     carry: set[str]  # which of them are carry-overs (new lines, not past commands)
     failing: set[str]  # the pool's commands that never succeeded or name a missing path (not proposed)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # the pool's ranking features (the reranker's)
+    context: list[str] = field(default_factory=list)  # the session's latest commands, oldest first
 
     def ordered(self) -> list[str]:
         """Best first."""

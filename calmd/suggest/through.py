@@ -99,7 +99,8 @@ class Mixture:
     def _typed_through(
         self, session: str, key: str, ctx: dict[str, Any], n: int, start: Any, side: HistorySide,
         scored: list[str], judge: Callable[[str], float | None], lam: float, elsewhere: Callable[[str], bool],
-    ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
+        check_top: bool = True,
+    ) -> tuple[list[tuple[Candidate, float]], str] | None:  # fmt: skip
         """The answer to `typed` from the session's previous answer, when the user typed on along
         its top line, or from an earlier one for the same input (a repeat, a backspace back to
         it): its lines that still extend the input, rescored exactly as a search scores them (the
@@ -149,9 +150,9 @@ class Mixture:
                 score = offset + lp / temperature + adjust
             found.append((Candidate(text, score, 0), lp))
         found.sort(key=lambda c: c[0].logprob, reverse=True)
-        if not found or (not any_line and found[0][0].text != top):
+        if not found or (check_top and not any_line and found[0][0].text != top):
             return None
-        return found
+        return found, top
 
     def _mixture_score(
         self, cmd: str, lp: float, proposals: dict[str, float], lam: float, elsewhere: Callable[[str], bool],

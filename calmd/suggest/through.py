@@ -109,7 +109,9 @@ class Mixture:
         continue, the context or the history changed, or the top line no longer leads (then a
         search runs). The COMP items may have changed since (a new word begun). What it cannot
         do: propose a line the previous answer did not hold, but the history's and COMP's lines
-        for the new input (docs/performance.md, "Typing through a suggestion")."""
+        for the new input (docs/performance.md, "Typing through a suggestion"). Returns the lines
+        with the previous answer's top line; `check_top=False` leaves whether it still leads to
+        the caller (the reranker's order, engine.py)."""
         typed = str(ctx.get("input", ""))
         answers = [a for a in self.answers.get(session, []) if a.key == key]
         if not self.weights.typing_through or not answers:

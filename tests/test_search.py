@@ -19,7 +19,7 @@ from calmd.cli import calm_main
 from calmd.errors import FormatError
 from calmd.history import query
 from calmd.history.store import HistoryStore
-from calmd.quality.replay import follow_cd, search_query
+from calmd.quality.search_replay import follow_cd, search_query
 from calmd.suggest.search import FAILED_PENALTY, Context, SearchIndex
 from calmd.suggest.search_match import parse_query
 from calmd.suggest.search_ranker import SEARCH_FEATURES, SearchRanker, packaged_search_ranker

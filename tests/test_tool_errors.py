@@ -104,7 +104,7 @@ def test_calmd_serve_keeps_its_exit_code_and_says_the_one_line_on_stdout_too(f: 
 # --------------------------------------------------------------------------- python -m calmd....
 
 
-@pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary"])
+@pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary", "fit_anchor"])
 def test_the_fits(f: Path, tool: str) -> None:
     prog = f"python -m calmd.quality.{tool}"
     argv = [*PY, f"calmd.quality.{tool}", "--output", str(f / f"{tool}.json")]

@@ -593,3 +593,28 @@ def test_datasets_see_the_context_the_daemon_reads_from_the_store(tmp_path: Path
         store.record(f"cmd {i}", session=session, exit=0)
         tracker.add(store.recent(limit=1)[0])
     store.close()
+
+
+def test_a_record_waits_for_another_process_writing_the_store(store: HistoryStore) -> None:
+    """The daemon records while its worker process imports into the same file: a record begun
+    while the other writer holds the store waits for it and is stored (it failed with "database is
+    locked" when its transaction read a snapshot the other's commit outdated)."""
+    import threading
+    import time
+
+    other = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO meta (key, value) VALUES ('other-writer', '1')")
+
+    def commit_later() -> None:
+        time.sleep(0.3)
+        other.execute("COMMIT")
+
+    committer = threading.Thread(target=commit_later)
+    committer.start()
+    try:
+        assert store.record("make test", exit=0, session="s").stored
+    finally:
+        committer.join()
+        other.close()
+    assert [e.cmd for e in store.recent(limit=5)] == ["make test"]

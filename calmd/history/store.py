@@ -175,7 +175,7 @@ class HistoryStore:
             if not schema.impossible_times(self._db):
                 return
         try:
-            with self._write_transaction(immediate=True):
+            with self._write_transaction():
                 repaired = schema.repair_times(self._db)
                 self._meta_add("import_bad_times", repaired)
         except (DiskFull, sqlite3.OperationalError) as exc:  # the store still opens: the next open repairs
@@ -192,7 +192,7 @@ class HistoryStore:
             if version is None:
                 self._meta_set("schema_version", str(SCHEMA_VERSION))
         if version is not None and version < SCHEMA_VERSION:
-            with self._write_transaction(immediate=True):
+            with self._write_transaction():
                 schema.migrate(self._db, version)
         with self._lock:
             self._db.executescript(schema.SYNC_TABLES)
@@ -300,7 +300,7 @@ class HistoryStore:
         (`forget_all`)."""
         if not doomed and not leave_sync:
             return 0
-        with self._write_transaction(immediate=True):
+        with self._write_transaction():
             self._uncount_recent(doomed)
             for start in range(0, len(doomed), 500):
                 chunk = doomed[start : start + 500]
@@ -363,7 +363,7 @@ class HistoryStore:
     def writing(self) -> Iterator[sqlite3.Connection]:
         """The connection inside a write transaction under the lock (all of it or nothing):
         for calmd/sync/, whose tables live in this store."""
-        with self._write_transaction(immediate=True):
+        with self._write_transaction():
             yield self._db
 
     @contextlib.contextmanager
@@ -458,15 +458,17 @@ class HistoryStore:
         return self._delete_ids(doomed) if doomed else 0
 
     @contextlib.contextmanager
-    def _write_transaction(self, *, immediate: bool = False) -> Iterator[None]:
-        """BEGIN ... COMMIT under the lock: all of it or nothing. A full disk raises DiskFull.
+    def _write_transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT under the lock: all of it or nothing. A full disk raises DiskFull.
+        IMMEDIATE: other processes write too (the worker's imports and syncs); a deferred BEGIN whose
+        snapshot another writer outdates fails at once, "database is locked", with no busy wait.
         SQLite may have rolled the transaction back itself when the write failed (SQLITE_FULL
         can end it), so ROLLBACK runs only while one is still open: a ROLLBACK without one
         raised "cannot rollback - no transaction is active" over the real error."""
         with self._lock:
             if self._db.in_transaction:  # left open by a ROLLBACK that failed: start clean
                 self._db.execute("ROLLBACK")
-            self._db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield
                 self._db.execute("COMMIT")

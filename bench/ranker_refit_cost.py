@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history.store import HistoryStore
-from calmd.suggest.ranking import packaged_ranker
+from calmd.suggest.ranker import packaged_ranker
 from calmd.training.background import write_ranker
 from calmd.training.corpus import held_out, read_history
 from calmd.training.ranker_refit import examples_from_store, refit_ranker

@@ -418,7 +418,7 @@ def test_deeply_nested_json_in_the_users_files_is_one_line(
 ) -> None:
     """`calm rollback` with a deeply nested ranker.prev.json said "unexpected RecursionError"."""
     from calmd import paths as calm_paths
-    from calmd.suggest.ranking import read_user_ranker, serving_ranker
+    from calmd.suggest.ranker import read_user_ranker, serving_ranker
     from calmd.training.background import read_status
 
     home = files["root"] / "nested"

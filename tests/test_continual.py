@@ -18,7 +18,7 @@ from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import parse_sequence
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
-from calmd.suggest.ranking import Ranker, packaged_ranker
+from calmd.suggest.ranker import Ranker, packaged_ranker
 from calmd.training.background import RunOptions, read_status, run
 from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.builders import TRAIN_ARGS, WORK, record_work

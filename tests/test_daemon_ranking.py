@@ -98,12 +98,12 @@ def test_early_proposal_and_confidences_from_the_real_engine(tmp_path: Path) -> 
 
 
 def test_a_users_ranker_that_passes_the_check_draws_ghosts_and_status_names_it(tmp_path: Path) -> None:
-    """The sense check (calmd/suggest/ranking.py `check_sense`) refuses what cannot rank, never a
+    """The sense check (calmd/suggest/ranker.py `check_sense`) refuses what cannot rank, never a
     ranker that can: a file near the packaged one, without `info.refit` (put there by hand, or by
     an older calmd), serves, draws ghosts, and `calmd status` names it (it was called "packaged")."""
     import json
 
-    from calmd.suggest.ranking import packaged_ranker
+    from calmd.suggest.ranker import packaged_ranker
 
     data = tmp_path / "data"
     data.mkdir()

@@ -10,7 +10,8 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
-from calmd.suggest.ranking import FEATURES, Ranker, packaged_ranker
+from calmd.suggest.ranker import Ranker, packaged_ranker
+from calmd.suggest.ranking import FEATURES
 from calmd.training.ranker_refit import (
     Example,
     RankerExamples,

@@ -14,18 +14,9 @@ from calmd import paths
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.quality.fit_ranker import Query, fit, replay_queries, top1
-from calmd.suggest.ranking import (
-    FEATURES,
-    POOL_FOLLOWERS,
-    POOL_RECENT,
-    CarryPrior,
-    HistoryIndex,
-    Ranker,
-    carry_line,
-    packaged_ranker,
-    serving_ranker,
-    split_carry,
-)
+from calmd.suggest.carry import CarryPrior, carry_line, split_carry
+from calmd.suggest.ranker import Ranker, packaged_ranker, serving_ranker
+from calmd.suggest.ranking import FEATURES, POOL_FOLLOWERS, POOL_RECENT, HistoryIndex
 
 
 def feature(rows: np.ndarray, j: int, name: str) -> float:

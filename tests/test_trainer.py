@@ -23,7 +23,7 @@ from calmd.errors import CalmError, FormatError
 from calmd.formats.cwgt import read_cwgt
 from calmd.model.checkpoint import load_model
 from calmd.shell.client import CalmClient
-from calmd.suggest.ranking import Ranker, packaged_ranker
+from calmd.suggest.ranker import Ranker, packaged_ranker
 from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights

@@ -67,14 +67,8 @@ from calmd.suggest.frames import VocabularyFollowers
 from calmd.suggest.ghost import GhostRule, packaged_rule
 from calmd.suggest.index_catch_up import keystroke_sync, warm_sync
 from calmd.suggest.judge import ELSEWHERE_PENALTY, HistorySide, LineJudge
-from calmd.suggest.ranking import (
-    POOL_RECENT,
-    HistoryIndex,
-    Ranker,
-    packaged_ranker,
-    packaged_ranker_path,
-    serving_ranker,
-)
+from calmd.suggest.ranker import Ranker, packaged_ranker, packaged_ranker_path, serving_ranker
+from calmd.suggest.ranking import POOL_RECENT, HistoryIndex
 from calmd.suggest.rerank import Keystroke, Reranker, features, packaged_reranker, union
 from calmd.suggest.through import MAX_SPARE, KeptAnswer, Mixture, context_key, history_index, history_version
 from calmd.visible import quoted

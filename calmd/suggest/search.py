@@ -45,7 +45,8 @@ import numpy as np
 from calmd.history import query
 from calmd.protocol import SEARCH_MODES as MODES
 from calmd.suggest.filters import terminal_safe
-from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker
+from calmd.suggest.ranker import Ranker, packaged_ranker
+from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex
 from calmd.suggest.search_match import Column, CommandText, Matches, parse_query
 from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker
 

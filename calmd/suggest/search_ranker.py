@@ -15,7 +15,7 @@ import numpy as np
 from calmd import paths
 from calmd.atomic import check_format, read_json
 from calmd.errors import FormatError
-from calmd.suggest.ranking import Ranker, read_scorer_weights
+from calmd.suggest.ranker import Ranker, read_scorer_weights
 
 SEARCH_RANKER_VERSION = 1
 SEARCH_FEATURES = (

@@ -57,7 +57,7 @@ from calmd.atomic import (
 )
 from calmd.errors import CalmError, DiskFull, one_line
 from calmd.history.store import HistoryStore
-from calmd.suggest.ranking import Ranker
+from calmd.suggest.ranker import Ranker
 from calmd.training.datasets import DatasetOptions, write_history_dataset
 from calmd.training.ranker_refit import LEARN_COMMANDS, RefitOptions
 
@@ -353,7 +353,7 @@ def refit_user_ranker(store: HistoryStore, opts: RunOptions) -> dict[str, Any]:
 
     Only the store's rows are read (it refused what looked like a credential), and the file holds
     weights and the packaged carry-over table, no command of the user's."""
-    from calmd.suggest.ranking import packaged_ranker
+    from calmd.suggest.ranker import packaged_ranker
     from calmd.training.ranker_refit import examples_from_store, refit_ranker
 
     target = paths.ranker_path(opts.weights)
@@ -407,7 +407,7 @@ def rollback(weights: Path) -> list[str]:
     before anything moves: one that does not load is refused and nothing changes. Refused while a
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
-    from calmd.suggest.ranking import read_user_ranker
+    from calmd.suggest.ranker import read_user_ranker
 
     prev = paths.prev_weights_path(weights)
     ranker = paths.ranker_path(weights)

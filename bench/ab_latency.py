@@ -44,8 +44,8 @@ class Daemon:
         run = self.home / "run"
         run.mkdir(mode=0o700)
         (self.home / "data").mkdir(mode=0o700)
-        shutil.copy(paths.packaged_weights(), self.home / "data" / "shell.cwgt")
-        self.socket = run / "calm" / "calmd.sock"
+        shutil.copy(paths.packaged_weights(), self.home / "data" / paths.WEIGHTS)
+        self.socket = run / paths.APP / paths.SOCKET
         env = {**os.environ, "HOME": str(self.home), "CALM_HOME": str(self.home / "data"),
                "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(self.socket),
                "PYTHONPATH": str(tree)}  # fmt: skip

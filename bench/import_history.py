@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
@@ -101,7 +102,7 @@ def env_for(home: Path) -> dict[str, str]:
     run = home / "run"
     run.mkdir(mode=0o700, exist_ok=True)
     return {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-            "CALMD_SOCKET": str(run / "calm" / "calmd.sock"), "PYTHONPATH": str(ROOT)}  # fmt: skip
+            "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET), "PYTHONPATH": str(ROOT)}  # fmt: skip
 
 
 def peak_kib(pid: int) -> int:

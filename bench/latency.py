@@ -184,8 +184,8 @@ def main() -> None:
     run = home / "run"
     run.mkdir(mode=0o700)
     (home / "data").mkdir()
-    shutil.copy(args.model, home / "data" / "shell.cwgt")
-    sock = run / "calm" / "calmd.sock"
+    shutil.copy(args.model, home / "data" / paths.WEIGHTS)
+    sock = run / paths.APP / paths.SOCKET
     env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
            "CALMD_SOCKET": str(sock)}  # fmt: skip
     calmd = Path(sys.executable).parent / "calmd"
@@ -207,7 +207,7 @@ def main() -> None:
             early: list[float] = []
             early_first, early_done = type_commands(c, commands, None, "bench", early=early)
             rss = rss_mb(proc.pid)
-            remote, local = interleaved(c, args.model, home / "data" / "history.sqlite3", commands)
+            remote, local = interleaved(c, args.model, home / "data" / paths.HISTORY, commands)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import pct, real_cwd, wait_ready
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
@@ -54,8 +55,8 @@ class Daemon:
         run.mkdir(mode=0o700)
         (self.home / "data").mkdir(mode=0o700)
         if weights is not None:
-            shutil.copy(weights, self.home / "data" / "shell.cwgt")
-        self.socket = run / "calm" / "calmd.sock"
+            shutil.copy(weights, self.home / "data" / paths.WEIGHTS)
+        self.socket = run / paths.APP / paths.SOCKET
         env = {**os.environ, "HOME": str(self.home), "CALM_HOME": str(self.home / "data"),
                "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(self.socket),
                "PYTHONPATH": str(tree), "CALM_CACHE": os.environ.get("CALM_CACHE", str(CACHE))}  # fmt: skip

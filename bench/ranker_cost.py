@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from calmd.arguments import Parser, run_tool
-from calmd.suggest.ranking import HistoryIndex, packaged_ranker
+from calmd.suggest.ranker import packaged_ranker
+from calmd.suggest.ranking import HistoryIndex
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 KS = (0, 1, 2, 4, 8)

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history import query
 from calmd.history.store import HistoryStore
@@ -106,7 +107,7 @@ def daemon(
 ) -> tuple[list[tuple[str, list[float]]], list[float], list[float]]:
     run = home / "run"
     run.mkdir(mode=0o700)
-    sock = run / "calm" / "calmd.sock"
+    sock = run / paths.APP / paths.SOCKET
     env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
            "CALMD_SOCKET": str(sock)}  # fmt: skip
     log = open(home / "calmd.log", "wb")  # noqa: SIM115 - closed with the daemon
@@ -201,7 +202,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="calm-search-bench-"))
     try:
         (home / "data").mkdir(mode=0o700)
-        db = home / "data" / "history.sqlite3"
+        db = home / "data" / paths.HISTORY
         fill(db, commands)
         print(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed); load "
               f"{os.getloadavg()[0]:.1f}")  # fmt: skip

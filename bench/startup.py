@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
@@ -48,13 +49,13 @@ def start_once(tree: Path) -> tuple[float, float, float]:
         (project / name).touch()
     from calmd.history.store import HistoryStore
 
-    store = HistoryStore(home / "data" / "history.sqlite3")
+    store = HistoryStore(home / "data" / paths.HISTORY)
     for cmd in HISTORY:
         store.record(cmd, exit=0, cwd=str(project), session="zsh-1")
     store.close()
     run = home / "run"
     run.mkdir(mode=0o700)
-    sock = run / "calm" / "calmd.sock"
+    sock = run / paths.APP / paths.SOCKET
     env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
            "CALMD_SOCKET": str(sock), "PYTHONPATH": str(tree), "CALM_CACHE": str(CACHE)}  # fmt: skip
     argv = [sys.executable, "-c", "from calmd.cli import calmd_main; raise SystemExit(calmd_main())", "serve",

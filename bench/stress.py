@@ -493,8 +493,8 @@ def main() -> None:
     run = home / "run"
     run.mkdir(mode=0o700)
     (home / "data").mkdir()
-    shutil.copy(args.model, home / "data" / "shell.cwgt")
-    sock_path = run / "calm" / "calmd.sock"
+    shutil.copy(args.model, home / "data" / paths.WEIGHTS)
+    sock_path = run / paths.APP / paths.SOCKET
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CALM_HOME": str(home / "data"),
            "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(sock_path)}  # fmt: skip
     calmd = Path(sys.executable).parent / "calmd"

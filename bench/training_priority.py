@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
@@ -128,7 +129,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="calmd-bench-priority-"))
     run = home / "run"
     run.mkdir(mode=0o700)
-    sock = run / "calmd.sock"
+    sock = run / paths.SOCKET
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALM")}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
                 "CALMD_SOCKET": str(sock)})  # fmt: skip

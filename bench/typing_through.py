@@ -64,8 +64,8 @@ def daemon(model: Path, searching: bool = False, extra: tuple[str, ...] = ()) ->
     run = home / "run"
     run.mkdir(mode=0o700)
     (home / "data").mkdir()
-    shutil.copy(model, home / "data" / "shell.cwgt")
-    sock = run / "calm" / "calmd.sock"
+    shutil.copy(model, home / "data" / paths.WEIGHTS)
+    sock = run / paths.APP / paths.SOCKET
     env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
            "CALMD_SOCKET": str(sock), "PYTHONPATH": str(HERE)}  # fmt: skip
     calmd = [sys.executable, __file__] if searching else [str(Path(sys.executable).parent / "calmd")]

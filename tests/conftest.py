@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from calmd import paths
 from calmd.history.store import HistoryStore
 from tests.tools import in_ci, need
 
@@ -134,7 +135,7 @@ def daemon(home: Path) -> Iterator[Daemon]:
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[HistoryStore]:
     """An empty history store where a daemon in tmp_path would keep it."""
-    s = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    s = HistoryStore(tmp_path / "data" / paths.HISTORY)
     yield s
     s.close()
 

@@ -70,7 +70,7 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     foreign = ("CALM", "LISTEN_", "CONDA_", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-                "CALMD_SOCKET": str(run / "calm" / "calmd.sock")})  # fmt: skip
+                "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET)})  # fmt: skip
     # The compiled scan kernel is built once per machine, not once per test home.
     env["CALM_CACHE"] = str(paths.cache_dir())
     env.update(extra)
@@ -98,8 +98,8 @@ def running_daemon(
     assert engine in ("model", "scripted"), engine
     full_env = daemon_env(home, **(env or {}))
     sock = Path(full_env["CALMD_SOCKET"])
-    if weights and not (home / "data" / "shell.cwgt").exists():
-        write_test_weights(home / "data" / "shell.cwgt")
+    if weights and not (home / "data" / paths.WEIGHTS).exists():
+        write_test_weights(home / "data" / paths.WEIGHTS)
     argv = [*prefix, *(CALMD_SERVE if engine == "model" else SCRIPTED_SERVE), *args]
     full_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # tests.serve_scripted
     # (stdin no terminal, as under systemd: SIGHUP reloads; typed at a prompt, it would stop it)

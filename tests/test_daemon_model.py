@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
@@ -27,7 +28,7 @@ def weights(tiny_weights: Path) -> Path:
 
 def install(home: Path, weights: Path) -> None:
     (home / "data").mkdir(parents=True, exist_ok=True)
-    (home / "data" / "shell.cwgt").write_bytes(weights.read_bytes())
+    (home / "data" / paths.WEIGHTS).write_bytes(weights.read_bytes())
 
 
 def candidates(c: CalmClient, text: str, **kw: object) -> list[str]:
@@ -64,7 +65,7 @@ def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
         before = c.status()["status"]["loaded_at"]
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make test"]
         other = train_tiny(("make install", "git status"), favourite=0)
-        target = tmp_path / "data" / "shell.cwgt"
+        target = tmp_path / "data" / paths.WEIGHTS
         save_tiny(tmp_path / "new.cwgt", other)
         os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
         deadline = time.monotonic() + 10

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.builders import month_old_history
 from tests.daemon import BIN, running_daemon, wait_imported
@@ -97,16 +98,16 @@ def test_early_proposal_and_confidences_from_the_real_engine(tmp_path: Path) -> 
 
 
 def test_a_users_ranker_that_passes_the_check_draws_ghosts_and_status_names_it(tmp_path: Path) -> None:
-    """The sense check (calmd/suggest/ranking.py `check_sense`) refuses what cannot rank, never a
+    """The sense check (calmd/suggest/ranker.py `check_sense`) refuses what cannot rank, never a
     ranker that can: a file near the packaged one, without `info.refit` (put there by hand, or by
     an older calmd), serves, draws ghosts, and `calmd status` names it (it was called "packaged")."""
     import json
 
-    from calmd.suggest.ranking import packaged_ranker
+    from calmd.suggest.ranker import packaged_ranker
 
     data = tmp_path / "data"
     data.mkdir()
-    ranker = data / "ranker.json"
+    ranker = data / paths.RANKER
     mine = packaged_ranker().to_json()
     mine["w1"] = [[w * 0.9 for w in row] for row in mine["w1"]]
     ranker.write_text(json.dumps(mine))

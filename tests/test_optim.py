@@ -93,7 +93,7 @@ def test_a_process_that_trains_never_imports_torchs_compiler() -> None:
         import torch
         from calmd.training import optim
         from calmd.training.ranker_refit import Example, RefitOptions, refit_ranker
-        from calmd.suggest.ranking import packaged_ranker
+        from calmd.suggest.ranker import packaged_ranker
 
         model = torch.nn.Linear(4, 2)
         for cls in (optim.Adam, optim.AdamW, optim.SGD):

@@ -62,7 +62,8 @@ def _collect_user(args: tuple[Path, Path, int, int, int]) -> tuple[list[dict[str
     from calmd.suggest.calibration import packaged_calibrator
     from calmd.suggest.engine import ModelEngine
 
-    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed, first=first)
+    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed, first=first,
+                       anchor=False)  # fmt: skip
     calibrator = packaged_calibrator()
     states: list[dict[str, Any]] = []
     tallies = replay_user(path, cfg, lambda w: ModelEngine(w, calibrator=calibrator), states=states)

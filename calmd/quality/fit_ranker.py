@@ -24,8 +24,10 @@ import numpy as np
 
 from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
+from calmd.suggest.carry import NO_PRIOR, CarryPrior
 from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.ranking import NO_PRIOR, CarryPrior, HistoryIndex, Ranker, packaged_ranker_path
+from calmd.suggest.ranker import Ranker, packaged_ranker_path
+from calmd.suggest.ranking import HistoryIndex
 from calmd.training import optim
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
 

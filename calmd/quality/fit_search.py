@@ -1,4 +1,4 @@
-"""Fit the history search's ranker (calmd/suggest/search.py) on the public histories:
+"""Fit the history search's ranker (calmd/suggest/search_ranker.py) on the public histories:
 
     python -m calmd.quality.fit_search [--data ../shared/data] [--output calmd/data/search_ranker.json]
 
@@ -28,8 +28,10 @@ from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
 from calmd.quality.fit_ranker import FitCorpus, Query, fit
 from calmd.quality.search_replay import QUERY_KINDS, SearchExample, search_examples
-from calmd.suggest.ranking import CarryPrior, packaged_ranker
-from calmd.suggest.search import SearchIndex, SearchRanker, packaged_search_ranker_path
+from calmd.suggest.carry import CarryPrior
+from calmd.suggest.ranker import packaged_ranker
+from calmd.suggest.search import SearchIndex
+from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker_path
 from calmd.training.corpus import DEFAULT_DATA
 
 PROG = "python -m calmd.quality.fit_search"

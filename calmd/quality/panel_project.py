@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from calmd import paths
 from calmd.history.store import HistoryStore
 
 PROJECT = "weather"  # the project's folder and package
@@ -163,7 +164,7 @@ def panel_home() -> Iterator[Path]:
 def user_history(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[HistoryStore]:
     """The store `folder`/history.sqlite3 holding `history`, typed in `cwd` on `BRANCH` in
     `SESSION` over the last three days (also what tests/test_panel_shells.py gives a daemon)."""
-    store = HistoryStore(folder / "history.sqlite3")
+    store = HistoryStore(paths.history_path(folder))
     start = time.time() - 3600 * 24 * 3  # typed over the last three days
     for i, cmd in enumerate(history):
         store.record(cmd, exit=0, cwd=str(cwd), git=BRANCH, session=SESSION, ts=start + i * 600)

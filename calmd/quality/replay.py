@@ -57,6 +57,7 @@ from typing import Any
 
 from calmd import paths
 from calmd.history.store import HistoryStore
+from calmd.quality.anchor import ANCHOR_SYSTEM, Anchor, packaged_anchor
 from calmd.quality.systems import (
     BASELINES,
     COMP_SYSTEM,
@@ -92,6 +93,8 @@ class ReplayConfig:
     refit: str = "model"  # what a training run refits (REFITS): the model, the history ranker, both
     jobs: int = 1  # users replayed at once, each in a process of its own
     first: int = 0  # only each user's first N commands, from an empty history (no warm-up): a new user
+    anchor: bool = True  # replay the anchor (calmd/quality/anchor.py): off where only calmd is wanted
+    reranker: Path | None = None  # a reranker file (calmd/suggest/rerank.py) in place of the packaged one
 
     def systems(self) -> dict[str, Path]:
         """The calmd systems replayed: "calmd" for the one model, else one per model."""
@@ -106,7 +109,12 @@ class ReplayConfig:
 
     def all_systems(self) -> list[str]:
         packaged = [PACKAGED_SYSTEM] if self.train_every else []
-        return [*self.systems(), *packaged, *self.comp_systems(), *BASELINES]
+        anchor = [ANCHOR_SYSTEM] if self.anchor_ranker() is not None else []
+        return [*self.systems(), *packaged, *self.comp_systems(), *anchor, *BASELINES]
+
+    def anchor_ranker(self) -> Anchor | None:
+        """The anchor replayed beside calmd (`anchor`, when the package has one fitted)."""
+        return packaged_anchor() if self.anchor else None
 
 
 def replay_user(
@@ -165,7 +173,7 @@ def replay_user(
 
             base_ranker = ours[learner].engine.ranker
             examples = RankerExamples(base_ranker)
-        past = PastOnly()
+        past = PastOnly(cfg.anchor_ranker())
         start_ts = time.time() - 60 * len(commands)
         sampled_set = set(sampled)
         for i, cmd in enumerate(commands):
@@ -181,7 +189,7 @@ def replay_user(
                         answers[system] = [text for text, _, _ in got.candidates]
                         first = got.candidates[0] if got.candidates else ("", 0.0, False)
                         tallies[system].tops[k].append((first[1], first[0] == cmd, first[2]))
-                    for system in BASELINES:
+                    for system in past.systems:
                         answers[system] = past.suggest(system, prefix)
                     for system, texts in answers.items():
                         t = tallies[system]
@@ -198,7 +206,7 @@ def replay_user(
                         one.cache.clear()  # the store is the same while one command is typed out
                         one.target = cmd
                         type_out(tallies[system], cmd, one.accepted, one.drawn)
-                    for system in BASELINES:
+                    for system in past.systems:
                         type_out(tallies[system], cmd, past.top1(system))
             store.record(cmd, exit=0, session=SESSION, ts=start_ts + 60 * i)  # no exit codes in the files
             past.add(cmd)
@@ -284,11 +292,17 @@ def replay_file(path: Path, cfg: ReplayConfig) -> dict[str, Tally]:
     worker of `replay` runs, in this process or another."""
     from calmd.suggest.calibration import packaged_calibration_path, packaged_calibrator, uncalibrated
     from calmd.suggest.engine import ModelEngine, RankWeights
+    from calmd.suggest.rerank import Reranker
 
     # a checkout that has not fitted its calibration yet still replays (every confidence 0.5)
     calibrator = packaged_calibrator() if packaged_calibration_path().exists() else uncalibrated()
     weights = RankWeights(**cfg.weights)
-    return replay_user(path, cfg, lambda w: ModelEngine(w, weights, calibrator=calibrator, parts=cfg.ranker))
+    reranker = Reranker.load(cfg.reranker) if cfg.reranker is not None else True
+    return replay_user(
+        path,
+        cfg,
+        lambda w: ModelEngine(w, weights, calibrator=calibrator, parts=cfg.ranker, reranker=reranker),
+    )
 
 
 def replayed(files: Sequence[Path], cfg: ReplayConfig) -> Iterator[tuple[Path, dict[str, Tally]]]:

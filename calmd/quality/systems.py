@@ -3,6 +3,8 @@ from the same past:
 - calmd (`Ours`): the daemon's engine on the replay's store, asked as calm's zsh client asks
   (the early line, then the candidates, the drawn one first), with the context the server
   builds; `calmd+comp` adds the COMP and ENV frames of the reconstructed disk (`comp_frames`);
+- the anchor (`PastOnly` with an `Anchor`, calmd/quality/anchor.py): a LightGBM ranker over the
+  user's own earlier lines, no model: what calmd's model has to beat to earn its place;
 - the baselines (`PastOnly`): zsh-autosuggestions' `history` (the most recent command that
   starts with the input) and `match_prev_cmd` (the most recent such command whose predecessor
   equals the previous command, else the most recent match), and `fish` (the most frequent
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from calmd.history.store import HistoryStore
+from calmd.quality.anchor import ANCHOR_SYSTEM, Anchor, AnchorPast
 from calmd.quality.tally import Tally
 from calmd.quality.typist import Suggest, ghost_replaced
 from calmd.suggest.context import HISTORY_FRAMES, recent_context
@@ -35,15 +38,25 @@ SESSION = "replay"  # the replay's one shell session
 
 
 class PastOnly:
-    """The baselines' view of the history: what was run before the current position."""
+    """The baselines' view of the history, and the anchor's when there is one: what was run
+    before the current position."""
 
-    def __init__(self) -> None:
+    def __init__(self, anchor: Anchor | None = None) -> None:
         self.commands: list[str] = []
         self.counts: Counter[str] = Counter()
         self.last_index: dict[str, int] = {}
         self.after: dict[str, dict[str, int]] = defaultdict(dict)  # prev -> cmd -> last index
+        self.anchor = anchor
+        self.anchor_past = AnchorPast()
+
+    @property
+    def systems(self) -> tuple[str, ...]:
+        """The systems it answers for: the anchor (when it has one), then the baselines."""
+        return (ANCHOR_SYSTEM, *BASELINES) if self.anchor is not None else BASELINES
 
     def add(self, cmd: str) -> None:
+        if self.anchor is not None:
+            self.anchor_past.add(cmd)
         if self.commands:
             self.after[self.commands[-1]][cmd] = len(self.commands)
         self.commands.append(cmd)
@@ -56,6 +69,9 @@ class PastOnly:
         return sorted(found, key=self.last_index.__getitem__, reverse=True)
 
     def suggest(self, system: str, prefix: str, n: int = 5) -> list[str]:
+        if system == ANCHOR_SYSTEM:
+            assert self.anchor is not None
+            return self.anchor.suggest(self.anchor_past, prefix, n)
         recent = self.matches(prefix)
         if system == "zsh-autosuggestions:history":
             return recent[:n]
@@ -81,12 +97,17 @@ class PastOnly:
 
 @dataclass
 class Rows:
-    """The engine's suggestions at replay positions, as calibration rows (calmd/suggest/calibration.py)."""
+    """The engine's suggestions at replay positions, as calibration rows (calmd/suggest/calibration.py),
+    and the lines its reranker orders with their rows (calmd/suggest/rerank.py)."""
 
     candidate: list[Any] = field(default_factory=list)
     candidate_right: list[bool] = field(default_factory=list)
     early: list[Any] = field(default_factory=list)
     early_right: list[bool] = field(default_factory=list)
+    # per query: the reranker's lines, their RERANK_FEATURES (len(lines), F), the line the user ran,
+    # and the characters typed
+    rerank: list[tuple[list[str], Any, str, int]] = field(default_factory=list)
+    collect_rerank: bool = False  # keep `rerank` (calmd/quality/fit_reranker.py): 20 kB a query
 
     @property
     def candidate_x(self) -> Any:
@@ -196,6 +217,7 @@ class Ours:
         explain = rows is not None and target is not None
         if explain:
             engine.explained_early = None
+            engine.explained_rerank = None
         got = list(engine.complete(ctx, n, self.session, self.never, on_early, explain=explain,
                                    min_confidence=self.min_conf, drawn=drawn))  # fmt: skip
         if explain:
@@ -207,6 +229,9 @@ class Ours:
                 text, row = engine.explained_early
                 rows.early.append(row)
                 rows.early_right.append(text == target)
+            if rows.collect_rerank and getattr(engine, "explained_rerank", None) is not None and target:
+                lines, features = engine.explained_rerank
+                rows.rerank.append((lines, features, target, len(prefix)))
         draw = got[0].draw if got and got[0].ghost else None
         return Answer(early[0] if early else None, [(s.text, s.confidence, s.ghost) for s in got], draw)
 

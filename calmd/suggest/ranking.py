@@ -7,11 +7,12 @@ top-1 (docs/quality.md), so the history side is learned:
 
     pool      the 40 most recent distinct commands that extend the input, plus the 40 commands
               that most often followed the previous command and extend it, plus up to 10
-              carry-overs (the previous command's last words after another command's head)
+              carry-overs (the previous command's last words after another command's head,
+              calmd/suggest/carry.py)
     features  FEATURES below, one row per pooled command (counts, distances, transitions from
               the previous one or two commands, how long a run of recent commands matched an
               earlier run that this command continued, ...)
-    score     a one-hidden-layer network, s = w2 . tanh(W1 (x - mu) / sd + b1) + b2
+    score     (calmd/suggest/ranker.py) a one-hidden-layer network, s = w2 . tanh(W1 (x - mu) / sd + b1) + b2
     P_hist    softmax(s) over the pool (a conditional logit, trained by maximum likelihood of
               the command the user actually ran)
 
@@ -23,49 +24,42 @@ on the public histories of the *training* users only (`calmd.training.corpus.hel
 users out as for the default model, so `calm replay --held-out` measures users neither has
 seen). Inference is numpy only: the daemon never needs torch for ranking.
 
-`HistoryIndex` is the in-memory view the features are computed from. It follows the SQLite
+`HistoryIndex`, here, is the in-memory view the features are computed from. It follows the SQLite
 store incrementally (`sync`: rows with a larger id than the last seen), so commands recorded by
 any shell or imported by `calm import` are seen on the next keystroke.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
-import logging
 import math
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
-from calmd import paths
-from calmd.atomic import parse_json, read_json, read_regular_file
-from calmd.errors import FormatError, one_line
 from calmd.history.store import HistoryStore
+from calmd.suggest.carry import (
+    CARRY_HEAD_WORDS,
+    CARRY_HEADS_PER_WORD,
+    CARRY_MAX,
+    CARRY_WORDS,
+    NO_PRIOR,
+    CarryPrior,
+    carry_line,
+    carry_splits,
+    prev_arguments,
+    reuses,
+    split_carry,
+)
 from calmd.suggest.filters import UserVocabulary, terminal_safe
 from calmd.suggest.kinds import UserArguments
 
-log = logging.getLogger("calmd")
-
-RANKER_VERSION = 1
-# What a fitted scorer's weights may be (check_sense): the packaged ones lie from 5e-12 to 6.
-WEIGHT_FLOOR, WEIGHT_LIMIT = 1e-30, 1e4  # below the floor, only 0 (and no subnormal number)
-SCALE_FLOOR = 1e-4  # a feature's standard deviation: the packaged ones are 0.001 or more
-MAX_RANKER_BYTES = 4 << 20  # the user's ranker file is read whole: 26 kB written, anything larger is not ours
 POOL_RECENT = 40  # the most recent distinct commands extending the input that enter the pool
 CONTEXT_MATCH = 4  # longest run of recent commands compared with earlier runs
 CONTEXT_LOOKBACK = 200  # earlier occurrences of the previous command examined for a run match
 POOL_FOLLOWERS = 40  # of the previous command's followers, the most frequent that enter the pool
-CARRY_MAX = 10  # carry-over candidates added to the pool (most frequent heads first)
-CARRY_WORDS = 12  # first words whose heads are tried, likeliest after the previous command's first
-CARRY_PRIOR_HEADS = 5  # heads other users most often carried the previous command's head's words to
-CARRY_HEADS_PER_WORD = 20  # of each first word, its most frequent heads are tried
-CARRY_HEAD_WORDS = 4  # heads (a command's first words) of at most this many words are indexed
 NOT_FOUND = 127  # the shells' exit status for a command that does not exist
 INDEX_LIMIT = 50_000  # the newest commands the index holds (about 28 MB; older ones stay in the store)
 FEATURES = (
@@ -125,119 +119,6 @@ def names_branch(cmd: str, branch: str) -> bool:
     if not branch:
         return False
     return any(w == branch or w.endswith(("/" + branch, ":" + branch)) for w in cmd.split()[1:])
-
-
-def carry_splits(words: Sequence[str]) -> Iterator[tuple[str, str, int]]:
-    """(head, tail, words in the tail) for each way of cutting a command's words after its first
-    1..CARRY_HEAD_WORDS words, longest tail first: what a next command could carry over."""
-    for split in range(1, min(len(words), CARRY_HEAD_WORDS + 1)):
-        yield " ".join(words[:split]), " ".join(words[split:]), len(words) - split
-
-
-def prev_arguments(prev: str) -> list[str]:
-    """The previous command's arguments worth recognising in the next one: not its command name,
-    not flags, at least two characters, without a trailing slash."""
-    return [w.rstrip("/") for w in prev.split()[1:] if len(w.rstrip("/")) >= 2 and not w.startswith("-")]
-
-
-def reuses(cmd: str, arguments: Sequence[str]) -> bool:
-    """Whether `cmd`'s arguments hold one of `arguments` (as a word or a path component)."""
-    _, _, rest = cmd.partition(" ")
-    return any(arg in rest for arg in arguments)
-
-
-def split_carry(prev: str, cmd: str) -> tuple[str, str, int] | None:
-    """(head of prev, head of cmd, words carried) when cmd ends with the longest run of prev's
-    last words that leaves both a head, e.g. ("mkdir", "cd", 1) for "mkdir foo" -> "cd foo";
-    None when it carries nothing over or is prev itself. The carried words may also go on as a
-    path: the head is then a template, ("python3 -m venv", "source {}/bin/activate", 1) for
-    "python3 -m venv .venv" -> "source .venv/bin/activate" (`carry_line` fills it)."""
-    if cmd == prev:
-        return None
-    for own_head, tail, carried in carry_splits(prev.split()):
-        if cmd.endswith(" " + tail) and len(cmd) > len(tail) + 1:
-            head = cmd[: -len(tail) - 1].rstrip()
-            if head:
-                return own_head, head, carried
-        at = cmd.find(" " + tail.rstrip("/") + "/")
-        if at > 0 and "{" not in cmd:
-            rest = cmd[at + 1 + len(tail.rstrip("/")) :]
-            if " " not in rest and len(rest) > 1:
-                return own_head, f"{cmd[:at]} {{}}{rest}", carried
-    return None
-
-
-def carry_line(head: str, tail: str) -> str:
-    """The line a carry-over head makes with the carried words: `cd` + `foo` -> `cd foo`, and a
-    template `source {}/bin/activate` + `.venv` -> `source .venv/bin/activate`."""
-    if "{}" in head:
-        return head.replace("{}", tail.rstrip("/"), 1)
-    return f"{head} {tail}"
-
-
-@dataclass(frozen=True)
-class CarryPrior:
-    """Carry-over habits of many users (the training users' histories): how often a command
-    with head h was followed by a command with head h2 that carried its last words over."""
-
-    carries: dict[str, Counter[str]]  # h -> h2 -> times
-    follows: Counter[str]  # h -> times a command with head h was followed by anything
-
-    def share(self, head: str, next_head: str) -> float:
-        total = self.follows.get(head, 0)
-        return self.carries[head][next_head] / total if total and head in self.carries else 0.0
-
-    def heads_after(self, head: str, limit: int = CARRY_PRIOR_HEADS) -> list[tuple[str, int]]:
-        found = self.carries.get(head)
-        return found.most_common(limit) if found else []
-
-    @staticmethod
-    def count(commands: Sequence[str]) -> CarryPrior:
-        """The habits of one history (one session, in order)."""
-        carries: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        follows: Counter[str] = Counter()
-        for prev, cmd in itertools.pairwise(commands):
-            for head, _, _ in carry_splits(prev.split()):
-                follows[head] += 1
-            carry = split_carry(prev, cmd)
-            if carry is not None:
-                carries[carry[0]][carry[1]] += 1
-        return CarryPrior(dict(carries), follows)
-
-    @staticmethod
-    def total(priors: Sequence[tuple[str, CarryPrior]], min_users: int = 2, min_count: int = 3) -> CarryPrior:
-        """Every user's habits summed, keeping those of at least `min_users` users and
-        `min_count` times (a habit of one person is theirs, not a prior)."""
-        carries: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        users: Counter[tuple[str, str]] = Counter()
-        follows: Counter[str] = Counter()
-        for _, prior in priors:
-            follows.update(prior.follows)
-            for h, c in prior.carries.items():
-                carries[h].update(c)
-                users.update((h, h2) for h2 in c)
-        kept = {h: Counter({h2: n for h2, n in c.items() if n >= min_count and users[(h, h2)] >= min_users})
-                for h, c in carries.items()}  # fmt: skip
-        kept = {h: c for h, c in kept.items() if c}
-        return CarryPrior(kept, Counter({h: follows[h] for h in kept}))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"carries": {h: dict(c) for h, c in sorted(self.carries.items())},
-                "follows": dict(sorted(self.follows.items()))}  # fmt: skip
-
-    @staticmethod
-    def from_json(data: Any, source: str) -> CarryPrior:
-        try:
-            carries = {
-                str(h): Counter({str(h2): int(n) for h2, n in c.items()}) for h, c in data["carries"].items()
-            }
-            follows = Counter({str(h): int(n) for h, n in data["follows"].items()})
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise FormatError(f"{source}: bad field 'carry_prior': {exc}") from exc
-        return CarryPrior(carries, follows)
-
-
-NO_PRIOR = CarryPrior({}, Counter())
 
 
 class HistoryIndex:
@@ -577,156 +458,3 @@ class HistoryIndex:
                 prior_share,
             )
         return rows
-
-
-@dataclass(frozen=True)
-class Ranker:
-    """The fitted scorer: standardisation, one tanh hidden layer, a linear output."""
-
-    mean: np.ndarray  # (F,)
-    scale: np.ndarray  # (F,)
-    w1: np.ndarray  # (F, H)
-    b1: np.ndarray  # (H,)
-    w2: np.ndarray  # (H,)
-    b2: float
-    info: dict[str, Any]
-    prior: CarryPrior = NO_PRIOR  # the corpus_carry_share feature's table
-
-    def scores(self, rows: np.ndarray) -> np.ndarray:
-        """(n, F) features -> (n,) scores; higher is likelier."""
-        hidden = np.tanh(((rows - self.mean) / self.scale) @ self.w1 + self.b1)
-        return hidden @ self.w2 + self.b2
-
-    def probabilities(self, rows: np.ndarray) -> np.ndarray:
-        """softmax of the scores over the pool   (n,)"""
-        if len(rows) == 0:
-            return np.zeros(0)
-        s = self.scores(rows).astype(np.float64)
-        e = np.exp(s - s.max())
-        return e / e.sum()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": "calm-ranker",
-            "version": RANKER_VERSION,
-            "features": list(FEATURES),
-            "mean": self.mean.tolist(),
-            "scale": self.scale.tolist(),
-            "w1": self.w1.tolist(),
-            "b1": self.b1.tolist(),
-            "w2": self.w2.tolist(),
-            "b2": self.b2,
-            "carry_prior": self.prior.to_json(),
-            "info": self.info,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, source: str = "ranker") -> Ranker:
-        def need(key: str) -> Any:
-            if not isinstance(data, dict) or key not in data:
-                raise FormatError(f"{source}: missing field {key!r}")
-            return data[key]
-
-        if need("format") != "calm-ranker":
-            raise FormatError(f"{source}: format is {data['format']!r}, expected 'calm-ranker'")
-        if need("version") != RANKER_VERSION:
-            raise FormatError(f"{source}: version {data['version']!r}, this calmd reads {RANKER_VERSION}")
-        if need("features") != list(FEATURES):
-            raise FormatError(
-                f"{source}: features differ from this calmd's (python -m calmd.quality.fit_ranker refits)"
-            )
-        arrays, b2 = read_scorer_weights(data, len(FEATURES), source)
-        prior = CarryPrior.from_json(need("carry_prior"), source)
-        return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
-                   dict(data.get("info", {})), prior)  # fmt: skip
-
-    @classmethod
-    def load(cls, path: Path) -> Ranker:
-        return cls.from_json(read_json(path, "ranker"), str(path))
-
-
-def read_scorer_weights(
-    data: dict[str, Any], features: int, source: str
-) -> tuple[dict[str, np.ndarray], float]:
-    """The arrays of a fitted scorer file (the history ranker's, the search ranker's):
-    standardisation (mean, scale), one tanh hidden layer (w1, b1), a linear output (w2, b2),
-    checked for presence, shape, finiteness and a positive scale. FormatError names the field."""
-    try:
-        arrays = {k: np.asarray(data[k], dtype=np.float64) for k in ("mean", "scale", "w1", "b1", "w2")}
-        b2 = float(data["b2"])
-    except KeyError as exc:
-        raise FormatError(f"{source}: missing field {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise FormatError(f"{source}: a weight is not a number array: {exc}") from exc
-    hidden = arrays["b1"].shape[0] if arrays["b1"].ndim == 1 else -1
-    shapes = {"mean": (features,), "scale": (features,), "w1": (features, hidden), "b1": (hidden,),
-              "w2": (hidden,)}  # fmt: skip
-    for key, shape in shapes.items():
-        if arrays[key].shape != shape:
-            raise FormatError(f"{source}: field {key!r} has shape {arrays[key].shape}, expected {shape}")
-    if not all(np.isfinite(a).all() for a in arrays.values()) or not math.isfinite(b2):
-        raise FormatError(f"{source}: weights are not finite")
-    if (arrays["scale"] <= 0).any():
-        raise FormatError(f"{source}: field 'scale' must be positive")
-    check_sense(arrays, b2, source)
-    return arrays, b2
-
-
-def check_sense(arrays: dict[str, np.ndarray], b2: float, source: str) -> None:
-    """FormatError naming the field unless a scorer's weights make sense, not only their shape:
-    each one 0 or of a magnitude from WEIGHT_FLOOR (no subnormal number: a subnormal `scale`
-    divides the features into infinities) to WEIGHT_LIMIT, a `scale` of SCALE_FLOOR or more, no
-    layer all zeros, and scores that are finite and tell the probe rows apart. A ranker file with
-    a subnormal scale and a zero layer loaded, and every confidence became 0.0: no ghost was ever
-    drawn (issue 30)."""
-    for key, values in {**arrays, "b2": np.asarray([b2])}.items():
-        magnitude = np.abs(values)
-        if ((magnitude > 0) & (magnitude < WEIGHT_FLOOR)).any() or (magnitude > WEIGHT_LIMIT).any():
-            raise FormatError(f"{source}: field {key!r} holds a weight outside {WEIGHT_FLOOR:g} to "
-                              f"{WEIGHT_LIMIT:g} (nor 0): not weights a fit writes")  # fmt: skip
-    if (arrays["scale"] < SCALE_FLOOR).any():
-        raise FormatError(f"{source}: field 'scale' is below {SCALE_FLOOR:g}: it would blow the features up")
-    for key in ("w1", "w2"):
-        if not arrays[key].any():
-            raise FormatError(f"{source}: field {key!r} is all zeros: every candidate would score the same")
-    mean, scale = arrays["mean"], arrays["scale"]
-    probes = np.vstack([mean, mean + np.diag(scale), mean - np.diag(scale)])  # each feature at +-1
-    with np.errstate(all="ignore"):
-        scores = np.tanh(((probes - mean) / scale) @ arrays["w1"] + arrays["b1"]) @ arrays["w2"] + b2
-    if not np.isfinite(scores).all() or np.ptp(scores) == 0:
-        raise FormatError(f"{source}: its scores are not finite or do not depend on the features")
-
-
-def packaged_ranker_path() -> Path:
-    return paths.PACKAGE_DATA / "ranker.json"
-
-
-@functools.cache
-def packaged_ranker() -> Ranker:
-    """The ranker shipped in the package, read once per process."""
-    return Ranker.load(packaged_ranker_path())
-
-
-def read_user_ranker(path: Path) -> Ranker:
-    """A user's ranker file (`ranker.json`, `ranker.prev.json`), read safely: a regular file of at
-    most MAX_RANKER_BYTES, then validated. OSError, or FormatError when it is not one (bad or too
-    deeply nested JSON, the wrong fields)."""
-    return Ranker.from_json(
-        parse_json(bytes(read_regular_file(path, limit=MAX_RANKER_BYTES)), path), str(path)
-    )
-
-
-def serving_ranker(path: Path) -> tuple[Ranker, str | None]:
-    """The ranker that serves with the weights beside `path`: the user's (`ranker.json`, refitted
-    by the background run) when the file exists and loads, else the packaged one. Returns it and,
-    when the user's file did not load (corrupt, foreign, of another calmd, not a regular file),
-    why, in one line that is also logged: the daemon serves on with the packaged ranker."""
-    if not path.exists():
-        return packaged_ranker(), None
-    try:
-        return read_user_ranker(path), None
-    except (OSError, ValueError, RecursionError, FormatError) as exc:  # JSON errors are ValueErrors
-        why = (f"the ranker {path} did not load ({one_line(exc, named=False)}): the packaged ranker serves "
-               "until a run rewrites it")  # fmt: skip
-        log.error("%s", why)
-        return packaged_ranker(), why

@@ -57,7 +57,7 @@ from calmd.atomic import (
 )
 from calmd.errors import CalmError, DiskFull, one_line
 from calmd.history.store import HistoryStore
-from calmd.suggest.ranking import Ranker
+from calmd.suggest.ranker import Ranker
 from calmd.training.datasets import DatasetOptions, write_history_dataset
 from calmd.training.ranker_refit import LEARN_COMMANDS, RefitOptions
 
@@ -114,7 +114,7 @@ def write_status(data_dir: Path, **fields: Any) -> None:
 def read_status(data_dir: Path) -> dict[str, Any]:
     try:
         data = parse_json(
-            bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)), "training.json"
+            bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)), paths.TRAINING_STATUS
         )
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):  # FormatError: not JSON, or nested too deeply
@@ -200,7 +200,7 @@ def clean_leftovers(data_dir: Path) -> list[str]:
     """Remove what killed runs left: candidate weights (6 MB each for nano) and stale temp files.
     Only call it while no run can be live (holding the lock, or having seen it free)."""
     removed: list[str] = []
-    for pattern in (".shell.candidate.*.cwgt", ".shell.cwgt.rollback"):
+    for pattern in (paths.CANDIDATE_WEIGHTS.format(pid="*"), paths.LEGACY_ROLLBACK):
         for path in data_dir.glob(pattern):
             path.unlink(missing_ok=True)
             removed.append(path.name)
@@ -212,7 +212,7 @@ def clean_leftovers(data_dir: Path) -> list[str]:
 
 def candidate_path(data_dir: Path, pid: int) -> Path:
     """Where run `pid` writes the weights it trained, before the not-worse check swaps them in."""
-    return data_dir / f".shell.candidate.{pid}.cwgt"
+    return paths.candidate_weights_path(data_dir, pid)
 
 
 def remove_run_files(data_dir: Path, pid: int) -> list[str]:
@@ -353,7 +353,7 @@ def refit_user_ranker(store: HistoryStore, opts: RunOptions) -> dict[str, Any]:
 
     Only the store's rows are read (it refused what looked like a credential), and the file holds
     weights and the packaged carry-over table, no command of the user's."""
-    from calmd.suggest.ranking import packaged_ranker
+    from calmd.suggest.ranker import packaged_ranker
     from calmd.training.ranker_refit import examples_from_store, refit_ranker
 
     target = paths.ranker_path(opts.weights)
@@ -407,7 +407,7 @@ def rollback(weights: Path) -> list[str]:
     before anything moves: one that does not load is refused and nothing changes. Refused while a
     training run holds the data dir's lock: it could rename its own result over the rollback."""
     from calmd.model.checkpoint import load_model
-    from calmd.suggest.ranking import read_user_ranker
+    from calmd.suggest.ranker import read_user_ranker
 
     prev = paths.prev_weights_path(weights)
     ranker = paths.ranker_path(weights)

@@ -32,7 +32,8 @@ import numpy as np
 
 from calmd.history.store import HistoryStore
 from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker
+from calmd.suggest.ranker import Ranker
+from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex
 
 KS = (0, 1, 2, 4, 8)  # the typed lengths of the replay's queries (calmd/quality/replay.py)
 LEARN_COMMANDS = 2000  # the newest commands the background run asks the queries of (>= max_examples
@@ -41,7 +42,7 @@ LEARN_COMMANDS = 2000  # the newest commands the background run asks the queries
 
 @dataclass(frozen=True)
 class RefitOptions:
-    """How a refit runs (measured: docs/quality.md, "Learning: the ranker's refit")."""
+    """How a refit runs (measured: docs/quality.md, "Learning")."""
 
     steps: int = 60  # full-batch Adam steps
     lr: float = 0.01

@@ -4,16 +4,22 @@ rule weighs a head by."""
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.nn.functional as F
 
+from calmd import paths
 from calmd.formats.tokenizer import Special
+from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import LoadedModel, load_model
 from calmd.model.generate import Generator
-from calmd.suggest.ghost import heads
+from calmd.suggest.engine import ModelEngine
+from calmd.suggest.ghost import heads, packaged_rule
+from calmd.suggest.index_catch_up import warm_sync
 from calmd.suggest.next_words import NextWords
 from tests.tiny_model import CONTEXT
 
@@ -85,3 +91,25 @@ def test_a_long_line_is_scored_again_once_typed_far_along(trained: LoadedModel) 
         )
         assert all(not math.isfinite(f) for f in fresh[sum(map(math.isfinite, fresh)) :])  # past MAX_BYTES
     assert words.prefills == 2  # "git stash " is 6 bytes along the first scoring; the third 18: afresh
+
+
+def test_only_a_young_history_asks_the_model_for_a_heads_words(tmp_path: Path) -> None:
+    """The keystroke's next-word scoring is the young rules' (fewer than 100 commands): with no
+    history the engine scores the drawn line's next words; with 120 commands the grown rule
+    weighs heads by the summed confidence and runs no model for it."""
+    engine = ModelEngine(paths.packaged_weights())
+    assert packaged_rule().at(0).head is not None and packaged_rule().head is None
+    ask = {"input": "kill ", "cwd": str(tmp_path)}  # (git outside a repository: nothing is drawable)
+    with closing(HistoryStore(tmp_path / "new.sqlite3")) as empty:
+        engine.attach_history(empty)
+        list(engine.complete(ask, 5, "new", threading.Event()))
+    assert engine.next_words.prefills == 1
+    with closing(HistoryStore(tmp_path / "grown.sqlite3")) as grown:
+        for i in range(120):
+            grown.record(["git status", "make test", f"vim notes{i % 7}.md"][i % 3], exit=0, session="s")
+        engine.attach_history(grown)
+        assert engine.index is not None
+        warm_sync(engine.index, grown)
+        assert len(engine.index) >= 100
+        got = list(engine.complete(ask, 5, "grown", threading.Event()))
+    assert got and engine.next_words.prefills == 1

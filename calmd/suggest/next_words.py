@@ -79,14 +79,17 @@ class NextWords:
         typed = str(ctx.get("input") or "")
         wanted = [line for line in dict.fromkeys(lines) if line.startswith(typed) and len(line) > len(typed)]
         found: dict[str, _Scored] = {}
-        context = model_key(ctx) if key is None else key
+        # the context key, made when first asked (a grown user's rule never asks)
+        context: list[str] = [] if key is None else [key]
 
         def logprobs(line: str) -> list[float] | None:
             if line not in wanted:
                 return None
             if line not in found:
+                if not context:
+                    context.append(model_key(ctx))
                 batch = [w for w in wanted if w not in found] if every else [line]
-                found.update(self._scored(session, context, typed, batch, start))
+                found.update(self._scored(session, context[0], typed, batch, start))
             return self._heads(found[line], typed)
 
         return logprobs

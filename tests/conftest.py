@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,9 @@ import pytest
 import torch
 
 from calmd.history.store import HistoryStore
+from calmd.shell.client import CalmClient
 from tests.tools import in_ci, need
+from tests.waiting import HANG_S
 
 if TYPE_CHECKING:
     from tests.daemon import Daemon
@@ -106,6 +109,36 @@ def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
     torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """CALM_CACHE for the whole session: the compiled kernels are built once (the workers of
+    pytest-xdist share the folder: a build is renamed into place whole), never in the user's own
+    ~/.cache/calm, and every daemon the tests start gets the same folder (tests/daemon.py); with
+    matplotlib's cache beside it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    saved = {name: os.environ.get(name) for name in ("CALM_CACHE", "MPLCONFIGDIR")}
+    os.environ["CALM_CACHE"] = str(shared / "calm-cache")
+    os.environ["MPLCONFIGDIR"] = str(shared / "matplotlib")
+    yield shared / "calm-cache"
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clients_wait_as_long_as_a_hang() -> Iterator[None]:
+    """A test's CalmClient waits for its reply up to the ceiling of tests/waiting.py, not the 10 s
+    after which a shell's client gives up: on a busy machine a slow reply is not a failure, and a
+    daemon that never answers is still caught. (The tests of a client's timeout pass their own.)"""
+    defaults = CalmClient.__init__.__kwdefaults__
+    CalmClient.__init__.__kwdefaults__ = {**defaults, "timeout": HANG_S}
+    yield
+    CalmClient.__init__.__kwdefaults__ = defaults
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from calmd.formats.cwgt import CwgtHeader, Metadata, write_cwgt
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
 from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, daemon_env, wait_ready
+from tests.waiting import HANG_S
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -173,19 +174,19 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
     pump.start()
     try:
         wait_ready(daemon)
-        with CalmClient(daemon.socket, timeout=30) as c:
+        with CalmClient(daemon.socket) as c:
             status = c.status()["status"]
             assert status["model"]["path"] == str(paths.packaged_weights())
             assert status["serving_fallback"] is True and status["last_reload_error"] is None  # no file yet
             got = [m["candidate"] for m in c.complete("git ", n=3, session="s") if "candidate" in m]
             assert len(got) == 3 and all(g.startswith("git ") and len(g) > 4 for g in got), got
         assert run("calmd", "stop", env=env).returncode == 0
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=HANG_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        pump.join(timeout=5)
+        pump.join(timeout=HANG_S)
         assert proc.stdout is not None
         proc.stdout.close()
     assert run("calmd", "status", env=env, check=False).returncode == 3

@@ -14,6 +14,7 @@ import pytest
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -67,10 +68,8 @@ def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
         target = tmp_path / "data" / "shell.cwgt"
         save_tiny(tmp_path / "new.cwgt", other)
         os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["loaded_at"] == before:
-            assert time.monotonic() < deadline, d.read_output()
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["status"]["loaded_at"] != before, "the new weights loaded",
+                   report=d.read_output)  # fmt: skip
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make install"]
 
 
@@ -161,7 +160,7 @@ def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Pat
         assert answers(c)["searched"] == after["searched"] + 1
 
 
-def wait_status(c: CalmClient, ready: object, timeout: float = 20.0) -> dict[str, object]:
+def wait_status(c: CalmClient, ready: object, timeout: float = HANG_S) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while True:
         status: dict[str, object] = c.status()["status"]

@@ -21,6 +21,7 @@ from calmd.shell import helper as shell_helper
 from tests.daemon import Daemon, running_daemon
 from tests.tmux import history_rows, shell_env
 from tests.tools import need
+from tests.waiting import HANG_S, wait_until
 
 # What fish 3.6 wrote for these lines (tests/test_shell_fish.py makes fish write one too).
 FISH_HISTORY = b"""- cmd: echo 'a\\\\b'  # back\\\\slash
@@ -276,8 +277,8 @@ def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_p
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        pump.join(timeout=5)
+        proc.wait(timeout=HANG_S)
+        pump.join(timeout=HANG_S)
         if proc.stdout:
             proc.stdout.close()
     assert [r.cmd for r in history_rows(tmp_path)] == [
@@ -304,10 +305,10 @@ class SpoolHelper:
              "--shell", "fish", "--spool", str(self.folder)],
             stdin=subprocess.DEVNULL, env=shell_env(home, CALM_DEBUG="1"),
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not (self.folder / "reply").exists():
-            assert time.monotonic() < deadline and self.proc.poll() is None, "the helper did not start"
-            time.sleep(0.02)
+        wait_until(
+            lambda: (self.folder / "reply").exists() or self.proc.poll() is not None, "the helper's FIFO"
+        )
+        assert self.proc.poll() is None, "the helper did not start"
 
     def write(self, *lines: str, partial: bool = False) -> Path:
         self.seq += 1
@@ -315,7 +316,7 @@ class SpoolHelper:
         path.write_text("\n".join(lines) + ("" if partial else "\n"))
         return path
 
-    def ask(self, text: str, timeout: float = 3.0) -> list[str]:
+    def ask(self, text: str, timeout: float = HANG_S) -> list[str]:
         """A `c` line and the answer, read as the hook reads it (`timeout cat reply`)."""
         seq = self.seq + 1
         self.write("\t".join(["c", str(seq), "5", "/tmp", "", "0", shell_helper.escape(text)]))
@@ -328,7 +329,7 @@ class SpoolHelper:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG_S)
 
 
 @pytest.mark.slow  # a daemon or helper process
@@ -387,12 +388,11 @@ def test_the_helper_goes_with_its_shell_and_removes_its_folder(tmp_path: Path) -
                              stdout=subprocess.PIPE, text=True, env=shell_env(tmp_path))  # fmt: skip
     assert shell.stdout is not None
     pid = int(shell.stdout.readline())
-    shell.wait(timeout=10)
+    shell.wait(timeout=HANG_S)
     shell.stdout.close()
-    deadline = time.monotonic() + 15
-    while folder.exists() or os.path.exists(f"/proc/{pid}"):
-        assert time.monotonic() < deadline, "the helper outlived its shell"
-        time.sleep(0.1)
+    wait_until(
+        lambda: not folder.exists() and not os.path.exists(f"/proc/{pid}"), "the helper to go with its shell"
+    )
 
 
 def stat_mode(path: Path) -> int:
@@ -409,7 +409,7 @@ def test_the_fish_hook_is_baked_with_fish_quoting(tmp_path: Path) -> None:
     if need_fish():
         word = shell_helper.fish_quote("\\x'")
         script = f"printf '%s\\n' {word}"
-        out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=HANG_S)
         assert out.stdout == "\\x'\n"
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.daemon import BIN, daemon_env
 from tests.tools import need
+from tests.waiting import HANG_S
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_TXT = "".join(
@@ -93,11 +94,11 @@ def test_the_readme_tools_run_as_written(tmp_path: Path) -> None:
                     start, end = shown
                     assert run.stdout.strip().startswith(start), (variant, run.stdout)
                     assert run.stdout.strip().endswith(end), (variant, run.stdout)
-        assert serve.wait(timeout=30) == 0  # `calmd stop`, the block's last line, stopped it
+        assert serve.wait(timeout=HANG_S) == 0  # `calmd stop`, the block's last line, stopped it
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
+            serve.wait(timeout=HANG_S)
         if serve.stdout is not None:
             serve.stdout.close()
     assert (tmp_path / "my.cwgt").is_file() and (tmp_path / "loss.png").is_file()
@@ -166,7 +167,7 @@ def install(home: Path) -> Path:
     (clone / ".venv").symlink_to(BIN.parent)
     for command in lines[1:]:
         run = subprocess.run(["bash", "-c", command], cwd=clone, env=user_env(home), capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+                             text=True, timeout=HANG_S)  # fmt: skip
         assert run.returncode == 0, (command, run.stderr)
     return clone
 
@@ -186,7 +187,7 @@ def test_after_the_install_the_readmes_hook_line_finds_calmd(tmp_path: Path) -> 
     (zdot / ".zshrc").write_text(f"PS1='PROMPT> '\n{hook_line}\n")
     env = user_env(tmp_path, ZDOTDIR=str(zdot))
     with Terminal(["zsh", "-d", "-i"], env, cwd=tmp_path, width=300) as term:
-        term.wait_for("^PROMPT>", timeout=30)
+        term.wait_for("^PROMPT>")
         term.type(
             "print -r -- hook=$+functions[_calm_precmd] calmd=$(command -v calmd) calm=$(command -v calm)"
         )
@@ -222,7 +223,7 @@ def test_turn_it_off_as_the_readme_says(tmp_path: Path) -> None:
         assert (tmp_path / "data" / "shell-disabled").is_file()
         term.type(lines[2])
         term.send("Enter")
-        assert daemon.proc.wait(timeout=30) == 0
+        assert daemon.proc.wait(timeout=HANG_S) == 0
 
 
 @pytest.mark.slow
@@ -242,7 +243,9 @@ def test_remove_everything_as_the_readme_says(tmp_path: Path) -> None:
         ["calmd", "init", "zsh"],
         ["calmd", "install-systemd"],
     ):
-        subprocess.run(["bash", "-c", " ".join(argv)], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        subprocess.run(
+            ["bash", "-c", " ".join(argv)], cwd=tmp_path, env=env, capture_output=True, timeout=HANG_S
+        )
     units = tmp_path / ".config" / "systemd" / "user"
     assert (data / "history.sqlite3").is_file() and (data / "calm.zsh").is_file()
     assert (units / "calmd.service").is_file() and (units / "calmd.socket").is_file()
@@ -256,9 +259,9 @@ def test_remove_everything_as_the_readme_says(tmp_path: Path) -> None:
             term.type(f"{line}; echo done-{n}")
             term.send("Enter")
             if n == 0:
-                term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+                term.wait_for(r"delete all of it\? \[y/N\]\s*$")
                 term.type("y")
                 term.send("Enter")
-            term.wait_for(rf"^done-{n}$", timeout=60)
+            term.wait_for(rf"^done-{n}$")
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "calm" in p.name)
     assert [p for p in left if not p.startswith("calmd")] == [], left  # ~/calmd: the clone

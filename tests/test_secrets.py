@@ -18,6 +18,7 @@ from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.tools import shared_data
+from tests.waiting import HANG_S
 
 DATA = Path(__file__).resolve().parent / "data" / "secrets"
 
@@ -199,7 +200,7 @@ def test_a_daemon_stores_none_of_the_credentials(tmp_path: Path) -> None:
             "--quiet",
             "--include-trivial",
         ]
-        built = subprocess.run(argv, env=daemon_env(tmp_path), capture_output=True, text=True, timeout=120)
+        built = subprocess.run(argv, env=daemon_env(tmp_path), capture_output=True, text=True, timeout=HANG_S)
         assert built.returncode == 0, built.stderr
     reader = CtdsReader(dataset)
     ds = b"\n".join(decode(reader.sequence(i)) for i in range(len(reader)))

@@ -29,6 +29,7 @@ from tests.tmux import (
     wait_recorded,
 )
 from tests.tools import need
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = [pytest.mark.needs("fish", "tmux", "timeout"), pytest.mark.slow]  # a real fish in tmux
 
@@ -105,19 +106,19 @@ def test_ctrl_r_opens_calm_search(home: Path, daemon: Daemon) -> None:
         term.wait_for("^PROMPT>")
         term.type("found")
         term.send("C-r")
-        term.wait_for(r"^ calm search · all.*\n> found", timeout=15)
+        term.wait_for(r"^ calm search · all.*\n> found")
         term.send("Enter")  # runs it
         term.wait_for(r"^found-by-calm\nPROMPT>")
         assert wait_recorded(home, "echo found-by-calm").session.startswith("fish-")
         term.type("che")
         term.send("C-r")
-        term.wait_for(r"^> che", timeout=15)
+        term.wait_for(r"^> che")
         term.send("Tab")  # to edit
         term.wait_line(r"^PROMPT> make check")
         term.send("C-u")
         term.type("ma")
         term.send("C-r")
-        term.wait_for(r"^> ma", timeout=15)
+        term.wait_for(r"^> ma")
         term.send("Escape")  # the prompt as it was (fish may draw its own suggestion after it)
         term.wait_line(r"^PROMPT> ma")
         term.type("n ls")
@@ -140,7 +141,7 @@ def test_without_a_daemon_nothing_blocks_and_ctrl_r_is_fishs_own(home: Path, dae
         assert time.monotonic() - started < 3
         term.send("C-u")
         term.send("C-r")
-        term.wait_for(r"^search:", timeout=5)  # fish's history pager
+        term.wait_for(r"^search:")  # fish's history pager
         term.type("from")
         term.wait_for(r"► echo from-fish-history")
         term.send("Enter")
@@ -173,7 +174,7 @@ def test_the_helper_goes_with_fish_and_calm_disable_is_honoured(home: Path, daem
         calm_cli(home, "disable")
         term.type("git st")
         term.send("BTab")
-        time.sleep(1.5)
+        term.keys_handled()
         assert term.line().rstrip() == "PROMPT> git st"  # off: nothing inserted
         calm_cli(home, "enable")
         term.send("BTab")
@@ -181,17 +182,14 @@ def test_the_helper_goes_with_fish_and_calm_disable_is_honoured(home: Path, daem
         term.send("C-u")
         term.type("exit")
         term.send("Enter")
-        deadline = time.monotonic() + 15
-        while folder.exists():
-            assert time.monotonic() < deadline, "the helper outlived fish"
-            time.sleep(0.1)
+        wait_until(lambda: not folder.exists(), "the helper to go with fish")
 
 
 def spool_of(term: Terminal) -> Path:
     """The folder of the helper that serves the fish in `term` (its `--spool`)."""
     pid = term.tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()
     ps = ["ps", "-ww", "-o", "args=", "--ppid", pid]
-    out = subprocess.run(ps, capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run(ps, capture_output=True, text=True, timeout=HANG_S).stdout
     found = re.search(r"--spool (\S+)", out)
     assert found, out
     return Path(found.group(1))

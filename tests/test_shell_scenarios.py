@@ -37,6 +37,7 @@ from tests.tmux import (
     zsh_terminal,
 )
 from tests.tools import need
+from tests.waiting import HANG_S, wait_until
 
 GHOST = re.escape("\x1b[90m")  # how tmux shows zsh's ghost text (region_highlight fg=8)
 
@@ -55,7 +56,7 @@ class Shell:
         term.wait_for("^PROMPT>")
         return term
 
-    def suggests(self, term: Terminal, typed: str, line: str, *, timeout: float = 5.0) -> None:
+    def suggests(self, term: Terminal, typed: str, line: str, *, timeout: float = HANG_S) -> None:
         """Type `typed` on an empty prompt and see the shell offer `line` in the user's way."""
         term.type(typed)
         if self.ghost:
@@ -71,7 +72,11 @@ class Shell:
         term.type(typed)
         if not self.ghost:
             term.send("BTab")
-        time.sleep(1.0)  # an answer, had one come, would be drawn by now
+            term.keys_handled()  # the key waited for its answer
+        else:
+            # (zsh draws an answer when it comes, not on a key: this is as long as a test waits
+            # for something that should not happen; a busy machine can only make it miss one)
+            time.sleep(1.0)
         if self.ghost:
             assert "\x1b[90m" not in term.line(escapes=True), term.line(escapes=True)
         else:
@@ -145,7 +150,7 @@ def test_a_daemon_restarted_mid_session_is_found_again(home: Path, shell: Shell)
         term.wait_for("^during-outage$")
         shell.offers_nothing(term, "make t")
         with running_daemon(home):
-            shell.suggests(term, "make t", "make test", timeout=10)
+            shell.suggests(term, "make t", "make test")
             assert wait_recorded(home, "echo during-outage").exit == 0
         assert_quiet(term.screen())
     finally:
@@ -215,10 +220,10 @@ def test_the_setup_line_of_the_docs(home: Path, daemon: Daemon, shell: Shell) ->
         shell.run(term, "echo second-start")
         wait_recorded(home, "echo second-start")
         shell.suggests(term, "git st", "git status")
-        deadline = time.monotonic() + 10
-        while hook.read_text() != text:  # the helper rewrites it once it has a moment
-            assert time.monotonic() < deadline, hook.read_text()[:200]
-            time.sleep(0.05)
+        # the helper rewrites it once it has a moment
+        wait_until(
+            lambda: hook.read_text() == text, "the hook file rewritten", report=lambda: hook.read_text()[:200]
+        )
         assert stat.S_IMODE(hook.stat().st_mode) == 0o600
         assert_quiet(term.screen())
 
@@ -243,7 +248,7 @@ def test_a_folder_holding_calmd_or_calmd_py_does_not_shadow_the_hook(
         assert wait_recorded(home, "echo in-a-clone").cwd == str(home)
         shell.suggests(term, "git st", "git status")
         term.send("C-r")
-        term.wait_for(r"^ calm search · all", timeout=15)
+        term.wait_for(r"^ calm search · all")
         term.send("Escape")
         term.wait(lambda screen: "calm search" not in screen, what="the search to close")
         shell.run(term, "echo still-calm")
@@ -303,5 +308,5 @@ def test_a_helper_that_cannot_run_is_said_once_and_the_shell_works(
         assert ("is not there" in said) == (cause == "the interpreter is gone"), said
         if shell.name != "fish":
             term.send("C-r")  # no calm search to open: the shell's own
-            term.wait_for(r"bck-i-search|reverse-i-search", timeout=10)
+            term.wait_for(r"bck-i-search|reverse-i-search")
             term.send("C-g")

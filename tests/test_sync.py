@@ -34,6 +34,7 @@ from calmd.history.sync import (
     write_config,
     write_key,
 )
+from tests.waiting import HANG_S
 
 
 @dataclass
@@ -503,7 +504,7 @@ def test_rsync_update_both_ways_without_delete(tmp_path: Path) -> None:
     def engine() -> None:
         for src, dst in ((a, b), (b, a)):
             subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], check=True, capture_output=True,
-                           timeout=60)  # fmt: skip
+                           timeout=HANG_S)  # fmt: skip
 
     desktop.run()  # an empty history: a segment that says the desktop is there
     engine()

@@ -162,19 +162,21 @@ def start_daemon(
     weights: bool = True,
     prefix: tuple[str, ...] = (),
     tree: Path | None = None,
+    command: tuple[str, ...] | None = None,
 ) -> Daemon:
     """`calmd serve` started, not yet ready (running_daemon waits for it and stops it)."""
     full_env = daemon_env(home, **(env or {}))
     sock = Path(full_env["CALMD_SOCKET"])
     if weights and not (home / "data" / "shell.cwgt").exists():
         write_test_weights(home / "data" / "shell.cwgt")
-    argv = [*prefix, *serve_argv(engine, tree), *args]
+    argv = [*prefix, *(command or serve_argv(engine, tree)), *args]
     # this tree (tests.serve_scripted), or the other checkout, first on the path
     full_env["PYTHONPATH"] = str(tree or ROOT)
     # (stdin no terminal, as under systemd: SIGHUP reloads; typed at a prompt, it would stop it)
     started_at = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=full_env)  # fmt: skip
+                            text=True, env=full_env, cwd=tree)  # fmt: skip
+    # (cwd: `python -c` puts the current folder first on sys.path, before PYTHONPATH)
     daemon = Daemon(proc, sock, home, started_at=started_at)
     threading.Thread(target=daemon._pump, daemon=True, name=f"calmd-output-{proc.pid}").start()
     return daemon
@@ -190,14 +192,17 @@ def running_daemon(
     weights: bool = True,
     prefix: tuple[str, ...] = (),
     tree: Path | None = None,
+    command: tuple[str, ...] | None = None,
 ) -> Iterator[Daemon]:
     """`calmd serve` in a subprocess with its own HOME, data dir and socket, ready; stopped
     afterwards. engine "model": the daemon as users run it; "scripted": the same daemon with the
     scripted engine of tests/scripted_engine.py in place of the model (tests/serve_scripted.py).
     weights: a tiny weight file as the user's model when the home has none (False: the packaged
     model serves). prefix: a program the daemon runs under (`prlimit ... --`). tree: another
-    checkout's daemon (with engine "model")."""
-    daemon = start_daemon(home, engine=engine, args=args, env=env, weights=weights, prefix=prefix, tree=tree)
+    checkout's daemon (with engine "model"). command: what serves in place of `calmd serve` (a
+    bench's variant of the engine), `args` after it."""
+    daemon = start_daemon(home, engine=engine, args=args, env=env, weights=weights, prefix=prefix, tree=tree,
+                          command=command)  # fmt: skip
     try:
         wait_ready(daemon)
         yield daemon

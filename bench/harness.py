@@ -182,6 +182,7 @@ class Report:
         stats: Sequence[str] = ("p50", "p90"),
         scale: float = 1.0,
         ratios: bool = True,
+        unit: str | None = None,
     ) -> dict[str, dict[str, float]]:
         """One row per system: n and `stats` of its samples (times `scale`: 1e3 for seconds shown
         as ms); then the first system's quantiles over each other's. Returns the figures."""
@@ -192,7 +193,7 @@ class Report:
             if values
         }
         width = max([len(what), *(len(name) for name in figures)]) + 2
-        print(f"\n{what:<{width}}{'n':>6}" + "".join(f"{s:>9}" for s in stats) + f"  ({self.unit})")
+        print(f"\n{what:<{width}}{'n':>6}" + "".join(f"{s:>9}" for s in stats) + f"  ({unit or self.unit})")
         for name, row in figures.items():
             print(
                 f"{name:<{width}}{int(row['n']):>6}"

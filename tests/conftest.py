@@ -141,6 +141,18 @@ def _clients_wait_as_long_as_a_hang() -> Iterator[None]:
     CalmClient.__init__.__kwdefaults__ = defaults
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _training_runs_at_the_daemons_priority() -> Iterator[None]:
+    """The daemons' training runs at their daemon's priority, not SCHED_IDLE (tests/daemon.py
+    SUITE_ENV): beside a CPU hog at nice 0 an idle-priority run gets nothing for hours."""
+    from calmd.daemon.trainer import TEST_PRIORITY_ENV
+    from tests.daemon import SUITE_ENV
+
+    SUITE_ENV[TEST_PRIORITY_ENV] = "inherit"
+    yield
+    SUITE_ENV.pop(TEST_PRIORITY_ENV, None)
+
+
 @pytest.fixture(autouse=True)
 def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path_factory.mktemp("calm-home")

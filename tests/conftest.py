@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from calmd.history.store import HistoryStore
+from calmd.model import fastscan
 from calmd.shell.client import CalmClient
 from tests.tools import in_ci, need
 from tests.waiting import HANG_S
@@ -112,17 +114,26 @@ def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """CALM_CACHE for the whole session: the compiled kernels are built once (the workers of
-    pytest-xdist share the folder: a build is renamed into place whole), never in the user's own
-    ~/.cache/calm, and every daemon the tests start gets the same folder (tests/daemon.py); with
+def _kernel_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """CALM_CACHE for the whole session, never the user's own ~/.cache/calm: the compiled kernels
+    are built once, by the first worker (the other waits on the lock), and every daemon the tests
+    start gets the same folder (tests/daemon.py). The folder is pytest's cache when it has one
+    (.pytest_cache, kept between runs: the next run builds nothing), else one of the session;
     matplotlib's cache beside it."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        folder = Path(cache.mkdir("calm-kernels"))
+    else:  # -p no:cacheprovider: the session's temporary folder, which the workers share
+        base = tmp_path_factory.getbasetemp()
+        folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "calm-kernels"
+        folder.mkdir(exist_ok=True)
     saved = {name: os.environ.get(name) for name in ("CALM_CACHE", "MPLCONFIGDIR")}
-    os.environ["CALM_CACHE"] = str(shared / "calm-cache")
-    os.environ["MPLCONFIGDIR"] = str(shared / "matplotlib")
-    yield shared / "calm-cache"
+    os.environ["CALM_CACHE"] = str(folder)
+    os.environ["MPLCONFIGDIR"] = str(folder.parent / "calm-matplotlib")
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build, not one per worker and daemon starting at once
+        fastscan.library()
+    yield folder
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -191,3 +202,12 @@ def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny.cwgt")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny model, trained once per session on other lines (`make install` first): the
+    model a swap or a comparison puts beside tiny_weights. Read it; copy it to change it."""
+    from tests.tiny_model import OTHER_COMMANDS, save_tiny, train_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "other.cwgt", train_tiny(OTHER_COMMANDS, favourite=0))

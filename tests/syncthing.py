@@ -47,7 +47,7 @@ class Syncthing:
         self.home.mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
             ["syncthing", "generate", f"--home={self.home}", "--no-default-folder"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=HANG_S, check=True,
         )  # fmt: skip
         for line in (out.stdout + out.stderr).splitlines():
             if "Device ID:" in line:

@@ -4,6 +4,7 @@ proposals scored by the model, and hot reload of real weights."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
-from tests.tiny_model import CONTEXT, save_tiny, train_tiny
+from tests.tiny_model import CONTEXT
 from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
@@ -59,14 +60,13 @@ def test_recorded_commands_are_proposed_and_ranked_by_the_model(tmp_path: Path, 
         assert len(got) == len(set(got))
 
 
-def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
+def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path, other_tiny_weights: Path) -> None:
     install(tmp_path, weights)
     with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         before = c.status()["status"]["loaded_at"]
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make test"]
-        other = train_tiny(("make install", "git status"), favourite=0)
         target = tmp_path / "data" / "shell.cwgt"
-        save_tiny(tmp_path / "new.cwgt", other)
+        shutil.copy(other_tiny_weights, tmp_path / "new.cwgt")  # a model that learned other lines
         os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
         wait_until(lambda: c.status()["status"]["loaded_at"] != before, "the new weights loaded",
                    report=d.read_output)  # fmt: skip

@@ -204,7 +204,7 @@ def running_daemon(
 ) -> Iterator[Daemon]:
     """`calmd serve` in a subprocess with its own HOME, data dir and socket, ready; stopped
     afterwards. engine "model": the daemon as users run it; "scripted": the same daemon with the
-    scripted engine of tests/scripted_engine.py in place of the model (tests/serve_scripted.py).
+    scripted engine (tests/scripted_engine.py) in place of the model.
     weights: a tiny weight file as the user's model when the home has none (False: the packaged
     model serves). prefix: a program the daemon runs under (`prlimit ... --`). tree: another
     checkout's daemon (with engine "model"). command: what serves in place of `calmd serve` (a

@@ -14,6 +14,7 @@ import fcntl
 import inspect
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,9 +33,17 @@ if TYPE_CHECKING:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it."""
+    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it.
+
+    Where PYTHONDONTWRITEBYTECODE is set, pytest rewrote every test module's asserts again in every
+    worker of every run (5 CPU-seconds a worker): the rewritten modules go to pytest's cache folder
+    instead (sys.pycache_prefix, outside the source tree, which stays as the setting wants it)."""
     if in_ci() and config.option.durations is None:  # --durations=0 asks for all of them
         config.option.durations = 15
+    cache = getattr(config, "cache", None)
+    if sys.dont_write_bytecode and cache is not None:
+        sys.pycache_prefix = str(cache.mkdir("pycache"))
+        sys.dont_write_bytecode = False
 
 
 # running_daemon (tests/daemon.py), its argv lists, or `calmd serve` run as a command

@@ -104,6 +104,7 @@ def test_calmd_serve_keeps_its_exit_code_and_says_the_one_line_on_stdout_too(f: 
 # --------------------------------------------------------------------------- python -m calmd....
 
 
+@pytest.mark.slow  # three processes each, importing torch (2 CPU-seconds each): the quick loop has the rest
 @pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary"])
 def test_the_fits(f: Path, tool: str) -> None:
     prog = f"python -m calmd.quality.{tool}"
@@ -131,6 +132,7 @@ def test_fit_calibration(f: Path) -> None:
     assert "invalid int value: 'many'" in one_error(f, prog, [*argv, "--positions", "many"], 2)
 
 
+@pytest.mark.slow  # four processes importing torch
 def test_the_recipe(f: Path) -> None:
     prog = "python -m calmd.training.recipe"
     argv = [*PY, "calmd.training.recipe", "--work", str(f / "work"), "--output", str(f / "r.cwgt")]

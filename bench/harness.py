@@ -219,6 +219,20 @@ class Report:
         return 1 if abs(value) >= 1 else 3
 
 
+def with_machine_line(main: Callable[[], T]) -> Callable[[], T]:
+    """`main` followed by the report's machine line (this tree's commit, the load, the cores): for
+    the benches that print their own tables, so that every bench's figures end the same way."""
+
+    def run() -> T:
+        load = os.getloadavg()[0]
+        result = main()
+        load = max(load, os.getloadavg()[0])
+        print(f"this tree at {commit()} · load average up to {load:.2f} on {os.cpu_count()} cores")
+        return result
+
+    return run
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

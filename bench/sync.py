@@ -152,8 +152,10 @@ def main() -> int:
         print(f"{args.records:,} records: {size / 2**20:.1f} MiB sealed in {segments} segments")
         for name in ("export", "import"):
             f = figures[name]
-            print(f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
-                  f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)")
+            print(
+                f"{name}: {f['seconds']:.2f} s, peak {f['peak_mib']:.0f} MiB resident "
+                f"({f['peak_mib'] - f['base_mib']:.0f} MiB over the process after opening the store)"
+            )
         total = figures["export"]["seconds"] + figures["import"]["seconds"]
         print(f"sync + import: {total:.2f} s, {args.records / total:,.0f} records/s")
         for name, what in (("check", "stat"), ("rehash", "hash")):

@@ -252,35 +252,20 @@ def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_p
     import signal
 
     from calmd.shell.client import CalmClient
-    from tests.daemon import SCRIPTED_SERVE, daemon_env, wait_imported, wait_ready, write_test_weights
+    from tests.daemon import running_daemon, wait_imported
 
     data = tmp_path / "xdg"
     (data / "fish").mkdir(parents=True)
     now = int(time.time())
     (data / "fish" / "fish_history").write_bytes(FISH_HISTORY + b"- cmd: calmd serve\n  when: %d\n" % now)
-    env = daemon_env(
-        tmp_path, XDG_DATA_HOME=str(data), PYTHONPATH=str(Path(__file__).resolve().parent.parent)
-    )
-    write_test_weights(tmp_path / "data" / "shell.cwgt")
     # a shell runs it, as at a prompt (`&` and `wait`: bash stays its parent)
-    proc = subprocess.Popen(["bash", "-c", '"$@" & wait', "bash", *SCRIPTED_SERVE], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
-    pump = threading.Thread(target=daemon._pump, daemon=True)
-    pump.start()
-    pid = None
-    try:
-        wait_ready(daemon)
+    at_a_prompt = ("bash", "-c", '"$@" & wait', "bash")
+    with running_daemon(tmp_path, env={"XDG_DATA_HOME": str(data)}, prefix=at_a_prompt) as daemon:
         with CalmClient(daemon.socket) as client:
             pid = client.status()["status"]["pid"]
             wait_imported(client)
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=HANG_S)
-        pump.join(timeout=HANG_S)
-        if proc.stdout:
-            proc.stdout.close()
+        os.kill(pid, signal.SIGTERM)  # the daemon, not its shell: the shell's `wait` ends with it
+        assert daemon.wait() == 0
     assert [r.cmd for r in history_rows(tmp_path)] == [
         "echo 'a\\b'  # back\\slash",
         "echo one\necho two",

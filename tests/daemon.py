@@ -133,8 +133,8 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
                 "CALMD_SOCKET": str(run / "calm" / "calmd.sock")})  # fmt: skip
-    # The compiled kernels are built once per test session (tests/conftest.py points CALM_CACHE at
-    # one folder of the session), not once per test home, and never in the user's own cache.
+    # The compiled kernels: CALM_CACHE as this process has it (the suite's folder, tests/conftest.py:
+    # built once, not once per test home, and never in the user's own cache; a bench's, the user's).
     env["CALM_CACHE"] = str(paths.cache_dir())
     env.update(SUITE_ENV)
     env.update(extra)

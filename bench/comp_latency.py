@@ -49,7 +49,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="calmd-comp-latency-"))
     try:
         folder = real_cwd(home)
-        store = HistoryStore(home / "history.sqlite3")
+        store = HistoryStore(home / paths.HISTORY)
         for h in HISTORY:
             store.record(h, exit=0, cwd=str(folder), session="bench")
         # one engine for both (two copies of the model measured 10-20% apart on this machine,

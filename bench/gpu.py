@@ -541,17 +541,17 @@ def time_steps(args: argparse.Namespace) -> int:
     import torch
 
     from calmd.formats.ctds import CtdsReader
-    from calmd.model import mamba
+    from calmd.model import scan
     from calmd.training.train import TrainConfig, _split, train
 
     paths = ["pytorch"]
-    if torch.cuda.is_available() and mamba.mamba_ssm_importable():
+    if torch.cuda.is_available() and scan.mamba_ssm_importable():
         paths.insert(0, "mamba_ssm")
-    dispatch = mamba._cuda_scan_available
+    dispatch = scan._cuda_scan_available
     timed: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
-            mamba._cuda_scan_available = dispatch if path == "mamba_ssm" else (lambda x: False)  # type: ignore[assignment]
+            scan._cuda_scan_available = dispatch if path == "mamba_ssm" else (lambda x: False)  # type: ignore[assignment]
             stamps: list[float] = []
             cfg = TrainConfig(model="new", size=args.size, dataset=args.corpus, output=f"{tmp}/{path}.cwgt",
                               epochs=100_000, max_steps=args.steps, lr=3e-3, lr_schedule="cosine",
@@ -563,7 +563,7 @@ def time_steps(args: argparse.Namespace) -> int:
             timed[path] = {"seconds_per_step": float(intervals.mean()), "steps_timed": len(intervals),
                            "tokens_per_second": round(result.tokens_per_second)}  # fmt: skip
             timed["tokens_per_step"] = result.tokens / result.steps
-    mamba._cuda_scan_available = dispatch  # type: ignore[assignment]
+    scan._cuda_scan_available = dispatch  # type: ignore[assignment]
     timed["served"] = timed[paths[0]] | {"path": paths[0]}
     with CtdsReader(args.corpus) as reader:
         cfg = TrainConfig(val_fraction=0.01)  # the recipe's split

@@ -69,7 +69,7 @@ def daemon(
             home = stack.enter_context(scratch())
         if weights is not None:
             (home / "data").mkdir(mode=0o700, parents=True, exist_ok=True)
-            shutil.copy(weights, home / "data" / "shell.cwgt")
+            shutil.copy(weights, home / "data" / paths.WEIGHTS)
         serve = tuple(command) if command else None
         started = running_daemon(home, engine=engine, args=tuple(args), env=env, weights=False, tree=tree,
                                  command=serve)  # fmt: skip

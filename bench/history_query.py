@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/history_query.py`
 
 from bench.search_latency import fill, history
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 
 CASES = {
@@ -52,7 +53,7 @@ def main() -> None:
     calm = str(Path(sys.executable).parent / "calm")
     try:
         (home / "data").mkdir(mode=0o700)
-        db = home / "data" / "history.sqlite3"
+        db = home / "data" / paths.HISTORY
         fill(db, history(args.commands))
         env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "COLUMNS": "120"}
         print(f"{args.commands:,} commands; load {os.getloadavg()[0]:.1f}\n")

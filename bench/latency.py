@@ -174,7 +174,7 @@ def main() -> dict[str, Any]:
                 early: list[float] = []
                 cases["5 frames, early: true"] = type_commands(c, commands, None, "bench", early=early)
                 rss = rss_mb(d.proc.pid)
-                remote, local = interleaved(c, args.model, home / "data" / "history.sqlite3", commands)
+                remote, local = interleaved(c, args.model, home / "data" / paths.HISTORY, commands)
         finally:
             if trainer is not None:
                 trainer.kill()

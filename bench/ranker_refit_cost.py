@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history.store import HistoryStore
 from calmd.suggest.ranking import packaged_ranker
@@ -36,7 +37,7 @@ def timed(name: str, commands: list[str]) -> None:
     base = packaged_ranker()
     with tempfile.TemporaryDirectory() as folder:
         data = Path(folder)
-        store = HistoryStore(data / "history.sqlite3")
+        store = HistoryStore(data / paths.HISTORY)
         for i, cmd in enumerate(commands):
             store.record(cmd, exit=0, session="s", ts=1000 + i)
         start = time.perf_counter()
@@ -46,7 +47,7 @@ def timed(name: str, commands: list[str]) -> None:
         fitted = refit_ranker(gathered.examples, base)
         refit_s = time.perf_counter() - start
         start = time.perf_counter()
-        write_ranker(fitted, data / "ranker.json")
+        write_ranker(fitted, data / paths.RANKER)
         write_s = time.perf_counter() - start
         store.close()
     used = fitted.info.get("refit", {}).get("examples", 0)

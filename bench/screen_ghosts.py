@@ -150,7 +150,7 @@ def run(config: str, users: list[tuple[list[str], list[str]]], pace: float) -> C
         try:
             if config == "calm":
                 (home / "data").mkdir(mode=0o700)
-                shutil.copy(paths.packaged_weights(), home / "data" / "shell.cwgt")
+                shutil.copy(paths.packaged_weights(), home / "data" / paths.WEIGHTS)
                 with running_daemon(home, engine="model", args=("--no-import",)) as daemon:
                     with CalmClient(daemon.socket) as client:
                         for cmd in history:

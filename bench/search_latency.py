@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history import query
 from calmd.history.store import HistoryStore
@@ -172,7 +173,7 @@ def main() -> dict[str, object]:
     report = harness.Report("the history search, per keystroke")
     with harness.scratch("calm-search-bench-") as home:
         (home / "data").mkdir(mode=0o700)
-        db = home / "data" / "history.sqlite3"
+        db = home / "data" / paths.HISTORY
         fill(db, commands)
         report.line(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed)")
         results = in_process(db, queries, tuple(commands[-5:]))

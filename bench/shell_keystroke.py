@@ -1,6 +1,6 @@
 """Keystroke benchmark for the zsh hook, side by side with zsh-autosuggestions (history strategy).
 
-    python bench/shell_keystroke.py [--rounds 2] [--engine scripted|model]
+    python bench/shell_keystroke.py [--rounds 2] [--engine scripted|model] [--baseline DIR]
 
 Each configuration runs in its own zsh inside tmux (no rc file but the plugin): plain zsh (the
 baseline), calm, and zsh-autosuggestions in its default async mode and in sync mode. The same
@@ -9,7 +9,10 @@ daemon: with `--engine scripted` (the default) the scripted engine of the tests,
 history prefix matches, so the model's own latency is left out; with `--engine model` the packaged
 model, as a user has it, where the first key of a line depends on the daemon's early answer (the
 history's best line, sent before the model runs). calm runs with CALM_MIN_CONFIDENCE=0: what is
-measured is how fast the expected line shows, not whether it is sure enough to be shown.
+measured is how fast the expected line shows, not whether it is sure enough to be shown. With
+--baseline DIR (a checkout of another commit: `git archive <commit> | tar -x -C DIR`), calm is run
+a second time against that checkout's daemon (this tree's hook and helper), and the configurations
+take turns round by round (the order rotating), so that all see the same load.
 
 Measured per keystroke:
 - latency: from `send-keys` to the expected suggestion on screen, polled through a tmux control
@@ -25,6 +28,7 @@ Measured per keystroke:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shlex
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +138,16 @@ class Result:
     child_cpu_ms: float = 0.0
     missed: int = 0
 
+    def merge(self, other: Result) -> None:
+        """Another round of the same configuration (the per-key averages weighted by keys)."""
+        n, m = self.keys + self.missed, other.keys + other.missed
+        for name in ("hook_ms", "cpu_ms", "child_cpu_ms"):
+            setattr(self, name, (getattr(self, name) * n + getattr(other, name) * m) / max(n + m, 1))
+        self.first += other.first
+        self.next += other.next
+        self.keys += other.keys
+        self.missed += other.missed
+
 
 def cpu(pid: int) -> tuple[float, float]:
     """(own, reaped children) CPU seconds of a process."""
@@ -160,14 +175,14 @@ def helper_pids(shell_pid: int) -> list[int]:
 def run_config(
     name: str, home: Path, rc: str, ghost: bool, rounds: int, env: dict[str, str], think: float = 0.0
 ) -> Result:
-    zdot = home / f"zdot-{name.replace(' ', '-')}"
-    zdot.mkdir()
+    zdot = home / f"zdot-{name.replace(' ', '-').replace('(', '').replace(')', '')}"
+    zdot.mkdir(exist_ok=True)
     histfile = home / "zsh_history"
     (zdot / ".zshrc").write_text(
         f"PS1={shlex.quote(PROMPT)}\nRPS1=\nunsetopt PROMPT_SP\nHISTFILE={histfile}\nSAVEHIST=1000\n"
         f"HISTSIZE=1000\nfc -R\ntypeset -gF _BENCH_T=0\nzmodload zsh/datetime\n{rc}\n"
     )
-    server = f"calm-bench-{os.getpid()}-{name.replace(' ', '-')}"
+    server = f"calm-bench-{os.getpid()}-{zdot.name}"
     full_env = dict(env, ZDOTDIR=str(zdot))
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
     subprocess.run(
@@ -239,6 +254,36 @@ def fmt(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(q * len(values)))]:.2f}"
 
 
+@contextlib.contextmanager
+def baseline_daemon(tree: Path | None, home: Path, model: bool) -> Iterator[Path | None]:
+    """`calmd serve` of another checkout (`tree`), the packaged model (or, without --engine model,
+    the tests' scripted engine of that checkout) in a HOME of its own, started and stopped by the
+    tests' starter (tests/daemon.py, as bench/harness.py's daemons); its socket."""
+    if tree is None:
+        yield None
+        return
+    home.mkdir()
+    scripted = (
+        sys.executable,
+        "-c",
+        "from tests.serve_scripted import main; raise SystemExit(main())",
+        "serve",
+    )
+    with running_daemon(home, engine="model", tree=tree.resolve(), weights=not model,
+                        command=None if model else scripted,
+                        args=("--no-import", "--train-threshold", "0")) as other:  # fmt: skip
+        yield other.socket
+
+
+def daemon_figures(socket: Path) -> str:
+    """What `calmd status` says of the keystrokes it answered (first line out, `done`)."""
+    with CalmClient(socket) as client:
+        lat = client.status()["status"]["latency_ms"]
+    said = [f"{what} p{q} {lat[f'{what}_p{q}']:.2f}" for what in ("first", "done") for q in (50, 90)
+            if isinstance(lat.get(f"{what}_p{q}"), float)]  # fmt: skip
+    return ", ".join(said) + " ms" if said else "none"
+
+
 PROG = "bench/shell_keystroke.py"
 
 
@@ -252,28 +297,54 @@ def main() -> int:
         "--think", type=float, default=0.0, metavar="S",
         help="seconds between the start of a line and its first key (a user's pause; 0: at once)",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR", help="another checkout's daemon, beside this one"
+    )
     args = parser.parse_args()
     plugin = autosuggestions()
     with tempfile.TemporaryDirectory(prefix="calm-bench-") as tmp:
         home = Path(tmp)
         (home / "zsh_history").write_text("".join(c + "\n" for c in COMMANDS))
-        results: list[Result] = []
         model = args.engine == "model"  # the packaged model, or the scripted engine of the tests
-        with running_daemon(home, engine="model" if model else "scripted", weights=not model) as daemon:
-            with CalmClient(daemon.socket) as client:
-                for cmd in COMMANDS:
-                    client.record(cmd, exit=0, session="bench")
+        with (
+            running_daemon(home, engine="model" if model else "scripted", weights=not model) as daemon,
+            baseline_daemon(args.baseline, home / "baseline", model) as other,
+        ):
             env = shell_env(home, CALM_MIN_CONFIDENCE="0")
+            for socket in (daemon.socket, other):
+                if socket is None:
+                    continue
+                with CalmClient(socket) as client:
+                    for cmd in COMMANDS:
+                        client.record(cmd, exit=0, session="bench")
             script = init_script("zsh", home)
-            configs = [("plain zsh", "", False), ("calm", f'eval "$(< {script})"\n{CALM_WRAP}', True)]
+            calm_rc = f'eval "$(< {script})"\n{CALM_WRAP}'
+            configs = [("plain zsh", "", False, env), ("calm", calm_rc, True, env)]
+            if other is not None:
+                configs.append(("calm (baseline)", calm_rc, True, {**env, "CALMD_SOCKET": str(other)}))
             if plugin is not None:
                 auto = f"source {plugin}\nZSH_AUTOSUGGEST_STRATEGY=(history)\n"
-                configs.append(("autosuggestions async", auto + AUTO_WRAP, True))
+                configs.append(("autosuggestions async", auto + AUTO_WRAP, True, env))
                 configs.append(
-                    ("autosuggestions sync", auto + "unset ZSH_AUTOSUGGEST_USE_ASYNC\n" + AUTO_WRAP, True)
+                    (
+                        "autosuggestions sync",
+                        auto + "unset ZSH_AUTOSUGGEST_USE_ASYNC\n" + AUTO_WRAP,
+                        True,
+                        env,
+                    )
                 )
-            for name, rc, ghost in configs:
-                results.append(run_config(name, home, rc, ghost, args.rounds, env, args.think))
+            merged: dict[str, Result] = {}
+            for turn in range(args.rounds):
+                k = turn % len(configs)
+                for name, rc, ghost, config_env in configs[k:] + configs[:k]:  # the order rotates
+                    got = run_config(name, home, rc, ghost, 1, config_env, args.think)
+                    if name in merged:
+                        merged[name].merge(got)
+                    else:
+                        merged[name] = got
+            results = [merged[name] for name, *_ in configs]
+            daemons = [("calm", daemon.socket), ("calm (baseline)", other)]
+            own = {name: daemon_figures(socket) for name, socket in daemons if socket is not None}
     base = results[0]
     print(f"zsh keystroke benchmark ({args.engine} engine, think {args.think:g} s, "
           f"load {os.getloadavg()[0]:.2f}): {len(COMMANDS)} "
@@ -293,9 +364,17 @@ def main() -> int:
         )
     print("latencies in ms from key to suggestion on screen; hook, shell CPU (above plain zsh) and other CPU")
     print("(forked children, or calm's helper) in ms per keystroke")
+    for name, figures in own.items():
+        print(f"{name}: the daemon's own figures (calmd status, every request of the run, in the daemon): "
+              f"{figures}")  # fmt: skip
     calm = next((r for r in results if r.name == "calm"), None)
     for r in results:
-        if calm is None or not r.name.startswith("autosuggestions") or not calm.first or not r.first:
+        if (
+            calm is None
+            or not r.name.startswith(("autosuggestions", "calm ("))
+            or not calm.first
+            or not r.first
+        ):
             continue
         print(
             f"ratio {r.name} / calm: first-key latency p50 "

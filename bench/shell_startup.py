@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from tests.tmux import SETUP_LINES, autosuggestions  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> int:
         run.mkdir(mode=0o700)
         env = {
             "HOME": str(home), "TERM": "xterm-256color", "PATH": f"{CALMD.parent}:/usr/bin:/bin",
-            "CALM_HOME": str(data), "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(run / "calmd.sock"),
+            "CALM_HOME": str(data), "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(run / paths.SOCKET),
             "PYTHONPATH": str(ROOT), "LANG": os.environ.get("LANG", "C.UTF-8"),
         }  # fmt: skip
         for shell in ("zsh", "bash"):  # the hook files, as the first start through the setup line leaves them

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import ROOT, Report, alternate, daemon, release, scratch
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
@@ -44,7 +45,7 @@ def start_once(tree: Path) -> tuple[float, float, float]:
         project.mkdir()
         for name in ("src", "README.md", "Makefile", "setup.py"):
             (project / name).touch()
-        store = HistoryStore(home / "data" / "history.sqlite3")
+        store = HistoryStore(home / "data" / paths.HISTORY)
         for cmd in HISTORY:
             store.record(cmd, exit=0, cwd=str(project), session="zsh-1")
         store.close()

@@ -2,6 +2,7 @@
 docs/sync.md and docs/performance.md).
 
     python bench/sync.py [--records 100000]
+    python bench/sync.py --junk 10000
 
 Two stores share a folder (as an engine leaves it once it has copied the files). The first
 holds --records commands (varied lines, folders, sessions, statuses, as a real history has) and
@@ -19,6 +20,11 @@ records at its first sync turn while a completion is asked every 0.2 s (a keystr
 bound on the history index's sync holds for sync's imports too): the slowest and the median of
 those; then 20 more once the import is over: the slowest (while the index catches up, 5,000 rows
 a keystroke) and the median of the last 5 (caught up).
+
+With --junk N (issue 39): a folder where another machine's sub-folder holds N junk files named like
+segments (68 random bytes after the magic); `calm sync now` run as a user runs it, twice (the first
+refuses them all, the next finds them refused as they are), and `calm sync`: the seconds of each and
+the lines each printed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmd import paths
 from calmd.arguments import Parser, run_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +65,9 @@ def fill(path: Path, n: int) -> None:
 def step(data: Path) -> None:
     """One machine's `calm sync now`, in this process: prints its figures as JSON."""
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import Sync
+    from calmd.sync.machine import Sync
 
-    sync = Sync(HistoryStore(data / "history.sqlite3"), data)
+    sync = Sync(HistoryStore(data / paths.HISTORY), data)
     sync.host_id()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
@@ -103,24 +110,58 @@ def daemon_import(data: Path, records: int) -> dict[str, float]:
             "caught_up": statistics.median(after[-5:])}  # fmt: skip
 
 
+def junk(n: int) -> None:
+    """`calm sync now` (twice) and `calm sync` beside `n` junk files named like segments."""
+    sys.path.insert(0, str(ROOT))
+    from bench.harness import Report
+
+    report = Report(f"calm sync beside {n:,} junk files named like segments", unit="s")
+    calm = str(Path(sys.executable).parent / "calm")
+    with tempfile.TemporaryDirectory() as tmp:
+        home, folder = Path(tmp) / "home", Path(tmp) / "folder"
+        home.mkdir(mode=0o700)
+        folder.mkdir(mode=0o700)
+        env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(home),
+               "CALMD_SOCKET": str(home / "none.sock")}  # fmt: skip
+
+        def run(*args: str) -> tuple[float, int]:
+            started = time.perf_counter()
+            done = subprocess.run([calm, *args], env=env, capture_output=True, text=True, timeout=600)
+            return time.perf_counter() - started, len((done.stdout + done.stderr).splitlines())
+
+        run("sync", "--folder", str(folder))
+        other = folder / "0123456789abcdef"
+        other.mkdir()
+        for i in range(1, n + 1):
+            (other / f"{i:08d}.calm").write_bytes(b"CALMSYN2" + os.urandom(60))
+        first, again, status = run("sync", "now"), run("sync", "now"), run("sync")
+        report.line(f"{n:,} junk files: the first `calm sync now` {first[0]:.2f} s, {first[1]:,} lines; the "
+                    f"next {again[0]:.2f} s, {again[1]:,} lines; `calm sync` {status[0]:.2f} s, "
+                    f"{status[1]:,} lines")  # fmt: skip
+    report.machine()
+
+
 PROG = "bench/sync.py"
 
 
 def main() -> int:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--junk", type=int, metavar="N", help="time `calm sync now` beside N junk files")
     parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
         step(args.step)
         return 0
+    if args.junk:
+        junk(args.junk)
+        return 0
     sys.path.insert(0, str(ROOT))
     from bench.harness import Report
-    from calmd import paths
+    from calmd.sync.config import SyncConfig, write_config
+    from calmd.sync.seal import new_key, write_key
 
     report = Report("sync of a large history: the export, the import, a daemon's import")
-    from calmd.history.sync import SyncConfig, new_key, write_config, write_key
-
     with tempfile.TemporaryDirectory() as tmp:
         folder, one, two = Path(tmp) / "folder", Path(tmp) / "one", Path(tmp) / "two"
         three = Path(tmp) / "three" / "data"  # a daemon's CALM_HOME, in its HOME
@@ -132,7 +173,7 @@ def main() -> int:
             write_key(paths.sync_key_path(d), key)
         write_config(paths.sync_config_path(three), SyncConfig(str(folder), "receive"))
         write_key(paths.sync_key_path(three), key)
-        fill(one / "history.sqlite3", args.records)
+        fill(one / paths.HISTORY, args.records)
         figures = {}
         for name, data in (("export", one), ("import", two), ("check", one), ("rehash", one)):
             if name == "rehash":  # new times on every file: the check hashes each
@@ -144,7 +185,7 @@ def main() -> int:
         assert figures["check"]["exported"] == figures["rehash"]["exported"] == 0
         assert figures["check"]["healed"] == figures["rehash"]["healed"] == 0
         size = sum(p.stat().st_size for p in folder.rglob("*.calm"))
-        with sqlite3.connect(two / "history.sqlite3") as db:
+        with sqlite3.connect(two / paths.HISTORY) as db:
             sql = "SELECT COUNT(*), COUNT(DISTINCT origin_id) FROM commands WHERE host != ''"
             arrived = db.execute(sql).fetchone()
         assert arrived == (args.records, args.records), arrived

@@ -68,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="calm-where-"))
     cwd = str(real_cwd(tmp))
-    store = HistoryStore(tmp / "history.sqlite3")
+    store = HistoryStore(tmp / paths.HISTORY)
     engine = ModelEngine(paths.packaged_weights())
     engine.attach_history(store)
     disk = Disk()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 from calmd.errors import CalmError, one_line
-from calmd.visible import visible
+from calmd.visible import quoted, visible
 
 INT64_MAX = (1 << 63) - 1
 # A config dataclass's flags: field -> (the flag's names, argparse's keywords but its default)
@@ -34,6 +34,27 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {visible(message)}; see `{self.prog} --help`\n")
 
+    # argparse quotes the value it refuses with %r (an invalid choice, an `int` that is not one):
+    # `'\\udcff'` for the byte 0xff. Each refusal's message has it `quoted` (calmd/visible.py).
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            raise _requoted(exc, action, arg_string) from None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            raise _requoted(exc, action, value) from None
+
+
+def _requoted(exc: argparse.ArgumentError, action: argparse.Action, value: object) -> argparse.ArgumentError:
+    """`exc` with argparse's `repr` of `value` replaced by `quoted`."""
+    if not isinstance(value, str):
+        return exc
+    return argparse.ArgumentError(action, exc.message.replace(repr(value), quoted(value)))
+
 
 def whole(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
     """An argparse type: a whole number in [low, high]."""
@@ -42,7 +63,7 @@ def whole(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
         try:
             value = int(text, 10)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
         if not low <= value <= high:
             span = f"{low} or more" if high == INT64_MAX else f"{low} to {high}"
             raise argparse.ArgumentTypeError(f"{value} is out of range: give {span}")
@@ -59,7 +80,7 @@ def number(low: float, high: float = math.inf, *, above: bool = False) -> Callab
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number") from None
         if not math.isfinite(value) or value < low or value > high or (above and value == low):
             lower = f"more than {low:g}" if above else f"{low:g} or more"
             span = lower if high == math.inf else f"{lower}, at most {high:g}"

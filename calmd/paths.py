@@ -42,6 +42,8 @@ HOOK_FILE = "calm.{shell}"  # `calmd init`'s output, sourced by the setup line
 SYNC_CONFIG = "sync.json"  # `calm sync --folder DIR`: the sync folder, the mode, this host's name
 SYNC_KEY = "sync.key"  # the key the sync folder's segments are sealed with (`calm sync key`)
 SYNC_LOCK = "sync.lock"  # held by the one export/import of a CALM_HOME (the daemon's or `calm sync now`)
+CANDIDATE_WEIGHTS = ".shell.candidate.{pid}.cwgt"  # a run's trained weights, before its not-worse check
+LEGACY_ROLLBACK = ".shell.cwgt.rollback"  # what an older rollback left mid-swap: removed at start
 DATA_FILES = (
     HISTORY, HISTORY + "-wal", HISTORY + "-shm", HISTORY + "-journal", WEIGHTS, PREV_WEIGHTS, RANKER,
     PREV_RANKER, DATASET,
@@ -50,6 +52,16 @@ DATA_FILES = (
     SYNC_CONFIG, SYNC_KEY, SYNC_LOCK,
 )  # fmt: skip
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # shipped in the wheel: models, ranker, hooks
+# What the package ships in PACKAGE_DATA (each rebuilt by the command its module names).
+PACKAGED_MODEL = "default.cwgt"  # python -m calmd.training.recipe
+PACKAGED_RANKER = "ranker.json"  # python -m calmd.quality.fit_ranker
+PACKAGED_SEARCH_RANKER = "search_ranker.json"  # python -m calmd.quality.fit_search
+PACKAGED_CALIBRATION = "calibration.json"  # python -m calmd.quality.fit_calibration
+PACKAGED_GHOST = "ghost.json"  # python -m calmd.quality.fit_ghost
+PACKAGED_VOCABULARY = "vocabulary.json"  # python -m calmd.quality.fit_vocabulary
+SOCKET = "calmd.sock"  # the daemon's socket, in the user runtime dir's calm/ folder
+SYSTEMD_SOCKET_UNIT = "calmd.socket"  # the user units `calmd install-systemd` writes (from systemd/)
+SYSTEMD_SERVICE_UNIT = "calmd.service"
 
 
 def data_dir() -> Path:
@@ -84,6 +96,10 @@ def dataset_path() -> Path:
 
 def history_path(data: Path | None = None) -> Path:
     return (data or data_dir()) / HISTORY
+
+
+def candidate_weights_path(data: Path, pid: int) -> Path:
+    return data / CANDIDATE_WEIGHTS.format(pid=pid)
 
 
 def training_dir(data: Path) -> Path:
@@ -123,7 +139,7 @@ def sync_segment(folder: Path, host_id: str, seq: int) -> Path:
 
 def packaged_weights() -> Path:
     """The default model shipped inside the package (built by `python -m calmd.training.recipe`)."""
-    return PACKAGE_DATA / "default.cwgt"
+    return PACKAGE_DATA / PACKAGED_MODEL
 
 
 def serving_weights(weights: Path | None = None) -> Path:
@@ -138,7 +154,12 @@ def socket_path() -> Path:
     override = os.environ.get("CALMD_SOCKET")
     if override:
         return Path(override)
-    return Path(platformdirs.user_runtime_dir(APP, appauthor=False)) / "calmd.sock"
+    return Path(platformdirs.user_runtime_dir(APP, appauthor=False)) / SOCKET
+
+
+def systemd_units_dir() -> Path:
+    """Where `calmd install-systemd` writes the user units: systemd's own user unit folder."""
+    return Path.home() / ".config" / "systemd" / "user"
 
 
 def cache_dir() -> Path:

@@ -271,6 +271,19 @@ def _bad_utf8_path(value: Any, path: str) -> str | None:
     return None
 
 
+def wire_text(text: str) -> str:
+    """`text` as the wire carries it (UTF-8): a byte of a command line, a path or a query that was
+    not UTF-8 (Python keeps it as a lone surrogate, surrogateescape) becomes U+FFFD, as the store
+    keeps such bytes. msgpack refused the whole request ("unexpected UnicodeEncodeError") before."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        escapes = all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
+        raw = text.encode("utf-8", "surrogateescape" if escapes else "surrogatepass")
+        return raw.decode("utf-8", "replace")
+    return text
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -287,6 +300,7 @@ class CompleteRequest:
     # rule's fitted thresholds (calmd/suggest/ghost.py); None: as fitted
     drawn: str | None = None  # the line the shell shows as ghost text now: the incumbent
     multiline: bool = False  # the client draws a multi-line entry as lines (zsh): it may get one
+    keys: bool = False  # with the empty prompt's answer, each likely first key's early line (`key`)
 
 
 @dataclass(frozen=True)
@@ -300,6 +314,7 @@ class RecordRequest:
     ts: float | None = None
     env: str = ""  # the active environment, short form (calmd/suggest/frames.py: short_env)
     duration: float | None = None  # seconds the command ran
+    paused: bool = False  # a command ran at `ts` while recording was paused: its time alone, no text
 
 
 @dataclass(frozen=True)
@@ -420,7 +435,7 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'ctx.completions' must be a list of strings", rid)
         ctx["completions"] = list(comps)
     session = _str(msg, "session", rid, limit=256)
-    early, multiline = _bool(msg, "early", rid), _bool(msg, "multiline", rid)
+    early, multiline, keys = _bool(msg, "early", rid), _bool(msg, "multiline", rid), _bool(msg, "keys", rid)
     path = _str(msg, "path", rid, limit=MAX_PATH_BYTES) if msg.get("path") is not None else None
     min_confidence = msg.get("min_confidence")
     if min_confidence is not None:
@@ -432,7 +447,9 @@ def _parse_complete(msg: dict[str, Any], rid: int) -> CompleteRequest:
             raise ProtocolError("bad_field", "'min_confidence' must be a number from 0 to 1", rid)
         min_confidence = float(min_confidence)
     drawn = _str(msg, "drawn", rid) if msg.get("drawn") is not None else None
-    return CompleteRequest(rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline)
+    return CompleteRequest(
+        rid, ctx, n, session, history_given, early, path, min_confidence, drawn, multiline, keys
+    )
 
 
 def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
@@ -445,7 +462,10 @@ def _bool(msg: dict[str, Any], key: str, rid: int) -> bool:
 
 
 def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
-    if not isinstance(msg.get("cmd"), str):
+    paused = _bool(msg, "paused", rid)
+    if paused and msg.get("cmd") not in (None, ""):
+        raise ProtocolError("bad_field", "a paused record carries no 'cmd' (nothing of the line)", rid)
+    if not paused and not isinstance(msg.get("cmd"), str):
         raise ProtocolError("bad_field", "'cmd' (a string) is required", rid)
     code = msg.get("exit")
     ts = msg.get("ts")
@@ -472,6 +492,7 @@ def _parse_record(msg: dict[str, Any], rid: int) -> RecordRequest:
         ts=None if ts is None else float(ts),
         env=_str(msg, "env", rid, limit=256),
         duration=None if duration is None else float(duration),
+        paused=paused,
     )
 
 

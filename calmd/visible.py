@@ -105,6 +105,12 @@ def visible(text: str, *, doubled: bool | None = None) -> str:
     return (_HIDDEN_OR_BACKSLASH if doubled else HIDDEN).sub(_escape_match, text)
 
 
+def quoted(text: str) -> str:
+    """`text` between single quotes, `visible`: a value of the user's quoted in a message (`%r`
+    showed the byte 0xff of an argument as `'\\udcff'`, Python's name for it, not `'\\xff'`)."""
+    return f"'{visible(text)}'"
+
+
 def visible_value(value: object) -> str:
     """Any value as `visible` text (`None` as empty): for fields read from a file or a reply."""
     return visible("" if value is None else value if isinstance(value, str) else str(value))

@@ -280,13 +280,19 @@ _calm_precmd() {
     [[ $entry =~ ^\ *[0-9]+[\ *]\ (.*)$ ]] && _calm_preexec "${BASH_REMATCH[1]}"
   fi
   if [[ -n $_CALM_CMD ]]; then
-    if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* ]]; then
-      _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
-      _calm_esc "$_CALM_CMD"
+    if [[ $_CALM_CMD != [[:space:]]* ]]; then
       # how long it ran, from microseconds (bash has no floating point)
       local -i took=$(( 10#${EPOCHREALTIME//[!0-9]/} - 10#${_CALM_TS//[!0-9]/} ))
       local took_s; printf -v took_s "%d.%06d" $(( took / 1000000 )) $(( took % 1000000 ))
-      out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\t'"$took_s"$'\n'
+      if (( CALM_RECORD )); then
+        _calm_esc "$_CALM_CMD_CWD"; local typed_in=$REPLY
+        _calm_esc "$_CALM_CMD"
+        out+="r"$'\t'"$ret"$'\t'"$typed_in"$'\t'"$_CALM_CMD_GIT"$'\t'"$_CALM_TS"$'\t'"$REPLY"$'\t'"$took_s"$'\n'
+      else
+        # Paused: bash writes the line to its own history file all the same. The daemon is told
+        # when it started, and nothing else, so that no import of that file brings it back.
+        out+="p"$'\t'"$_CALM_TS"$'\t'"$took_s"$'\n'
+      fi
     fi
     _CALM_CMD=
   fi

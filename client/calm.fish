@@ -7,9 +7,10 @@
 # hook writes into a private folder with the builtin printf (never blocking the shell), and
 # answers Shift-Tab through a FIFO there, read with `timeout` (calmd/shell/spool.py). Records
 # come from fish's events: fish_preexec (the line, its folder and branch as typed) and
-# fish_postexec ($status, $CMD_DURATION). Shift-Tab (CALM_KEY) inserts the best candidate and
-# cycles as in bash; Ctrl-R (CALM_SEARCH_KEY) opens `calm search`. fish's own autosuggestion is
-# left alone: fish offers no supported way for a plugin to feed it.
+# fish_postexec ($status, $CMD_DURATION); with CALM_RECORD=0, only that a command ran then (`p`:
+# fish writes the line to its own history, which the daemon imports). Shift-Tab (CALM_KEY) inserts
+# the best candidate and cycles as in bash; Ctrl-R (CALM_SEARCH_KEY) opens `calm search`. fish's
+# own autosuggestion is left alone: fish offers no supported way for a plugin to feed it.
 # `calmd init` sets _CALM_HELPER, _CALM_SEARCH and _CALM_DISABLED_FILE before this file.
 
 status is-interactive; or return 0
@@ -85,7 +86,8 @@ function _calm_start
     or return 1
     # the answers' FIFO, made now: a key pressed while the helper starts waits for it (CALM_TIMEOUT)
     command mkfifo -m 600 $_calm_dir/reply 2>/dev/null
-    set -l argv_ $_CALM_HELPER --format 2 --session $_calm_session --spool $_calm_dir
+    # the helper watches this fish by its pid (it goes when fish does, and removes the folder)
+    set -l argv_ $_CALM_HELPER --format 2 --session $_calm_session --shell-pid $fish_pid --spool $_calm_dir
     test "$CALM_AUTOSTART" = 1; and set -a argv_ --autostart
     command $argv_ </dev/null >/dev/null 2>&1 &
     set -g _calm_pid $last_pid
@@ -149,11 +151,16 @@ function _calm_postexec --on-event fish_postexec
     set -l took $CMD_DURATION
     test "$_calm_ran" = 1; or return
     set -g _calm_ran 0
-    test "$CALM_RECORD" = 1; or return
     string match -qr '^\s' -- $_calm_cmd; and return  # a line starting with a space is not kept
     string length -q -- (string trim -- $_calm_cmd); or return
     _calm_start; or return
     set -l secs (math --scale 3 "$took / 1000")
+    if test "$CALM_RECORD" != 1
+        # Paused: fish keeps the line in its own history all the same. The daemon is told when it
+        # ran, and nothing else, so that no import of that file brings it back.
+        _calm_send (string join \t -- p '' $secs)
+        return
+    end
     set -l cwd (_calm_esc "$_calm_cmd_cwd")
     set -l git (_calm_esc "$_calm_cmd_git")
     set -l cmd (_calm_esc "$_calm_cmd")

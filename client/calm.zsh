@@ -39,8 +39,8 @@ typeset -g _CALM_STARTED_AT=0
 typeset -gi _CALM_SAID=0  # the one line that says the helper cannot run was printed
 typeset -gi _CALM_CYCLED=0  # the user cycled to the candidate shown: typing along it keeps it
 typeset -gi _CALM_HISTNO=0 _CALM_ISEARCH=0 _CALM_LIST_SEQ=-1  # the request _CALM_CANDS answer
-typeset -ga _CALM_CANDS=()
-typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only
+typeset -ga _CALM_CANDS=() _CALM_KEYS=()  # _CALM_KEYS: this prompt's first keys' lines
+typeset -g _CALM_FLAGS=  # per candidate: 1 sure enough to be shown unasked, 0 for cycling only, 2 a first key's line
 typeset -gA _CALM_ORIG=()  # "keymap:keys" -> the widget that key had before us
 typeset -ga _CALM_WIDGETS=(_calm_on_reply _calm_pre_redraw _calm_line_init _calm_line_finish
   _calm_cycle _calm_dismiss _calm_isearch_update _calm_isearch_exit _calm_interrupt)
@@ -64,7 +64,7 @@ _calm_start() {
   # then came out blank (about one start in a hundred in the tests). zsh-autosuggestions waits
   # for its child likewise.
   _CALM_ENV=$'\1'  # a new helper knows no environment yet: the next prompt sends it
-  local -a argv=($_CALM_HELPER --format 2 --session $_CALM_SESSION)
+  local -a argv=($_CALM_HELPER --format 3 --session $_CALM_SESSION)
   (( CALM_AUTOSTART )) && argv+=(--autostart)
   exec {_CALM_RFD}< <(trap '' HUP; print; exec 2>/dev/null $argv <&$_CALM_WFD {_CALM_WFD}>&-)
   local started
@@ -156,6 +156,14 @@ _calm_on_reply() {
     _CALM_LIST_SEQ=$_CALM_SEQ
     _CALM_FLAGS=$parts[3]
     _CALM_CANDS=("${(@g::)parts[4,-1]}")
+    # The empty prompt's answer ends with its first keys' lines (flag 2): kept for this prompt,
+    # and put after the candidates of the answers that follow (typing again after Ctrl-U).
+    if [[ $_CALM_FLAGS == *2* ]]; then
+      _CALM_KEYS=("${(@)_CALM_CANDS[${_CALM_FLAGS[(i)2]},-1]}")
+    elif (( $#_CALM_KEYS )); then
+      _CALM_CANDS+=("${(@)_CALM_KEYS}")
+      _CALM_FLAGS+=${(l:$#_CALM_KEYS::2:)}
+    fi
     _CALM_IDX=0 _CALM_CYCLED=0
     (( _CALM_ISEARCH )) || _calm_pick
     [[ $_CALM_SHOWN == $shown ]] || zle -R  # redraw only when the text changed
@@ -206,7 +214,9 @@ _calm_show() {
 
 # Show what fits the buffer: the candidate shown so far while it still extends it (the user may
 # have cycled to it), else the best candidate that extends it if it is sure enough (flag 1), else
-# nothing: a less sure one is for cycling only.
+# nothing: a less sure one is for cycling only. The empty prompt's answer also holds, flagged 2,
+# the line to draw when a line's first key alone is typed (the daemon chose it): drawn at once,
+# with no round trip, until the answer to that key comes.
 _calm_pick() {
   (( _CALM_IDX )) && _calm_show $_CALM_IDX && return 0
   local -i i
@@ -214,8 +224,9 @@ _calm_pick() {
   for (( i = 1; i <= $#_CALM_CANDS; i++ )); do
     cand=$_CALM_CANDS[i]
     [[ $#cand -gt $#BUFFER && ${cand[1,$#BUFFER]} == $BUFFER ]] || continue
-    [[ $_CALM_FLAGS[i] == 1 ]] && _calm_show $i && return 0
-    break
+    [[ $_CALM_FLAGS[i] == 2 && $#BUFFER -ne 1 ]] && continue
+    [[ $_CALM_FLAGS[i] == [12] ]] && _calm_show $i && return 0
+    (( $#BUFFER == 1 )) || break
   done
   _CALM_IDX=0
   _calm_hide
@@ -398,9 +409,11 @@ _calm_orig() {
 # the threshold too: cycling reaches every candidate).
 _calm_cycle() {
   emulate -L zsh
-  local -i n=$#_CALM_CANDS k
+  local -i n=$#_CALM_CANDS k i
   for (( k = 1; k <= n; k++ )); do
-    _calm_show $(( (_CALM_IDX + k - 1) % n + 1 )) && { _CALM_CYCLED=1; return 0 }
+    i=$(( (_CALM_IDX + k - 1) % n + 1 ))
+    [[ $_CALM_FLAGS[i] == 2 ]] && continue  # a first key's line, not one of the answer's
+    _calm_show $i && { _CALM_CYCLED=1; return 0 }
   done
   _calm_orig
 }
@@ -561,13 +574,20 @@ _calm_precmd() {
   emulate -L zsh
   if [[ -n $_CALM_DISABLED_FILE && -e $_CALM_DISABLED_FILE ]]; then _CALM_OFF=1; else _CALM_OFF=0; fi
   [[ -z $_CALM_WFD ]] && _calm_start
+  _CALM_KEYS=()  # a new prompt: the last one's first keys were chosen for another context
   if (( _CALM_RAN )); then
     _CALM_RAN=0
-    if (( CALM_RECORD )) && [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
-      local cmd cwd
-      _calm_esc $_CALM_CMD; cmd=$REPLY
-      _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
-      _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
+    if [[ $_CALM_CMD != [[:space:]]* && -n ${_CALM_CMD//[[:space:]]/} ]]; then
+      if (( CALM_RECORD )); then
+        local cmd cwd
+        _calm_esc $_CALM_CMD; cmd=$REPLY
+        _calm_esc $_CALM_CMD_CWD; cwd=$REPLY
+        _calm_send r $ret "$cwd" "$_CALM_CMD_GIT" "$_CALM_TS" "$cmd" $(( EPOCHREALTIME - _CALM_TS ))
+      else
+        # Paused: zsh writes the line to its own history file all the same. The daemon is told
+        # when it started, and nothing else, so that no import of that file brings it back.
+        _calm_send p "$_CALM_TS" $(( EPOCHREALTIME - _CALM_TS ))
+      fi
     fi
   fi
   # The environment (ENV frame), when it changed: after the record, which was typed before it did.

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.model import fastscan
 from calmd.shell.client import CalmClient
@@ -199,7 +200,7 @@ def daemon(home: Path) -> Iterator[Daemon]:
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[HistoryStore]:
     """An empty history store where a daemon in tmp_path would keep it."""
-    s = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    s = HistoryStore(tmp_path / "data" / paths.HISTORY)
     yield s
     s.close()
 

@@ -132,7 +132,7 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     foreign = ("CALM", "LISTEN_", "NOTIFY_SOCKET", "CONDA_", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
     env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-                "CALMD_SOCKET": str(run / "calm" / "calmd.sock")})  # fmt: skip
+                "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET)})  # fmt: skip
     # The compiled kernels: CALM_CACHE as this process has it (the suite's folder, tests/conftest.py:
     # built once, not once per test home, and never in the user's own cache; a bench's, the user's).
     env["CALM_CACHE"] = str(paths.cache_dir())
@@ -175,8 +175,8 @@ def start_daemon(
     """`calmd serve` started, not yet ready (running_daemon waits for it and stops it)."""
     full_env = daemon_env(home, **(env or {}))
     sock = Path(full_env["CALMD_SOCKET"])
-    if weights and not (home / "data" / "shell.cwgt").exists():
-        write_test_weights(home / "data" / "shell.cwgt")
+    if weights and not (home / "data" / paths.WEIGHTS).exists():
+        write_test_weights(home / "data" / paths.WEIGHTS)
     argv = [*prefix, *(command or serve_argv(engine, tree)), *args]
     # this tree (tests.serve_scripted), or the other checkout, first on the path
     full_env["PYTHONPATH"] = str(tree or ROOT)

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 
+from calmd import paths
 from calmd.daemon.scheduler import FairScheduler
 from calmd.daemon.service import Service
 from calmd.daemon.trainer import Trainer
@@ -124,12 +125,12 @@ class Harness:
         self.control = _Control(self)
         data = self.home / "data"
         data.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(data, data / "shell.cwgt", (), self.control.reload)
+        trainer = Trainer(data, data / paths.WEIGHTS, (), self.control.reload)
         self.service = Service(self.control, self.scheduler, trainer, history_context=5, train_threshold=0,
                                train_max_load=1.0, prefetch=False)  # fmt: skip
-        self.store = HistoryStore(data / "history.sqlite3")
+        self.store = HistoryStore(data / paths.HISTORY)
         self.service.history = self.store
-        engine = ScriptedEngine(write_test_weights(data / "shell.cwgt"))
+        engine = ScriptedEngine(write_test_weights(data / paths.WEIGHTS))
         engine.attach_history(self.store)
         self.service.engine = engine
         self.listener = Listener(self.service, max_connections=8, reply_timeout_s=self.reply_timeout_s)

@@ -116,4 +116,7 @@ class ScriptedEngine:
 
 
 def load(path: Path) -> ScriptedEngine:
+    if os.environ.get("CALMD_TEST_LOAD_FAILS"):  # a bug's exception while the daemon starts (no input's)
+        raise ArithmeticError("the scripted engine was told to fail")
+    time.sleep(float(os.environ.get("CALMD_TEST_LOAD_DELAY", "0")))  # a model that loads slowly
     return ScriptedEngine(path)

@@ -243,14 +243,16 @@ def test_install_systemd_says_what_to_do_without_a_user_bus(tmp_path: Path) -> N
     assert out.returncode == 1 and "enable with" not in out.stdout  # no success reported
     (line,) = out.stderr.splitlines()
     assert f"no systemd user manager answers at {run / 'bus'}" in line and "calmd serve" in line
-    assert (units / "calmd.service").is_file()  # written all the same, for when there is one
+    assert (units / paths.SYSTEMD_SERVICE_UNIT).is_file()  # written all the same, for when there is one
     bus = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a user manager's bus appears
     bus.bind(str(run / "bus"))
     try:
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_S)
     finally:
         bus.close()
-    assert out.returncode == 0 and "systemctl --user enable --now calmd.socket" in out.stdout, out.stderr
+    assert (
+        out.returncode == 0 and f"systemctl --user enable --now {paths.SYSTEMD_SOCKET_UNIT}" in out.stdout
+    ), out.stderr
     no_systemd = subprocess.run(argv, env={**env, "PATH": f"{BIN}:/nonexistent"}, capture_output=True,
                                 text=True, timeout=HANG_S)  # fmt: skip
     assert no_systemd.returncode == 1 and "systemctl is not installed" in no_systemd.stderr
@@ -350,6 +352,65 @@ def test_a_store_of_a_newer_schema_is_one_line_for_every_command_that_takes_db(
         assert "unexpected" not in line
 
 
+# What another program (or a hand) may leave under calm's names: a view in a table's place, a table
+# lacking a column calm writes, an index of calm's name on another table.
+NOT_CALMS = {
+    "meta-a-view": (
+        "ALTER TABLE meta RENAME TO kept; CREATE VIEW meta AS SELECT * FROM kept",
+        "meta is a view",
+    ),
+    "commands-a-view": (
+        "ALTER TABLE commands RENAME TO kept; CREATE VIEW commands AS SELECT * FROM kept",
+        "views may not be indexed",
+    ),
+    "meta-lacks-value": (
+        "DROP TABLE meta; CREATE TABLE meta (key TEXT PRIMARY KEY)",
+        "no such column: value",
+    ),
+    "index-elsewhere": (
+        "DROP INDEX commands_ts; CREATE TABLE other (ts REAL); CREATE INDEX commands_ts ON other (ts)",
+        "commands_ts is an index of other, not of commands",
+    ),
+}
+
+
+@pytest.mark.parametrize("form", NOT_CALMS)
+def test_a_store_whose_tables_are_not_calms_is_one_line_for_every_command_that_takes_db(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """`calm import F --db` of a store whose `meta` is a view said "unexpected OperationalError:
+    cannot modify meta because it is a view" (issue 39); each command that writes the store now says
+    in one line that the file is not a calmd store, and changes nothing; `calm history` and `calm
+    stats` read it as it is, or say so in one line."""
+    import sqlite3
+
+    from calmd.history.store import HistoryStore
+
+    monkeypatch.setenv("CALM_HOME", str(files["root"] / f"{form}-home"))
+    db = files["root"] / f"{form}.sqlite3"
+    HistoryStore(db).close()
+    script, why = NOT_CALMS[form]
+    with sqlite3.connect(db) as raw:
+        raw.executescript(script)
+    before = db.read_bytes()
+    for argv in (["import", str(files["text"])], ["forget", "x"], ["forget", "x", "--dry-run"],
+                 ["dataset", "-o", str(files["root"] / "n.ctds")]):  # fmt: skip
+        assert calm_main([*argv, "--db", str(db)]) == 1, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"calm: error: {db}: not a calmd history store (") and why in line, line
+        assert "unexpected" not in line
+    assert db.read_bytes() == before
+    for argv in (["history"], ["stats"]):
+        code = calm_main([*argv, "--db", str(db)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert (code, err) == (0, []) or (code == 1 and len(err) == 1 and str(db) in err[0]), (
+            argv,
+            code,
+            err,
+        )
+        assert "unexpected" not in "".join(err)
+
+
 def _nested(depth: int = 100_000) -> str:
     return "[" * depth + "]" * depth
 
@@ -369,13 +430,13 @@ def test_deeply_nested_json_in_the_users_files_is_one_line(
     calm_paths.prev_ranker_path(ranker).write_text(_nested())
     assert calm_main(["rollback", "--weights", str(weights)]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "ranker.prev.json" in line and "nested" in line and "unexpected" not in line
+    assert calm_paths.PREV_RANKER in line and "nested" in line and "unexpected" not in line
     ranker.write_text(_nested())
     with pytest.raises(Exception, match="nested") as refused:
         read_user_ranker(ranker)
     assert not isinstance(refused.value, RecursionError)
     assert serving_ranker(ranker)[1] is not None  # the daemon: the packaged ranker serves, and says why
-    (home / "training.json").write_text(_nested())
+    (home / paths.TRAINING_STATUS).write_text(_nested())
     assert read_status(home) == {}  # `calmd status`: no run known
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import parse_sequence
@@ -44,10 +45,10 @@ def fill(store: HistoryStore, rounds: int) -> None:
 def data_dir_with(data: Path, tiny: Path, rounds: int) -> Path:
     """A data dir holding `rounds` of WORK in its store and the tiny model as its serving weights
     (returned), as a background run finds it."""
-    store = HistoryStore(data / "history.sqlite3")
+    store = HistoryStore(data / paths.HISTORY)
     fill(store, rounds)
     store.close()
-    weights = data / "shell.cwgt"
+    weights = data / paths.WEIGHTS
     weights.write_bytes(tiny.read_bytes())
     return weights
 
@@ -108,16 +109,16 @@ def test_run_swaps_in_a_better_model_and_keeps_the_old_one(tmp_path: Path, tiny:
     result = run(RunOptions(tmp_path, weights, min_examples=10, holdout=10, epochs=3, lr=3e-3))
     assert result["state"] == "done", result
     assert result["swapped"] is True and result["new_loss"] <= result["old_loss"], result
-    assert (tmp_path / "shell.prev.cwgt").read_bytes() == tiny.read_bytes()
+    assert (tmp_path / paths.PREV_WEIGHTS).read_bytes() == tiny.read_bytes()
     assert weights.read_bytes() != tiny.read_bytes()
     assert "swapped in; ranker refitted on" in read_status(tmp_path)["reason"]  # the model's, the ranker's
     assert not list(tmp_path.glob(".shell.candidate.*"))
-    refitted = (tmp_path / "ranker.json").read_bytes()
+    refitted = (tmp_path / paths.RANKER).read_bytes()
     assert calm_main(["rollback", "--weights", str(weights)]) == 0
     assert weights.read_bytes() == tiny.read_bytes()
     # the run's ranker goes too (moved aside: the packaged one serves, the next rollback undoes it)
-    assert not (tmp_path / "ranker.json").exists()
-    assert (tmp_path / "ranker.prev.json").read_bytes() == refitted
+    assert not (tmp_path / paths.RANKER).exists()
+    assert (tmp_path / paths.PREV_RANKER).read_bytes() == refitted
 
 
 def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path) -> None:
@@ -139,7 +140,7 @@ def wait_status(c: CalmClient, check: object, timeout: float = HANG_S) -> dict[s
 
 def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: Path) -> None:
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
+    (tmp_path / "data" / paths.WEIGHTS).write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS)
     with (
         running_daemon(tmp_path, engine="model", args=args) as d,
@@ -154,7 +155,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
         )
         assert status["training"]["last_result"]["swapped"] is True, status  # type: ignore[index]
         wait_status(c, lambda s: s["loaded_at"] != before)
-        assert (tmp_path / "data" / "shell.prev.cwgt").exists()
+        assert (tmp_path / "data" / paths.PREV_WEIGHTS).exists()
         table = subprocess.run([str(BIN / "calmd"), "--socket", str(d.socket), "--no-color", "status"],
                                capture_output=True, text=True, check=True).stdout  # fmt: skip
         assert "swapped in" in " ".join(table.split())  # why the model changed, in the table
@@ -164,7 +165,7 @@ def test_daemon_trains_on_request_and_reloads_the_result(tmp_path: Path, tiny: P
 
 def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path, tiny: Path) -> None:
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "shell.cwgt").write_bytes(tiny.read_bytes())
+    (tmp_path / "data" / paths.WEIGHTS).write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "40", "--train-max-load", "1000", *TRAIN_ARGS,
             "--train-arg=--epochs=50")  # fmt: skip
     with (
@@ -178,14 +179,14 @@ def test_threshold_starts_a_run_and_a_killed_run_leaves_the_model(tmp_path: Path
         assert status["history"]["since_last_training"] < 40  # type: ignore[index]
         os.kill(status["training"]["pid"], signal.SIGKILL)  # type: ignore[index]
         status = wait_status(c, lambda s: s["training"]["state"] == "interrupted")
-        assert (tmp_path / "data" / "shell.cwgt").read_bytes() == tiny.read_bytes()
-        assert not (tmp_path / "data" / "shell.prev.cwgt").exists()
+        assert (tmp_path / "data" / paths.WEIGHTS).read_bytes() == tiny.read_bytes()
+        assert not (tmp_path / "data" / paths.PREV_WEIGHTS).exists()
         assert any("candidate" in m for m in c.complete("make", n=2, session="s"))
 
 
 def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path: Path, tiny: Path) -> None:
     weights = data_dir_with(tmp_path, tiny, rounds=30)
-    ranker = tmp_path / "ranker.json"
+    ranker = tmp_path / paths.RANKER
     opts = RunOptions(tmp_path, weights, min_examples=10**6)  # the model's part: nothing to train yet
     result = run(opts)
     assert result["ranker_refitted"] is True and result["ranker_examples"] >= 100, result
@@ -197,16 +198,16 @@ def test_run_refits_the_ranker_privately_and_keeps_the_one_it_replaces(tmp_path:
     # weights and the packaged carry-over table only: none of the user's commands is in the file
     text = ranker.read_text()
     assert not any(cmd in text for cmd in ("make build", "git commit -am wip", "git status"))
-    assert not (tmp_path / "ranker.prev.json").exists()
+    assert not (tmp_path / paths.PREV_RANKER).exists()
     first = ranker.read_bytes()
     assert run(opts)["ranker_refitted"] is True
-    assert (tmp_path / "ranker.prev.json").read_bytes() == first  # `calm rollback` brings it back
+    assert (tmp_path / paths.PREV_RANKER).read_bytes() == first  # `calm rollback` brings it back
     assert read_status(tmp_path)["ranker_refitted"] is True
     # the model alone (as `calm replay --refit model` measures it): the ranker files stay
     second = ranker.read_bytes()
     alone = run(RunOptions(tmp_path, weights, min_examples=10**6, refit_ranker=False))
     assert alone["ranker_refitted"] is False and "--no-refit-ranker" in alone["reason"]
-    assert ranker.read_bytes() == second and (tmp_path / "ranker.prev.json").read_bytes() == first
+    assert ranker.read_bytes() == second and (tmp_path / paths.PREV_RANKER).read_bytes() == first
 
 
 def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tiny: Path) -> None:
@@ -214,7 +215,7 @@ def test_run_with_too_few_commands_keeps_the_packaged_ranker(tmp_path: Path, tin
     result = run(RunOptions(tmp_path, weights))
     assert result["ranker_refitted"] is False
     assert result["reason"].endswith("the packaged ranker stays"), result
-    assert not (tmp_path / "ranker.json").exists()
+    assert not (tmp_path / paths.RANKER).exists()
 
 
 def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
@@ -222,8 +223,8 @@ def test_daemon_serves_the_ranker_a_run_refitted_and_survives_a_corrupt_one(
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
-    ranker = data / "ranker.json"
+    (data / paths.WEIGHTS).write_bytes(tiny.read_bytes())
+    ranker = data / paths.RANKER
     # the model's fine-tune has too few examples to run: this run refits the ranker alone
     args = ("--no-import", "--train-threshold", "0", *TRAIN_ARGS, "--train-arg=--min-examples=100000")
     with (
@@ -268,10 +269,10 @@ def test_the_refitted_ranker_changes_the_daemons_order_and_calm_rollback_takes_i
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    (data / "shell.cwgt").write_bytes(tiny.read_bytes())
+    (data / paths.WEIGHTS).write_bytes(tiny.read_bytes())
     # a previous model that is the same one: `calm rollback` (which undoes the model's swap too)
     # then changes only the ranker
-    (data / "shell.prev.cwgt").write_bytes(tiny.read_bytes())
+    (data / paths.PREV_WEIGHTS).write_bytes(tiny.read_bytes())
     args = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples=100000")
 
     def calm_rollback() -> str:

@@ -33,7 +33,7 @@ from torch import Tensor
 from calmd import paths
 from calmd.formats.ctds import pad_sequences, write_ctds
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, atn_position, build_sequence
-from calmd.model import mamba
+from calmd.model import scan
 from calmd.model.checkpoint import load_model, save_model
 from calmd.model.generate import Generator
 from calmd.model.mamba import CalmModel, selective_scan
@@ -108,8 +108,8 @@ def test_pytorch_scan_on_the_gpu_equals_the_reference_values_and_gradients(
     """The chunked PyTorch scan (mamba-ssm's kernel kept out) against the reference loop, across
     three chunk borders."""
     assert GPU is not None
-    monkeypatch.setattr(mamba, "_cuda_scan_available", lambda x: False)
-    inputs = [t.to(GPU) for t in scan_inputs(2, 8, 3 * mamba.SelectiveScanFn.CHUNK + 5, 4)]
+    monkeypatch.setattr(scan, "_cuda_scan_available", lambda x: False)
+    inputs = [t.to(GPU) for t in scan_inputs(2, 8, 3 * scan.SelectiveScanFn.CHUNK + 5, 4)]
     if not with_state:
         inputs[-1] = None  # type: ignore[call-overload]
     ref_in = [None if t is None else t.clone().requires_grad_(True) for t in inputs]
@@ -127,13 +127,13 @@ def test_pytorch_scan_on_the_gpu_equals_the_reference_values_and_gradients(
             torch.testing.assert_close(fast.grad, ref.grad, atol=FP32, rtol=FP32)
 
 
-@pytest.mark.skipif(not mamba.mamba_ssm_importable(), reason="mamba_ssm is not installed")
+@pytest.mark.skipif(not scan.mamba_ssm_importable(), reason="mamba_ssm is not installed")
 def test_mamba_ssm_kernel_equals_the_pytorch_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where mamba-ssm is installed, its kernel serves the scans that start from zero."""
     assert GPU is not None
     inputs = [t.to(GPU).requires_grad_(True) for t in scan_inputs(2, 8, 70, 16)[:-1]]
     y_kernel, h_kernel = selective_scan(*inputs)
-    monkeypatch.setattr(mamba, "_cuda_scan_available", lambda x: False)
+    monkeypatch.setattr(scan, "_cuda_scan_available", lambda x: False)
     y_torch, h_torch = selective_scan(*[t.detach().clone() for t in inputs])
     torch.testing.assert_close(y_kernel, y_torch, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(h_kernel, h_torch, atol=1e-3, rtol=1e-3)

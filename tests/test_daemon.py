@@ -20,6 +20,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient, DaemonNotRunning
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, wait_imported, write_test_weights
 from tests.tools import need_root
@@ -243,7 +244,7 @@ def test_second_daemon_refuses_to_start(tmp_path: Path) -> None:
 
 
 def test_stale_socket_is_replaced(tmp_path: Path) -> None:
-    sock_path = tmp_path / "run" / "calm" / "calmd.sock"
+    sock_path = tmp_path / "run" / paths.APP / paths.SOCKET
     sock_path.parent.mkdir(parents=True, mode=0o700)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(sock_path))
@@ -270,7 +271,7 @@ def test_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
     # opens it up), so that the SO_PEERCRED check has to hold on its own.
     public = Path(tempfile.mkdtemp(prefix="calmd-peer-", dir="/tmp"))
     try:
-        sock_path = public / "calm" / "calmd.sock"
+        sock_path = public / paths.APP / paths.SOCKET
         with running_daemon(tmp_path, env={"CALMD_SOCKET": str(sock_path)}) as d:
             os.chmod(public, 0o755)
             os.chmod(sock_path.parent, 0o755)
@@ -337,7 +338,7 @@ def test_calmd_complete_prints_candidates(tmp_path: Path) -> None:
 
 
 def test_hot_reload_and_corrupt_replacement(tmp_path: Path) -> None:
-    weights = tmp_path / "data" / "shell.cwgt"
+    weights = tmp_path / "data" / paths.WEIGHTS
     write_test_weights(weights, n=64)
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
         first = c.status()["status"]
@@ -370,7 +371,7 @@ def test_a_calmd_serve_typed_in_a_terminal_stops_when_the_terminal_closes(tmp_pa
     above); a `calmd serve` typed at a prompt stops with its terminal, as any program there."""
     from tests.tmux import Terminal
 
-    write_test_weights(tmp_path / "data" / "shell.cwgt")
+    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
     env = {**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     term = Terminal([*SCRIPTED_SERVE, "--no-import"], env, cwd=tmp_path)
     try:
@@ -406,7 +407,7 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
     """systemd-socket-activate listens, starts calmd on the first connection and passes the
     socket in LISTEN_FDS; calmd must serve it and bind nothing of its own."""
     sock = tmp_path / "activated.sock"
-    write_test_weights(tmp_path / "data" / "shell.cwgt")
+    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
     env = {**daemon_env(tmp_path, CALMD_SOCKET=str(tmp_path / "unused")),
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     forward = [f"-E{name}" for name in ("HOME", "CALM_HOME", "CALMD_SOCKET", "XDG_RUNTIME_DIR", "PYTHONPATH")]
@@ -432,7 +433,7 @@ def test_a_weight_file_swapped_while_it_loads_is_loaded_again(tmp_path: Path) ->
 
     from calmd.daemon.server import Server, ServerConfig
 
-    weights, other = tmp_path / "shell.cwgt", tmp_path / "other.cwgt"
+    weights, other = tmp_path / paths.WEIGHTS, tmp_path / "other.cwgt"
     weights.write_bytes(b"A" * 10)
     other.write_bytes(b"B" * 20)
     loads: list[bytes] = []

@@ -34,7 +34,7 @@ def serve(home: Path) -> Iterator[CalmClient]:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (tmp_path / "data" / paths.WEIGHTS).write_bytes(paths.packaged_weights().read_bytes())
     return tmp_path
 
 
@@ -75,7 +75,7 @@ def test_records_keep_the_comp_and_env_of_their_last_keystroke(home: Path) -> No
             list(c.complete("vim no"[:i], n=1, session="s", cwd=cwd, env="venv:work"))
         c.record("vim notes.md", exit=0, cwd=cwd, session="s", env="venv:work")
         c.record("make", exit=0, cwd=cwd, session="s")  # no keystroke asked about it: no COMP
-    con = sqlite3.connect(home / "data" / "history.sqlite3")
+    con = sqlite3.connect(home / "data" / paths.HISTORY)
     rows = con.execute("SELECT cmd, comp, env FROM commands ORDER BY id").fetchall()
     con.close()
     assert rows == [("vim notes.md", "node_modules/\nnotes.md", "venv:work"), ("make", "", "")]
@@ -94,7 +94,7 @@ def test_comp_reaches_the_model_from_path_sent_once(home: Path, tmp_path: Path) 
         for _ in range(200):
             list(c.complete("zzcalm", n=1, session="p", cwd=str(tmp_path)))
             c.record("zzcalmtool", exit=0, cwd=str(tmp_path), session="p")
-            con = sqlite3.connect(home / "data" / "history.sqlite3")
+            con = sqlite3.connect(home / "data" / paths.HISTORY)
             comps = [r[0] for r in con.execute("SELECT comp FROM commands")]
             con.close()
             if "zzcalmtool" in comps:

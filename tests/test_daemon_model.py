@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
 from tests.tiny_model import CONTEXT
@@ -29,7 +30,7 @@ def weights(tiny_weights: Path) -> Path:
 
 def install(home: Path, weights: Path) -> None:
     (home / "data").mkdir(parents=True, exist_ok=True)
-    (home / "data" / "shell.cwgt").write_bytes(weights.read_bytes())
+    (home / "data" / paths.WEIGHTS).write_bytes(weights.read_bytes())
 
 
 def candidates(c: CalmClient, text: str, **kw: object) -> list[str]:
@@ -65,7 +66,7 @@ def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path, other_ti
     with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         before = c.status()["status"]["loaded_at"]
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make test"]
-        target = tmp_path / "data" / "shell.cwgt"
+        target = tmp_path / "data" / paths.WEIGHTS
         shutil.copy(other_tiny_weights, tmp_path / "new.cwgt")  # a model that learned other lines
         os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
         wait_until(lambda: c.status()["status"]["loaded_at"] != before, "the new weights loaded",

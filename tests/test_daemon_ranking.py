@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.builders import month_old_history
 from tests.daemon import BIN, running_daemon, wait_imported
@@ -106,7 +107,7 @@ def test_a_users_ranker_that_passes_the_check_draws_ghosts_and_status_names_it(t
 
     data = tmp_path / "data"
     data.mkdir()
-    ranker = data / "ranker.json"
+    ranker = data / paths.RANKER
     mine = packaged_ranker().to_json()
     mine["w1"] = [[w * 0.9 for w in row] for row in mine["w1"]]
     ranker.write_text(json.dumps(mine))

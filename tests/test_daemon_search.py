@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.waiting import HANG_S, wait_until
@@ -24,7 +25,7 @@ def texts(reply: dict[str, object]) -> list[str]:
 
 
 def stored(home: Path) -> list[str]:
-    with sqlite3.connect(home / "data" / "history.sqlite3") as db:
+    with sqlite3.connect(home / "data" / paths.HISTORY) as db:
         return [cmd for (cmd,) in db.execute("SELECT cmd FROM commands ORDER BY id")]
 
 
@@ -83,7 +84,7 @@ def test_forget_deletes_every_run_for_good(tmp_path: Path) -> None:
         assert c.forget("deploy --target prod-XYZZY") == {"id": 55, "protocol": 1, "ok": True, "forgotten": 3}
         assert c.search("XYZZY")["results"] == [] and c.search("deploy")["matches"] == 0
         assert not any("XYZZY" in cmd for cmd in stored(tmp_path)) and len(stored(tmp_path)) == 50
-        files = b"".join(p.read_bytes() for p in (tmp_path / "data").glob("history.sqlite3*"))
+        files = b"".join(p.read_bytes() for p in (tmp_path / "data").glob(paths.HISTORY + "*"))
         assert b"XYZZY" not in files
         assert c.forget("deploy --target prod-XYZZY")["forgotten"] == 0
         assert c.status()["status"]["search"]["forgotten"] == 3
@@ -115,7 +116,7 @@ def test_a_line_the_detector_flags_is_never_answered(tmp_path: Path) -> None:
     """A row stored before the detector knew its rule (the daemon re-scans at its next start)."""
     with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         c.record("mysql -u root", exit=0, session="s")
-        with sqlite3.connect(tmp_path / "data" / "history.sqlite3") as db:
+        with sqlite3.connect(tmp_path / "data" / paths.HISTORY) as db:
             db.execute("INSERT INTO commands (ts, cmd, exit) VALUES (1, 'mysql -u root -phunter2xyz', 0)")
         c.record("ls", exit=0, session="s")  # the daemon reads the new rows
         assert c.search("mysql")["matches"] == 2

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from calmd.model import fastscan
-from calmd.model.mamba import SelectiveScanFn, selective_scan
+from calmd.model.mamba import selective_scan
+from calmd.model.scan import SelectiveScanFn
 from tests.builders import scan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -71,9 +71,9 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
     data = tmp_path / "data"
     data.mkdir()
     os.chmod(data, 0o755)
-    (data / "shell.cwgt").write_bytes(tiny_weights.read_bytes())
-    (data / "training.log").write_text("an older run\n")
-    for name in ("shell.cwgt", "training.log"):
+    (data / paths.WEIGHTS).write_bytes(tiny_weights.read_bytes())
+    (data / paths.TRAINING_LOG).write_text("an older run\n")
+    for name in (paths.WEIGHTS, paths.TRAINING_LOG):
         os.chmod(data / name, 0o644)
     env = daemon_env(tmp_path)
     history = tmp_path / "old_history"
@@ -100,17 +100,18 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
                                   capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
             assert done.returncode == 0, done.stderr
         found = modes(data)  # with the daemon running: SQLite's -wal and -shm are there
+    work = paths.TRAINING_SUBDIR
     expected = {
-        "history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm", "shell.cwgt", "training.json",
-        "training.log", "training.lock", "training", "training/train.ctds", "training/heldout.ctds",
-        "train.ctds", "shell-helper.log",
+        paths.HISTORY, paths.HISTORY + "-wal", paths.HISTORY + "-shm", paths.WEIGHTS, paths.TRAINING_STATUS,
+        paths.TRAINING_LOG, paths.TRAINING_LOCK, work, f"{work}/{paths.TRAINING_SET}",
+        f"{work}/{paths.HELDOUT_SET}", paths.DATASET, paths.HELPER_LOG,
     }  # fmt: skip
     assert expected <= set(found), sorted(found)
     loose = {name: oct(mode) for name, mode in found.items() if mode not in (0o600, 0o700)}
     assert not loose, loose
     folders = {name for name in found if (data / name).is_dir()}
-    assert all(found[name] == 0o700 for name in folders) and {".", "training"} <= folders
-    assert found["shell.cwgt"] == 0o600  # swapped in by the run, or tightened at start
+    assert all(found[name] == 0o700 for name in folders) and {".", work} <= folders
+    assert found[paths.WEIGHTS] == 0o600  # swapped in by the run, or tightened at start
 
 
 # --------------------------------------------------------------------------- the socket's folder
@@ -120,7 +121,7 @@ def test_a_shared_sticky_folder_keeps_its_mode(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)  # a /tmp-like folder that calmd did not create
-    sock = shared / "calmd.sock"
+    sock = shared / paths.SOCKET
     with running_daemon(tmp_path, env={"CALMD_SOCKET": str(sock)}) as d, CalmClient(d.socket) as c:
         assert c.status()["status"]["socket"] == str(sock)
         assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
@@ -132,7 +133,7 @@ def test_an_existing_folder_of_ours_is_not_chmodded(tmp_path: Path) -> None:
     folder = tmp_path / "sockets"
     folder.mkdir()
     os.chmod(folder, 0o755)
-    with running_daemon(tmp_path, env={"CALMD_SOCKET": str(folder / "calmd.sock")}):
+    with running_daemon(tmp_path, env={"CALMD_SOCKET": str(folder / paths.SOCKET)}):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o755
 
 
@@ -140,15 +141,15 @@ def test_a_folder_others_can_write_without_the_sticky_bit_is_refused(tmp_path: P
     folder = tmp_path / "open"
     folder.mkdir()
     os.chmod(folder, 0o777)
-    done = serve_once(tmp_path, {"CALMD_SOCKET": str(folder / "calmd.sock")})
+    done = serve_once(tmp_path, {"CALMD_SOCKET": str(folder / paths.SOCKET)})
     assert done.returncode == 3, done.stdout
     assert "writable by others (mode 0777) without the sticky bit" in done.stdout
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 and not (folder / "calmd.sock").exists()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 and not (folder / paths.SOCKET).exists()
 
 
 def test_a_socket_file_of_another_user_is_neither_used_nor_replaced(tmp_path: Path) -> None:
     need_root("to give a file to another uid")
-    sock = tmp_path / "run" / "calm" / "calmd.sock"
+    sock = tmp_path / "run" / paths.APP / paths.SOCKET
     sock.parent.mkdir(parents=True, mode=0o700)
     planted = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     planted.bind(str(sock))
@@ -157,6 +158,27 @@ def test_a_socket_file_of_another_user_is_neither_used_nor_replaced(tmp_path: Pa
     done = serve_once(tmp_path)
     assert done.returncode == 3 and "belongs to uid 65534" in done.stdout
     assert sock.lstat().st_uid == 65534  # left where it was
+
+
+def test_a_store_whose_meta_is_a_view_is_one_line_exit_3(tmp_path: Path) -> None:
+    """`calmd serve` on a store whose `meta` table is a view served, and answered every record
+    with "internal: cannot modify meta because it is a view": the hooks' commands were lost. It
+    now refuses to start, in one line naming the file, and leaves no socket."""
+    import sqlite3
+
+    from calmd.history.store import HistoryStore
+
+    db = tmp_path / "data" / paths.HISTORY
+    HistoryStore(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.executescript("ALTER TABLE meta RENAME TO kept; CREATE VIEW meta AS SELECT * FROM kept")
+    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
+    done = serve_once(tmp_path)
+    said = [line for line in done.stdout.splitlines() if line.startswith("calmd: ")]
+    assert done.returncode == 3 and "Traceback" not in done.stdout + done.stderr, done
+    assert said == [f"calmd: error: {db}: not a calmd history store (meta is a view, not a table); give a "
+                    "history.sqlite3 calm wrote, or a new path"]  # fmt: skip
+    assert not Path(daemon_env(tmp_path)["CALMD_SOCKET"]).exists()
 
 
 # --------------------------------------------------------------------------- weights
@@ -178,7 +200,7 @@ def candidates(c: CalmClient, text: str) -> list[str]:
 
 
 def test_a_fifo_at_the_weight_path_is_refused_and_a_good_file_is_taken_back(tmp_path: Path) -> None:
-    weights = tmp_path / "data" / "shell.cwgt"
+    weights = tmp_path / "data" / paths.WEIGHTS
     write_test_weights(weights, n=64)
     with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         weights.unlink()
@@ -223,7 +245,7 @@ def _folder(path: Path) -> None:
 def test_bad_weights_at_start_serve_the_packaged_model_until_a_good_file_comes(
     tmp_path: Path, make_bad: Callable[[Path], None], error: str
 ) -> None:
-    weights = tmp_path / "data" / "shell.cwgt"
+    weights = tmp_path / "data" / paths.WEIGHTS
     weights.parent.mkdir(parents=True)
     make_bad(weights)
     with running_daemon(tmp_path, args=("--no-import",), weights=False) as d, CalmClient(d.socket) as c:
@@ -248,7 +270,7 @@ def test_truncating_the_weights_in_place_while_they_load_never_kills_the_daemon(
     """The bug: the file was memory-mapped while it loaded, and a truncation in place under the
     mapping killed the daemon with SIGBUS (2 of 60 tries). Truncations land at random moments
     of many loads here; the file grows back (zeros: still a valid file) between them."""
-    weights = tmp_path / "data" / "shell.cwgt"
+    weights = tmp_path / "data" / paths.WEIGHTS
     write_test_weights(weights, value=0.5, n=16 << 20)  # 64 MB: a load takes a while
     size = weights.stat().st_size
     rng = random.Random(12)
@@ -346,7 +368,7 @@ def test_a_full_disk_answers_disk_full_loses_nothing_and_shows_in_status(
     tmp_path: Path, small_tmpfs: Path
 ) -> None:
     data = small_tmpfs / "data"
-    write_test_weights(data / "shell.cwgt")
+    write_test_weights(data / paths.WEIGHTS)
     env = {"CALM_HOME": str(data)}
     stored: list[str] = []
     with (
@@ -385,7 +407,7 @@ def test_a_full_disk_answers_disk_full_loses_nothing_and_shows_in_status(
         assert status(c)["history"]["commands"] == len(stored)
         assert candidates(c, "make ins") == ["make install"]
         assert status(c)["training"]["last_result"]["reason"].startswith("disk full")  # kept
-    check = subprocess.run(["sqlite3", str(data / "history.sqlite3"), "PRAGMA integrity_check"],
+    check = subprocess.run(["sqlite3", str(data / paths.HISTORY), "PRAGMA integrity_check"],
                            capture_output=True, text=True) if shutil.which("sqlite3") else None  # fmt: skip
     if check is not None:
         assert check.stdout.strip() == "ok"

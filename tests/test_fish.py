@@ -5,6 +5,7 @@ fish in tmux: test_shell_fish.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history.fish import import_first_start, import_fish_history, is_fish_history, parse_fish_history
 from calmd.history.store import HistoryStore
-from calmd.shell import helper as shell_helper
+from calmd.shell import hooks, lines
 from tests.daemon import Daemon, running_daemon
 from tests.tmux import history_rows, shell_env
 from tests.tools import need
@@ -138,7 +139,9 @@ def test_impossible_whens_are_dropped_and_counted_and_the_commands_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A 400-digit `when:` failed the whole import ("unexpected OverflowError"), a negative one was
-    stored as 1969: each command is kept now, without that time, and counted."""
+    stored as 1969: each command is kept now, without that time, and counted. It is timed by its
+    place in the file, the time of the entry before it (issue 39: it took the import's time and
+    sorted as the newest command)."""
     path = tmp_path / "fish_history"
     path.write_bytes(b"- cmd: make\n  when: 1700000000\n- cmd: ls\n  when: " + b"9" * 400 + b"\n"
                      b"- cmd: pwd\n  when: -5\n- cmd: top\n  when: 999999999999\n"
@@ -153,8 +156,10 @@ def test_impossible_whens_are_dropped_and_counted_and_the_commands_kept(
     store.close()
     times = {r.cmd: r.ts for r in rows}
     assert times["make"] == 1700000000 and times["cargo build"] == 1700000100
-    assert [r.cmd for r in rows][:3] == ["ls", "pwd", "top"]  # no time: the oldest, in file order
-    assert all(path.stat().st_mtime - 1 < times[c] < path.stat().st_mtime for c in ("ls", "pwd", "top"))
+    assert [r.cmd for r in rows] == ["make", "ls", "pwd", "top", "cargo build"]  # in file order
+    assert all(times[c] == 1700000000 for c in ("ls", "pwd", "top"))  # the time before them
+    assert calm_main(["history", "--db", db, "--commands"]) == 0
+    assert capsys.readouterr().out.split("\n")[:5] == ["make", "ls", "pwd", "top", "cargo build"]
     assert list(parse_fish_history(path.read_bytes()))[1:4] == [(None, "ls"), (None, "pwd"), (None, "top")]
     assert calm_main(["import", "--db", db, str(path)]) == 0  # nothing twice
     assert "0 commands imported" in capsys.readouterr().out
@@ -186,9 +191,9 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.
     holds no entry (1.8 million `- cmd: ls` entries held 640 MB; 20 bytes an entry would show)."""
     import tracemalloc
 
-    from calmd.history import store as store_module
+    from calmd.history import formats
 
-    monkeypatch.setattr(store_module, "IMPORT_CHUNK", 16 << 10)
+    monkeypatch.setattr(formats, "IMPORT_CHUNK", 16 << 10)
     peaks = []
     for size in (128 << 10, 512 << 10):
         folder = tmp_path / str(size)
@@ -211,7 +216,7 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_an_import_stopped_out_of_time_order_goes_on_where_it_was(tmp_path: Path) -> None:
-    from calmd.history.store import IMPORT_BATCH
+    from calmd.history.imports import IMPORT_BATCH
 
     path = tmp_path / "fish_history"
     n = _fish_file(path, 3 * IMPORT_BATCH * 25, shuffled=True)
@@ -280,14 +285,15 @@ def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_p
 class SpoolHelper:
     """`calmd shell-helper --spool DIR`, written to and read from as the fish hook does."""
 
-    def __init__(self, home: Path, daemon: Daemon | None = None) -> None:
+    def __init__(self, home: Path, daemon: Daemon | None = None, shell_pid: int | None = None) -> None:
         need("timeout")
         self.folder = home / "spool"
         self.folder.mkdir(mode=0o700)
         self.seq = 0
+        pid = [] if shell_pid is None else ["--shell-pid", str(shell_pid)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "calmd", "shell-helper", "--format", "2", "--session", "fish-test",
-             "--shell", "fish", "--spool", str(self.folder)],
+             "--shell", "fish", *pid, "--spool", str(self.folder)],
             stdin=subprocess.DEVNULL, env=shell_env(home, CALM_DEBUG="1"),
         )  # fmt: skip
         wait_until(
@@ -304,7 +310,7 @@ class SpoolHelper:
     def ask(self, text: str, timeout: float = HANG_S) -> list[str]:
         """A `c` line and the answer, read as the hook reads it (`timeout cat reply`)."""
         seq = self.seq + 1
-        self.write("\t".join(["c", str(seq), "5", "/tmp", "", "0", shell_helper.escape(text)]))
+        self.write("\t".join(["c", str(seq), "5", "/tmp", "", "0", lines.escape(text)]))
         out = subprocess.run(["timeout", str(timeout), "cat", str(self.folder / "reply")],
                              capture_output=True, timeout=timeout + 5)  # fmt: skip
         fields = out.stdout.decode().split("\0")
@@ -361,23 +367,55 @@ def test_without_a_daemon_the_answer_is_empty_at_once(tmp_path: Path) -> None:
         helper.close()
 
 
+def _gone(pid: int, folder: Path) -> None:
+    """Wait until the helper `pid` has exited and its folder is removed (a hang: the ceiling)."""
+    wait_until(lambda: not folder.exists() and not os.path.exists(f"/proc/{pid}"),
+               "the helper to go with its shell (and take its folder)")  # fmt: skip
+
+
 @pytest.mark.slow  # a daemon or helper process
-def test_the_helper_goes_with_its_shell_and_removes_its_folder(tmp_path: Path) -> None:
-    """The fish hook starts it as a background job; when fish exits, it notices (its parent
-    changes) and cleans up."""
+@pytest.mark.parametrize("parent", ["waits", "gone-at-once"])
+def test_the_helper_goes_with_its_shell_and_removes_its_folder(tmp_path: Path, parent: str) -> None:
+    """The fish hook starts it as a background job; when fish exits, it notices and cleans up.
+    Started as `sh -c 'calmd shell-helper ... & :'`, whose shell is gone before Python runs, it
+    used to read init's pid as its parent's and run on for good (issue 39: 25 minutes in a suite
+    run, with parent 1): it goes at once now."""
     need("timeout")
     folder = tmp_path / "spool"
     folder.mkdir(mode=0o700)
+    (folder / "reply").touch()  # what the hook makes first; the helper removes it with the rest
     argv = [sys.executable, "-m", "calmd", "shell-helper", "--format", "2", "--spool", str(folder)]
-    shell = subprocess.Popen(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!; sleep 1', "sh", *argv],
-                             stdout=subprocess.PIPE, text=True, env=shell_env(tmp_path))  # fmt: skip
+    script = '"$@" </dev/null >/dev/null 2>&1 & echo $!' + ("; sleep 1" if parent == "waits" else "; :")
+    shell = subprocess.Popen(["sh", "-c", script, "sh", *argv], stdout=subprocess.PIPE, text=True,
+                             env=shell_env(tmp_path))  # fmt: skip
     assert shell.stdout is not None
     pid = int(shell.stdout.readline())
     shell.wait(timeout=HANG_S)
     shell.stdout.close()
-    wait_until(
-        lambda: not folder.exists() and not os.path.exists(f"/proc/{pid}"), "the helper to go with its shell"
-    )
+    _gone(pid, folder)
+
+
+@pytest.mark.slow  # a helper process
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "shell-pid"])
+def test_the_helper_removes_its_folder_however_it_is_ended(tmp_path: Path, how: str) -> None:
+    """SIGTERM and SIGHUP end fish's helper with its folder (it left `reply` behind on SIGTERM);
+    with `--shell-pid` (the hook gives `$fish_pid`) it goes when that process ends, though its
+    parent runs on."""
+    shell = subprocess.Popen(["sleep", "60"])
+    helper = SpoolHelper(tmp_path, shell_pid=shell.pid)
+    try:
+        helper.write("r\t0\t/src\t\t\tgit status")  # a request it has not sent anywhere: no daemon
+        if how == "shell-pid":
+            shell.kill()
+            shell.wait()
+        else:
+            helper.proc.send_signal(getattr(signal, how))
+        assert helper.proc.wait(timeout=HANG_S) == 0
+        assert not helper.folder.exists()
+    finally:
+        shell.kill()
+        shell.wait()
+        helper.close()
 
 
 def stat_mode(path: Path) -> int:
@@ -385,14 +423,14 @@ def stat_mode(path: Path) -> int:
 
 
 def test_the_fish_hook_is_baked_with_fish_quoting(tmp_path: Path) -> None:
-    text = shell_helper.init_script("fish", socket="/run/it's here/calmd.sock")
+    text = hooks.init_script("fish", socket="/run/it's here/calmd.sock")
     head = text.splitlines()[:4]
     assert head[1].startswith("set -g _CALM_HELPER ")
     assert "'--socket' '/run/it\\'s here/calmd.sock'" in head[1]
     assert head[2].startswith("set -g _CALM_SEARCH ") and "'calmd.shell.search_ui'" in head[2]
-    assert shell_helper.fish_quote("a\\b'c") == "'a\\\\b\\'c'"
+    assert hooks.fish_quote("a\\b'c") == "'a\\\\b\\'c'"
     if need_fish():
-        word = shell_helper.fish_quote("\\x'")
+        word = hooks.fish_quote("\\x'")
         script = f"printf '%s\\n' {word}"
         out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=HANG_S)
         assert out.stdout == "\\x'\n"

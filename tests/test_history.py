@@ -16,7 +16,7 @@ import pytest
 from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
-from calmd.history.store import HistoryStore, detect_format, parse_history, unmetafy
+from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.suggest.context import HISTORY_FRAMES, ContextTracker, recent_context
 from calmd.suggest.ranking import HistoryIndex
@@ -50,7 +50,7 @@ def test_file_mode_and_wal(store: HistoryStore) -> None:
 
 
 def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     con = sqlite3.connect(path)  # as calmd with schema 1 left it: a prev_cmd column nothing reads
     con.executescript(
         "CREATE TABLE commands (id INTEGER PRIMARY KEY, ts REAL NOT NULL, session TEXT NOT NULL DEFAULT '',"
@@ -75,7 +75,7 @@ def test_a_version_1_history_is_migrated_without_losing_a_row(tmp_path: Path) ->
 
 
 def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     con = sqlite3.connect(path)  # as calmd with schema 2 left it: no comp, no env
     con.executescript(
         "CREATE TABLE commands (id INTEGER PRIMARY KEY, ts REAL NOT NULL, session TEXT NOT NULL DEFAULT '',"
@@ -103,7 +103,7 @@ def test_a_version_2_history_gains_comp_and_env_in_place(tmp_path: Path) -> None
 
 
 def test_a_version_3_history_gains_duration_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0)
     store.close()
@@ -131,7 +131,7 @@ def test_an_older_store_with_impossible_times_is_read_then_migrated_and_repaired
     through the one chain to schema 5 and gives those rows the time of the row before them."""
     from calmd.cli import calm_main
 
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0, ts=1000.0, duration=1.5)
     store.close()
@@ -175,29 +175,6 @@ def test_recent_prefers_session_then_tops_up(store: HistoryStore) -> None:
     # all five of A last (nearest the prediction), after the newest two of the others
     assert [r.cmd for r in recent_context(store, "A", 7)] == ["b3", "b4", "a0", "a1", "a2", "a3", "a4"]
     assert [r.cmd for r in store.recent(limit=2)] == ["a4", "b4"]
-
-
-def test_parse_bash_with_timestamps() -> None:
-    raw = b"ls\n#1700000000\ngit status\n#1700000100\nmake -j2\n"
-    assert list(parse_history(raw, "bash")) == [(None, "ls"), (1700000000.0, "git status"),
-                                                 (1700000100.0, "make -j2")]  # fmt: skip
-    assert detect_format(raw) == "bash"
-
-
-def test_parse_zsh_extended_multiline_and_metafied() -> None:
-    raw = (
-        b": 1700000000:0;git status\n"
-        b": 1700000005:3;for f in *; do\\\n  echo $f\\\ndone\n"
-        b": 1700000009:0;echo caf\x83\xe3\n"  # metafied byte: 0x83 then 0xC3 ^ 0x20
-        b": 1700000010:0;ls\n"
-    )
-    entries = list(parse_history(raw, "zsh"))
-    assert detect_format(raw) == "zsh"
-    assert entries[0] == (1700000000.0, "git status")
-    assert entries[1] == (1700000005.0, "for f in *; do\n  echo $f\ndone")
-    assert entries[2][1].encode("utf-8", "surrogateescape") == b"echo caf\xc3"
-    assert entries[3] == (1700000010.0, "ls")
-    assert unmetafy(b"a\x83\xa9b") == b"a\x89b"
 
 
 def test_import_is_incremental(store: HistoryStore, tmp_path: Path) -> None:
@@ -306,18 +283,19 @@ def test_import_never_fails_on_hostile_bytes(store: HistoryStore, tmp_path: Path
     bash = tmp_path / ".bash_history"
     bash.write_bytes(hostile_bash())
     result = store.import_file(bash)
-    assert (result.imported, result.dropped_secrets, result.skipped, result.undecodable) == (7, 1, 2, 4)
+    assert (result.imported, result.dropped_secrets, result.skipped, result.undecodable) == (6, 1, 1, 3)
+    assert (result.too_long, result.damaged) == (1, 1)  # the NUL: damage, never a shell's (issue 39)
     cmds = [r.cmd for r in store.all_rows()]
-    assert cmds == ["ls", "echo \ufffd\ufffd broken", "cat caf\ufffd", "printf 'nul\ufffdhere'", "git status",
-                    "\ufffd\ufffd\ufffd", "make"]  # fmt: skip
+    assert cmds == ["ls", "echo \ufffd\ufffd broken", "cat caf\ufffd", "git status", "\ufffd\ufffd\ufffd",
+                    "make"]  # fmt: skip
     zsh = tmp_path / ".zsh_history"
     zsh.write_bytes(hostile_zsh())
     result = store.import_file(zsh)
     assert (result.format, result.imported, result.undecodable) == ("zsh", 6, 2)
-    cmds = [r.cmd for r in store.all_rows()][7:]
+    cmds = [r.cmd for r in store.all_rows()][6:]
     assert cmds == ["cd src", "echo caf\ufffd", "echo \u20ac euro", "echo bad \ufffd",
                     "for f in *; do\n  echo $f\ndone", "ends with meta "]  # fmt: skip
-    assert store.counter("undecodable") == 6
+    assert store.counter("undecodable") == 5
     assert b"S3cretQQ" not in raw_files(store) and b"secret-by-habit" not in raw_files(store)
 
 
@@ -367,14 +345,14 @@ def test_commands_starting_with_a_space_or_calm_forget_are_not_recorded(store: H
 
 
 def test_forget_deletes_for_good(tmp_path: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     for i in range(200):  # enough rows that the secret's page is not the only one
         store.record(f"echo filler number {i} with some padding text", session="a")
     store.record("deploy --target prod-XYZZY", session="a")
     store.record("deploy --target prod-XYZZY", session="b")
     store.record("make after", session="a")
     store.record("make other", session="c")
-    derived = tmp_path / "training" / "train.ctds"
+    derived = tmp_path / paths.TRAINING_SUBDIR / paths.TRAINING_SET
     derived.parent.mkdir()
     derived.write_bytes(b"built from the old rows")
     assert b"XYZZY" in raw_files(store)
@@ -395,7 +373,7 @@ def test_forget_deletes_for_good(tmp_path: Path) -> None:
 
 
 def test_a_store_scanned_by_an_older_detector_is_rescanned(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("git status", session="s")
     store.close()
@@ -409,13 +387,13 @@ def test_a_store_scanned_by_an_older_detector_is_rescanned(tmp_path: Path) -> No
     con.commit()
     con.close()
     (tmp_path / "training").mkdir()
-    (tmp_path / "training" / "heldout.ctds").write_bytes(b"old")
+    (tmp_path / paths.TRAINING_SUBDIR / paths.HELDOUT_SET).write_bytes(b"old")
     store = HistoryStore(path)
     assert store.rescanned == 1
     assert [r.cmd for r in store.all_rows()] == ["git status", "ls"]
     assert store.counter("dropped_secrets") == 1 and store.generation() == 1
     assert b"Sm8Pw0rdQ" not in raw_files(store)
-    assert not (tmp_path / "training" / "heldout.ctds").exists()
+    assert not (tmp_path / paths.TRAINING_SUBDIR / paths.HELDOUT_SET).exists()
     store.close()
     assert HistoryStore(path).rescanned == 0  # scanned by this version already
 
@@ -446,7 +424,7 @@ def test_the_daemon_starts_with_hostile_history_files(tmp_path: Path) -> None:
     (tmp_path / ".bash_history").write_bytes(hostile_bash())
     (tmp_path / ".zsh_history").write_bytes(hostile_zsh())
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
-        assert wait_imported(c)["history"]["commands"] == 7 + 6
+        assert wait_imported(c)["history"]["commands"] == 6 + 6  # bash's NUL line: damaged, skipped
         assert "echo caf\ufffd" in candidates(c, "echo caf", session="s")
     assert "S3cretQQ" not in d.read_output() and "broken" not in d.read_output()
 
@@ -498,8 +476,8 @@ def test_calm_forget_with_a_running_daemon(tmp_path: Path) -> None:
         assert not any("XYZZY" in cand for cand in candidates(c, "deploy", session="s"))
         assert candidates(c, "", session="s")[0] == "after deploy --dry-run"
         assert c.status()["status"]["history"]["commands"] == 2
-        db = tmp_path / "data" / "history.sqlite3"
-        assert b"XYZZY" not in b"".join(p.read_bytes() for p in db.parent.glob("history.sqlite3*"))
+        db = tmp_path / "data" / paths.HISTORY
+        assert b"XYZZY" not in b"".join(p.read_bytes() for p in db.parent.glob(paths.HISTORY + "*"))
 
         regex = calm(tmp_path, "forget", "--regex", "^git st")
         assert regex.returncode == 0 and "forgot 1 command " in regex.stdout
@@ -518,17 +496,27 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
     data, cache = tmp_path / "data", tmp_path / "cache"
     (tmp_path / ".zsh_history").write_text(": 1700000000:0;make XYZZY-ALL\n")
     env = {"CALM_CACHE": str(cache)}
-    learned = "shell.prev.cwgt ranker.json ranker.prev.json train.ctds training.json training.log"
-    learned += " shell-helper.log training/train.ctds training/heldout.ctds"
-    kept = ["calm.zsh", "calm.fish", "shell-disabled"]
+    work = paths.TRAINING_SUBDIR
+    learned = [
+        paths.PREV_WEIGHTS,
+        paths.RANKER,
+        paths.PREV_RANKER,
+        paths.DATASET,
+        paths.TRAINING_STATUS,
+        paths.TRAINING_LOG,
+        paths.HELPER_LOG,
+        f"{work}/{paths.TRAINING_SET}",
+        f"{work}/{paths.HELDOUT_SET}",
+    ]
+    kept = [paths.HOOK_FILE.format(shell="zsh"), paths.HOOK_FILE.format(shell="fish"), paths.DISABLED_FLAG]
     data.mkdir()
-    shutil.copy(paths.packaged_weights(), data / "shell.cwgt")  # "your" model: a real one, to load
+    shutil.copy(paths.packaged_weights(), data / paths.WEIGHTS)  # "your" model: a real one, to load
     with running_daemon(tmp_path, engine="model", env=env, weights=False) as d, CalmClient(d.socket) as c:
         assert wait_imported(c)["history"]["commands"] == 1
-        assert c.status()["status"]["model"]["path"] == str(data / "shell.cwgt")
+        assert c.status()["status"]["model"]["path"] == str(data / paths.WEIGHTS)
         for cmd in ("git status", "deploy --tag XYZZY-ALL", "ls"):
             assert c.record(cmd, session="s")["stored"]
-        for name in learned.split() + kept:
+        for name in learned + kept:
             (data / name).parent.mkdir(parents=True, exist_ok=True)
             (data / name).write_text(f"XYZZY-ALL {name}\n")
         (cache / "kernels").mkdir(parents=True)
@@ -542,22 +530,22 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
         asked = forget()  # no terminal to ask on
         assert asked.returncode == 1 and "--yes" in asked.stderr and "Traceback" not in asked.stderr
         dry = forget("--dry-run")
-        assert dry.returncode == 0 and "4 stored commands" in dry.stdout and "shell.cwgt" in dry.stdout
+        assert dry.returncode == 0 and "4 stored commands" in dry.stdout and paths.WEIGHTS in dry.stdout
         with TrainingLock(data) as lock:
             assert lock.acquire()
             held = forget("--yes")
             assert held.returncode == 1 and "training run" in held.stderr
-        assert c.status()["status"]["history"]["commands"] == 4 and (data / "shell.cwgt").exists()
+        assert c.status()["status"]["history"]["commands"] == 4 and (data / paths.WEIGHTS).exists()
 
         done = forget("--yes")
         assert done.returncode == 0, done.stderr
         assert "forgot 4 commands" in done.stdout and "packaged model" in done.stdout
         status = c.status()["status"]
         assert status["history"]["commands"] == 0 and status["model"]["path"] == str(paths.packaged_weights())
-        assert not (data / "shell.cwgt").exists() and not cache.exists()
-        assert [name for name in learned.split() if (data / name).exists()] == []
+        assert not (data / paths.WEIGHTS).exists() and not cache.exists()
+        assert [name for name in learned if (data / name).exists()] == []
         assert [name for name in kept if (data / name).exists()] == kept
-        raw = b"".join(p.read_bytes() for p in data.glob("history.sqlite3*"))
+        raw = b"".join(p.read_bytes() for p in data.glob(paths.HISTORY + "*"))
         assert b"XYZZY" not in raw and b"git status" not in raw
         assert "XYZZY" not in "".join(candidates(c, "", session="s") + candidates(c, "deploy", session="s"))
     with running_daemon(tmp_path, env=env) as d, CalmClient(d.socket) as c:  # nothing imported again
@@ -568,7 +556,7 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
 def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
     from tests.tmux import Terminal
 
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     store.record("git status", session="s")
     store.close()
     env = daemon_env(tmp_path, CALM_CACHE=str(tmp_path / "cache"))
@@ -585,7 +573,7 @@ def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
         term.type("y")
         term.send("Enter")
         term.wait_for(r"forgot 1 command[\s\S]*status=0")
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     assert store.count() == 0
     store.close()
 
@@ -606,3 +594,28 @@ def test_datasets_see_the_context_the_daemon_reads_from_the_store(tmp_path: Path
         store.record(f"cmd {i}", session=session, exit=0)
         tracker.add(store.recent(limit=1)[0])
     store.close()
+
+
+def test_a_record_waits_for_another_process_writing_the_store(store: HistoryStore) -> None:
+    """The daemon records while its worker process imports into the same file: a record begun
+    while the other writer holds the store waits for it and is stored (it failed with "database is
+    locked" when its transaction read a snapshot the other's commit outdated)."""
+    import threading
+    import time
+
+    other = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO meta (key, value) VALUES ('other-writer', '1')")
+
+    def commit_later() -> None:
+        time.sleep(0.3)
+        other.execute("COMMIT")
+
+    committer = threading.Thread(target=commit_later)
+    committer.start()
+    try:
+        assert store.record("make test", exit=0, session="s").stored
+    finally:
+        committer.join()
+        other.close()
+    assert [e.cmd for e in store.recent(limit=5)] == ["make test"]

@@ -1,4 +1,4 @@
-"""`calm history` and `calm stats` (calmd/history/query.py, calmd/shell/history_view.py): the store
+"""`calm history` and `calm stats` (calmd/history/query/, calmd/shell/history_view.py): the store
 read-only, its filters, the tables, run from the command line as a user would."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history import query
@@ -24,7 +25,7 @@ HOUR = 3600.0
 @pytest.fixture
 def filled(tmp_path: Path) -> Path:
     """A store as the shells leave it: folders, sessions, statuses, times."""
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     rows = [
         ("git status", "/src/app", "s1", 0, NOW - 50 * HOUR),
         ("git commit -m 'first draft'", "/src/app", "s1", 0, NOW - 49 * HOUR),
@@ -38,7 +39,7 @@ def filled(tmp_path: Path) -> Path:
         assert store.record(cmd, exit=code, cwd=cwd, session=session, ts=ts).stored
     store.record("ls", ts=NOW - 100 * HOUR, session="import:.bash_history")  # imported: no status, folder
     store.close()
-    return tmp_path / "data" / "history.sqlite3"
+    return tmp_path / "data" / paths.HISTORY
 
 
 def commands(db: Path, **fields: object) -> list[str]:

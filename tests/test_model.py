@@ -12,16 +12,9 @@ import torch
 from calmd.errors import FormatError
 from calmd.formats.cwgt import Metadata, read_cwgt
 from calmd.model import fastscan, faststep
-from calmd.model.checkpoint import load_model, save_model
-from calmd.model.mamba import (
-    SIZES,
-    CalmModel,
-    ModelConfig,
-    SelectiveScanFn,
-    flatten,
-    selective_scan,
-    unflatten,
-)
+from calmd.model.checkpoint import flatten, load_model, save_model, unflatten
+from calmd.model.mamba import SIZES, CalmModel, ModelConfig, selective_scan
+from calmd.model.scan import SelectiveScanFn
 from tests.builders import scan_inputs
 from tests.tools import need
 

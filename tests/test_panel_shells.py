@@ -259,7 +259,7 @@ def typed_run(shell: str, min_confidence: str, tmp_path_factory: pytest.TempPath
     home = tmp_path_factory.mktemp(f"panel-{shell}")
     root = build_project(home)
     (home / "data").mkdir()
-    shutil.copyfile(paths.packaged_weights(), home / "data" / "shell.cwgt")
+    shutil.copyfile(paths.packaged_weights(), home / "data" / paths.WEIGHTS)
     with user_history(home / "data", HISTORY, root):
         pass  # the store the daemon opens
     env = {

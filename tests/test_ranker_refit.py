@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.suggest.ranking import FEATURES, Ranker, packaged_ranker
 from calmd.training.ranker_refit import (
@@ -100,7 +101,7 @@ def test_only_the_newest_examples_are_kept() -> None:
 
 def test_examples_from_the_store_ask_only_the_newest_commands_but_see_them_all(tmp_path: Path) -> None:
     commands = rounds(40)
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     for cmd in commands:
         store.record(cmd, exit=0, session="s")
     from_store = list(examples_from_store(store, packaged_ranker(), learn=50).examples)

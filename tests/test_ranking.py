@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from calmd import paths
 from calmd.errors import FormatError
 from calmd.history.store import HistoryStore
 from calmd.quality.fit_ranker import Query, fit, replay_queries, top1
@@ -287,7 +288,7 @@ def test_ranker_json_round_trip_and_errors(tmp_path: Path) -> None:
         Ranker.from_json(broken(version=99))
     with pytest.raises(FormatError, match="not finite"):
         Ranker.from_json(broken(b2=float("nan")))
-    path = tmp_path / "ranker.json"
+    path = tmp_path / paths.RANKER
     path.write_text("{not json")
     with pytest.raises(FormatError, match=str(path)):
         Ranker.load(path)
@@ -307,7 +308,7 @@ def test_fitting_command_writes_a_loadable_ranker(tmp_path: Path, capsys: pytest
     users.mkdir(parents=True)
     for name in ("alice", "bob", "carol", "dave", "erin", "frank"):
         (users / f"{name}.txt").write_text("\n".join(_cyclic_history(25)) + "\n")
-    out = tmp_path / "ranker.json"
+    out = tmp_path / paths.RANKER
     args = ["--data", str(tmp_path / "data"), "--output", str(out), "--positions", "30", "--steps", "50"]
     assert main(args) == 0
     ranker = Ranker.load(out)
@@ -374,7 +375,7 @@ def test_the_index_knows_where_each_line_ran() -> None:
 def test_the_users_ranker_serves_when_it_loads_and_the_packaged_one_otherwise(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "ranker.json"
+    path = tmp_path / paths.RANKER
     assert serving_ranker(path) == (packaged_ranker(), None)  # no file yet: nothing to say
     base = packaged_ranker()
     mine = Ranker(base.mean, base.scale, base.w1 * 0.5, base.b1, base.w2, base.b2,
@@ -402,7 +403,7 @@ def test_a_users_ranker_that_makes_no_sense_is_refused_with_one_line(
 ) -> None:
     """Issue 30: a `scale` of 5e-324 (subnormal) with a layer of zeros loaded, and every confidence
     became 0.0: no ghost was ever drawn. Weights are checked for sense now, not only for shape."""
-    path = tmp_path / "ranker.json"
+    path = tmp_path / paths.RANKER
     base = packaged_ranker().to_json()
     features = len(base["scale"])
     zeros = [[0.0] * len(base["b1"]) for _ in range(features)]

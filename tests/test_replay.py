@@ -9,7 +9,10 @@ import pytest
 
 from calmd import paths
 from calmd.cli import calm_main
-from calmd.quality.replay import PastOnly, keys_whole_line, keys_with_ghosts, keys_word_by_word, next_word
+from calmd.quality.anchor import ANCHOR_SYSTEM
+from calmd.quality.systems import PastOnly
+from calmd.quality.typist import keys_whole_line, keys_with_ghosts, keys_word_by_word
+from calmd.suggest.ghost import next_word
 
 
 def past_of(*commands: str) -> PastOnly:
@@ -158,6 +161,7 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
     totals = result["totals"]
     assert set(totals) == {
         "calmd",
+        ANCHOR_SYSTEM,  # the learned ranker over the history alone, beside calmd by default
         "zsh-autosuggestions:history",
         "zsh-autosuggestions:match_prev_cmd",
         "fish",
@@ -166,6 +170,7 @@ def test_replay_cli_scores_calmd_and_baselines_on_the_same_queries(
     assert len({json.dumps(q, sort_keys=True) for q in queries.values()}) == 1  # the same queries for all
     assert totals["calmd"]["queries"]["0"] == 12
     assert totals["zsh-autosuggestions:match_prev_cmd"]["top1"]["0"] == 1.0
+    assert totals[ANCHOR_SYSTEM]["top1"]["0"] == 1.0  # what followed the previous line, learned
     assert totals["zsh-autosuggestions:history"]["top1"]["0"] == 0.0  # the last command never repeats
     assert totals["calmd"]["top1"]["0"] == 1.0  # the follows-previous signal finds it too
     assert totals["calmd"]["keystrokes_saved"] > 0.5

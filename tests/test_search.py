@@ -14,20 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.errors import FormatError
 from calmd.history import query
 from calmd.history.store import HistoryStore
-from calmd.quality.replay import follow_cd, search_query
-from calmd.suggest.search import (
-    FAILED_PENALTY,
-    SEARCH_FEATURES,
-    Context,
-    SearchIndex,
-    SearchRanker,
-    packaged_search_ranker,
-    parse_query,
-)
+from calmd.quality.search_replay import follow_cd, search_query
+from calmd.suggest.search import FAILED_PENALTY, Context, SearchIndex
+from calmd.suggest.search_match import parse_query
+from calmd.suggest.search_ranker import SEARCH_FEATURES, SearchRanker, packaged_search_ranker
 
 
 def index_of(*rows: str | tuple[str, dict[str, object]]) -> SearchIndex:
@@ -155,7 +150,7 @@ def test_forgotten_commands_are_never_shown_and_come_back_when_run_again() -> No
 
 
 def test_the_index_follows_the_store_and_starts_over_after_a_deletion(tmp_path: Path) -> None:
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     store.record("ls", exit=0, cwd="/a", session="s")
     store.record("git status", exit=1, cwd="/a", session="s")
     db = query.open_read_only(store.path)
@@ -181,7 +176,7 @@ def test_a_sync_never_chases_an_import_and_starts_over_after_a_big_one(
     newest SEARCH_LIMIT rather than all of them."""
     from calmd.suggest import search as search_module
 
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     for i in range(30):
         store.record(f"typed {i}", exit=0, session="s")
     db = query.open_read_only(store.path)
@@ -219,10 +214,10 @@ def test_a_sync_reads_every_batch_up_to_the_newest_row(
     was when it began, and each row keeps its host (`host` mode: this machine's). The merge of
     issue 33 into issue 30's bounded sync once let a loop variable shadow that newest row: the
     index stopped after its first batch (20,000 rows) and never saw the rest."""
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     for i in range(30):
         store.record(f"typed {i}", exit=0, session="s")
-    with store.writing() as conn:  # one record synced from another machine (calmd/history/sync.py)
+    with store.writing() as conn:  # one record synced from another machine (calmd/sync/)
         conn.execute("INSERT INTO commands (ts, session, cmd, host, origin, origin_id) "
                      "VALUES (2000, 'x:s', 'typed far', 'desktop', '0123456789abcdef', 1)")  # fmt: skip
     rows_after = query.rows_after
@@ -239,7 +234,7 @@ def test_a_sync_reads_every_batch_up_to_the_newest_row(
 def test_a_line_the_detector_flags_is_never_shown(tmp_path: Path) -> None:
     """A row stored before the credential detector knew its rule (the daemon re-scans at its
     next start) stays out of the search's answers meanwhile."""
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     store.record("curl -s https://example.com", exit=0, session="s")
     with sqlite3.connect(store.path) as raw:  # as an older calmd stored it
         raw.execute(

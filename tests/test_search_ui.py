@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from calmd.shell import search_ui
-from calmd.shell.search_ui import State, ago, clip, clip_left, highlight_spans, parse_keys, visible
+from calmd.shell.search_screen import ago, clip, clip_left, highlight_spans
+from calmd.shell.search_ui import State, parse_keys, visible
 from tests.tmux import shell_env
 from tests.waiting import HANG_S
 

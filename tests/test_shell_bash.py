@@ -249,7 +249,7 @@ def test_shift_tab_offers_only_what_the_ghost_would(home: Path) -> None:
     from calmd import paths
 
     (home / "data").mkdir()
-    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (home / "data" / paths.WEIGHTS).write_bytes(paths.packaged_weights().read_bytes())
     (home / "src" / "app").mkdir(parents=True)
     (home / "src" / "info.txt").write_text("x")
     with running_daemon(home, engine="model", args=("--no-import",)) as daemon:

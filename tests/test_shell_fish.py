@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon
+from tests.daemon import BIN, Daemon, daemon_env, running_daemon, wait_imported
 from tests.tmux import (
     ELSEWHERE,
     Terminal,
@@ -193,3 +193,55 @@ def spool_of(term: Terminal) -> Path:
     found = re.search(r"--spool (\S+)", out)
     assert found, out
     return Path(found.group(1))
+
+
+def test_fish_history_is_imported_once_and_never_what_was_paused(home: Path) -> None:
+    """Issue 39, as it was found: on a fresh home, the daemon started, then in fish `echo one; set
+    CALM_RECORD 0; echo paused; set CALM_RECORD 1; echo two` (a command a prompt), and the daemon
+    restarted: its first import of fish's own history (which holds every line) stored each command
+    a second time and brought `echo paused` back. Now each is there once, and nothing of the paused
+    lines; nor after more commands and a `calm import` of the same file."""
+    fish_data = home / "fish-data"
+    env = {"XDG_DATA_HOME": str(fish_data)}  # the daemon finds fish's history where fish writes it
+    fish_history = fish_data / "fish" / "fish_history"
+    typed = ["echo one", "set CALM_RECORD 0", "echo paused", "set CALM_RECORD 1", "echo two"]
+    with fish_terminal(home, fish_history="fish") as term:  # fish's own default history file
+        with running_daemon(home, env=env):
+            term.wait_for("^PROMPT>")
+            for line in typed:
+                term.type(line)
+                term.send("Enter")
+                term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$", timeout=20)
+            wait_recorded(home, "echo two", timeout=30)  # the pauses were sent before it, in order
+        assert fish_history.is_file() and b"echo paused" in fish_history.read_bytes()
+        with running_daemon(home, env=env) as daemon, CalmClient(daemon.socket) as client:
+            wait_imported(client)
+            logged = daemon.wait_for("recorded already by the shell's hook", timeout=30)  # its log, piped
+            assert "3 recorded already by the shell's hook" in logged
+            assert "2 typed while recording was paused" in logged
+            assert _commands(home) == ["echo one", "set CALM_RECORD 1", "echo two"]
+            # more commands, one of them paused, then `calm import` of fish's history by hand
+            for line in ["echo three", "set CALM_RECORD 0", "echo paused-again", "set CALM_RECORD 1"]:
+                term.type(line)
+                term.send("Enter")
+                term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$", timeout=20)
+            expected = ["echo one", "set CALM_RECORD 1", "echo two", "echo three", "set CALM_RECORD 1"]
+            deadline = time.monotonic() + 30
+            while _commands(home) != expected:  # the second `set CALM_RECORD 1` recorded
+                assert time.monotonic() < deadline, _commands(home)
+                time.sleep(0.05)
+            assert wait_recorded(home, "echo three", timeout=30).source == "shell"
+            calm_import = [str(BIN / "calm"), "import", str(fish_history)]
+            out = subprocess.run(calm_import, env=daemon_env(home, **env), capture_output=True, text=True,
+                                 timeout=60)  # fmt: skip
+            assert out.returncode == 0 and "0 commands imported (fish format)" in out.stdout, out
+    assert _commands(home) == expected
+    raw = b"".join(p.read_bytes() for p in (home / "data").glob("history.sqlite3*"))
+    assert b"paused" not in raw and b"CALM_RECORD 0" not in raw
+
+
+def _commands(home: Path) -> list[str]:
+    """`calm history --commands`, as the user reads it."""
+    out = subprocess.run([str(BIN / "calm"), "history", "--commands"], env=daemon_env(home),
+                         capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    return out.stdout.splitlines()

@@ -20,6 +20,7 @@ import pytest
 
 from calmd import paths
 from calmd.shell import helper as shell_helper
+from calmd.shell import hooks, lines
 from tests.daemon import BIN, Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
@@ -43,11 +44,11 @@ class HelperProcess:
         self.proc.stdin.flush()
 
     def complete(self, seq: int, text: str, n: int = 5) -> None:
-        self.send("c", str(seq), str(n), "/tmp", "main", shell_helper.escape(text))
+        self.send("c", str(seq), str(n), "/tmp", "main", lines.escape(text))
 
     def complete2(self, seq: int, text: str, n: int = 5, min_confidence: str = "") -> None:
         """A request as the hooks send it to a `--format 2` helper (with the threshold)."""
-        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, shell_helper.escape(text))
+        self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, lines.escape(text))
 
     def reply2(self, timeout: float = HANG_S) -> tuple[str, bool, str, list[str]]:
         """A `--format 2` answer: (seq, final, flags, candidates)."""
@@ -80,7 +81,7 @@ class HelperProcess:
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         seq, final, *cands = line.decode().split("\t")
-        return seq, final == "1", [shell_helper.unescape(c) for c in cands]
+        return seq, final == "1", [lines.unescape(c) for c in cands]
 
     def final(self, seq: int) -> list[str]:
         """The candidates of the last reply to `seq` (earlier requests' replies are skipped)."""
@@ -108,50 +109,50 @@ def helper(home: Path) -> Iterator[HelperProcess]:
 
 @pytest.mark.parametrize("text", ["", "plain", "a\tb", "two\nlines", "back\\slash", "\\n literal", "é ✓"])
 def test_escape_round_trip(text: str) -> None:
-    escaped = shell_helper.escape(text)
+    escaped = lines.escape(text)
     assert "\n" not in escaped and "\t" not in escaped
-    assert shell_helper.unescape(escaped) == text
+    assert lines.unescape(escaped) == text
 
 
 def test_parse_request() -> None:
-    c = shell_helper.parse_request("c\t7\t3\t/src\tmain\tgit s\\tx")
-    assert c == shell_helper.Complete("7", 3, "git s\tx", "/src", "main")
-    r = shell_helper.parse_request("r\t1\t/src\t\t1700000000.5\techo a\\nb")
-    assert r == shell_helper.Record("echo a\nb", 1, "/src", "", 1700000000.5)
-    assert isinstance(r, shell_helper.Record)
+    c = lines.parse_request("c\t7\t3\t/src\tmain\tgit s\\tx")
+    assert c == lines.Complete("7", 3, "git s\tx", "/src", "main")
+    r = lines.parse_request("r\t1\t/src\t\t1700000000.5\techo a\\nb")
+    assert r == lines.Record("echo a\nb", 1, "/src", "", 1700000000.5)
+    assert isinstance(r, lines.Record)
     assert r.fields("s") == {"exit": 1, "cwd": "/src", "ts": 1700000000.5, "session": "s"}
-    assert shell_helper.parse_request("c\t1\t99\t\t\tx") == shell_helper.Complete("1", 32, "x", "", "")
-    assert shell_helper.parse_request("c\t1\t5\t/\tm\t0.25\tx") == shell_helper.Complete(
-        "1", 5, "x", "/", "m", 0.25
-    )
+    assert lines.parse_request("c\t1\t99\t\t\tx") == lines.Complete("1", 32, "x", "", "")
+    assert lines.parse_request("c\t1\t5\t/\tm\t0.25\tx") == lines.Complete("1", 5, "x", "/", "m", 0.25)
     for odd in ("", "-1", "2", "nan", "abc"):  # the default threshold
-        assert shell_helper.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == shell_helper.Complete(
-            "1", 5, "x", "/", "m", None
-        )
-    assert shell_helper.parse_request("r\t\t\t\t\tls") == shell_helper.Record("ls", None, "", "", None)
+        assert lines.parse_request(f"c\t1\t5\t/\tm\t{odd}\tx") == lines.Complete("1", 5, "x", "/", "m", None)
+    assert lines.parse_request("r\t\t\t\t\tls") == lines.Record("ls", None, "", "", None)
     # a clock or a status no shell reports (issue 30): the command is still recorded, without them
     for ts, code, kept in (("inf", "1", 1), ("nan", "1", 1), ("1e20", "99999999999999999999", None),
                            ("-5", "4294967296", None)):  # fmt: skip
-        odd = shell_helper.parse_request(f"r\t{code}\t\t\t{ts}\tls")
-        assert odd == shell_helper.Record("ls", kept, "", "", None), (ts, code)
-    assert shell_helper.parse_request("e\t/p/.venv\t") == shell_helper.Env("/p/.venv", "")
-    for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls"):
-        assert shell_helper.parse_request(bad) is None
+        odd = lines.parse_request(f"r\t{code}\t\t\t{ts}\tls")
+        assert odd == lines.Record("ls", kept, "", "", None), (ts, code)
+    assert lines.parse_request("e\t/p/.venv\t") == lines.Env("/p/.venv", "")
+    for bad in ("", "x", "c\t1", "c\t1\tnot-a-number\t\t\tx", "r\t0\t\t\tnot-a-time\tls", "p\tls"):
+        assert lines.parse_request(bad) is None
+    # a command timed from when the shell wrote its line (fish's request file's mtime), less its run
+    assert lines.parse_request("r\t0\t\t\t\tls\t1.5", written=1700000010.0).ts == 1700000008.5  # type: ignore[union-attr]
+    # paused (CALM_RECORD=0): when it started, and nothing else goes to the daemon
+    paused = lines.parse_request("p\t\t2.25", written=1700000010.0)
+    assert paused == lines.Record("", None, "", "", 1700000007.75, paused=True)
+    assert paused.fields("fish-1") == {"paused": True, "session": "fish-1", "ts": 1700000007.75}
 
 
 def test_helper_completes_and_records(home: Path, daemon: Daemon, helper: HelperProcess) -> None:
     record(daemon, "git status")
     helper.complete(1, "git st")
     assert helper.final(1) == ["git status", "git stmmit", "git stmmand", "git stnfig", "git stpy"]
-    helper.send(
-        "r", "2", shell_helper.escape("/tmp/x"), "main", "1700000000.25", shell_helper.escape("git st\\uff")
-    )
+    helper.send("r", "2", lines.escape("/tmp/x"), "main", "1700000000.25", lines.escape("git st\\uff"))
     helper.complete(2, "git st", n=1)
     assert helper.final(2) == ["git st\\uff"]  # the record is stored before the next complete runs
     row = wait_recorded(home, "git st\\uff")
     assert (row.exit, row.cwd, row.git, row.ts, row.session) == (2, "/tmp/x", "main", 1700000000.25, "s-test")
     # A tab is a control character: stored as typed, never sent back to a shell.
-    helper.send("r", "0", "/tmp", "", "", shell_helper.escape("git st\tab"))
+    helper.send("r", "0", "/tmp", "", "", lines.escape("git st\tab"))
     wait_recorded(home, "git st\tab")
     helper.complete(3, "git st", n=2)
     assert helper.final(3) == ["git st\\uff"]
@@ -161,7 +162,7 @@ def test_helper_sends_the_environment_and_its_path_once(home: Path, daemon: Daem
     helper = HelperProcess(home, "--format", "2")
     try:
         helper.send("r", "0", "/tmp", "", "", "python -m venv .venv")  # typed before the env changed
-        helper.send("e", shell_helper.escape("/home/u/proj/.venv"), "")
+        helper.send("e", lines.escape("/home/u/proj/.venv"), "")
         helper.send("r", "0", "/tmp", "", "", "pip install -e .")
         helper.complete2(1, "pip")
         helper.final(1)
@@ -182,7 +183,7 @@ def test_helper_sends_the_environment_and_its_path_once(home: Path, daemon: Daem
     with FakeDaemon.at_home(home / "fake", script) as fake:
         helper = HelperProcess(home / "fake", "--format", "2")
         try:
-            helper.send("e", shell_helper.escape("/w/tools"), "")
+            helper.send("e", lines.escape("/w/tools"), "")
             for seq in (1, 2):
                 helper.complete2(seq, "ls")
                 helper.final(seq)
@@ -395,7 +396,7 @@ def test_init_script(home: Path, name: str) -> None:
     text = out.stdout
     assert "-m calmd shell-helper" in text
     assert str(home / "data" / paths.DISABLED_FLAG) in text
-    assert text.endswith(shell_helper.script_path(name).read_text())
+    assert text.endswith(hooks.script_path(name).read_text())
     syntax = subprocess.run([name, "-n"], input=text, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
 
@@ -435,7 +436,7 @@ def test_the_hooks_run_calmd_isolated_from_the_current_folder(tmp_path: Path) ->
     as here), else with `-P` (a calmd found through PYTHONPATH or the user site, which `-I`
     ignores): both leave the current folder out."""
     quoted = shlex.quote(sys.executable)
-    text = shell_helper.init_script("zsh")
+    text = hooks.init_script("zsh")
     assert f"_CALM_HELPER=({quoted} -I -m calmd shell-helper --shell zsh)" in text
     assert f"_CALM_SEARCH=({quoted} -I -m calmd.shell.search_ui)" in text
     shadow = tmp_path / "clone"
@@ -446,7 +447,7 @@ def test_the_hooks_run_calmd_isolated_from_the_current_folder(tmp_path: Path) ->
     package = Path(shell_helper.__file__).resolve().parents[1]
     shutil.copytree(package, alt / "calmd", ignore=shutil.ignore_patterns("data", "__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(alt)}
-    code = "import calmd, calmd.shell.helper as h; print(calmd.__file__, h.python_command()[1])"
+    code = "import calmd, calmd.shell.hooks as h; print(calmd.__file__, h.python_command()[1])"
 
     def run(argv: list[str], cwd: Path) -> str:
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
@@ -459,20 +460,20 @@ def test_the_hooks_run_calmd_isolated_from_the_current_folder(tmp_path: Path) ->
 
 
 def test_init_script_bakes_in_a_socket(home: Path) -> None:
-    text = shell_helper.init_script("zsh", "/run/x y/calmd.sock")
+    text = hooks.init_script("zsh", "/run/x y/calmd.sock")
     assert "--socket '/run/x y/calmd.sock'" in text
 
 
 def test_the_cli_registers_the_shell_commands() -> None:
     from calmd.cli import calm_parser, calmd_parser
 
-    assert calmd_parser().parse_args(["init", "zsh"]).func is shell_helper.cmd_init
+    assert calmd_parser().parse_args(["init", "zsh"]).func is hooks.cmd_init
     from calmd.cli import cmd_shell_helper  # bash's and zsh's helper, or fish's with --spool
 
     assert calmd_parser().parse_args(["shell-helper", "--session", "s"]).func is cmd_shell_helper
-    assert calm_parser().parse_args(["enable"]).func is shell_helper.cmd_enable
-    assert calm_parser().parse_args(["disable"]).func is shell_helper.cmd_disable
-    assert calmd_parser().parse_args(["init", "fish"]).func is shell_helper.cmd_init
+    assert calm_parser().parse_args(["enable"]).func is hooks.cmd_enable
+    assert calm_parser().parse_args(["disable"]).func is hooks.cmd_disable
+    assert calmd_parser().parse_args(["init", "fish"]).func is hooks.cmd_init
     with pytest.raises(SystemExit):
         calmd_parser().parse_args(["init", "tcsh"])
 

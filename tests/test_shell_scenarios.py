@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, running_daemon
+from calmd import paths
+from calmd.shell.client import CalmClient
+from tests.daemon import BIN, Daemon, daemon_env, running_daemon, wait_imported
 from tests.tmux import (
     SETUP_LINES,
     Terminal,
@@ -195,6 +197,69 @@ def test_calm_record_0_pauses_recording_in_this_shell(home: Path, daemon: Daemon
         recorded = [row.cmd for row in history_rows(home)]
         assert "echo while-paused" not in recorded and pause not in recorded, recorded
         assert_quiet(term.screen())
+
+
+# The rc lines that make each shell write its own history file as it goes, each entry with its
+# time (an entry without one is never matched against the hooks': docs/history.md).
+WRITES_HISTORY = {
+    "zsh": "HISTFILE=~/.zsh_history SAVEHIST=1000 HISTSIZE=1000; setopt INC_APPEND_HISTORY EXTENDED_HISTORY",
+    "bash": "HISTFILE=~/.bash_history HISTTIMEFORMAT='%F %T '",
+}
+
+
+@pytest.mark.parametrize("shell", [s for s in SHELLS if s.id != "fish"])  # fish's: test_shell_fish.py
+def test_a_history_file_is_imported_once_and_never_what_was_paused(home: Path, shell: Shell) -> None:
+    """Issue 39's scenario in zsh and bash: on a fresh home, the daemon started, then `echo one;
+    CALM_RECORD=0; echo paused; CALM_RECORD=1; echo two` (a command a prompt), the shell's own
+    history file written (zsh as it goes, bash by `history -a`), and the daemon restarted: its
+    first-start import of that file (which holds every line) must neither repeat what the hook
+    recorded nor bring back what was paused (the hooks send the paused moments, `p`); nor must a
+    `calm import` of the same file after more commands."""
+    hist = home / (".zsh_history" if shell.name == "zsh" else ".bash_history")
+    flush = [] if shell.name == "zsh" else ["history -a"]  # zsh writes each line as it starts
+
+    def run_all(term: Terminal, lines: list[str]) -> None:
+        for line in lines:
+            shell.run(term, line)
+            term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$", timeout=20)
+
+    typed = ["echo one", "CALM_RECORD=0", "echo paused", "CALM_RECORD=1", "echo two", *flush]
+    with shell.start(home, before=WRITES_HISTORY[shell.name], CALM_PREDICT="0") as term:
+        # --no-import: the first start's import is left to the restart, after the hook recorded
+        with running_daemon(home, args=("--no-import",)):
+            run_all(term, typed)
+            wait_recorded(home, typed[-1], timeout=30)  # the pauses were sent before it, in order
+        assert b"echo paused" in hist.read_bytes()
+        with running_daemon(home) as daemon, CalmClient(daemon.socket) as client:
+            wait_imported(client)
+            logged = daemon.wait_for("recorded already by the shell's hook", timeout=30)
+            assert f"{3 + len(flush)} recorded already by the shell's hook" in logged
+            assert "2 typed while recording was paused" in logged
+            expected = ["echo one", "CALM_RECORD=1", "echo two", *flush]
+            assert history_commands(home) == expected
+            # more commands, one of them paused, then `calm import` of the file by hand
+            more = ["echo three", "CALM_RECORD=0", "echo paused-again", "CALM_RECORD=1", *flush]
+            run_all(term, more)
+            expected += ["echo three", "CALM_RECORD=1", *flush]
+            deadline = time.monotonic() + 30
+            while history_commands(home) != expected:  # the last one recorded
+                assert time.monotonic() < deadline, history_commands(home)
+                time.sleep(0.05)
+            out = subprocess.run([str(BIN / "calm"), "import", str(hist)], env=daemon_env(home),
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert out.returncode == 0, out
+            assert f"0 commands imported ({shell.name} format)" in out.stdout, out.stdout
+            assert "2 typed while recording was paused" in out.stdout, out.stdout
+    assert history_commands(home) == expected
+    raw = b"".join(p.read_bytes() for p in (home / "data").glob(f"{paths.HISTORY}*"))
+    assert b"paused" not in raw and b"CALM_RECORD=0" not in raw
+
+
+def history_commands(home: Path) -> list[str]:
+    """`calm history --commands`, as the user reads it."""
+    out = subprocess.run([str(BIN / "calm"), "history", "--commands"], env=daemon_env(home),
+                         capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    return out.stdout.splitlines()
 
 
 @pytest.mark.parametrize("shell", SHELLS)

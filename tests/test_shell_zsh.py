@@ -584,7 +584,7 @@ def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:
     suggested at the next `cd`, a file of the cwd completes `vim`, and the virtualenv activated
     at the prompt is stored with the commands typed in it."""
     (home / "data").mkdir()
-    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (home / "data" / paths.WEIGHTS).write_bytes(paths.packaged_weights().read_bytes())
     (home / "notes.md").write_text("x")
     engine = "model"
     with running_daemon(home, engine=engine, args=("--no-import",)), zsh_terminal(home) as term:
@@ -614,7 +614,7 @@ def test_a_ghost_is_drawn_only_where_its_line_belongs(
     repository; `make biuld`, which failed every time, is never drawn."""
     need("git")
     (home / "data").mkdir()
-    (home / "data" / "shell.cwgt").write_bytes(paths.packaged_weights().read_bytes())
+    (home / "data" / paths.WEIGHTS).write_bytes(paths.packaged_weights().read_bytes())
     subprocess.run(["git", "-c", "init.defaultBranch=master", "init", "-q", str(home)], check=True)
     outside = tmp_path_factory.mktemp("outside")
     with running_daemon(home, engine="model", args=("--no-import",)) as daemon:

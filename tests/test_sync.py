@@ -1,4 +1,4 @@
-"""calmd/history/sync.py: the sealed segments, export and import between stores that share a folder
+"""calmd/sync: the sealed segments, export and import between stores that share a folder
 (here the same folder, as an engine would leave it once it has copied every file)."""
 
 from __future__ import annotations
@@ -19,19 +19,18 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
-from calmd.history.sync import (
+from calmd.sync import export as export_module
+from calmd.sync import wire as wire_module
+from calmd.sync.config import SyncConfig, SyncError, read_config, write_config
+from calmd.sync.machine import Sync
+from calmd.sync.seal import (
     HEADER,
     Refused,
-    Sync,
-    SyncConfig,
-    SyncError,
     frame,
     key_phrase,
     new_key,
     open_segment,
     parse_key_phrase,
-    read_config,
-    write_config,
     write_key,
 )
 from tests.waiting import HANG_S
@@ -60,7 +59,7 @@ class Machine:
 def machine(tmp: Path, name: str, folder: Path, key: bytes, mode: str = "both") -> Machine:
     data = tmp / name
     data.mkdir()
-    store = HistoryStore(data / "history.sqlite3")
+    store = HistoryStore(data / paths.HISTORY)
     write_config(paths.sync_config_path(data), SyncConfig(str(folder), mode))
     write_key(paths.sync_key_path(data), key)
     sync = Sync(store, data)
@@ -275,9 +274,7 @@ def test_an_engine_reverting_a_segment_loses_nothing(
     first chunk, change a byte in place (the same size, inode and mtime: only the ctime tells), delete
     it. The reader refuses what is not whole and authentic; the next export of
     the machine that wrote it finds it not as written and seals its records again, in a new file."""
-    import calmd.history.sync as sync_module
-
-    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 1)  # a chunk per record: segments of several chunks
+    monkeypatch.setattr(wire_module, "CHUNK_RECORDS", 1)  # a chunk per record: segments of several chunks
     laptop, desktop, folder = pair
     laptop.store.record("make build", session="s", ts=1.0)
     laptop.run()
@@ -338,9 +335,7 @@ def test_small_segments_are_merged_and_each_record_is_stored_once(
     into a new one and deletes them. A reader that read the small ones, one that sees only the
     merged one, and one that still sees both (an engine that has not carried the deletions) each
     store every record once."""
-    import calmd.history.sync as sync_module
-
-    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 4)
+    monkeypatch.setattr(export_module, "COMPACT_SEGMENTS", 4)
     laptop, desktop, folder = pair
     for i in range(4):
         laptop.store.record(f"step {i}", session="s", ts=float(i))
@@ -380,18 +375,16 @@ def test_an_export_cut_short_between_two_segments_drops_nothing(
     """A machine that dies between two segments of one export (a merge here): the segments it wrote
     still list those they were to replace as live, so a reader reads them; the next export writes
     it all again and deletes the segment left behind."""
-    import calmd.history.sync as sync_module
-
-    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 1)
-    monkeypatch.setattr(sync_module, "SEGMENT_BYTES", 1)  # a segment per chunk
-    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 3)
+    monkeypatch.setattr(wire_module, "CHUNK_RECORDS", 1)
+    monkeypatch.setattr(export_module, "SEGMENT_BYTES", 1)  # a segment per chunk
+    monkeypatch.setattr(export_module, "COMPACT_SEGMENTS", 3)
     laptop, desktop, folder = pair
     for i in range(3):
         laptop.store.record(f"step {i}", session="s", ts=float(i))
         laptop.run()
     assert len(laptop.segments(folder)) == 3
     laptop.store.record("step 3", session="s", ts=3.0)
-    real = sync_module.atomic_write
+    real = export_module.atomic_write
     calls: list[Path] = []
 
     def dies_at_the_second(path: Path, **kwargs: Any) -> Any:
@@ -400,10 +393,10 @@ def test_an_export_cut_short_between_two_segments_drops_nothing(
             raise OSError(5, "the machine died")
         return real(path, **kwargs)
 
-    monkeypatch.setattr(sync_module, "atomic_write", dies_at_the_second)
+    monkeypatch.setattr(export_module, "atomic_write", dies_at_the_second)
     with pytest.raises(OSError, match="died"):
         laptop.run()
-    monkeypatch.setattr(sync_module, "atomic_write", real)
+    monkeypatch.setattr(export_module, "atomic_write", real)
     left = laptop.segments(folder)
     assert [p.name for p in left] == [f"0000000{i}.calm" for i in range(1, 5)]  # the first of the merge
     desktop.run()
@@ -419,9 +412,7 @@ def test_no_file_name_ever_holds_two_versions(
 ) -> None:
     """Through a whole life (exports, merges, a forget of each machine's records, a file lost and
     sealed again, a new key), every name in the folder has only ever held one content."""
-    import calmd.history.sync as sync_module
-
-    monkeypatch.setattr(sync_module, "COMPACT_SEGMENTS", 3)
+    monkeypatch.setattr(export_module, "COMPACT_SEGMENTS", 3)
     laptop, desktop, folder = pair
     seen: dict[str, bytes] = {}
 
@@ -584,7 +575,7 @@ def test_a_record_with_an_impossible_time_is_kept_without_it_and_counted(
     import time
 
     from calmd.cli.sync import status_lines
-    from calmd.history.sync import parse_record
+    from calmd.sync.wire import parse_record
 
     laptop, desktop, _ = pair
     # as an older calmd's store holds them (a zsh import of `: 999999999999:0;whoami`, a clock at -5)
@@ -646,7 +637,7 @@ def test_status_says_it_all(pair: tuple[Machine, Machine, Path]) -> None:
     assert (host["name"], host["id"], host["last_segment"], host["records_in"]) == (
         "laptop", laptop.sync.host_id(), 1, 2)  # fmt: skip
     assert host["last_sealed"] > 0
-    assert status["records_in"] == 2 and status["refused"] == {"count": 0, "files": []}
+    assert status["records_in"] == 2 and status["refused"] == {"count": 0, "now": 0, "files": []}
     assert laptop.sync.describe()["records_out"] == 2 and laptop.sync.describe()["pending_out"] == 0
     laptop.store.record("df", session="s", ts=3.0)
     assert laptop.sync.describe()["pending_out"] == 1
@@ -655,12 +646,13 @@ def test_status_says_it_all(pair: tuple[Machine, Machine, Path]) -> None:
 def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
     pair: tuple[Machine, Machine, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """What `calm forget --all` does to sync (calmd/history/sync.py `leave`; the daemons' test is
+    """What `calm forget --all` does to sync (calmd/sync/leave.py `leave`; the daemons' test is
     tests/test_sync_daemons.py): every row deleted with no forget to send, what sync learnt
     cleared, the numbers it gave and the forgets made before kept; a forget not sent yet is said
     before anything is deleted; a sync in progress holds it off, with nothing deleted."""
     from calmd.cli import calm_main
-    from calmd.history.sync import _sync_lock, leave, sync_holdings
+    from calmd.sync.config import sync_lock
+    from calmd.sync.leave import leave, sync_holdings
 
     laptop, desktop, folder = pair
     laptop.store.record("git pull", session="l", ts=1.0)
@@ -680,10 +672,10 @@ def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
     monkeypatch.setenv("CALM_CACHE", str(desktop.data.parent / "cache"))
     assert calm_main(["forget", "--all", "--dry-run"]) == 0
     said = capsys.readouterr().out
-    assert "2 stored commands" in said and "sync.key" in said and "this machine's share" in said
+    assert "2 stored commands" in said and paths.SYNC_KEY in said and "this machine's share" in said
     assert "1 forget made here not sent to your other machines yet" in said
 
-    with _sync_lock(desktop.data) as held:  # a sync in progress (calmd's)
+    with sync_lock(desktop.data) as held:  # a sync in progress (calmd's)
         assert held
         with pytest.raises(SyncError, match=r"held .*sync\.lock for 0\.2 s: nothing was deleted"):
             leave(desktop.data, desktop.store, holdings, wait_s=0.2)
@@ -704,21 +696,21 @@ def test_leaving_sync_forgets_this_machine_only_and_keeps_its_numbers(
 
 
 def test_a_bad_config_or_missing_key_is_one_clear_line(tmp_path: Path) -> None:
-    config = tmp_path / "sync.json"
+    config = tmp_path / paths.SYNC_CONFIG
     config.write_text('{"format": "calm-sync-config", "folder": "relative/path"}')
     with pytest.raises(SyncError, match=r"sync\.json: field 'folder' must be an absolute path"):
         read_config(config)
     config.write_text("{")
     with pytest.raises(SyncError, match="cannot read the sync config"):
         read_config(config)
-    store = HistoryStore(tmp_path / "history.sqlite3")
+    store = HistoryStore(tmp_path / paths.HISTORY)
     write_config(config, SyncConfig(str(tmp_path)))
     with pytest.raises(SyncError, match="no sync key on this machine"):
         Sync(store, tmp_path).run()
 
 
 def test_a_version_4_history_gains_the_sync_columns(tmp_path: Path) -> None:
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", session="a", exit=0)
     store.close()
@@ -749,7 +741,7 @@ def test_the_views_read_an_older_history_as_it_is(
     from calmd.cli import calm_main
     from calmd.history import query
 
-    path = tmp_path / "history.sqlite3"
+    path = tmp_path / paths.HISTORY
     store = HistoryStore(path)
     store.record("make", cwd="/src", session="a", exit=0, ts=1000.0, duration=1.5)
     store.close()
@@ -999,11 +991,10 @@ def test_a_keystroke_during_a_sync_import_reads_a_bounded_share(
     does), and a keystroke's sync of the history index (issue 30's bound: at most `budget` rows,
     up to the newest there is when it starts) reads a bounded share of them; the next keystrokes
     catch up, with the other machine's commands counted but this machine's recency first."""
-    from calmd.history import sync as sync_module
     from calmd.suggest.ranking import HistoryIndex
 
     laptop, desktop, _ = pair
-    monkeypatch.setattr(sync_module, "CHUNK_RECORDS", 50)  # 8 chunks, stored one after the other
+    monkeypatch.setattr(wire_module, "CHUNK_RECORDS", 50)  # 8 chunks, stored one after the other
     with laptop.store.writing() as db:
         db.executemany("INSERT INTO commands (ts, session, cmd) VALUES (?, 's', ?)",
                        [(1000.0 + i, f"make target{i}") for i in range(400)])  # fmt: skip

@@ -23,8 +23,8 @@ import pytest
 
 from calmd import paths
 from calmd.history.store import HistoryStore
-from calmd.history.sync import TEST_HOLD_ENV
 from calmd.shell.client import CalmClient
+from calmd.sync.export import TEST_HOLD_ENV
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.syncthing import Syncthing
 from tests.tools import need
@@ -274,7 +274,11 @@ def test_forget_all_takes_this_machine_out_of_sync_and_nothing_comes_back(tmp_pa
 
         dry = forget_all("--dry-run")
         assert dry.returncode == 0, dry.stderr
-        assert "sync.json" in dry.stdout and "sync.key" in dry.stdout and "this machine's share" in dry.stdout
+        assert (
+            paths.SYNC_CONFIG in dry.stdout
+            and paths.SYNC_KEY in dry.stdout
+            and "this machine's share" in dry.stdout
+        )
         done = forget_all("--yes")
         assert done.returncode == 0, done.stderr
         assert "forgot 2 commands" in done.stdout and "sync is off on this machine" in done.stdout
@@ -302,3 +306,59 @@ def test_forget_all_takes_this_machine_out_of_sync_and_nothing_comes_back(tmp_pa
         again = {("ssh build-box", "laptop"), ("make release", "laptop"), ("df -h", "desktop")}
         wait_until(lambda: commands(desktop) == again, "the desktop reads the laptop's share again")
         assert b.status()["status"]["sync"]["host"]["id"] == desktop_id
+
+
+def test_daemons_read_a_folder_that_lies_and_heal_it(tmp_path: Path) -> None:
+    """The folder cases of issue 39 with the daemons doing the work. While the laptop's daemon is
+    off, its share gets a segment sealed with the key whose list of live segments names only itself,
+    and another sub-folder 10,000 junk files named like segments. The desktop's daemon receives the
+    laptop's commands all the same, says in `calmd status` which machine's list hid them, and
+    refuses the junk with a count and the first five, its log saying five of them and one line for
+    the rest. Once the laptop's daemon runs again, it writes its list again past the planted segment
+    and deletes it, and the desktop's warning goes."""
+    from tests.test_sync_folder import plant_manifest
+
+    laptop, desktop = tmp_path / "laptop", tmp_path / "desktop"
+    folder = tmp_path / "sync"
+    for p in (laptop, desktop, folder):
+        p.mkdir(mode=0o700)
+    set_up(laptop, desktop, folder, folder)
+    args = ("--no-import",)
+    made = ["make target0", "git status", "cargo build --release"]
+    with running_daemon(laptop, args=args) as one, CalmClient(one.socket) as a:
+        for line in made:
+            assert a.record(line, exit=0, session="l1")["stored"]
+        wait_until(lambda: a.status()["status"]["sync"]["pending_out"] == 0, "the laptop exports")
+        share = folder / a.status()["status"]["sync"]["host"]["id"]
+    from calmd.sync.seal import read_key
+
+    planted = plant_manifest(share, read_key(laptop / "data" / "sync.key"))
+    junk = folder / "0123456789abcdef"
+    junk.mkdir()
+    for i in range(1, 10_001):
+        (junk / f"{i:08d}.calm").write_bytes(b"CALMSYN2" + os.urandom(60))
+
+    with running_daemon(desktop, args=args) as two, CalmClient(two.socket) as b:
+        wait_until(lambda: sorted(e["cmd"] for e in history(desktop)) == sorted(made),
+                   "the desktop receives the laptop's commands")  # fmt: skip
+        wait_until(lambda: bool(b.status()["status"]["sync"]["hidden"]), "the desktop says the list hid them")
+        sync = b.status()["status"]["sync"]
+        [hidden] = sync["hidden"]
+        assert (hidden["host"], hidden["manifest"], hidden["records"]) == (share.name, int(planted.stem), 3)
+        wait_until(lambda: b.status()["status"]["sync"]["refused"]["count"] == 10_000, "the junk is refused")
+        refused = b.status()["status"]["sync"]["refused"]
+        assert refused["now"] == 10_000 and len(refused["files"]) == 5
+        two.wait_for("sync: refused 9995 more files")
+        log = two.read_output()
+        assert sum("sync: refused" in line for line in log.splitlines()) == 6
+        status = calm(desktop, "sync")
+        assert f"warning: laptop ({share.name}): its newest list of its segments" in status
+        assert len(status.splitlines()) < 20
+
+        with running_daemon(laptop, args=args) as one, CalmClient(one.socket) as a:
+            wait_until(lambda: not planted.exists(), "the laptop deletes the segment it never wrote")
+            assert a.status()["status"]["sync"]["disowned"] == 1
+            one.wait_for("that its history does not know of")
+        wait_until(lambda: b.status()["status"]["sync"]["hidden"] == [], "the desktop's warning goes")
+        assert "warning" not in calm(desktop, "sync")
+        assert sorted(e["cmd"] for e in history(desktop)) == sorted(made)

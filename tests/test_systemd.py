@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_units_say_what_calmd_md_fixes() -> None:
-    socket_unit = (REPO / "systemd" / "calmd.socket").read_text()
-    assert "ListenStream=%t/calm/calmd.sock" in socket_unit
+    socket_unit = (REPO / "systemd" / paths.SYSTEMD_SOCKET_UNIT).read_text()
+    assert f"ListenStream=%t/{paths.APP}/{paths.SOCKET}" in socket_unit
     assert "SocketMode=0600" in socket_unit and "DirectoryMode=0700" in socket_unit
-    service = (REPO / "systemd" / "calmd.service").read_text()
+    service = (REPO / "systemd" / paths.SYSTEMD_SERVICE_UNIT).read_text()
     assert "ExecStart=%h/.local/bin/calmd serve" in service
     assert "ExecReload=/bin/kill -HUP $MAINPID" in service
 
@@ -48,17 +50,19 @@ def test_install_systemd_writes_units_with_the_real_binary(tmp_path: Path) -> No
     with user_manager(tmp_path) as env:
         out = subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(units)],
                              capture_output=True, text=True, check=True, env=env).stdout  # fmt: skip
-        service = (units / "calmd.service").read_text()
+        service = (units / paths.SYSTEMD_SERVICE_UNIT).read_text()
         # opting out of the first-start import of the shells' history files
         subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(units), "--no-import"],
                        capture_output=True, text=True, check=True, env=env)  # fmt: skip
-    assert "systemctl --user enable --now calmd.socket" in out
+    assert f"systemctl --user enable --now {paths.SYSTEMD_SOCKET_UNIT}" in out
     exec_line = next(line for line in service.splitlines() if line.startswith("ExecStart="))
     binary = exec_line.removeprefix("ExecStart=").split()[0]
     assert Path(binary).is_file() and Path(binary).name == "calmd"
     assert exec_line == f"ExecStart={binary} serve"
-    assert f"ExecStart={binary} serve --no-import\n" in (units / "calmd.service").read_text()
-    assert (units / "calmd.socket").read_text() == (REPO / "systemd" / "calmd.socket").read_text()
+    assert f"ExecStart={binary} serve --no-import\n" in (units / paths.SYSTEMD_SERVICE_UNIT).read_text()
+    assert (units / paths.SYSTEMD_SOCKET_UNIT).read_text() == (
+        REPO / "systemd" / paths.SYSTEMD_SOCKET_UNIT
+    ).read_text()
 
 
 @pytest.mark.needs("systemd-analyze")
@@ -67,7 +71,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
         subprocess.run([str(BIN / "calmd"), "install-systemd", "--dir", str(tmp_path)], check=True,
                        capture_output=True, env=env)  # fmt: skip
     proc = subprocess.run(
-        ["systemd-analyze", "verify", "calmd.socket", "calmd.service"],
+        ["systemd-analyze", "verify", paths.SYSTEMD_SOCKET_UNIT, paths.SYSTEMD_SERVICE_UNIT],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.arguments import run_tool
 from calmd.errors import FormatError, one_line
 from tests.daemon import BIN, daemon_env
@@ -75,7 +76,7 @@ def test_calm(f: Path) -> None:
     assert one_error(f, "calm", [calm, "inspect", str(f / "garbage.cwgt")], 1).startswith(
         f"{f}/garbage.cwgt: "
     )
-    sync = f / "home" / "data" / "sync.json"
+    sync = f / "home" / "data" / paths.SYNC_CONFIG
     sync.parent.mkdir(mode=0o700, exist_ok=True)  # as calm makes it (a wider one: a note first)
     sync.write_text('{"format": ')
     line = one_error(f, "calm", [calm, "sync", "now"], 1)
@@ -105,7 +106,7 @@ def test_calmd_serve_keeps_its_exit_code_and_says_the_one_line_on_stdout_too(f: 
 
 
 @pytest.mark.slow  # three processes each, importing torch (2 CPU-seconds each): the quick loop has the rest
-@pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary"])
+@pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary", "fit_anchor"])
 def test_the_fits(f: Path, tool: str) -> None:
     prog = f"python -m calmd.quality.{tool}"
     argv = [*PY, f"calmd.quality.{tool}", "--output", str(f / f"{tool}.json")]

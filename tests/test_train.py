@@ -30,8 +30,9 @@ from calmd.formats.tokenizer import (
     DEFAULT_SHELL_TEMPLATE_SPEC,
     build_sequence,
 )
-from calmd.model.checkpoint import load_model
-from calmd.model.mamba import SIZES, CalmModel, ModelConfig, flatten, supervised_nll
+from calmd.model.checkpoint import flatten, load_model
+from calmd.model.loss import supervised_nll
+from calmd.model.mamba import SIZES, CalmModel, ModelConfig
 from calmd.training.commands import TRAIN_FLAGS
 from calmd.training.evaluate import sequence_loss
 from calmd.training.plot import check_available, write_loss_plot

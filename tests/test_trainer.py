@@ -85,7 +85,7 @@ def runs_on(data: Path) -> list[int]:
 def install(home: Path, weights: Path) -> Path:
     data = home / "data"
     data.mkdir(parents=True, exist_ok=True)
-    (data / "shell.cwgt").write_bytes(weights.read_bytes())
+    (data / paths.WEIGHTS).write_bytes(weights.read_bytes())
     return data
 
 
@@ -106,7 +106,7 @@ def test_a_run_dies_with_its_daemon_and_the_next_daemon_sees_it_dead(
         d.proc.kill()  # kill -9: no shutdown code runs in the daemon
         d.proc.wait()
         wait_until(lambda: not alive(pid), "the orphaned run to die", timeout=HANG_S)  # was: it trained on
-    assert (data / "shell.cwgt").read_bytes() == tiny_weights.read_bytes()
+    assert (data / paths.WEIGHTS).read_bytes() == tiny_weights.read_bytes()
     with running_daemon(tmp_path, engine=ENGINE, args=LONG_RUN) as d, CalmClient(d.socket) as c:
         dead = training(c)
         assert dead["state"] == "interrupted" and dead["pid"] is None, dead  # not the dead run's state
@@ -139,7 +139,7 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
         # a second daemon on the same CALM_HOME (another socket) sees that run and starts none
         other = tmp_path / "other"
         other.mkdir()
-        env = {"CALM_HOME": str(data), "CALMD_SOCKET": str(other / "calmd.sock")}
+        env = {"CALM_HOME": str(data), "CALMD_SOCKET": str(other / paths.SOCKET)}
         with (
             running_daemon(other, engine=ENGINE, args=LONG_RUN, env=env, weights=False) as d2,
             CalmClient(d2.socket) as c2,
@@ -170,7 +170,7 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
         half.write_bytes(b"half")
         spill = data / "training" / ".heldout.ctds.z8w1.tokens"
         spill.write_bytes(b"half")
-        ranker = data / ".ranker.json.p4x7.tmp"  # a kill while it wrote the refitted ranker
+        ranker = data / f".{paths.RANKER}.p4x7.tmp"  # a kill while it wrote the refitted ranker
         ranker.write_bytes(b"half")
         os.kill(info["pid"], signal.SIGKILL)
         wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
@@ -181,7 +181,7 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
     # what a run left when its daemon was killed with it goes at the next start
     (data / ".shell.candidate.999999.cwgt").write_bytes(b"weights")
     # stale temp files of a killed writer go too; a fresh one (a live writer's) stays
-    stale, fresh = data / ".training.json.x1y2.tmp", data / ".shell.cwgt.a1b2.tmp"
+    stale, fresh = data / f".{paths.TRAINING_STATUS}.x1y2.tmp", data / f".{paths.WEIGHTS}.a1b2.tmp"
     stale.write_bytes(b"half")
     fresh.write_bytes(b"half")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
@@ -189,7 +189,7 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
         assert training(c)["state"] == "interrupted"
         assert not list(data.glob(".shell.candidate.*")) and not stale.exists() and fresh.exists()
         d.wait_for("removed what killed training runs left")
-    assert (data / "shell.cwgt").read_bytes() == tiny_weights.read_bytes()
+    assert (data / paths.WEIGHTS).read_bytes() == tiny_weights.read_bytes()
 
 
 def test_a_failed_run_shows_as_failed_with_its_reason(tmp_path: Path) -> None:
@@ -213,7 +213,7 @@ def test_a_failed_run_shows_as_failed_with_its_reason(tmp_path: Path) -> None:
 
 
 def test_rollback_exchanges_the_two_files(tmp_path: Path, tiny_weights: Path) -> None:
-    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    weights, prev = tmp_path / paths.WEIGHTS, tmp_path / paths.PREV_WEIGHTS
     write_test_weights(weights, n=64)  # the current file need not even be a model
     prev.write_bytes(tiny_weights.read_bytes())
     inodes = weights.stat().st_ino, prev.stat().st_ino
@@ -228,7 +228,7 @@ def test_rollback_without_an_exchange_keeps_the_weights_whole(
     tmp_path: Path, tiny_weights: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(background, "exchange", lambda a, b: False)  # a file system without it
-    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    weights, prev = tmp_path / paths.WEIGHTS, tmp_path / paths.PREV_WEIGHTS
     write_test_weights(weights, n=64)
     prev.write_bytes(tiny_weights.read_bytes())
     rollback(weights)
@@ -248,8 +248,8 @@ def ranker_file(path: Path, examples: int) -> bytes:
 def test_rollback_brings_back_the_ranker_with_the_weights(
     tmp_path: Path, tiny_weights: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
-    ranker, prev_ranker = tmp_path / "ranker.json", tmp_path / "ranker.prev.json"
+    weights, prev = tmp_path / paths.WEIGHTS, tmp_path / paths.PREV_WEIGHTS
+    ranker, prev_ranker = tmp_path / paths.RANKER, tmp_path / paths.PREV_RANKER
     write_test_weights(weights, n=64)
     prev.write_bytes(tiny_weights.read_bytes())
     older = ranker_file(ranker, 100)
@@ -277,7 +277,7 @@ def test_rollback_brings_back_the_ranker_with_the_weights(
 
 
 def test_rollback_refuses_a_bad_file_and_a_running_run(tmp_path: Path, tiny_weights: Path) -> None:
-    weights, prev = tmp_path / "shell.cwgt", tmp_path / "shell.prev.cwgt"
+    weights, prev = tmp_path / paths.WEIGHTS, tmp_path / paths.PREV_WEIGHTS
     weights.write_bytes(tiny_weights.read_bytes())
     prev.write_bytes(b"CWGT but not really")
     with pytest.raises(FormatError):
@@ -297,9 +297,9 @@ def test_calm_rollback_while_the_daemon_serves_never_shows_a_missing_file(
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    weights = data / "shell.cwgt"
+    weights = data / paths.WEIGHTS
     weights.write_bytes(paths.packaged_weights().read_bytes())  # two real models, back and forth
-    (data / "shell.prev.cwgt").write_bytes(tiny_weights.read_bytes())
+    (data / paths.PREV_WEIGHTS).write_bytes(tiny_weights.read_bytes())
     tiny_params = load_model(tiny_weights).header.param_count
     packaged_params = read_cwgt(weights).header.param_count
     seen: list[str] = []
@@ -361,7 +361,7 @@ def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weight
         while time.monotonic() < deadline:
             seen.update(runs_on(data))
             time.sleep(0.02)
-        log = (data / "training.log").read_text(errors="replace")[-2000:]
+        log = (data / paths.TRAINING_LOG).read_text(errors="replace")[-2000:]
         assert len(seen) == 1, (seen, d.read_output()[-3000:], log)
         status = training(c)
         assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))

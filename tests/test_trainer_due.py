@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.daemon.trainer import TEST_PRIORITY_ENV, exit_words
 from calmd.shell.client import CalmClient
 from calmd.training import background
@@ -72,7 +73,7 @@ def test_a_due_check_that_fails_at_start_leaves_the_daemon_serving(tmp_path: Pat
     with running_daemon(tmp_path, args=counting) as d, CalmClient(d.socket) as c:
         for i in range(60):
             c.record(f"make target-{i}", exit=0, session="s")
-    (tmp_path / "data" / "training.log").mkdir()
+    (tmp_path / "data" / paths.TRAINING_LOG).mkdir()
     args = ("--no-import", "--train-threshold", "50", *NO_GATE, "--train-check-interval", "0")
     with running_daemon(tmp_path, args=args) as d, CalmClient(d.socket) as c:
         d.wait_for("the training due check (start) failed")
@@ -198,7 +199,7 @@ def test_every_exit_of_a_run_says_what_happened_in_words() -> None:
     words = {code: exit_words(123, code, {}) for code in codes}
     assert all(len(w.split()) >= 3 for w in words.values()), words
     assert len(set(words.values())) == len(codes)  # each says something of its own
-    assert "another training run held training.lock" in words[background.EXIT_LOCKED]
+    assert f"another training run held {paths.TRAINING_LOCK}" in words[background.EXIT_LOCKED]
     assert "SIGKILL" in words[-9] and "code 70" in words[70]
     mine = {"pid": 123, "state": "done", "reason": "held-out loss 2.1 -> 2.0, not worse: swapped in"}
     assert exit_words(123, 0, mine) == mine["reason"]

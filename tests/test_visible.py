@@ -20,6 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from calmd import paths
 from calmd.cli import calm_main
 from calmd.cli.status_view import status_table
 from calmd.history import query
@@ -158,7 +159,7 @@ def test_finite_replaces_only_what_json_cannot_hold() -> None:
 def hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))  # no folder written `~`
     monkeypatch.setenv("COLUMNS", "300")  # rich's width off a terminal: no cell folded
-    return write_rows(tmp_path / "data" / "history.sqlite3", hostile_rows(NOW))
+    return write_rows(tmp_path / "data" / paths.HISTORY, hostile_rows(NOW))
 
 
 def assert_all_shown(out: str, texts: list[str]) -> None:

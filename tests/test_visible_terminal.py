@@ -18,7 +18,8 @@ import pytest
 
 from calmd import paths
 from calmd.history import query
-from calmd.history.sync import SyncConfig, new_key, write_config, write_key
+from calmd.sync.config import SyncConfig, write_config
+from calmd.sync.seal import new_key, write_key
 from calmd.visible import json_text, visible
 from tests.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
 from tests.daemon import BIN, running_daemon
@@ -85,7 +86,7 @@ class View:
 
 @pytest.fixture
 def store(home: Path) -> Path:
-    return write_rows(home / "data" / "history.sqlite3", hostile_rows(NOW))
+    return write_rows(home / "data" / paths.HISTORY, hostile_rows(NOW))
 
 
 def test_the_checks_see_the_forms_when_they_reach_the_terminal(home: Path) -> None:
@@ -161,7 +162,7 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
     ]
     refused = home / "refused" / ("evil" + "".join(forms) + "\u200b.hist")
     refused.parent.mkdir()
-    refused.write_bytes(b"\0" * 64)  # not a history: refused whole
+    refused.write_bytes(bytes(range(1, 32)) * 4)  # control bytes: not a history, refused whole
     with running_daemon(home):
         view = View(home, "search")
         try:
@@ -188,7 +189,7 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
             view.close()
 
 
-# A synced record's host is the name another machine's segments gave (calmd/history/sync.py), and
+# A synced record's host is the name another machine's segments gave (calmd/sync/), and
 # the sync folder any name: both as hostile as a command. Written here as an import leaves them.
 SYNC_ID = "0123456789abcdef"
 REFUSED, REASON = "00000002.calm", "tampered: a chunk does not open"
@@ -202,7 +203,7 @@ def synced(home: Path) -> Path:
     """A history with a record of the machine HOSTILE_HOST, sync set up on a folder whose name
     holds an OSC 0, that host seen and one of its files refused."""
     data = home / "data"
-    db = write_rows(data / "history.sqlite3", [
+    db = write_rows(data / paths.HISTORY, [
         {"cmd": "make deploy", "cwd": "/src", "exit": 0, "ts": NOW, "host": HOSTILE_HOST, "origin": SYNC_ID,
          "origin_id": 1},
         {"cmd": "htop", "cwd": "/srv", "exit": 0, "ts": NOW + 1},

@@ -287,7 +287,7 @@ SETUP_LINES = {
 
 def history_rows(home: Path) -> list[HistoryRow]:
     """What the daemon stored, read from the SQLite store in the test's data dir."""
-    path = home / "data" / "history.sqlite3"
+    path = home / "data" / paths.HISTORY
     if not path.exists():
         return []
     store = HistoryStore(path)

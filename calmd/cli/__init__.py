@@ -1,11 +1,12 @@
-"""The `calm` (model toolbox) and `calmd` (daemon) command lines: one module per command group.
+"""The `calm` (your history, its search and sync, the model's tools) and `calmd` (the daemon and
+the shell hooks) command lines: one module per command group.
 
     common.py    the console, one-line errors and exit codes (`run`), argparse types
     formats.py   calm tokenize, detokenize, inspect
     dataset.py   calm dataset (its flags are DatasetOptions' fields)
     model.py     calm init, train, evaluate, generate, rollback
     history.py   calm import, search, history, stats, forget
-    sync.py      calm sync (now, key): the history shared between machines (calmd/history/sync.py)
+    sync.py      calm sync (now, key): the history shared between machines (calmd/sync/)
     replay.py    calm replay
     shell.py     calm enable, disable; calmd init, shell-helper
     daemon.py    calmd serve (its flags are ServerConfig's fields), status, stop, complete, install-systemd
@@ -34,18 +35,30 @@ __all__ = ["DATASET_FLAGS", "SERVE_FLAGS", "calm_main", "calm_parser", "calmd_ma
 
 
 def calm_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="calm", description="CALM model toolbox: tokenizer, datasets, weights.")
+    parser = Parser(
+        prog="calm",
+        description="calm: your shell history (import, search, history, stats, forget, sync), the "
+        "suggestions' switch (enable, disable), and the CALM model's tools (init, train, evaluate, "
+        "generate, rollback, replay, dataset, tokenize, detokenize, inspect). The daemon the shells "
+        "talk to is `calmd`: see `calmd --help`.",
+    )
     parser.add_argument("--version", action="version", version=f"calm {__version__}")
     parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (formats.add_parsers, dataset.add_parsers, model.add_parsers, history.add_parsers,
-                  replay.add_parsers, shell.add_calm_parsers, sync.add_parsers):  # fmt: skip
+    # a newcomer's order: the history first, then the shells' switch, then the model's tools
+    for group in (history.add_parsers, sync.add_parsers, shell.add_calm_parsers, model.add_parsers,
+                  replay.add_parsers, dataset.add_parsers, formats.add_parsers):  # fmt: skip
         group(sub)
-    return parser
+    return described(parser)
 
 
 def calmd_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="calmd", description="calmd: the CALM suggestion daemon.")
+    parser = Parser(
+        prog="calmd",
+        description="calmd: the daemon that suggests commands to your shells, records what you run "
+        "and learns from it (serve, status, stop, train, complete, install-systemd), and the shell "
+        "hooks (init). Your history and the model's tools are `calm`: see `calm --help`.",
+    )
     parser.add_argument("--version", action="version", version=f"calmd {__version__}")
     parser.add_argument("--no-color", action="store_true", help="plain output (NO_COLOR is honoured too)")
     parser.add_argument(
@@ -56,6 +69,20 @@ def calmd_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     daemon.add_parsers(sub)
     shell.add_calmd_parsers(sub)
+    return described(parser)
+
+
+def described(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every subcommand without a description of its own its help line as one, so that
+    `calm COMMAND --help` says what COMMAND does, not only its usage (its subcommands too)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    text = str(helps[name])
+                    sub.description = text[0].upper() + text[1:] + "."
+                described(sub)
     return parser
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from calmd import paths
 from calmd.arguments import run_tool
+from calmd.visible import quoted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,7 +35,7 @@ def probability(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
     return value

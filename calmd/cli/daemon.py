@@ -10,7 +10,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calmd import paths
 from calmd.arguments import Flags, Parser, add_flags, config_from, number, whole
@@ -199,19 +199,22 @@ def result_lines(text: str, width: int | None) -> list[str]:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    from calmd.protocol import MAX_INPUT_BYTES
+    from calmd.protocol import MAX_INPUT_BYTES, wire_text
     from calmd.shell.client import DaemonError, DaemonNotRunning
 
     if len(args.text.encode("utf-8", "surrogateescape")) > MAX_INPUT_BYTES:
         raise CalmError(f"TEXT is longer than {MAX_INPUT_BYTES} bytes, what a line may hold: give its end")
-    history = [{"cmd": h, "exit": 0} for h in args.history] if args.history else None
+    # bytes that are not UTF-8 (a shell passes them as they are) as U+FFFD: the store's rule
+    text, session = wire_text(args.text), wire_text(args.session)
+    history = [{"cmd": wire_text(h), "exit": 0} for h in args.history] if args.history else None
+    cwd, git = wire_text(args.cwd or _cwd()), None if args.git is None else wire_text(args.git)
     try:
         with connect(args) as client:
-            ctx = {"cwd": args.cwd or os.getcwd(), "git": args.git, "history": history}
+            ctx: dict[str, Any] = {"cwd": cwd, "git": git, "history": history}
             # asked as the zsh hook asks (the early line first; a multi-line entry too), so the
             # daemon's ghost rule shows what a shell draws: with --scores, the drawn line is marked
             # `ghost`. Printed escaped, never raw: `\n`, `\e` ...
-            for message in client.complete(args.text, n=args.n, session=args.session, early=True,
+            for message in client.complete(text, n=args.n, session=session, early=True,
                                            multiline=True, **ctx):  # fmt: skip
                 if "early" in message and args.scores:
                     drawn = "ghost" if message.get("ghost") else "     "
@@ -238,12 +241,20 @@ def cmd_complete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cwd() -> str:
+    """The current folder, or none when it is gone (removed under the shell)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
 def cmd_install_systemd(args: argparse.Namespace) -> int:
     import shutil
 
     from calmd.cli.systemd import install_units, user_manager_problem
 
-    target = Path(args.dir).expanduser() if args.dir else Path.home() / ".config" / "systemd" / "user"
+    target = Path(args.dir).expanduser() if args.dir else paths.systemd_units_dir()
     if target.exists() and not target.is_dir():
         raise CalmError(f"--dir {target}: not a folder; give the folder for the unit files")
     calmd_bin = shutil.which("calmd") or str(Path(sys.argv[0]).resolve())
@@ -265,12 +276,19 @@ def cmd_install_systemd(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """serve, status, stop, complete, install-systemd (calmd)"""
-    p = sub.add_parser("serve", help="run the daemon in the foreground")
+    p = sub.add_parser(
+        "serve", help="run the daemon in the foreground",
+        description="Run the daemon in the foreground of this terminal (it stops with it: Ctrl-C, or "
+        "closing the terminal); `calmd install-systemd` runs it as a systemd user service instead. Its "
+        "first start imports your shells' history files in the background (--no-import: not now).",
+    )  # fmt: skip
     p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="socket path")
     p.add_argument("--model", metavar="FILE.cwgt", help=f"weights (default {paths.weights_path()})")
     p.add_argument(
-        "--no-import", action="store_true", help="do not import ~/.bash_history and ~/.zsh_history"
-    )
+        "--no-import", action="store_true",
+        help="do not import ~/.bash_history, ~/.zsh_history and fish's history at this start (a start "
+        "without it imports them)",
+    )  # fmt: skip
     p.add_argument(
         "--no-prefetch",
         action="store_true",
@@ -283,12 +301,23 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
         metavar="ARG",
         help="extra argument for the training process (python -m calmd.training.background --help)",
     )
-    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true", help="log at debug level")
     p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("status", help="show the daemon's state (exit 3 when none runs)")
+    p = sub.add_parser(
+        "status", help="show the daemon's state (exit 3 when none runs)",
+        description="Show what the running daemon serves and does: the model and ranker in use, "
+        "latency, the history and its import, the search index, sync, the next training run and why "
+        "it waits, the disk, the socket. Exit 3 when no daemon answers.",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("stop", help="stop the daemon gracefully")
+    p = sub.add_parser(
+        "stop", help="stop the daemon gracefully",
+        description="Ask the running daemon to stop: it finishes the answers in flight and stops a "
+        "training run, then exits; this waits up to --timeout seconds for it. Exit 3 when none runs. "
+        "Under systemd, the socket unit would start it again at the next request: stop both units "
+        "instead (systemctl --user stop calmd.socket calmd.service).",
+    )  # fmt: skip
     p.set_defaults(func=cmd_stop)
     p = sub.add_parser(
         "train", help="start a background training run now and follow it to its result",
@@ -299,15 +328,20 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     )  # fmt: skip
     p.set_defaults(func=cmd_train_now)
     p = sub.add_parser("complete", help="print streamed candidates for TEXT (a debugging client)")
-    p.add_argument("text", metavar="TEXT")
+    p.add_argument("text", metavar="TEXT", help="what the user typed so far")
     p.add_argument("-n", type=whole(0, 32), default=5, help="candidates, 0 to 32 (default 5)")
-    p.add_argument("--cwd")
-    p.add_argument("--git")
-    p.add_argument("--session", default="calmd-complete")
+    p.add_argument("--cwd", help="the shell's folder (default: none)")
+    p.add_argument("--git", help="the git branch (default: none)")
+    p.add_argument("--session", default="calmd-complete", help="the session asking (default calmd-complete)")
     p.add_argument("--history", nargs="*", metavar="CMD", help="context commands (default: the store's)")
     p.add_argument("--scores", action="store_true", help="show scores and timing")
     p.set_defaults(func=cmd_complete)
-    p = sub.add_parser("install-systemd", help="copy the user units to ~/.config/systemd/user")
+    p = sub.add_parser(
+        "install-systemd", help="copy the user units to ~/.config/systemd/user",
+        description="Write calmd.socket and calmd.service into the user unit folder, the service "
+        "running this calmd, and say how to enable them. They need a systemd user session; without "
+        "one (a container, a plain SSH login) start the daemon with `calmd serve`.",
+    )  # fmt: skip
     p.add_argument("--dir", metavar="DIR", help="unit folder (default ~/.config/systemd/user)")
     p.add_argument("--no-import", action="store_true",
                    help="the daemon imports no shell's history file (calmd serve --no-import)")  # fmt: skip

@@ -12,6 +12,7 @@ from calmd.arguments import Flags, Parser, add_flags, config_from, whole
 from calmd.cli.common import new_console
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.training.options import DatasetOptions
+from calmd.visible import visible
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -63,7 +64,7 @@ def dataset_from_history(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else paths.dataset_path()
     if output.is_dir():
         raise CalmError(
-            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / paths.DATASET}"
         )
     store = HistoryStore(db)
     try:
@@ -72,7 +73,7 @@ def dataset_from_history(args: argparse.Namespace) -> int:
         store.close()
     if not args.quiet:
         skipped = counts["skipped_too_long"]
-        print(f"wrote {output}: {counts['sequences']:,} sequences from {db}"
+        print(f"wrote {visible(str(output))}: {counts['sequences']:,} sequences from {visible(str(db))}"
               + (f" ({skipped} too long, skipped)" if skipped else ""))  # fmt: skip
     return 0
 
@@ -88,7 +89,7 @@ def dataset_from_text(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else paths.dataset_path()
     if output.is_dir():
         raise CalmError(
-            f"--output {output}: a folder; give the dataset file to write, e.g. {output / 'train.ctds'}"
+            f"--output {output}: a folder; give the dataset file to write, e.g. {output / paths.DATASET}"
         )
     template = parse_template(args.template or DEFAULT_SHELL_TEMPLATE_SPEC)
     parser = SourceParser(template, name=str(source))
@@ -122,8 +123,9 @@ def dataset_from_text(args: argparse.Namespace) -> int:
         count, longest = len(writer), writer.max_len
     if not args.quiet:
         console.print(
-            f"wrote {count} sequences to {output} (longest {longest} tokens)"
-            + (f"; skipped {skipped} whose command does not fit l_max {args.l_max}" if skipped else "")
+            f"wrote {count} sequences to {visible(str(output))} (longest {longest} tokens)"
+            + (f"; skipped {skipped} whose command does not fit l_max {args.l_max}" if skipped else ""),
+            markup=False,  # a file name is the user's text, never rich's markup
         )
     return 0
 
@@ -137,12 +139,12 @@ def dataset_view(args: argparse.Namespace) -> int:
     with CtdsReader(path) as ds:
         total = ds.count()
         if total == 0:
-            console.print(f"{path}: empty dataset")
+            console.print(f"{visible(str(path))}: empty dataset", markup=False)
             return 0
         if not 1 <= args.index <= total:
             raise CalmError(f"{path}: --index {args.index} is outside 1..{total}")
         last = min(total, args.index - 1 + args.count)
-        console.print(f"{path}: {total} sequences, max_len {ds.max_len}")
+        console.print(f"{visible(str(path))}: {total} sequences, max_len {ds.max_len}", markup=False)
         console.print(legend())
         for i in range(args.index - 1, last):
             seq = ds.sequence(i)

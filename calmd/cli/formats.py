@@ -9,6 +9,7 @@ import sys
 from calmd.arguments import Parser
 from calmd.cli.common import new_console
 from calmd.errors import CalmError
+from calmd.visible import quoted
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -28,7 +29,7 @@ def cmd_detokenize(args: argparse.Namespace) -> int:
         try:
             value = int(word)
         except ValueError:
-            raise CalmError(f"{word!r} is not a token id (an integer 0-277)") from None
+            raise CalmError(f"{quoted(word)} is not a token id (an integer 0-277)") from None
         if not 0 <= value <= 0xFFFF:
             raise CalmError(f"token id {value} is out of range; valid ids are 0-277")
         values.append(value)
@@ -113,18 +114,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """tokenize, detokenize, inspect"""
     p = sub.add_parser("tokenize", help="print the token ids of TEXT")
-    p.add_argument("text", metavar="TEXT")
+    p.add_argument("text", metavar="TEXT", help="the text to encode (UTF-8)")
     p.add_argument("--frame", metavar="NAME", help="wrap as a frame: NAME ids... END (e.g. CWD)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser("detokenize", help="print the bytes of token ids (specials skipped)")
-    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("ids", nargs="+", metavar="ID", help="token ids, 0 to 319")
     p.add_argument("--view", action="store_true", help="show the coloured token view instead")
     p.set_defaults(func=cmd_detokenize)
 
     p = sub.add_parser("inspect", help="show a CWGT weight file's header, metadata and sizes")
-    p.add_argument("file", metavar="FILE.cwgt")
+    p.add_argument("file", metavar="FILE.cwgt", help="a weight file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true", help="also read every weight and check it is finite")
     p.set_defaults(func=cmd_inspect)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -19,7 +20,9 @@ from calmd.shell import (  # imports nothing heavy (`calm history` and `calm sta
 from calmd.visible import visible
 
 if TYPE_CHECKING:
-    from calmd.history.sync import SyncHoldings
+    from calmd.sync.leave import SyncHoldings
+
+IMPORT_NICE = 10  # `calm import`'s niceness over the shell's
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -27,10 +30,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     and the others are still imported; exit 1 when any was refused. fish's history is told apart
     by its first entry (or --format fish) and read by calmd/history/fish.py."""
     from calmd.history.fish import import_fish_history, is_fish_history
-    from calmd.history.store import HistoryStore, NotAHistory, import_summary
+    from calmd.history.formats import NotAHistory
+    from calmd.history.imports import import_summary
+    from calmd.history.store import HistoryStore
 
     if args.max_mib <= 0:
         raise CalmError(f"--max-mib {args.max_mib}: give a positive number of MiB (default 16)")
+    # a batch job beside the shells: on a busy machine their keystrokes (the daemon) go first, as
+    # they do before the daemon's own import worker (calmd/daemon/worker.py; issue 42)
+    with contextlib.suppress(OSError):
+        os.nice(IMPORT_NICE)
     store = HistoryStore(Path(args.db) if args.db else paths.history_path())
     refused = 0
     try:
@@ -49,7 +58,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 refused += 1
                 continue
             print(import_summary(result))  # its file name through `visible`
-        print(f"history: {store.count()} commands in {visible(str(store.path))}")
+        count = store.count()
+        print(f"history: {count} command{'s' * (count != 1)} in {visible(str(store.path))}")
     finally:
         store.close()
     return 1 if refused else 0
@@ -77,7 +87,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """`calm search` typed at a prompt: what Ctrl-R opens (`python -m calmd.shell.search_ui`,
     whose output the hooks read through `$(...)`), and the line it prints ends with a newline,
     so that the prompt after it starts on a line of its own."""
-    status = search_ui.cmd_search(args)
+    status = search_ui.cmd_search(args, "calm")
     if status == search_ui.CHOSEN:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -147,7 +157,7 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     store stays, empty, and remembers that the shells' history files were imported, so the next
     start does not bring them back), the model and ranker trained on them and the ones they
     replaced, the datasets, the training run's status and log, the helpers' log, and the cache
-    (the compiled kernels). With `calm sync`, this machine leaves it (calmd/history/sync.py
+    (the compiled kernels). With `calm sync`, this machine leaves it (calmd/sync/leave.py
     `leave`): sync.json and the key deleted, and this machine's share of the sync folder, so
     that nothing comes back from the folder and nothing of this machine's history stays there;
     the other machines are sent no forget (they keep their history), and what stays in the folder
@@ -156,7 +166,8 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     import shutil
 
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import SyncError, leave, sync_holdings
+    from calmd.sync.config import SyncError
+    from calmd.sync.leave import leave, sync_holdings
     from calmd.training.background import TrainingLock, lock_holder
 
     data, cache = paths.data_dir(), paths.cache_dir()
@@ -176,8 +187,9 @@ def forget_everything(*, dry_run: bool, yes: bool) -> int:
     listing = [f"{commands} stored command{'s' * (commands != 1)} ({db})"] + [str(p) for p in files + folders]
     listing += [str(p) for p in holdings.files]
     if holdings.share is not None:
-        listing.append(f"{holdings.share} (this machine's share of the sync folder: {holdings.segments} "
-                       "segments; your other machines keep what they received)")  # fmt: skip
+        segments = f"{holdings.segments} segment{'s' * (holdings.segments != 1)}"
+        listing.append(f"{holdings.share} (this machine's share of the sync folder: {segments}; your other "
+                       "machines keep what they received)")  # fmt: skip
     if holdings.unsent_forgets:
         listing.append(
             f"note: {holdings.unsent_forgets} forget{'s' * (holdings.unsent_forgets != 1)} made here "
@@ -262,8 +274,10 @@ def _reload_daemon() -> None:
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """import, search, history, stats, forget"""
     p = sub.add_parser("import", help="import bash, zsh or fish history files into the history store")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="history files: ~/.bash_history, ~/.zsh_history, fish's fish_history")  # fmt: skip
+    p.add_argument("--format", choices=["auto", "bash", "zsh", "fish"], default="auto",
+                   help="the file's format (default auto: told from its first lines and name)")  # fmt: skip
     p.add_argument("--db", metavar="PATH", help=f"history database (default {paths.history_path()})")
     p.add_argument("--max-mib", type=number(0, 1 << 20, above=True), default=16, metavar="MIB",
                    help="read at most the newest MIB mebibytes of each file (default 16)")  # fmt: skip

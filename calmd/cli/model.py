@@ -92,10 +92,18 @@ def cmd_calm_train(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     """init, train, evaluate, generate, rollback"""
-    p = sub.add_parser("init", help="write a randomly initialised model (CWGT v5, shell metadata)")
-    p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano")
+    p = sub.add_parser(
+        "init", help="write a randomly initialised model (CWGT v5, shell metadata)",
+        usage="%(prog)s [-h] -o PATH [--size {nano,micro,mini}] [--seed SEED] [--force]",
+        description="Write a new model with random weights to PATH, for `calm train` to train. It "
+        f"never writes the weights the daemon serves ({paths.WEIGHTS}) unless -o names them and "
+        "--force is given; those it replaces are kept for `calm rollback`.",
+    )  # fmt: skip
+    p.add_argument("--size", choices=["nano", "micro", "mini"], default="nano",
+                   help="nano (0.5M parameters, the keystroke's), micro or mini (default nano)")  # fmt: skip
+    # required, but checked by cmd_init, which says why in one line (not argparse's usage error)
     p.add_argument("-o", "--output", metavar="PATH", help="the new weight file (required)")
-    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0, help="random seed (default 0)")
     p.add_argument("--force", action="store_true", help="replace an existing file")
     p.set_defaults(func=cmd_init)
 
@@ -134,7 +142,7 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser("generate", help="print completions of a context, best first")
     p.add_argument("-m", "--model", metavar="FILE.cwgt", help="weights (default: yours, else the packaged)")
     p.add_argument("--input", "-i", default="", help="what the user typed so far")
-    p.add_argument("--cwd")
+    p.add_argument("--cwd", help="the shell's folder")
     p.add_argument("--git", help="git branch")
     p.add_argument("--env", help="environment note (e.g. venv:proj)")
     p.add_argument("--history", nargs="*", metavar="CMD", help="previous commands, oldest first")
@@ -142,14 +150,27 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--raw", action="store_true", help="ignore the stop conditions (EOS only)")
     p.add_argument("--sample", action="store_true", help="sample instead of beam search")
     p.add_argument("--temperature", type=number(0, 100), help="sampling temperature (default: the header's)")
-    p.add_argument("--top-k", type=whole(0, 320))
-    p.add_argument("--top-p", type=number(0, 1))
-    p.add_argument("--min-p", type=number(0, 1))
-    p.add_argument("--max-tokens", type=whole(1, 768))
+    p.add_argument(
+        "--top-k",
+        type=whole(0, 320),
+        help="with --sample: the K likeliest bytes only (default: the header's)",
+    )
+    p.add_argument(
+        "--top-p", type=number(0, 1), help="with --sample: nucleus sampling (default: the header's)"
+    )
+    p.add_argument(
+        "--min-p", type=number(0, 1), help="with --sample: drop bytes under P times the likeliest's"
+    )
+    p.add_argument(
+        "--max-tokens", type=whole(1, 768), help="the longest completion, in tokens (default: the header's)"
+    )
     p.add_argument("--seed", type=whole(0, 2**32 - 1), help="sampling seed")
     p.add_argument("--scores", action="store_true", help="print each candidate's log-probability")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("rollback", help="restore the weights and ranker a background training run replaced")
-    p.add_argument("--weights", metavar="FILE.cwgt", help=f"(default {paths.weights_path()})")
+    p.add_argument(
+        "--weights", metavar="FILE.cwgt",
+        help=f"the weights to roll back, and the ranker beside them (default {paths.weights_path()})",
+    )  # fmt: skip
     p.set_defaults(func=cmd_rollback)

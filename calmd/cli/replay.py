@@ -9,11 +9,12 @@ from calmd import paths
 from calmd.arguments import Parser, whole
 from calmd.cli.common import probability
 from calmd.errors import CalmError
+from calmd.visible import visible
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calmd.history.store import check_history_file
-    from calmd.quality import replay
+    from calmd.history.formats import check_history_file
+    from calmd.quality import replay, report
 
     files = replay.expand(args.files)
     for file in files:
@@ -31,6 +32,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not m.is_file():
             raise CalmError(f"-m {m}: no such weight file")
         read_cwgt(m)  # a file that is no CWGT: said now, not after the warm-up
+    if args.reranker:
+        from calmd.suggest.rerank import Reranker
+
+        Reranker.load(Path(args.reranker))  # a file that is no reranker: said now, not after the warm-up
     if len(models) > 1 and args.with_training:
         raise CalmError("--with-training replays one model at a time")
     if args.search:
@@ -45,25 +50,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               comp=args.comp, min_confidence=args.min_confidence,
                               models=replay.model_names(models) if len(models) > 1 else {},
                               ranker=args.ranker, refit=args.refit, jobs=args.jobs,
-                              first=args.first)  # fmt: skip
+                              first=args.first,
+                              reranker=Path(args.reranker) if args.reranker else None)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
-    print(replay.format_table(result))
+    print(report.format_table(result))
     if args.json:
-        replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        report.write_json(result, Path(args.json))
+        print(f"wrote {visible(args.json)}")
     return 0
 
 
 def replay_search(files: list[Path], args: argparse.Namespace) -> int:
     """`calm replay --search`: the history search's ranking against recency and frequency."""
-    from calmd.quality import replay
+    from calmd.quality import replay, report, search_replay
 
     cfg = replay.ReplayConfig(model=Path(), positions=args.positions, warmup=args.warmup, seed=args.seed)
-    result = replay.replay_search(files, cfg, progress=not args.quiet)
-    print(replay.format_search_table(result))
+    result = search_replay.replay_search(files, cfg, progress=not args.quiet)
+    print(search_replay.format_search_table(result))
     if args.json:
-        replay.write_json(result, Path(args.json))
-        print(f"wrote {args.json}")
+        report.write_json(result, Path(args.json))
+        print(f"wrote {visible(args.json)}")
     return 0
 
 
@@ -83,7 +89,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--warmup", type=whole(0, 10**6), default=50, help="commands replayed before sampling starts"
     )
-    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    p.add_argument(
+        "--seed", type=whole(0, 2**32 - 1), default=0, help="the positions' sampling seed (default 0)"
+    )
     p.add_argument("--first", type=whole(0, 10**6), default=0, metavar="N",
                    help="a new user's experience: only each user's first N commands, from an empty history "
                    "(no warm-up; the positions are sampled among them)")  # fmt: skip
@@ -119,6 +127,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="which predictors rank: the daemon's mixture (default), or one of its parts alone "
                    "(history: the history ranker, no model; model: the model's beams, no history "
                    "proposals)")  # fmt: skip
+    p.add_argument("--reranker", metavar="FILE.json",
+                   help="order the answers with this reranker (python -m calmd.quality.fit_reranker --output "
+                   "FILE.json), to measure it; default: the packaged one, when there is one")  # fmt: skip
     p.add_argument("--refit", choices=("model", "ranker", "both"), default="model",
                    help="with --with-training: what a run refits: the model (the background fine-tuning, "
                    "default), the history ranker on the user's commands (seconds), or both")  # fmt: skip
@@ -128,5 +139,5 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="replay history searches instead (Ctrl-R: the first word or a fragment of a "
                    "command run before) and rank the right line: calmd, recency, frequency")  # fmt: skip
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true", help="no line per user while it runs")
     p.set_defaults(func=cmd_replay)

@@ -46,8 +46,8 @@ def status_table(status: dict[str, Any]) -> Table:
          if status.get("loaded_at") else "-"),
         ("last reload error", status.get("last_reload_error") or "none"),
         ("requests served", f"{status['requests']} ({status['errors']} errors)"),
-        ("first candidate", f"p50 {ms(lat['first_p50'])}, p99 {ms(lat['first_p99'])}"),
-        ("done", f"p50 {ms(lat['done_p50'])}, p99 {ms(lat['done_p99'])}"),
+        ("first line", _percentiles(lat, "first")),  # early or candidate: what a shell draws
+        ("done", _percentiles(lat, "done")),
         ("history", f"{hist['commands']} commands, {hist['dropped_secrets']} dropped as credentials, "
                     f"{hist['since_last_training']} since last training"),
         ("import", _import_line(hist.get("import") or {})),
@@ -156,4 +156,14 @@ def _import_line(imported: dict[str, Any]) -> str:
     if bad_times:
         plural = "s" * (bad_times != 1)
         parts.append(f"{bad_times} imported command{plural} had an impossible time (kept without it)")
+    damaged = imported.get("damaged") or 0
+    if damaged:
+        plural = "y was" if damaged == 1 else "ies were"
+        parts.append(f"{damaged} entr{plural} damaged by NUL bytes, as a crash leaves them (skipped)")
     return "; ".join(parts)
+
+
+def _percentiles(lat: dict[str, Any], what: str) -> str:
+    """p50, p90 (a daemon from before it has none) and p99 of one of `latency_ms`'s figures."""
+    ms = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
+    return ", ".join(f"p{q} {ms(lat.get(f'{what}_p{q}'))}" for q in (50, 90, 99) if f"{what}_p{q}" in lat)

@@ -18,6 +18,7 @@ as every view does: such a name may hold an escape sequence or a bidi override.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -27,29 +28,24 @@ from typing import Any
 from calmd import paths
 from calmd.arguments import Parser, number
 from calmd.errors import CalmError, one_line
+from calmd.sync.config import MODES  # light: the parser imports no crypto
 from calmd.visible import visible
 
 
 def _sync(data: Path) -> Any:
     from calmd.history.store import HistoryStore
-    from calmd.history.sync import Sync
+    from calmd.sync.machine import Sync
 
     paths.private_dir(data)
     return Sync(HistoryStore(paths.history_path(data)), data)
 
 
-def _others_in(folder: Path, own: str) -> list[str]:
-    """The other machines whose share the folder holds."""
-    from calmd.history.sync import HOST_ID
-
-    try:
-        return sorted(n for n in os.listdir(folder) if HOST_ID.match(n) and n != own)
-    except OSError:
-        return []
-
-
 def cmd_sync(args: argparse.Namespace) -> int:
-    from calmd.history.sync import SyncConfig, SyncError, new_key, read_config, write_config, write_key
+    from calmd.sync.config import SyncConfig, SyncError, read_config, write_config
+    from calmd.sync.engines import git_sync
+    from calmd.sync.folder import check_key_reads, other_machines
+    from calmd.sync.seal import new_key, read_key, write_key
+    from calmd.sync.state import clean_host_name
 
     data = paths.data_dir()
     if args.sync_command == "now":
@@ -73,34 +69,45 @@ def cmd_sync(args: argparse.Namespace) -> int:
     current = read_config(config_path)
     if args.folder is None and current is None:
         raise CalmError("sync is not set up here: give the folder first (`calm sync --folder DIR`)")
+    name = clean_host_name(args.name) if args.name else None
     folder = os.path.abspath(os.path.expanduser(args.folder)) if args.folder is not None else current.folder  # type: ignore[union-attr]
-    if not Path(folder).is_dir():
-        raise CalmError(f"--folder {folder}: not a folder; create it (the one your sync engine replicates)")
+    _text_or_error(folder, "--folder")
     config = SyncConfig(
         folder,
         args.mode or (current.mode if current else MODES[0]),
         args.git if args.git is not None else (current.git if current else ""),
         args.interval or (current.interval_s if current else SyncConfig.interval_s),
     )
+    _text_or_error(config.git, "--git")
+    if config.git and not Path(folder).exists():
+        paths.private_dir(Path(folder))  # calm's own clone of the remote: nothing else replicates it
+    if not Path(folder).is_dir():
+        raise CalmError(f"--folder {folder}: not a folder; create it (the one your sync engine replicates)")
+    joining = current is None or current.folder != folder
     sync = _sync(data)
     try:
-        if args.name:
-            sync.set_host_name(args.name)
+        if config.git and joining:  # what the remote holds, so that the other machines' shares are seen
+            said = git_sync(Path(folder), config.git, name or sync.host_name(), push=False)
+            if said:
+                print(visible(f"warning: {said}; calmd tries again at each turn"), file=sys.stderr)
         key_path = paths.sync_key_path(data)
+        others = other_machines(Path(folder), sync.host_id())
         if not key_path.exists():
-            others = _others_in(Path(folder), sync.host_id())
             if others:
                 raise SyncError(
                     f"{folder} already holds the history of {len(others)} other machine(s): bring the key "
                     "from one of them (there `calm sync key --show`, here `calm sync key --import`), "
-                    "then run "
-                    "this again"
+                    "then run this again"
                 )
             write_key(key_path, new_key())
             print(
                 f"made a new sync key ({visible(str(key_path))}); carry it to your other machines: "
                 "`calm sync key --show`"
             )
+        elif joining:
+            check_key_reads(Path(folder), sync.host_id(), read_key(key_path))
+        if name:
+            sync.set_host_name(name)
         write_config(config_path, config)
         print(
             visible(
@@ -113,7 +120,19 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text_or_error(value: str, flag: str) -> None:
+    """CalmError unless `value` is text (a name given with bytes that are not UTF-8 is not: it
+    could not be kept in sync.json or the history as given)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CalmError(f"{flag} {value}: not UTF-8 text (calm keeps it in sync.json)") from None
+
+
 def _now(data: Path) -> int:
+    # what the run logs for calmd's log (a refusal, a segment sealed again) is in its report, which
+    # is printed below: each said once, not twice (Python's last-resort handler would print both)
+    logging.getLogger("calmd.sync").addHandler(logging.NullHandler())
     sync = _sync(data)
     try:
         report = sync.run(wait=True)
@@ -136,25 +155,46 @@ def _now(data: Path) -> int:
         )
     if report.merged:
         done.append(f"merged {report.merged} small segments")
+    if report.disowned:
+        done.append(
+            f"found {report.disowned} segment{'s' * (report.disowned != 1)} sealed with this machine's key "
+            "and id that it never wrote (a store restored from a backup, or another program with the key): "
+            "this machine's list of its segments is written again past them, and they are deleted"
+        )
+    if report.refused_count:
+        done.append(f"refused {report.refused_count:,} file{'s' * (report.refused_count != 1)} "
+                    "(nothing of them imported)")  # fmt: skip
     print("; ".join(done))
     for path, why in report.refused:
         print(visible(f"refused {path}: {why}"), file=sys.stderr)
+    if report.refused_count > len(report.refused):
+        print(f"... and {report.refused_count - len(report.refused):,} more refused files (`calm sync` "
+              "counts them)", file=sys.stderr)  # fmt: skip
+    for share in report.hidden:
+        print(visible(f"warning: {hidden_line(share.to_json())}"), file=sys.stderr)
     if report.git:
         print(f"calm: error: {visible(report.git)}", file=sys.stderr)
         return 1
-    return 1 if report.refused else 0
+    return 1 if report.refused or report.hidden else 0
+
+
+def hidden_line(share: dict[str, Any]) -> str:
+    """What is said of a machine whose list of segments left out segments that held records."""
+    from calmd.history.query import host_label
+
+    segments = sum(last - first + 1 for first, last in share["segments"])
+    return (
+        f"{host_label(str(share['name']), '')} ({share['host']}): its newest list of its segments (in "
+        f"{paths.SYNC_SEGMENT.format(seq=share['manifest'])}) leaves out {segments:,} "
+        f"segment{'s' * (segments != 1)} still in the folder that held {share['records']:,} "
+        f"record{'s' * (share['records'] != 1)} not in the ones it lists: received all the same; that "
+        "machine lists its segments again at its next sync"
+    )
 
 
 def _key(args: argparse.Namespace, data: Path) -> int:
-    from calmd.history.sync import (
-        SyncError,
-        key_id,
-        key_phrase,
-        new_key,
-        parse_key_phrase,
-        read_key,
-        write_key,
-    )
+    from calmd.sync.config import SyncError
+    from calmd.sync.seal import key_id, key_phrase, new_key, parse_key_phrase, read_key, write_key
 
     key_path = paths.sync_key_path(data)
     paths.private_dir(data)
@@ -235,8 +275,10 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         f"{status['records_in']:,} received"
         + (f" ({bad_times:,} with an impossible time: kept without it)" if bad_times else ""),
         f"this machine's segments: {status.get('segments', 0):,} in the folder, {status.get('healed', 0):,} "
-        "sealed again after the engine deleted, cut or changed them",
-    ]
+        "sealed again after the engine deleted, cut or changed them"
+        + (f", {status['disowned']:,} found that it never wrote (listed past them, deleted)"
+           if status.get("disowned") else ""),
+    ]  # fmt: skip
     hosts = status.get("hosts") or []
     if not hosts:
         lines.append("other machines: none seen yet")
@@ -249,22 +291,24 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         )
     refused = status.get("refused") or {}
     files = refused.get("files") or []
-    lines.append(f"refused files: {refused.get('count', 0):,} in all, {len(files)} now")
+    now_refused = refused.get("now", len(files))
+    first = f"; the first {len(files)}:" if now_refused > len(files) else ""
+    lines.append(f"refused files: {refused.get('count', 0):,} in all, {now_refused:,} now{first}")
     lines += [f"  {f['path']}: {f['reason']}" for f in files]
+    if now_refused > len(files):
+        lines.append(f"  ... and {now_refused - len(files):,} more")
     if status.get("superseded"):
         lines.append(
-            f"replaced segments still in the folder: {status['superseded']:,} (skipped unread; the engine "
-            "has not deleted them, or put them back)"
+            f"replaced segments still in the folder: {status['superseded']:,} (read once: what they hold is "
+            "in the live ones, or forgotten; the engine has not deleted them, or put them back)"
         )
+    lines += [f"warning: {hidden_line(share)}" for share in status.get("hidden") or []]
     last = status.get("last_run")
     if last:
         lines.append(f"last run: {now - last:.0f} s ago")
     if status.get("last_error"):
         lines.append(f"last error: {status['last_error']}")
     return [visible(line) for line in lines]
-
-
-MODES = ("both", "send", "receive")  # calmd/history/sync.py's, written here: the parser imports no crypto
 
 
 def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from calmd import paths
 
-UNITS = ("calmd.socket", "calmd.service")
+UNITS = (paths.SYSTEMD_SOCKET_UNIT, paths.SYSTEMD_SERVICE_UNIT)
 
 
 def unit_source() -> Path:
@@ -31,7 +31,7 @@ def install_units(target: Path, calmd_bin: str, serve_args: tuple[str, ...] = ()
     written = []
     for name in UNITS:
         text = (source / name).read_text()
-        if name == "calmd.service":
+        if name == paths.SYSTEMD_SERVICE_UNIT:
             serve = " ".join([calmd_bin, "serve", *serve_args])
             text = text.replace("ExecStart=%h/.local/bin/calmd serve", f"ExecStart={serve}")
         (target / name).write_text(text)

@@ -28,9 +28,10 @@ At most one job is handed to the executor at a time, so other work submitted to 
 executor (a weight reload) waits for one job at most. Everything here runs on the event loop;
 only `Job.run` runs on the worker thread.
 
-A background job (`prepares`: the daemon preparing a session's next line after a `record`) is
-preempted by any other session's request, and waits behind every request (the request of the
-session it prepares cancels it: calmd/daemon/server.py).
+A background job (`prepares`: the daemon preparing a session's next line after a `record`; or
+`background`: a slice of the history index's catch-up, calmd/daemon/catch_up.py) is preempted by
+any other session's request, and waits behind every request (the request of the session it
+prepares cancels it: calmd/daemon/service.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class Job:
     preempted: bool = False  # stopped to let another owner's job go first: runs again
     dropped: bool = False  # superseded or its owner gone: never runs again
     prepares: str | None = None  # a background job preparing this session's next line (prefetch)
+    background: bool = False  # a background job for no session (the index's catch-up)
+
+    @property
+    def in_background(self) -> bool:
+        return self.background or self.prepares is not None
 
     def deliver(self, attempt: int) -> bool:
         """On the event loop, before a candidate of `attempt` is sent: False when that attempt
@@ -114,9 +120,9 @@ class FairScheduler:
         running = self.running
         if (
             running is not None
-            and running.prepares is not None
-            and newcomer.prepares is None
-            and newcomer.session != running.prepares
+            and running.in_background
+            and not newcomer.in_background
+            and (running.prepares is None or newcomer.session != running.prepares)
             and not running.cancelled.is_set()
         ):  # a prefetch never delays another shell's keystroke: it stops and runs again later
             running.preempted = True
@@ -185,7 +191,7 @@ class FairScheduler:
 
     def _background(self, owner: Hashable) -> bool:
         lanes = self._owners[owner]
-        return next(iter(next(iter(lanes.values())))).prepares is not None
+        return next(iter(next(iter(lanes.values())))).in_background
 
     def _next(self) -> Job | None:
         if not self._turns:

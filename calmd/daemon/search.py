@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -28,10 +28,13 @@ class SearchService:
     over when complete, so that no search waits for a rebuild: meanwhile the old index answers,
     and each line it returns is looked up in the store first (a line `calm forget` deleted is
     never shown). Of several searches a connection has waiting, only the newest is answered (the
-    others get `superseded`): typing faster than the search is never a backlog."""
+    others get `superseded`): typing faster than the search is never a backlog. The builds and the
+    refreshes between searches read the store in slices and `pause` between two (the daemon's
+    keystrokes go first: calmd/daemon/gate.py); a search reads what is new at once."""
 
-    def __init__(self, store: HistoryStore) -> None:
+    def __init__(self, store: HistoryStore, pause: Callable[[], None] | None = None) -> None:
         self.store = store
+        self.pause = pause
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="calmd-search")
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="calmd-search-build")
         self._index: SearchIndex | None = None  # touched on the search thread only
@@ -96,15 +99,18 @@ class SearchService:
         db = query.open_read_only(self.store.path)
         try:
             index = SearchIndex()
-            index.sync(db)
+            index.sync(db, self.pause)
+            if self.pause is not None:
+                self.pause()
             index.prepare()
             return index
         finally:
             db.close()
 
-    def _current(self) -> tuple[SearchIndex, bool]:
-        """The index, up to date with the store; and whether rows were deleted that a rebuild
-        has not yet left out (its lines must be checked against the store)."""
+    def _current(self, pause: Callable[[], None] | None = None) -> tuple[SearchIndex, bool]:
+        """The index, up to date with the store (read in slices with `pause` between two); and
+        whether rows were deleted that a rebuild has not yet left out (its lines must be checked
+        against the store)."""
         if self._index is None and self._building is None:  # the last build failed: again
             self._rebuild()
         building = self._building
@@ -119,12 +125,14 @@ class SearchService:
             if self._building is None:
                 self._rebuild()
             return index, True
-        index.sync(self._db)
+        index.sync(self._db, pause)
         return index, False
 
     def _refresh(self) -> None:
         self._refresh_queued = False
-        index, _ = self._current()
+        index, _ = self._current(self.pause)
+        if self.pause is not None:
+            self.pause()
         index.prepare()
 
     def _search(self, request: SearchRequest, history: tuple[str, ...], owner: object) -> dict[str, Any]:

@@ -38,17 +38,20 @@ from typing import Any
 from watchfiles import awatch  # imported before `ready`: 60 ms that would delay the first request
 
 from calmd import __version__, paths
+from calmd.daemon.catch_up import CatchUp, freeze_heap
 from calmd.daemon.config import ServerConfig
+from calmd.daemon.reload import load_beside
 from calmd.daemon.scheduler import FairScheduler
 from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
+from calmd.daemon.worker import Worker, WorkerError, first_import_due, sync_turn
 from calmd.errors import CalmError, one_line
-from calmd.history.fish import import_first_start
 from calmd.history.store import HistoryStore
-from calmd.history.sync import Sync, SyncError
 from calmd.protocol import PROTOCOL_VERSION
+from calmd.sync.config import SyncError
+from calmd.sync.machine import Sync
 
 log = logging.getLogger("calmd")
 
@@ -82,6 +85,8 @@ class Server:
         self.history: HistoryStore | None = None
         self.should_exit = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-infer")
+        # (a hot reload reads the new weights here, beside the keystrokes: calmd/daemon/reload.py)
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="calmd-load")
         self.scheduler = FairScheduler(self._pool)  # completions reach the pool only through it
         self._reload_lock = asyncio.Lock()
         self.socket_path: str = ""
@@ -97,11 +102,15 @@ class Server:
             self.service, max_connections=config.max_connections, reply_timeout_s=config.reply_timeout_s
         )
         self.disk = self.service.disk
+        self.catch_up = CatchUp(self.scheduler, self.service)  # the indexes follow the store between keys
         self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
         self._importing = False  # that import reads files (its task goes on to the due check after)
-        self._import_stop = threading.Event()
         self.sync: Sync | None = None  # the history shared with the user's other machines (docs/sync.md)
         self._syncing: asyncio.Future[Any] | None = None
+        # the imports and sync turns run in processes of their own (calmd/daemon/worker.py)
+        store_path = paths.history_path(config.data_dir)
+        self.import_worker = Worker("import", store_path, config.data_dir, idle_exit_s=0)
+        self.sync_worker = Worker("sync", store_path, config.data_dir)
 
     # -- the service's control -------------------------------------------------------------------
 
@@ -111,6 +120,11 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def serve(self, sock: socket.socket | None = None) -> None:
+        """Bind (or take systemd's socket), start, serve until told to stop, shut down. The socket
+        file this daemon bound is removed on every way out: a stop, a start that fails after the
+        bind (a store of a newer schema: issue 39 found the file left behind), an exception;
+        SIGTERM and SIGINT are handled from the bind on (before, their default ended the process
+        while the model loaded)."""
         loop = asyncio.get_running_loop()
         paths.private_data_dir(self.config.data_dir)  # before anything is written there
         if sock is None:
@@ -119,26 +133,37 @@ class Server:
             sock = bind_socket(self.config.socket_path)
             st = self.config.socket_path.lstat()
             self._bound_socket = (st.st_dev, st.st_ino)
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+            await self._serve(sock, loop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            self._remove_socket()
+
+    async def _serve(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self.socket_path = str(sock.getsockname())
         self.history = HistoryStore(paths.history_path(self.config.data_dir))
         self.service.history = self.history
         self.sync = Sync(self.history, self.config.data_dir)
         self.trainer.clean_leftovers()
         await self.reload()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         if self.config.hangup_stops:  # the terminal `calmd serve` was typed in closed
             loop.add_signal_handler(signal.SIGHUP, self._on_stop_signal, signal.SIGHUP)
         else:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if self.should_exit.is_set():  # SIGTERM or SIGINT while it started: not a request served
+            return
         scheduler = asyncio.ensure_future(self.scheduler.run())
         self.listener.start(sock)
         watcher = asyncio.ensure_future(self._watch_weights())
         await asyncio.sleep(0)  # its first step sets up the inotify watch: later changes are seen
         if self._files_changed():  # changed between the load and the watch
             await self.reload()
-        self.service.search = SearchService(self.history)
+        self.service.search = SearchService(self.history, pause=self.service.gate.pause)
         self.service.search.start()  # built in the background: a search waits for it only until it is
+        freeze_heap(full=True)  # the model and the index: a full collection never walks them (catch_up.py)
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:
@@ -150,6 +175,7 @@ class Server:
             self._import = asyncio.ensure_future(self._import_then_check())
         else:
             await self._due_check("start")  # commands counted before a restart
+        self.catch_up.start()
         timer = asyncio.ensure_future(self._training_timer())
         syncer = asyncio.ensure_future(self._sync_loop())
         try:
@@ -157,20 +183,22 @@ class Server:
         finally:
             timer.cancel()
             syncer.cancel()
+            self.catch_up.stop()
             await self._shutdown(watcher, scheduler)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
 
     async def _import_then_check(self) -> None:
         """The first-start import, then the due check: automatic runs wait for the import (a run
         started half-way would train on half the history), then the imported commands count. (The
         caller set `hold_training` and `_importing`; both end with the import.)"""
         try:
-            await asyncio.to_thread(self._first_imports)
+            await self._first_imports()
+        except WorkerError as exc:  # the store's counters say what each file did; this, what the worker did
+            log.error("the first-start import failed: %s", exc)
         finally:
             # both at once: status never says "import running" beside a due run waiting for nothing
             self._importing = False
             self.service.hold_training = None
+            self.catch_up.poke()
         if not self.should_exit.is_set():
             await self._due_check("after the first-start import")
 
@@ -202,7 +230,7 @@ class Server:
                 config = self.sync.config() if self.sync is not None else None
                 if config is not None:
                     interval = config.interval_s
-                    self._syncing = asyncio.ensure_future(asyncio.to_thread(self._sync_once))
+                    self._syncing = asyncio.ensure_future(self._sync_once())
                     await asyncio.shield(self._syncing)
             except asyncio.CancelledError:
                 raise
@@ -210,10 +238,12 @@ class Server:
                 self._sync_failed(exc)
             await asyncio.sleep(interval)
 
-    def _sync_once(self) -> None:
+    async def _sync_once(self) -> None:
         assert self.sync is not None
-        report = self.sync.run()
+        report = await sync_turn(self.sync_worker)
+        self.catch_up.poke()
         if report is not None:
+            self.sync.last_run = time.time()
             self.sync.last_error = report.git or None
             if report.exported or report.imported or report.forgotten or report.forgets_sent:
                 log.info("sync: sent %d records and %d forgets, received %d records and %d forgets%s",
@@ -222,25 +252,25 @@ class Server:
                          if report.bad_times else "")  # fmt: skip
 
     def _sync_failed(self, exc: Exception) -> None:
-        why = str(exc) if isinstance(exc, SyncError | OSError) else f"{type(exc).__name__}: {exc}"
+        said = isinstance(exc, SyncError | OSError | WorkerError)  # (a worker's error has its words already)
+        why = str(exc) if said else f"{type(exc).__name__}: {exc}"
         if self.sync is not None:
             if self.sync.last_error != why:  # said once, not at every turn
                 log.error("sync failed: %s", why)
             self.sync.last_error = why
 
-    def _first_imports(self) -> None:
+    async def _first_imports(self) -> None:
         """~/.bash_history and ~/.zsh_history at the first start, fish's history while it was never
-        read whole (calmd/history/fish.py): in batches, stopped by `_import_stop`."""
-        history = self.history
-        assert history is not None
+        read whole (calmd/history/fish.py): in batches, in the import worker, which the shutdown
+        stops after its batch."""
         # Started at a shell's prompt (`calmd serve`), the entry timed as this daemon started is
         # the command that started it (zsh and fish write a command when it starts), still
         # running: not imported as a finished command without a status; the hook records it when
         # it ends, with its status. (Started by systemd or a hook's helper, no entry is.)
         leave_after = process_started() - START_SLACK_S if started_by_a_shell() else None
-        history.import_shell_histories(Path.home(), self._import_stop, leave_after=leave_after)
-        if not self._import_stop.is_set():
-            import_first_start(history, stop=self._import_stop, leave_after=leave_after)
+        assert self.history is not None
+        if await asyncio.to_thread(first_import_due, self.history, Path.home()):  # a process only for files
+            await self.import_worker.run("first_import", home=str(Path.home()), leave_after=leave_after)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.should_exit.is_set():
@@ -250,7 +280,7 @@ class Server:
     async def _shutdown(self, watcher: asyncio.Future[None], scheduler: asyncio.Future[None]) -> None:
         """Everything within graceful_timeout; the watchdog ends the process if this overruns."""
         timeout = self.config.graceful_timeout
-        start_watchdog(timeout)
+        start_watchdog(timeout, self._remove_socket)
         deadline = time.monotonic() + timeout
         watcher.cancel()
         self.listener.stop()
@@ -260,17 +290,22 @@ class Server:
         inflight = self.listener.inflight
         log.info("shutting down: answering %d in-flight requests", len(inflight))
         trainer_stopped = asyncio.ensure_future(self.trainer.stop(max(0.0, timeout * 0.6)))
-        self._import_stop.set()  # it stops after its batch; the next start goes on from there
+        # an import stops after its batch (the next start goes on from there); a sync turn ends
+        left = max(0.0, deadline - time.monotonic() - 0.3)
+        stopping = (self.import_worker.stop(left), self.sync_worker.stop(left))
+        workers = asyncio.ensure_future(asyncio.gather(*stopping))
         # a hung model never answers: leave time for the rest
         while inflight and time.monotonic() < deadline - 1.0:
             await asyncio.wait(set(inflight), timeout=max(0.0, deadline - time.monotonic() - 1.0))
         self.listener.close_all()
         scheduler.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
         if self.service.search is not None:
             self.service.search.close()
         self.disk.close()
         await asyncio.wait([trainer_stopped], timeout=max(0.0, deadline - time.monotonic() - 0.5))
+        await asyncio.wait([workers], timeout=max(0.0, deadline - time.monotonic() - 0.3))
         if self._import is not None:
             await asyncio.wait([self._import], timeout=max(0.0, deadline - time.monotonic() - 0.3))
         if self._syncing is not None and not self._syncing.done():  # its batch ends; the next start goes on
@@ -283,7 +318,8 @@ class Server:
 
     def _remove_socket(self) -> None:
         """Remove the socket file if we bound it and it is still ours (under socket activation
-        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test)."""
+        systemd owns it; CALMD_KEEP_SOCKET keeps it for a test). Safe to call again: once removed
+        (or replaced by another daemon's), it is left alone."""
         if self._bound_socket is None or os.environ.get("CALMD_KEEP_SOCKET"):
             return
         path = self.config.socket_path
@@ -328,7 +364,11 @@ class Server:
                 # watcher would take a later swap back to it for "nothing changed".
                 for _ in range(RELOAD_ATTEMPTS):
                     before, ranker_before = self._weights_id(), self._ranker_id()
-                    engine = await loop.run_in_executor(self._pool, self._load_warm, path)
+                    if self.engine is None:  # the start: nothing to answer meanwhile
+                        engine = await loop.run_in_executor(self._pool, self._load_warm, path)
+                    else:
+                        engine = await load_beside(path, self.engine_loader, self._loader, self.scheduler,
+                                                   self._attach)  # fmt: skip
                     if self._weights_id() == before and self._ranker_id() == ranker_before:
                         break
                 else:
@@ -422,6 +462,7 @@ class Server:
                 "last_refused": store.note("last_import_refused"),
                 "failures": store.counter("import_failures"),
                 "bad_times": store.counter("import_bad_times"),  # kept without their impossible time
+                "damaged": store.counter("import_damaged"),  # entries with a crash's NULs: skipped
             },
         }
 
@@ -454,7 +495,9 @@ class Server:
             "latency_ms": self.service.latency_status(),
             "history": self._history_status(),
             "training": {**self.trainer.status(self.config.train_threshold), **self._training_wait()},
-            "prefetch": dict(self.service.prefetch_stats),
+            # `first_keys`: first keys of a line answered at once from the empty prompt's answer;
+            # `keyed`: empty-prompt answers sent with their first keys (zsh draws those itself)
+            "prefetch": {**self.service.prefetch_stats, **self.service.answers.describe()},
             "disk": self._disk_status(),
             "context": self.disk.describe(),
             "search": self.service.search.describe() if self.service.search is not None else {"ready": False},
@@ -494,9 +537,10 @@ def file_id(path: Path) -> FileId | None:
 _watchdog_started = threading.Event()
 
 
-def start_watchdog(timeout: float) -> None:
+def start_watchdog(timeout: float, before_exit: Callable[[], None] = lambda: None) -> None:
     """End the process `timeout` seconds from now if it is still there: SIGTERM always stops the
-    daemon, whatever hangs (a worker thread, a lock, a client that never reads)."""
+    daemon, whatever hangs (a worker thread, a lock, a client that never reads). `before_exit`
+    runs first (the socket file's removal: os._exit skips every `finally`)."""
     if _watchdog_started.is_set():
         return
     _watchdog_started.set()
@@ -504,6 +548,8 @@ def start_watchdog(timeout: float) -> None:
     def bark() -> None:
         time.sleep(timeout)
         log.error("shutdown did not finish within %g s: exiting now", timeout)
+        with contextlib.suppress(Exception):
+            before_exit()
         _hard_exit(EXIT_SHUTDOWN_TIMEOUT)
 
     threading.Thread(target=bark, name="calmd-watchdog", daemon=True).start()

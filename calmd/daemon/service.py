@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from calmd.daemon.answers import Answer, Answers, Line, context_key
 from calmd.daemon.comp_state import SessionComp
+from calmd.daemon.gate import KeystrokeGate
 from calmd.daemon.scheduler import FairScheduler, Job
 from calmd.daemon.search import SearchService
 from calmd.daemon.trainer import Trainer
@@ -129,6 +131,7 @@ class Service:
         self.comp = SessionComp(self.disk)
         self.first_ms = LatencyStats()
         self.done_ms = LatencyStats()
+        self.gate = KeystrokeGate()  # the keystrokes in flight: background threads step aside
         self.withheld = 0  # candidates the last gate held back (control characters)
         self._recent_cache: dict[str, list[dict[str, Any]]] = {}
         self._recent_generation = 0  # the history's generation the cache was filled at
@@ -138,6 +141,8 @@ class Service:
         self._prefetch: dict[str, Job] = {}
         self._prefetch_owner = object()  # the scheduler's owner of every prefetch job
         self.prefetch_stats = {"started": 0, "finished": 0, "stopped": 0}
+        # each session's empty-prompt answer and its first keys: a line's first key at once
+        self.answers = Answers(scheduler, self.gate)
 
     # -- the transport's handler --------------------------------------------------------------------
 
@@ -186,6 +191,14 @@ class Service:
 
     async def record(self, request: RecordRequest) -> dict[str, Any]:
         assert self.history is not None
+        if request.paused:  # recording paused (CALM_RECORD=0): when, so that no import brings it back
+            start = request.ts if request.ts is not None else time.time() - (request.duration or 0.0)
+            deleted = await asyncio.to_thread(self.history.note_paused, start, request.session)
+            if deleted:
+                self._recent_cache.clear()
+                if self.search is not None:
+                    self.search.touch()
+            return {"ok": True, "stored": False, "reason": "paused"}
         self.disk.invalidate()  # the command may have made or removed what the next keystroke lists
         result = await asyncio.to_thread(
             self.history.record,
@@ -201,6 +214,7 @@ class Service:
         )
         if result.stored:
             self._recent_cache.clear()  # other sessions top up with this command too
+            self.answers.changed()
             if self.search is not None:
                 self.search.touch()
             if self.prefetch and request.session:
@@ -221,6 +235,7 @@ class Service:
         if isinstance(request, ForgetRequest):
             outcome = await self.search.forget(request)
             self._recent_cache.clear()
+            self.answers.changed()
             return outcome
         history = [h["cmd"] for h in self.recent_history(request.session)]
         return await self.search.search(request, history, conn)
@@ -242,15 +257,19 @@ class Service:
         older = self._prefetch.pop(session, None)
         if older is not None:
             self.scheduler.cancel(older)
+        version = self.answers.version
+        answer = Answer(context_key(ctx, version), "")  # its lines: the first key's early
 
         def work(cancelled: threading.Event, attempt: int) -> bool:
             try:  # ENV (and COMP, empty before a word is begun), as the request path fills them
                 self.comp.fill(ctx, session, getattr(engine, "followers", None))
             except Exception:
                 log.exception("the COMP frame could not be built; preparing without it")
-            for _ in engine.complete(ctx, n, session, cancelled):
+            answer.lines.clear()
+            for suggestion in engine.complete(ctx, n, session, cancelled):
                 if cancelled.is_set():
                     return False
+                answer.lines.append(_line(suggestion))
             return not cancelled.is_set()
 
         job = Job(owner=self._prefetch_owner, session="", run=work, prepares=session)
@@ -260,6 +279,8 @@ class Service:
         def finished(future: asyncio.Future[bool]) -> None:
             ok = not future.cancelled() and future.exception() is None and future.result()
             self.prefetch_stats["finished" if ok else "stopped"] += 1
+            if ok and self.answers.version == version:  # nothing recorded since: still this context's
+                self.answers.keep_and_prepare(session, answer, ctx, engine)
             if self._prefetch.get(session) is job:
                 del self._prefetch[session]
 
@@ -346,6 +367,13 @@ class Service:
             self.scheduler.cancel(pending)
 
     async def complete(self, request: CompleteRequest, conn: Connection) -> None:
+        self.gate.begin()
+        try:
+            await self._complete(request, conn)
+        finally:
+            self.gate.end()
+
+    async def _complete(self, request: CompleteRequest, conn: Connection) -> None:
         start = time.perf_counter()
         engine = self.engine
         if engine is None:  # the server loads a model before it accepts: a bug, answered `internal`
@@ -360,8 +388,19 @@ class Service:
         if request.session:
             self._note_request(request, ctx)
         loop = asyncio.get_running_loop()
-        first: list[float] = []
+        first: list[float] = []  # when the first line went out (early or candidate)
         early_sent: list[bool] = []
+        answer = Answer(context_key(ctx, self.answers.version), str(ctx.get("input", "")))
+        drawn = request.drawn
+        if request.early and request.n > 0:  # the line's first key: from the last answer, at once
+            line = self.answers.pick(request.session, answer, request.min_confidence, engine)
+            if line is not None and line.text != drawn and self._terminal_safe(line.text, request):
+                early_sent.append(True)
+                first.append((time.perf_counter() - start) * 1e3)
+                self.answers.sent += 1
+                drawn = line.text  # the engine keeps it unless it has a clearly better line
+                said = {"early": line.text, "confidence": round(line.confidence, 3), "ghost": True}
+                conn.send(reply(request.id, **said))
 
         def emit(
             attempt: int, candidate: str, score: float, confidence: float, ghost: bool, draw: str | None
@@ -387,6 +426,8 @@ class Service:
             if not self._terminal_safe(candidate, request):
                 return
             early_sent.append(True)
+            if not first:
+                first.append((time.perf_counter() - start) * 1e3)
             conn.send(reply(request.id, early=candidate, confidence=round(min(1.0, max(0.0, confidence)), 3),
                             ghost=ghost))  # fmt: skip
 
@@ -404,16 +445,38 @@ class Service:
                 if not cancelled.is_set():
                     loop.call_soon_threadsafe(emit_early, attempt, candidate, confidence, bool(ghost))
 
+            answer.lines.clear()  # (a preempted attempt's)
             for suggestion in engine.complete(
                 ctx, request.n, request.session, cancelled, on_early if request.early else None,
-                min_confidence=request.min_confidence, drawn=request.drawn,
+                min_confidence=request.min_confidence, drawn=drawn,
             ):  # fmt: skip
                 if cancelled.is_set():
                     return False
                 candidate, score, confidence, ghost = suggestion[:4]
                 draw = getattr(suggestion, "draw", None)  # Suggestion.draw (a test's engine sends tuples)
                 loop.call_soon_threadsafe(emit, attempt, candidate, score, confidence, bool(ghost), draw)
+                if sendable(str(candidate), multiline=request.multiline):
+                    answer.lines.append(_line(suggestion))
+            if request.keys and not answer.typed and request.session:
+
+                def send(key: str, line: Line) -> None:
+                    loop.call_soon_threadsafe(emit_key, attempt, key, line)
+
+                self.answers.send_keys(request.session, answer, ctx, engine, request.min_confidence, send,
+                                       cancelled)  # fmt: skip
             return not cancelled.is_set()
+
+        keyed: list[bool] = []
+
+        def emit_key(attempt: int, key: str, line: Line) -> None:
+            if (
+                attempt != job.attempt
+                or job.cancelled.is_set()
+                or not self._terminal_safe(line.text, request)
+            ):
+                return
+            keyed.append(True)
+            conn.send(reply(request.id, key=key, line=line.text, confidence=round(line.confidence, 3)))
 
         job = Job(owner=conn, session=request.session, run=work)
         if request.n == 0:
@@ -428,6 +491,8 @@ class Service:
             self.done_ms.add(ms)
             if first:
                 self.first_ms.add(first[0])
+            self.answers.keep_and_prepare(request.session, answer, ctx, engine)
+            self.answers.keyed += bool(keyed)
             conn.send(reply(request.id, done=True, ms=round(ms, 3)))
         else:
             conn.send(reply(request.id, done=True, cancelled=True, ms=round(ms, 3)))
@@ -445,14 +510,21 @@ class Service:
     # -- status ----------------------------------------------------------------------------------
 
     def latency_status(self) -> dict[str, float | None]:
-        return {
-            "first_p50": self.first_ms.percentile(50),
-            "first_p99": self.first_ms.percentile(99),
-            "done_p50": self.done_ms.percentile(50),
-            "done_p99": self.done_ms.percentile(99),
-        }
+        """The last 2,000 keystrokes, request to the first line out (`first`: the early line or
+        the first candidate, what a shell draws) and to `done`, in the daemon (the socket's and
+        the shell's time not counted)."""
+        return {f"{what}_p{q}": stats.percentile(q) for what, stats in (("first", self.first_ms),
+                ("done", self.done_ms)) for q in (50, 90, 99)}  # fmt: skip
 
 
 def _limit(value: float) -> str:
     """A configured limit as the user would write it: 1.0, 0.75."""
     return f"{value:.1f}" if round(value, 1) == value else f"{value:g}"
+
+
+def _line(suggestion: Suggestion) -> Line:
+    """An engine's suggestion as a line of an answer kept (calmd/daemon/answers.py)."""
+    candidate, _score, confidence, ghost = suggestion[:4]
+    draw = getattr(suggestion, "draw", None)
+    head = ghost and draw and draw != candidate and str(candidate).startswith(draw)
+    return Line(str(candidate), float(confidence), bool(ghost), draw if head else None)

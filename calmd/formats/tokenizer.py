@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calmd.errors import SequenceTooLong, TemplateError, TokenError
+from calmd.visible import quoted
 
 VOCAB_SIZE = 320
 BYTE_TOKENS = 256
@@ -94,7 +95,7 @@ def special_id(name: str) -> int:
     try:
         return SPECIAL_IDS[bare]
     except KeyError:
-        raise TokenError(f"unknown special token name {name!r}") from None
+        raise TokenError(f"unknown special token name {quoted(name)}") from None
 
 
 # --------------------------------------------------------------------------- encoding
@@ -225,26 +226,26 @@ def parse_template(spec: str) -> Template:
     for position, raw in enumerate(spec.split(";"), start=1):
         name, sep, fld = raw.strip().partition(":")
         if name not in SPECIAL_IDS:
-            raise TemplateError(f"template item {position} {raw!r}: unknown token name {name!r}")
+            raise TemplateError(f"template item {position} {quoted(raw)}: unknown token name {quoted(name)}")
         token = SPECIAL_IDS[name]
         if sep:
             if not _FIELD_RE.match(fld):
-                raise TemplateError(f"template item {position} {raw!r}: bad field name {fld!r}")
+                raise TemplateError(f"template item {position} {quoted(raw)}: bad field name {quoted(fld)}")
             if token not in FRAME_TOKENS:
-                raise TemplateError(f"template item {position} {raw!r}: {name} is not a frame token")
+                raise TemplateError(f"template item {position} {quoted(raw)}: {name} is not a frame token")
             if fld in seen_fields:
-                raise TemplateError(f"template item {position} {raw!r}: field {fld!r} used twice")
+                raise TemplateError(f"template item {position} {quoted(raw)}: field {quoted(fld)} used twice")
             seen_fields.add(fld)
             items.append(TemplateItem(token, fld))
         else:
             if token in FRAME_TOKENS:
-                raise TemplateError(f"template item {position} {raw!r}: frame {name} needs a field")
+                raise TemplateError(f"template item {position} {quoted(raw)}: frame {name} needs a field")
             items.append(TemplateItem(token))
     if sum(item.token == Special.ATN for item in items) != 1:
-        raise TemplateError(f"template {spec!r}: ATN must appear exactly once")
+        raise TemplateError(f"template {quoted(spec)}: ATN must appear exactly once")
     cmd_items = [i for i, item in enumerate(items) if item.token == Special.CMD]
     if cmd_items and cmd_items != [len(items) - 1]:
-        raise TemplateError(f"template {spec!r}: CMD must be the last item, once")
+        raise TemplateError(f"template {quoted(spec)}: CMD must be the last item, once")
     return Template(tuple(items))
 
 
@@ -261,7 +262,7 @@ class HistoryEntry:
 
 def _history_entries(value: Any, fld: str) -> list[HistoryEntry]:
     if isinstance(value, str | bytes):
-        raise TemplateError(f"context field {fld!r} must be a list of commands, got a string")
+        raise TemplateError(f"context field {quoted(fld)} must be a list of commands, got a string")
     entries: list[HistoryEntry] = []
     for i, item in enumerate(value):
         if isinstance(item, HistoryEntry):
@@ -271,16 +272,16 @@ def _history_entries(value: Any, fld: str) -> list[HistoryEntry]:
         elif isinstance(item, Mapping) and isinstance(item.get("cmd"), str):
             code = item.get("exit")
             if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
-                raise TemplateError(f"context field {fld!r}[{i}].exit must be an integer or absent")
+                raise TemplateError(f"context field {quoted(fld)}[{i}].exit must be an integer or absent")
             entries.append(HistoryEntry(item["cmd"], code))
         else:
-            raise TemplateError(f"context field {fld!r}[{i}] must be a command or {{cmd, exit}}")
+            raise TemplateError(f"context field {quoted(fld)}[{i}] must be a command or {{cmd, exit}}")
     return entries
 
 
 def _string_list(value: Any, fld: str) -> list[str]:
     if isinstance(value, str | bytes) or not all(isinstance(v, str) for v in value):
-        raise TemplateError(f"context field {fld!r} must be a list of strings")
+        raise TemplateError(f"context field {quoted(fld)} must be a list of strings")
     return list(value)
 
 
@@ -337,7 +338,8 @@ def build_sequence(
         elif isinstance(raw, str | bytes):
             values.append(raw)
         else:
-            raise TemplateError(f"context field {item.field!r} must be a string, got {type(raw).__name__}")
+            kind = type(raw).__name__
+            raise TemplateError(f"context field {quoted(item.field)} must be a string, got {kind}")
     tail = 1 if training else 0  # the EOS
 
     if l_max is not None:

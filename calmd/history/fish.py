@@ -31,21 +31,25 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from calmd.history.store import (  # the checks and bounds bash's and zsh's imports are held to
+from calmd.history.formats import (
     MAX_IMPORT_BYTES,
     TIME_DIGITS,
-    FileEntry,
-    HistoryStore,
-    ImportResult,
     NotAHistory,
     file_lines,
-    import_log_line,
     open_regular,
     refusal,
-    valid_time,
 )
+from calmd.history.imports import (  # the checks and bounds bash's and zsh's imports are held to
+    FileEntry,
+    ImportResult,
+    count_refused,
+    import_entries,
+    import_log_line,
+    import_position,
+)
+from calmd.history.store import HistoryStore, valid_time
 
 log = logging.getLogger("calmd.history.fish")
 
@@ -93,30 +97,47 @@ def parse_when(value: bytes) -> int | None:
     return when if valid_time(when) else None
 
 
-# (when or None, whether a `when:` was there but impossible, the file offset of the command's text,
-# its escaped bytes or None for a line too long to be a command)
-RawEntry = tuple[int | None, bool, int, bytes | None]
+class RawEntry(NamedTuple):
+    """One entry of fish's history file, as the import reads it."""
+
+    when: int | None  # its time: its own `when`, else its neighbour's (`borrowed`); None: none known
+    bad: bool  # a `when:` was there but impossible
+    at: int  # the file offset of its command's text
+    raw: bytes | None  # its escaped bytes; None: a line too long to be a command
+    borrowed: bool = False  # `when` is the entry's before it (its own was missing or impossible)
+
+    @property
+    def damaged(self) -> bool:
+        """It holds NUL bytes, as a crash leaves them (fish escapes every byte it writes)."""
+        return self.raw is not None and b"\0" in self.raw
 
 
 def raw_entries(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[RawEntry]:
     """The entries of fish's history from its lines (offset, line without its newline or None when
-    over MAX_ENTRY_BYTES), in file order. Lines of another shape are passed over; a line too long
-    to be anything fish writes is taken for a command too long to keep (an entry, skipped)."""
+    over MAX_ENTRY_BYTES), in file order, each with its own `when` (or None). Lines of another
+    shape are passed over; a line too long to be anything fish writes is taken for a command too
+    long to keep (an entry, skipped); a line of another shape that holds NULs (a crash's: fish
+    writes none) is taken for a damaged entry (skipped and counted)."""
     entry: list[Any] | None = None  # [when, bad, offset, raw]
     for start, line in lines:
         if line is None or line.startswith(CMD):
             if entry is not None:
-                yield entry[0], entry[1], entry[2], entry[3]
+                yield RawEntry(*entry)
             entry = [None, False, start + len(CMD), None if line is None else line[len(CMD) :]]
         elif line.startswith(WHEN) and entry is not None:
             entry[0] = parse_when(line[len(WHEN) :])
             entry[1] = entry[0] is None
+        elif b"\0" in line:
+            if entry is not None:
+                yield RawEntry(*entry)
+            entry = None
+            yield RawEntry(None, False, start, line)
     if entry is not None:
-        yield entry[0], entry[1], entry[2], entry[3]
+        yield RawEntry(*entry)
 
 
 def _numbered(lines: Iterable[tuple[bytes | None, int]], start: int) -> Iterator[tuple[int, bytes | None]]:
-    """store.file_lines' (line, offset after it) as (offset of the line, line): the lines follow
+    """formats.file_lines' (line, offset after it) as (offset of the line, line): the lines follow
     each other, so each starts where the one before ended."""
     at = start
     for line, after in lines:
@@ -126,14 +147,15 @@ def _numbered(lines: Iterable[tuple[bytes | None, int]], start: int) -> Iterator
 
 def parse_fish_history(raw: bytes) -> Iterator[tuple[float | None, str]]:
     """(when or None, command) per entry of a fish history in memory, in file order (an
-    impossible `when` is None)."""
+    impossible `when` is None; damaged entries left out)."""
     lines, at = [], 0
     for line in raw.split(b"\n"):
         lines.append((at, line[:-1] if line.endswith(b"\r") else line))
         at += len(line) + 1
-    for when, _, _, cmd in raw_entries(lines):
-        if cmd is not None:
-            yield None if when is None else float(when), unescape(cmd).decode("utf-8", "surrogateescape")
+    for entry in raw_entries(lines):
+        if entry.raw is not None and not entry.damaged:
+            text = unescape(entry.raw).decode("utf-8", "surrogateescape")
+            yield None if entry.when is None else float(entry.when), text
 
 
 def _position(text: str | None) -> tuple[float, int]:
@@ -150,14 +172,21 @@ def _position(text: str | None) -> tuple[float, int]:
 
 def _new_entries(fd: int, region: int, size: int, last: float, seen: int) -> Iterator[RawEntry]:
     """The entries of the file's bytes [region, size) that the import takes, in file order: those
-    after the store's mark (`last`, `seen`: `_position`). Read a chunk at a time, never whole."""
+    after the store's mark (`last`, `seen`: `_position`). An entry without a time of its own takes
+    the time of the entry before it (its place in the file: fish appends); the first ones, none
+    (the import gives them the first time after them). Read a chunk at a time, never whole."""
     lines = _numbered(file_lines(fd, region, size), region)
     if region:  # cut inside an entry: the first whole one starts at a `- cmd:` line
         lines = itertools.dropwhile(lambda item: item[1] is not None and not item[1].startswith(CMD),
                                     itertools.islice(lines, 1, None))  # fmt: skip
     at_last = 0
+    previous: int | None = None
     for entry in raw_entries(lines):
-        stamp = float("-inf") if entry[0] is None else float(entry[0])  # no time: the oldest
+        if entry.when is not None:
+            previous = entry.when
+        elif previous is not None:
+            entry = entry._replace(when=previous, borrowed=True)
+        stamp = float("-inf") if entry.when is None else float(entry.when)  # no time: the oldest
         if stamp < last:
             continue
         if stamp == last:
@@ -173,12 +202,14 @@ def import_fish_history(
 ) -> ImportResult:  # fmt: skip
     """Import the entries of a fish history file that the previous import of it did not read.
 
-    Held to what bash's and zsh's imports are (calmd/history/store.py `import_file`): a regular
-    file only; refused whole (NotAHistory) when it is not a history (NUL runs, binary data); at
-    most its newest `max_bytes` read (fish keeps 256,000 entries at most: a few MB); committed in
-    batches, the new entries in time order so that each batch's mark is where the next import
-    (or this one, stopped by `stop`) goes on; an impossible `when` dropped and counted, the
-    command kept; entries timed at `leave_after` or later left to the hooks.
+    Held to what bash's and zsh's imports are (calmd/history/imports.py `import_file`): a regular
+    file only; refused whole (NotAHistory) when it is not a history (binary data); entries a
+    crash's NULs damaged skipped and counted; at most its newest `max_bytes` read (fish keeps
+    256,000 entries at most: a few MB); committed in batches, the new entries in time order so
+    that each batch's mark is where the next import (or this one, stopped by `stop`) goes on; an
+    impossible `when` dropped and counted, the command kept and timed by its neighbour; entries
+    timed at `leave_after` or later left to the hooks; the runs the hooks recorded already and
+    the commands typed while recording was paused left out (calmd/history/coverage.py).
 
     Streamed, in memory that does not grow with the file: a first pass counts the new entries
     and sees whether they come in time order (fish appends: the usual case); then they are read
@@ -192,21 +223,21 @@ def import_fish_history(
         region = max(0, st.st_size - max_bytes)
         reason = refusal(fd, region, st.st_size)
         if reason is not None:
-            store.count_refused(p, reason)
+            count_refused(store, p, reason)
             raise NotAHistory(f"{p}: not a fish history ({reason}); nothing was imported from it")
         if not region and (head := os.pread(fd, 4096, 0)).strip() and not is_fish_history(head):
             raise NotAHistory(f"{p}: not a fish history (no `- cmd:` entry first); give fish's fish_history")
-        last, seen = _position(store.import_position(p))
+        last, seen = _position(import_position(store, p))
         count, in_order, previous = 0, True, -1
-        for when, *_ in _new_entries(fd, region, st.st_size, last, seen):
+        for entry in _new_entries(fd, region, st.st_size, last, seen):
             count += 1
-            time_order = -1 if when is None else when  # an entry without a time: the oldest
+            time_order = -1 if entry.when is None else entry.when  # an entry without a time: the oldest
             in_order, previous = in_order and time_order >= previous, time_order
         new = _new_entries(fd, region, st.st_size, last, seen)
         with contextlib.ExitStack() as cleanup:
             ordered = new if in_order else cleanup.enter_context(_sorted_entries(fd, new))
             entries = _marked(ordered, count, last, seen, leave_after)
-            result = store.import_entries(p, "fish", entries, count, st.st_mtime, stop, mark_text)
+            result = import_entries(store, p, "fish", entries, count, st.st_mtime, stop, mark_text)
     return replace(result, skipped_bytes=region)
 
 
@@ -219,17 +250,20 @@ def _sorted_entries(fd: int, entries: Iterable[RawEntry]) -> Iterator[Iterator[R
     try:
         spill.execute(f"PRAGMA cache_size = -{SPILL_CACHE_KIB}")
         spill.execute("CREATE TABLE entry (t INTEGER, n INTEGER, bad INTEGER, at INTEGER, len INTEGER, "
-                      "PRIMARY KEY (t, n)) WITHOUT ROWID")  # fmt: skip
+                      "flags INTEGER, PRIMARY KEY (t, n)) WITHOUT ROWID")  # fmt: skip
         spill.executemany(
-            "INSERT INTO entry VALUES (?, ?, ?, ?, ?)",
-            ((-1 if when is None else when, n, bad, at, -1 if raw is None else len(raw))
-             for n, (when, bad, at, raw) in enumerate(entries)),
+            "INSERT INTO entry VALUES (?, ?, ?, ?, ?, ?)",
+            ((-1 if e.when is None else e.when, n, e.bad, e.at, -1 if e.raw is None else len(e.raw),
+              e.borrowed | e.damaged << 1) for n, e in enumerate(entries)),
         )  # fmt: skip
 
         def read() -> Iterator[RawEntry]:
-            for when, bad, at, length in spill.execute("SELECT t, bad, at, len FROM entry ORDER BY t, n"):
-                raw = None if length < 0 else os.pread(fd, length, at)
-                yield (None if when < 0 else when), bool(bad), at, raw
+            for when, bad, at, length, flags in spill.execute(
+                "SELECT t, bad, at, len, flags FROM entry ORDER BY t, n"
+            ):
+                # a damaged entry's bytes are not read again: the NUL that marks it stands for them
+                raw = None if length < 0 else b"\0" if flags & 2 else os.pread(fd, length, at)
+                yield RawEntry(None if when < 0 else when, bool(bad), at, raw, bool(flags & 1))
 
         yield read()
     finally:
@@ -243,14 +277,18 @@ def _marked(
     at after it (`mark_text`)."""
     count = 0
     previous: float | None = None
-    for n, (when, bad, _, raw) in enumerate(entries):
+    for n, entry in enumerate(entries):
+        when = entry.when
         stamp = float("-inf") if when is None else float(when)
         count = count + 1 if stamp == previous else (seen + 1 if stamp == last else 1)
         previous = stamp
+        raw = entry.raw
         text: str | None = "" if raw is None else unescape(raw).decode("utf-8", "surrogateescape")
-        if leave_after is not None and when is not None and when >= leave_after:
+        own = when is not None and not entry.borrowed
+        if leave_after is not None and own and stamp >= leave_after:
             text = None  # the command that started the daemon, still running: its hook records it
-        yield (None if when is None else stamp), text, (stamp, count, n == total - 1), bad
+        yield FileEntry(None if when is None else stamp, text, (stamp, count, n == total - 1), entry.bad,
+                        timed=own, too_long=raw is None, damaged=entry.damaged)  # fmt: skip
 
 
 def mark_text(mark: tuple[float, int, bool]) -> str:
@@ -272,7 +310,7 @@ def import_first_start(
     status` shows them); this never fails."""
     p = path or default_path()
     try:
-        mark = store.import_position(p)
+        mark = import_position(store, p)
         if not p.is_file() or (mark is not None and mark.endswith(":done")):
             return None
         result = import_fish_history(store, p, stop=stop, leave_after=leave_after)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from calmd.history.secrets import find_secret
+from calmd.secrets import find_secret
 
 COMP_ITEMS = 6  # items per COMP frame: each costs ~8 tokens of prefill per keystroke (the spec caps 15)
 ENV_MAX_BYTES = 64

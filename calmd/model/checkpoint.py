@@ -145,3 +145,22 @@ def load_model(path: str | os.PathLike[str], *, with_ewc: bool = False) -> Loade
     return LoadedModel(
         f.path, model, f.header, f.metadata, GenerationDefaults.from_header(f.header), fisher, anchor
     )
+
+
+def flatten(model: CalmModel) -> npt.NDArray[np.float32]:
+    return np.concatenate([a.ravel() for _, a in model.to_named_arrays()])
+
+
+def unflatten(cfg: ModelConfig, flat: npt.NDArray[np.float32]) -> CalmModel:
+    model = CalmModel(cfg)
+    shapes = [(name, p.shape) for name, p in model.named_parameters()]
+    total = sum(int(np.prod(s)) for _, s in shapes)
+    if flat.size != total:
+        raise ValueError(f"flat array has {flat.size} values, the model needs {total}")
+    arrays, offset = [], 0
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        arrays.append((name, np.asarray(flat[offset : offset + n], dtype=np.float32).reshape(tuple(shape))))
+        offset += n
+    model.load_named_arrays(arrays)
+    return model

@@ -1,6 +1,7 @@
 """The fused C++ kernels: the selective scan (calmd/model/csrc/scan.cpp) and the whole-model
 inference step (csrc/step.cpp, driven by calmd/model/faststep.py), built on first use into one
-library and called through ctypes.
+library and called through ctypes; the library also walks the learned rankers' trees
+(csrc/forest.cpp, for calmd/suggest/forest.py).
 
 Why ctypes and plain C++ rather than a torch extension: the kernel needs no torch or Python
 headers, so it builds in a second or two with the system's g++ and needs neither ninja nor the
@@ -10,7 +11,7 @@ hashes the sources, the flags, the compiler and the CPU's feature flags (it is b
 temporary file and renames it, so concurrent first uses never load half a library.
 
 `library()` returns None when the kernel cannot be had (no g++, a failed build,
-CALM_NO_CPP_SCAN=1); callers then use the PyTorch fast path in calmd/model/mamba.py. The reason is
+CALM_NO_CPP_SCAN=1); callers then use the PyTorch fast path in calmd/model/scan.py. The reason is
 kept in `unavailable_reason()` and logged once.
 """
 
@@ -35,8 +36,8 @@ from calmd import paths
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 2  # 2: the library holds calm_step_f32 (csrc/step.cpp) too
-SOURCES = ("scan.cpp", "step.cpp")
+ABI_VERSION = 3  # 2: the library holds calm_step_f32 (csrc/step.cpp) too; 3: calm_forest_f64 (forest.cpp)
+SOURCES = ("scan.cpp", "step.cpp", "forest.cpp")
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-std=c++17"]
 # -ffast-math only when compiling: linking with it would add crtfastmath.o, which turns on
 # flush-to-zero for the whole process (torch included) when the library loads.
@@ -117,6 +118,9 @@ def _load(path: Path) -> ctypes.CDLL:
     step = lib.calm_step_f32  # csrc/step.cpp; faststep.py calls it
     step.argtypes = [ptr] * 3 + [i64] + [ptr] * 3 + [i64] + [ptr] * 3 + [c_int, i64, c_int]
     step.restype = c_int
+    forest = lib.calm_forest_f64  # csrc/forest.cpp; calmd/suggest/forest.py calls it
+    forest.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr]
+    forest.restype = None
     return lib
 
 
@@ -160,7 +164,7 @@ def supports(u: Tensor) -> bool:
 
 
 class CppScanFn(torch.autograd.Function):
-    """Same contract as model.SelectiveScanFn: (u, delta, A, B, C, D, h0) -> (y, last state),
+    """Same contract as scan.SelectiveScanFn: (u, delta, A, B, C, D, h0) -> (y, last state),
     with B and C as (batch, N, L). Saves only the inputs; the backward recomputes the states."""
 
     @staticmethod

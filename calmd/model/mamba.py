@@ -15,11 +15,10 @@ Spaces"), with the parameter names and shapes of `mamba_ssm.modules.mamba_simple
     dt_proj.weight (E, R)    dt_proj.bias (E)          A_log (E, N)      D (E)   out_proj.weight (D, E)
 
 Selective scan, per channel e and state n:  h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t,
-y_t = C_t . h_t + D u_t, then y * silu(z). Three implementations:
-- `selective_scan_ref`: a plain loop over time with autograd through it (slow, the reference);
-- `SelectiveScanFn`: the CPU fast path, a custom autograd Function that runs the recurrence in
-  time chunks (only (B, E, T, N) tensors, never (B, E, L, N)) and a hand-written reverse scan;
-- mamba-ssm's CUDA kernel, used only when CUDA and mamba_ssm are both available.
+y_t = C_t . h_t + D u_t, then y * silu(z). `selective_scan_ref` below is that loop, with autograd
+through it (slow, the reference); the fast paths it is tested against live in calmd/model/scan.py:
+`SelectiveScanFn` (chunked PyTorch, a hand-written reverse scan), the fused C++ kernel, and
+mamba-ssm's CUDA kernel when CUDA and mamba_ssm are both available.
 
 Recurrent inference passes an explicit `InferenceState` (per-layer conv and SSM state) in and out
 of `prefill()` and `step()`; a loop of `step()` equals the parallel `forward()` (tested).
@@ -28,15 +27,15 @@ CWGT flattening order (docs/model.md): `named_parameters()` order, i.e. embeddin
 for each layer i: layers.i.norm1.weight, layers.i.mixer.{in_proj.weight, conv1d.weight,
 conv1d.bias, x_proj.weight, dt_proj.weight, dt_proj.bias, A_log, D, out_proj.weight}, then (when
 ffn_expand > 0) layers.i.norm2.weight, layers.i.ffn.up.weight, layers.i.ffn.down.weight; then
-norm_f.weight; then lm_head.weight only when untied. Each array is flattened row-major.
+norm_f.weight; then lm_head.weight only when untied. Each array is flattened row-major
+(calmd/model/checkpoint.py: `flatten`, `unflatten`, and the CWGT file).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from calmd.model import fastscan, faststep
+from calmd.model import faststep, scan
+from calmd.model.loss import supervised_nll
 
 # --------------------------------------------------------------------------- configuration
 
@@ -130,109 +130,12 @@ def selective_scan_ref(
     return y, h
 
 
-def _chunk_inputs(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, start: int, stop: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Time-major slices of one chunk: d, uc (T, B, E); Bt (T, B, N); dA, dBu (T, B, E, N)."""
-    d = delta[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
-    uc = u[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
-    Bt = B[:, :, start:stop].permute(2, 0, 1)  # (T, B, N)
-    dA = torch.exp(d[..., None] * A)  # (T, B, E, N)
-    dBu = (d * uc)[..., None] * Bt[:, :, None, :]  # (T, B, E, N)
-    return d, uc, Bt, dA, dBu
-
-
-def _chunk_states(dA: Tensor, dBu: Tensor, h: Tensor) -> Tensor:
-    """Run h_t = dA_t * h_{t-1} + dBu_t over one chunk; all states (T, B, E, N). Time-major, so
-    each step reads and writes contiguous (B, E, N) blocks."""
-    states = torch.empty_like(dBu)
-    for t in range(dA.shape[0]):
-        h = torch.addcmul(dBu[t], dA[t], h, out=states[t])
-    return states
-
-
-class SelectiveScanFn(torch.autograd.Function):
-    """The CPU fast path: chunked recurrence forward, hand-written reverse scan backward.
-
-    Saves only the inputs and the state at each chunk boundary; the backward pass recomputes a
-    chunk's states from its boundary, then walks it backwards. Memory is O(T B E N) per chunk;
-    sums over the state dimension are contractions (einsum -> batched matmul).
-    """
-
-    CHUNK = 16  # measured: 8-32 within a few percent; 16 keeps chunk tensors in L3 for nano
-
-    @staticmethod
-    def forward(
-        ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, h0: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        length = u.shape[2]
-        chunk = SelectiveScanFn.CHUNK
-        y = torch.empty_like(u)  # (B, E, L)
-        h = h0
-        boundaries = []
-        for start in range(0, length, chunk):
-            stop = min(start + chunk, length)
-            _, _, _, dA, dBu = _chunk_inputs(u, delta, A, B, start, stop)
-            boundaries.append(h)
-            states = _chunk_states(dA, dBu, h)  # (T, B, E, N)
-            y[:, :, start:stop] = torch.einsum("tben,bnt->bet", states, C[:, :, start:stop])
-            h = states[-1]
-        y = y + D[None, :, None] * u
-        ctx.save_for_backward(u, delta, A, B, C, D, torch.stack(boundaries) if boundaries else h0[None])
-        return y, h.clone()
-
-    @staticmethod
-    def backward(ctx: Any, gy: Tensor, gh_last: Tensor) -> tuple[Tensor | None, ...]:
-        u, delta, A, B, C, D, boundaries = ctx.saved_tensors
-        length = u.shape[2]
-        chunk = SelectiveScanFn.CHUNK
-        gu = gy * D[None, :, None]  # (B, E, L)
-        gD = (gy * u).sum(dim=(0, 2))  # (E)
-        gdelta = torch.empty_like(delta)
-        gB = torch.empty_like(B)
-        gC = torch.empty_like(C)
-        gA = torch.zeros_like(A)
-        g = gh_last.clone()  # dL/dh_t, carried backwards through time   (B, E, N)
-        next_dA: Tensor | None = None  # dA of the step after the current one
-        starts = list(range(0, length, chunk))
-        for index in reversed(range(len(starts))):
-            start = starts[index]
-            stop = min(start + chunk, length)
-            d, uc, Bt, dA, dBu = _chunk_inputs(u, delta, A, B, start, stop)
-            h_start = boundaries[index]  # (B, E, N)
-            states = _chunk_states(dA, dBu, h_start)  # (T, B, E, N)
-            gyc = gy[:, :, start:stop].permute(2, 0, 1)  # (T, B, E)
-            Ct = C[:, :, start:stop].permute(2, 0, 1)  # (T, B, N)
-            gh = gyc[..., None] * Ct[:, :, None, :]  # dL/dh_t through y_t   (T, B, E, N)
-            gC[:, :, start:stop] = torch.einsum("tben,tbe->bnt", states, gyc)
-            # reverse scan, in place: gh_t += dA_{t+1} * gh_{t+1}
-            for t in reversed(range(stop - start)):
-                if next_dA is not None:
-                    torch.addcmul(gh[t], next_dA, g, out=gh[t])
-                else:
-                    gh[t] += g
-                g = gh[t]
-                next_dA = dA[t]
-            # dL/d(dt A) = gh_t * h_{t-1} * dA_t, with h_{t-1} the previous state (h_start first)
-            g_dA = gh * dA
-            g_dA[1:] *= states[:-1]
-            g_dA[0] *= h_start
-            gA += torch.einsum("tben,tbe->en", g_dA, d)
-            gB_dot = torch.einsum("tben,tbn->tbe", gh, Bt)  # sum_n gh * B   (T, B, E)
-            gdelta[:, :, start:stop] = (torch.einsum("tben,en->tbe", g_dA, A) + gB_dot * uc).permute(1, 2, 0)
-            gu[:, :, start:stop] += (gB_dot * d).permute(1, 2, 0)
-            gB[:, :, start:stop] = torch.einsum("tben,tbe->bnt", gh, d * uc)
-        gh0 = g * next_dA if next_dA is not None else g
-        return gu, gdelta, gA, gB, gC, gD, gh0
-
-
 def selective_scan(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None = None,
     h0: Tensor | None = None, *, reference: bool = False,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Dispatch: the reference loop, mamba-ssm's CUDA kernel (CUDA tensors, mamba_ssm installed,
-    no initial state: its kernel cannot take one), the fused C++ kernel of calmd/model/fastscan.py
-    (CPU, when it could be built), or the chunked PyTorch fast path. Same results.
+    """The reference loop, or the fastest path the input can take (calmd/model/scan.py: mamba-ssm's
+    CUDA kernel, the fused C++ kernel, the chunked PyTorch Function). Same results.
 
     The scan runs in the inputs' widest floating type, float32 at least, with autocast off: under
     autocast (`calm train --precision bf16`) u, B, C and z come in bfloat16 and delta in float32,
@@ -246,45 +149,11 @@ def selective_scan(
         u, delta, A, B, C, D = (t.to(dtype) for t in (u, delta, A, B, C, D))
         z = None if z is None else z.to(dtype)
         h0 = None if h0 is None else h0.to(dtype)
-        y, h = _dispatch_scan(u, delta, A, B, C, D, z, h0, reference)
+        if reference:
+            y, h = selective_scan_ref(u, delta, A, B, C, D, z, h0)
+        else:
+            y, h = scan.fast_scan(u, delta, A, B, C, D, z, h0)
     return y.to(given), h.to(given)
-
-
-def _dispatch_scan(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor | None,
-    h0: Tensor | None, reference: bool,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    if reference:
-        return selective_scan_ref(u, delta, A, B, C, D, z, h0)
-    if h0 is None and _cuda_scan_available(u):
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
-
-        y, last = selective_scan_fn(u, delta, A, B.contiguous(), C.contiguous(), D, z=z,
-                                    return_last_state=True)  # fmt: skip
-        return y, last
-    if h0 is None:
-        h0 = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
-    if fastscan.supports(u):  # selective_scan gave every input u's type
-        y, h = fastscan.CppScanFn.apply(u, delta, A, B, C, D, h0)  # the fused kernel, when built
-    else:
-        y, h = SelectiveScanFn.apply(u, delta, A, B, C, D, h0)
-    if z is not None:
-        y = y * F.silu(z)
-    return y, h
-
-
-def _cuda_scan_available(x: Tensor) -> bool:
-    return x.is_cuda and mamba_ssm_importable()
-
-
-@functools.cache
-def mamba_ssm_importable() -> bool:
-    """Asked once: a failed import is not cached by Python, and every layer of every step asks."""
-    try:
-        import mamba_ssm  # noqa: F401  (only imported on a CUDA device)
-    except ImportError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- layers
@@ -529,7 +398,7 @@ class CalmModel(nn.Module):
         return self._head(x), InferenceState.from_layers(new_layers, seen)
 
     def loss(self, tokens: Tensor, loss_mask: Tensor) -> Tensor:
-        """Mean next-token cross entropy over the supervised targets (see `supervised_nll`)."""
+        """Mean next-token cross entropy over the supervised targets (calmd/model/loss.py)."""
         return supervised_nll(self, tokens, loss_mask) / loss_mask[:, 1:].sum().clamp(min=1)
 
     # -- recurrent path --------------------------------------------------------------------------
@@ -668,36 +537,3 @@ class CalmModel(nn.Module):
                     f"parameter {name}: shape {tuple(array.shape)}, the model needs {tuple(p.shape)}"
                 )
             p.copy_(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
-
-
-def supervised_nll(module: Callable[[Tensor], Tensor], tokens: Tensor, mask: Tensor) -> Tensor:
-    """Summed next-token NLL (nats) over the supervised targets: the training loss, and evaluation's.
-
-    tokens (B, L); mask (B, L) bool, True where token t is a target (the CTDS loss mask: every
-    token after ATN). Position t-1 predicts token t. `module` maps tokens (B, L-1) to logits
-    (B, L-1, V): the model, or its DistributedDataParallel wrapper.
-    """
-    logits = module(tokens[:, :-1])  # (B, L-1, V)
-    losses = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
-    )
-    return (losses * mask[:, 1:].reshape(-1)).sum()
-
-
-def flatten(model: CalmModel) -> npt.NDArray[np.float32]:
-    return np.concatenate([a.ravel() for _, a in model.to_named_arrays()])
-
-
-def unflatten(cfg: ModelConfig, flat: npt.NDArray[np.float32]) -> CalmModel:
-    model = CalmModel(cfg)
-    shapes = [(name, p.shape) for name, p in model.named_parameters()]
-    total = sum(int(np.prod(s)) for _, s in shapes)
-    if flat.size != total:
-        raise ValueError(f"flat array has {flat.size} values, the model needs {total}")
-    arrays, offset = [], 0
-    for name, shape in shapes:
-        n = int(np.prod(shape))
-        arrays.append((name, np.asarray(flat[offset : offset + n], dtype=np.float32).reshape(tuple(shape))))
-        offset += n
-    model.load_named_arrays(arrays)
-    return model

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if not train:
         parser.error(f"no histories under {args.data / 'histories' / 'users'}")
     cfg = ReplayConfig(model=args.model or paths.packaged_weights(), positions=args.positions, seed=args.seed,
-                       typing_positions=0)  # fmt: skip
+                       typing_positions=0, anchor=False)  # fmt: skip
     read_cwgt(cfg.model)  # a bad file named as given: the replay reads a copy in a temporary folder
     rows = collect_rows(train, cfg, uncalibrated())
     if not len(rows.candidate_y) or not len(rows.early_y):  # fit_head has nothing to fit
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print_reliability(f"{name}, training users", head.probabilities(x), y)
     if args.check_held_out:
         test = [p for p in users if held_out(p.stem)]
-        held = collect_rows(test, ReplayConfig(model=cfg.model, positions=40, seed=0, typing_positions=0),
-                            uncalibrated())  # fmt: skip
+        held_cfg = ReplayConfig(model=cfg.model, positions=40, seed=0, typing_positions=0, anchor=False)
+        held = collect_rows(test, held_cfg, uncalibrated())
         print_reliability("candidate, held-out users", cand.probabilities(held.candidate_x), held.candidate_y)
         print_reliability("early, held-out users", early.probabilities(held.early_x), held.early_y)
     return 0

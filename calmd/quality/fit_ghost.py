@@ -30,7 +30,7 @@ from typing import Any
 from calmd.arguments import Parser, run_tool
 from calmd.atomic import parse_json
 from calmd.errors import FormatError
-from calmd.quality.replay import extends, ghost_replaced, keys_with_ghosts, right_next_word
+from calmd.quality.typist import extends, ghost_replaced, keys_with_ghosts, right_next_word
 from calmd.suggest.ghost import BUCKETS, OLD, GhostRule, bucket, packaged_rule, packaged_rule_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users
 
@@ -43,7 +43,8 @@ def _collect_user(args: tuple[Path, Path, int, int, int]) -> tuple[list[dict[str
     from calmd.suggest.calibration import packaged_calibrator
     from calmd.suggest.engine import ModelEngine
 
-    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed, first=first)
+    cfg = ReplayConfig(model=model, positions=positions, typing_positions=positions, seed=seed, first=first,
+                       anchor=False)  # fmt: skip
     calibrator = packaged_calibrator()
     states: list[dict[str, Any]] = []
     tallies = replay_user(path, cfg, lambda w: ModelEngine(w, calibrator=calibrator), states=states)

@@ -1,14 +1,15 @@
-"""Fit the history search's ranker (calmd/suggest/search.py) on the public histories:
+"""Fit the history search's ranker (calmd/suggest/search_ranker.py) on the public histories:
 
     python -m calmd.quality.fit_search [--data ../shared/data] [--output calmd/data/search_ranker.json]
 
 on the *training* users only (`calmd.training.corpus.held_out` keeps the same users out as for the
 default model and the history ranker, so `calm replay --search --held-out` measures users none of
-them has seen). Each training user's queries are those of the search replay (calmd/quality/replay.py,
-`search_examples`: the first word, and a distinctive fragment, of a command run before), with the
-pool's SEARCH_FEATURES; the network is fitted by maximum likelihood of the right line within each
-pool that holds it, by the history ranker's fit (calmd/quality/fit_ranker.py `fit`). The history
-ranker's carry-over prior seen by each user's features is the other users' (as a new user's is).
+them has seen). Each training user's queries are those of the search replay
+(calmd/quality/search_replay.py, `search_examples`: the first word, and a distinctive fragment, of
+a command run before), with the pool's SEARCH_FEATURES; the network is fitted by maximum
+likelihood of the right line within each pool that holds it, by the history ranker's fit
+(calmd/quality/fit_ranker.py `fit`). The history ranker's carry-over prior seen by each user's
+features is the other users' (as a new user's is).
 Deterministic for a seed: rebuilding gives the same file but for its timing fields.
 """
 
@@ -26,9 +27,10 @@ import numpy as np
 from calmd.arguments import Parser, run_tool
 from calmd.atomic import atomic_write
 from calmd.quality.fit_ranker import FitCorpus, Query, fit
-from calmd.quality.replay import QUERY_KINDS, SearchExample, search_examples
+from calmd.quality.search_replay import QUERY_KINDS, SearchExample, search_examples
 from calmd.suggest.ranking import CarryPrior, packaged_ranker
-from calmd.suggest.search import SearchIndex, SearchRanker, packaged_search_ranker_path
+from calmd.suggest.search import SearchIndex
+from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker_path
 from calmd.training.corpus import DEFAULT_DATA
 
 PROG = "python -m calmd.quality.fit_search"

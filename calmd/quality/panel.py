@@ -535,7 +535,7 @@ def build_project(root: Path) -> Path:
 def user_history(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[HistoryStore]:
     """The store `folder`/history.sqlite3 holding `history`, typed in `cwd` on `BRANCH` in
     `SESSION` over the last three days (also what tests/test_panel_shells.py gives a daemon)."""
-    store = HistoryStore(folder / "history.sqlite3")
+    store = HistoryStore(paths.history_path(folder))
     start = time.time() - 3600 * 24 * 3  # typed over the last three days
     for i, cmd in enumerate(history):
         store.record(cmd, exit=0, cwd=str(cwd), git=BRANCH, session=SESSION, ts=start + i * 600)

@@ -1,51 +1,23 @@
-"""Shell integration: `calmd init zsh|bash`, the per-shell helper, `calm enable|disable`.
+"""The per-shell helper (`calmd shell-helper`): one per shell, between its hook and the daemon.
 
-The hooks in client/ (calm.zsh, calm.bash) never start a Python process per keystroke. Each shell
-starts one helper (`calmd shell-helper`) when the hook loads, talks to it over two pipes with one
-line per message, and the helper holds one CalmClient connection to the daemon, reconnecting
-whenever the daemon comes back. The helper is silent: its errors go to a log file.
+The hooks in client/ never start a Python process per keystroke. Each shell starts one helper
+when the hook loads, talks to it over two pipes (bash, zsh; fish: files and a FIFO,
+calmd/shell/spool.py) with one line per message (calmd/shell/lines.py), and the helper holds one
+CalmClient connection to the daemon, reconnecting whenever the daemon comes back. The helper is
+silent: its errors go to a log file. It goes when its shell does, however it was started
+(calmd/shell/lifetime.py): at the end of its stdin, when the shell's process ends (the pid the
+hook gives with --shell-pid, else its parent's, read first thing), on SIGTERM and SIGHUP.
 
-Line protocol (UTF-8; in every field `\\` is written `\\\\`, newline `\\n`, tab `\\t`; fields
-separated by tabs). The hooks start the helper with `--format 2`:
-
-    shell -> helper   c <seq> <n> <cwd> <git> <min> <input>      complete `input`, best `n`
-                      r <exit> <cwd> <git> <ts> <cmd> [<secs>]   record an executed command (and
-                                                                 how long it ran; ts empty: then)
-                      e <virtualenv> <conda env>                 the environment changed
-    helper -> shell   <seq> <final> <flags> <candidate>...       candidates, best first
-
-`e` comes from the prompt hook when $VIRTUAL_ENV or $CONDA_DEFAULT_ENV changed (and once after the
-helper starts), never per keystroke; the helper sends its short form (`venv:proj`,
-calmd.suggest.frames.short_env) as `env` with every `complete` and with the records read after
-it. The shell's PATH is the helper's own (inherited when the shell started it): sent once per
-daemon connection with the first `complete` (`path`), for COMP's commands.
-
-`min` is the shell's CALM_MIN_CONFIDENCE (empty: the daemon's fitted ghost rule,
-calmd/suggest/ghost.py), sent on as the request's `min_confidence`. `flags` holds one character per
-candidate: 1 for the one the daemon says to draw (`ghost`), so that it is shown unasked; 0 when
-only cycling should reach it (an older daemon sends no `ghost`: then 1 when the confidence reaches
-`min`, else DEFAULT_MIN_CONFIDENCE). A `c` line is answered first, at once, with the daemon's
-`early` answer (the history's best line, asked for with `"early": true`) when the daemon draws it;
-then with the first candidate when it is drawn and differs from what is shown (both final=0);
-then with every candidate (final=1), which may hold none (no daemon, disabled, nothing to
-suggest). Only the newest `c`
-matters: older ones that are still queued are skipped, and the daemon cancels an older request of
-the same session when a newer one arrives. `r` lines get no answer; they are sent before the next
-`c`, and kept (up to 256) while no daemon runs.
-
-Without `--format 2` (a hook from before it, whose helper was restarted by an upgraded calmd),
-`c` lines have no `min` and answers no `flags`, and nothing else changes: no early answer.
+The hooks' own files (`calmd init`, the hook file, `calm enable|disable`): calmd/shell/hooks.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
-import functools
 import logging
 import os
 import select
-import shlex
 import signal
 import stat
 import subprocess
@@ -58,234 +30,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calmd import paths
-from calmd.atomic import atomic_write, read_regular_file
-from calmd.protocol import EXIT_MAX, EXIT_MIN, MAX_CANDIDATES, MAX_PATH_BYTES, TS_MAX
+from calmd.protocol import MAX_PATH_BYTES
+from calmd.shell.hooks import (
+    disabled_flag,
+    hook_file,
+    init_script,
+    log_path,
+    python_command,
+    write_hook_file,
+)
+from calmd.shell.lifetime import ShellWatch
+from calmd.shell.lines import Complete, Env, Record, escape, parse_request
 
 if TYPE_CHECKING:
     from calmd.shell.client import CalmClient
 
-SHELLS = ("zsh", "bash", "fish")
 LOG_MAX_BYTES = 1 << 20
 BACKLOG = 256  # records kept while the daemon is away
-PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs
-HOOK_FILE_LIMIT = 1 << 20  # a hook file is about 25 KiB; anything far larger is not ours
+PARENT_CHECK_EVERY = 5.0  # seconds between checks that the shell still runs (without a pidfd)
 IDLE_AFTER = 0.5  # seconds without work before the helper does its chores (the hook file)
+MAX_KEYS = 64  # first-key lines kept per answer
 
 log = logging.getLogger("calmd.shell.helper")
-
-
-# --------------------------------------------------------------------------- escaping
-
-
-def escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-
-
-def unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(nxt, "\\" + nxt))
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-# --------------------------------------------------------------------------- paths and flags
-
-
-def disabled_flag() -> Path:
-    return paths.data_dir() / paths.DISABLED_FLAG
-
-
-def log_path() -> Path:
-    return paths.data_dir() / paths.HELPER_LOG
-
-
-def script_path(shell: str) -> Path:
-    """client/calm.<shell> beside the package (a source or editable install), else inside it."""
-    here = paths.PACKAGE_DATA.parent
-    for folder in (here.parent / "client", paths.PACKAGE_DATA / "client"):
-        candidate = folder / f"calm.{shell}"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"calm.{shell} is not installed beside {here}")
-
-
-@functools.cache
-def python_command() -> tuple[str, ...]:
-    """How the hooks start this calmd's Python: this interpreter by its path, and never the
-    `calmd` folder or `calmd.py` of the shell's current folder, which `python -m` imports first
-    (a clone of calmd: the hook did nothing there, silently). `-I` (isolated: no current folder,
-    no PYTHON* variables, no user site) when it still finds this calmd, as in a virtual
-    environment or a system install; else `-P`, which only leaves the current folder out (a
-    `pip install --user` calmd, or one on PYTHONPATH). Asked once, of a child started in /."""
-    import calmd
-
-    here = Path(calmd.__file__).resolve()
-    try:
-        found = subprocess.run(
-            [sys.executable, "-I", "-c", "import calmd, sys; sys.stdout.write(calmd.__file__)"],
-            cwd="/", capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        isolated = found.returncode == 0 and Path(found.stdout).resolve() == here
-    except (OSError, subprocess.SubprocessError):
-        isolated = False
-    return (sys.executable, "-I" if isolated else "-P")
-
-
-def init_script(shell: str, socket: str | None = None) -> str:
-    """The text to `eval` in the rc file: a few baked-in variables, then the hook file."""
-    from calmd import __version__
-
-    helper = [*python_command(), "-m", "calmd", "shell-helper", "--shell", shell]
-    search = [*python_command(), "-m", "calmd.shell.search_ui"]  # `calm search`, without the CLI's imports
-    if socket:
-        helper += ["--socket", socket]
-        search += ["--socket", socket]
-    comment = f"# calmd {__version__} {shell} integration: `calmd init {shell}` (docs/shells.md, Setup)"
-    if shell == "fish":
-        head = [
-            comment,
-            "set -g _CALM_HELPER " + " ".join(fish_quote(w) for w in helper),
-            "set -g _CALM_SEARCH " + " ".join(fish_quote(w) for w in search),
-            f"set -g _CALM_DISABLED_FILE {fish_quote(str(disabled_flag()))}",
-        ]
-    else:
-        head = [
-            comment,
-            "_CALM_HELPER=(" + " ".join(shlex.quote(w) for w in helper) + ")",
-            "_CALM_SEARCH=(" + " ".join(shlex.quote(w) for w in search) + ")",
-            f"_CALM_DISABLED_FILE={shlex.quote(str(disabled_flag()))}",
-        ]
-    return "\n".join(head) + "\n" + script_path(shell).read_text()
-
-
-def fish_quote(word: str) -> str:
-    """`word` as one fish word: single quotes, in which fish reads only \\ and \' as escapes."""
-    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def hook_file(shell: str) -> Path:
-    """Where `calmd init` keeps its output, for the setup line that sources it without starting
-    Python: calm.zsh or calm.bash in the data dir."""
-    return paths.data_dir() / paths.HOOK_FILE.format(shell=shell)
-
-
-def write_hook_file(shell: str, text: str) -> bool:
-    """Put `text` in the hook file (atomically, owner-only) unless it holds it already; True when
-    written. Never raises: the shell works without the file (its setup line falls back)."""
-    path = hook_file(shell)
-    try:
-        if path.exists() and bytes(read_regular_file(path, limit=HOOK_FILE_LIMIT)) == text.encode():
-            return False
-        paths.private_dir(path.parent)
-        with atomic_write(path) as out:
-            out.write(text.encode())
-    except OSError as exc:
-        log.info("could not write %s: %s", path, exc)
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------- the helper
-
-
-@dataclass
-class Complete:
-    seq: str
-    n: int
-    input: str
-    cwd: str
-    git: str
-    min_confidence: float | None = None  # None: the default threshold
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds from the shell (`1.25`), else None; within what the protocol takes."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value <= 1e9 else None
-
-
-def parse_time(text: str) -> float | None:
-    """The shell's time of a command: seconds since the epoch from 1970 to 2100 (protocol.TS_MAX),
-    else None (the daemon's clock times it: a clock that is wrong costs the time, not the
-    command, which the daemon refused with `bad_field`). ValueError when it is not a number."""
-    value = float(text) if text else None
-    return value if value is not None and 0.0 <= value <= TS_MAX else None
-
-
-def parse_confidence(text: str) -> float | None:
-    """A threshold from the shell: a number in [0, 1], else None (the default)."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value <= 1.0 else None
-
-
-@dataclass
-class Record:
-    cmd: str
-    exit: int | None
-    cwd: str
-    git: str
-    ts: float | None
-    env: str = ""  # the short form of the environment the command was typed in
-    duration: float | None = None  # seconds it ran, when the shell measured it
-
-    def fields(self, session: str) -> dict[str, Any]:
-        """The `record` request's fields besides `cmd`, unset ones left out."""
-        fields = {"exit": self.exit, "cwd": self.cwd, "git": self.git, "ts": self.ts, "session": session,
-                  "env": self.env, "duration": self.duration}  # fmt: skip
-        return {k: v for k, v in fields.items() if v is not None and v != ""}
-
-
-@dataclass
-class Env:
-    virtual_env: str
-    conda_env: str
-
-    def short(self) -> str:
-        from calmd.suggest.frames import short_env  # not at start-up: the first prompt waits for it
-
-        return short_env(self.virtual_env, self.conda_env)
-
-
-def parse_request(line: str) -> Complete | Record | Env | None:
-    parts = line.split("\t")
-    try:
-        if parts[0] == "e" and len(parts) == 3:
-            return Env(unescape(parts[1]), unescape(parts[2]))
-        if parts[0] == "c" and len(parts) in (6, 7):  # 6: a hook from before --format 2
-            n = max(0, min(MAX_CANDIDATES, int(parts[2] or 5)))
-            threshold = parse_confidence(parts[5]) if len(parts) == 7 else None
-            cwd, git = unescape(parts[3]), unescape(parts[4])
-            return Complete(parts[1], n, unescape(parts[-1]), cwd, git, threshold)
-        if parts[0] == "r" and len(parts) in (6, 7):  # 7: with the seconds it ran
-            exit_code = int(parts[1]) if parts[1].lstrip("-").isdigit() and len(parts[1]) < 12 else None
-            if exit_code is not None and not EXIT_MIN <= exit_code <= EXIT_MAX:
-                exit_code = None  # no status a shell reports: unknown, and the command still recorded
-            duration = parse_duration(parts[6]) if len(parts) == 7 else None
-            ts = parse_time(parts[4])
-            if ts is None and duration is not None:  # the shell had no clock: it started that long ago
-                ts = time.time() - duration
-            cwd, git = unescape(parts[2]), unescape(parts[3])
-            return Record(unescape(parts[5]), exit_code, cwd, git, ts, duration=duration)
-    except ValueError:
-        pass
-    log.warning("ignoring a malformed request: %.200r", line)
-    return None
 
 
 @dataclass
@@ -299,6 +65,7 @@ class Active:
     candidates: list[str] = field(default_factory=list)
     confident: list[bool] = field(default_factory=list)
     shown: str = ""  # the candidate already sent on its own (final=0), early or the model's best
+    keys: list[str] = field(default_factory=list)  # the empty prompt's lines for a first key (`key`)
 
     def is_drawn(self, message: dict[str, Any]) -> bool:
         """Whether the daemon draws this early line or candidate (`ghost`); from an older daemon
@@ -326,10 +93,12 @@ class Helper:
         line_format: int = 1,
         shell: str | None = None,
         socket_arg: str | None = None,
+        watch: ShellWatch | None = None,
     ) -> None:
         from calmd.protocol import DEFAULT_MIN_CONFIDENCE
 
         self.default_threshold = DEFAULT_MIN_CONFIDENCE
+        self.watch = watch  # the shell: the helper goes when it does
         self.line_format = line_format
         self.shell = shell  # the hook file to keep current, and the --socket it was made with
         self.socket_arg = socket_arg
@@ -362,12 +131,19 @@ class Helper:
 
     # -- shell side ------------------------------------------------------------------------------
 
-    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+    def emit(
+        self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None,
+        keys: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        """A line for the shell; `keys` (format 3): lines drawn at once when their first character
+        alone is typed, after the candidates, flagged 2 (calmd/shell/lines.py)."""
         head = [seq, "1" if final else "0"]
+        extra = keys if keys and self.line_format >= 3 else []
         if self.line_format >= 2:
             flags = confident if confident is not None else [True] * len(candidates)
-            head.append("".join("1" if f else "0" for f in flags))
-        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in candidates)]) + "\n"))
+            head.append("".join("1" if f else "0" for f in flags) + "2" * len(extra))
+        lines = [*candidates, *extra]
+        self.out.append((seq, final, "\t".join([*head, *(escape(c) for c in lines)]) + "\n"))
 
     def flush(self) -> None:
         """Write what `emit` queued, in one write. An early or first answer that came in the same
@@ -393,9 +169,9 @@ class Helper:
             self.take(raw)
         return True
 
-    def take(self, raw: bytes) -> None:
-        """One line from the shell."""
-        request = parse_request(raw.decode("utf-8", "replace"))
+    def take(self, raw: bytes, written: float | None = None) -> None:
+        """One line from the shell (`written`: when, if known: calmd/shell/lines.py)."""
+        request = parse_request(raw.decode("utf-8", "replace"), written)
         log.debug("shell: %r", request)
         if isinstance(request, Record):
             request.env = self.env
@@ -483,6 +259,8 @@ class Helper:
                 extra: dict[str, Any] = {"early": True} if self.line_format >= 2 else {}
                 if q.min_confidence is not None:
                     extra["min_confidence"] = q.min_confidence
+                if self.line_format >= 3 and not q.input:
+                    extra["keys"] = True  # the empty prompt: its first keys, to draw in the shell at once
                 if len(self.drawn) > len(q.input) and self.drawn.startswith(q.input):
                     extra["drawn"] = self.drawn  # the user typed along it: it stays unless beaten
                 if self.multiline:
@@ -523,6 +301,21 @@ class Helper:
                 active.shown = self.drawn = text
                 self.emit(active.seq, False, [text])
             return
+        if "key" in message:
+            # The line the shell draws at once when this first character alone is typed.
+            key, text = message.get("key"), message.get("line")
+            if (
+                not active.input
+                and isinstance(key, str)
+                and len(key) == 1
+                and isinstance(text, str)
+                and len(text) > 1
+                and text.startswith(key)
+                and self.sendable(text, multiline=self.multiline)
+                and len(active.keys) < MAX_KEYS
+            ):
+                active.keys.append(text)
+            return
         if "candidate" in message:
             candidate = str(message["candidate"])
             # an older daemon sent control characters too: none reaches the shell
@@ -559,7 +352,7 @@ class Helper:
         if "error" in message:
             log.warning("complete failed: %s", message["error"])
         self.drawn = next((c for c, f in zip(active.candidates, active.confident, strict=True) if f), "")
-        self.emit(active.seq, True, active.candidates, active.confident)
+        self.emit(active.seq, True, active.candidates, active.confident, active.keys)
         self.active = None
 
     def read_daemon(self) -> None:
@@ -583,12 +376,27 @@ class Helper:
         if write_hook_file(self.shell, init_script(self.shell)):
             log.info("rewrote %s for calmd as installed now", hook_file(self.shell))
 
+    def shell_gone(self, ready: list[int], look: bool) -> bool:
+        """Whether the shell ended: its pidfd is in `ready`, or (without one; `look`: it is time to
+        look, every PARENT_CHECK_EVERY at most) it no longer runs."""
+        watch = self.watch
+        if watch is None:
+            return False
+        fd = watch.fileno()
+        return fd in ready if fd is not None else look and watch.gone()
+
+    def watched(self) -> list[int]:
+        """The descriptors the loop waits on besides its own: the shell's pidfd, when there is one."""
+        fd = None if self.watch is None else self.watch.fileno()
+        return [] if fd is None else [fd]
+
     def run(self) -> int:
-        parent = os.getppid()
+        if self.watch is not None and self.watch.gone():
+            return 0  # the shell ended before the helper ran
         while True:
             self.send_work()
             self.flush()
-            fds = [self.stdin]
+            fds = [self.stdin, *self.watched()]
             if self.client is not None:
                 fds.append(self.client.fileno())
             try:
@@ -601,7 +409,7 @@ class Helper:
                 self.chores_done = True
                 self.refresh_hook_file()
                 continue
-            if not ready and os.getppid() != parent:
+            if self.shell_gone(ready, look=not ready):
                 return 0  # the shell is gone; a process it started may still hold our stdin open
             if self.stdin in ready and not self.read_stdin():
                 return 0
@@ -614,7 +422,7 @@ def _setup_log() -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size > LOG_MAX_BYTES:
-            path.replace(path.with_suffix(".log.old"))
+            path.replace(path.with_name(paths.HELPER_LOG + ".old"))
         handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         handler = logging.NullHandler()
@@ -649,59 +457,50 @@ def cmd_shell_helper(args: argparse.Namespace) -> int:
 HelperFactory = Callable[..., Helper]  # (session, socket path, **options) -> the helper to run
 
 
-def serve_shell(args: argparse.Namespace, make: HelperFactory) -> int:
-    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`)."""
+class Stopped(BaseException):
+    """A signal that ends the helper (SIGTERM; fish's also SIGHUP): raised where the loop is, so
+    that it leaves through its cleanup (the spool folder), never by the default action."""
+
+
+def stop_on(*signals: signal.Signals) -> None:
+    """End the helper cleanly on these signals: each raises Stopped once, then they are ignored
+    (a second one must not break into the cleanup)."""
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for sig in signals:
+        signal.signal(sig, stop)
+
+
+def serve_shell(
+    args: argparse.Namespace, make: HelperFactory, stops: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+) -> int:
+    """Run the helper `make` builds, as the hooks start it (`calmd shell-helper`), for as long as
+    its shell runs (`--shell-pid`, else the parent it had when it started: calmd/shell/lifetime.py)
+    and until one of `stops` comes (bash's and zsh's hooks start it with SIGHUP ignored: the
+    terminal's hangup is not the shell's end)."""
     # Keys typed at the prompt must not reach the helper: it shares the shell's process group.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
-    _setup_log()
-    reopen_stdin_read_only()
-    socket_arg = getattr(args, "socket", None)
-    socket = Path(socket_arg) if socket_arg else paths.socket_path()
-    session = args.session or f"shell-{os.getppid()}-{int(time.time())}"
-    helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
-                  socket_arg=socket_arg)  # fmt: skip
+    stop_on(*stops)
     try:
+        watch = ShellWatch(getattr(args, "shell_pid", None))
+        _setup_log()
+        reopen_stdin_read_only()
+        socket_arg = getattr(args, "socket", None)
+        socket = Path(socket_arg) if socket_arg else paths.socket_path()
+        session = args.session or f"shell-{watch.pid}-{int(time.time())}"
+        helper = make(session, socket, autostart=args.autostart, line_format=args.format, shell=args.shell,
+                      socket_arg=socket_arg, watch=watch)  # fmt: skip
         return helper.run()
-    except (BrokenPipeError, KeyboardInterrupt):
+    except (BrokenPipeError, KeyboardInterrupt, Stopped):
         return 0
     except Exception:
         log.exception("shell helper crashed")
         return 1
-
-
-# --------------------------------------------------------------------------- commands
-
-
-def cmd_init(args: argparse.Namespace) -> int:
-    """Print the hook, and keep it in the hook file for the setup line that sources it. A hook for
-    another socket (`calmd --socket PATH init`) is printed only: the setup line's file is the
-    default one, what its fallback `calmd init SHELL` gives."""
-    socket = getattr(args, "socket", None)
-    text = init_script(args.shell, socket)
-    if socket is None:
-        write_hook_file(args.shell, text)
-    sys.stdout.write(text)
-    return 0
-
-
-def cmd_enable(args: argparse.Namespace) -> int:
-    flag = disabled_flag()
-    try:
-        flag.unlink()
-    except FileNotFoundError:
-        print("calm: suggestions are on already (they were not disabled)")
-        return 0
-    print(f"calm: suggestions enabled (removed {flag})")
-    return 0
-
-
-def cmd_disable(args: argparse.Namespace) -> int:
-    flag = disabled_flag()
-    flag.parent.mkdir(parents=True, exist_ok=True)
-    flag.touch()
-    print(f"calm: suggestions disabled in every shell until `calm enable` (flag file {flag})")
-    return 0
 
 
 if __name__ == "__main__":  # `python -m calmd.shell.helper ...`: hooks written by earlier calmd

@@ -18,7 +18,7 @@ whose status the shell reported: imported history has none) and the busiest hour
 What they print of the store passes calmd/visible.py (`query.history_lines` for `calm history`;
 here each cell of `calm stats`, given to rich as Text, never as markup: a command holding
 `[link=...]` would otherwise be a hyperlink). A host's name is such text too: another machine's
-segment names its host (calmd/history/sync.py). Column widths are those of the escaped text.
+segment names its host (calmd/sync/). Column widths are those of the escaped text.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ comes back exactly as it was.
 
 It never blocks the shell: with no daemon listening, or one that does not answer the first
 search within FIRST_ANSWER_S, it exits at once with UNAVAILABLE, before it touches the terminal,
-and the hook opens the shell's own search instead. Once drawn, it never waits for the daemon:
+and the hook opens the shell's own search instead; the reason is one line on stderr (the hooks
+send it to /dev/null; typed at a prompt, it says why). Once drawn, it never waits for the daemon:
 keys are read while answers are awaited, only the answer to the newest query is drawn, and a
 daemon that goes away is said on the status line (Esc still leaves).
 
@@ -32,29 +33,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import select
 import signal
 import sys
-import termios
 import time
-import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from calmd.arguments import Parser, run_tool
-from calmd.protocol import MAX_QUERY_BYTES, MAX_SEARCH_RESULTS, SEARCH_MODES
-from calmd.visible import hidden, visible
+from calmd.errors import CalmError, one_line
+from calmd.protocol import MAX_QUERY_BYTES, MAX_SEARCH_RESULTS, SEARCH_MODES, wire_text
+from calmd.shell.search_screen import Screen, clip
+from calmd.visible import visible
 
 CHOSEN, CANCELLED, UNAVAILABLE = 0, 1, 3
 FIRST_ANSWER_S = 1.0  # the daemon's first answer, at most; else the shell's own search opens
 CONNECT_TIMEOUT_S = 0.5
 ESC_WAIT_S = 0.03  # a lone Esc byte is the Esc key unless more of a sequence follows this soon
-KEYS = "Enter run · Tab edit · Esc cancel · Ctrl-R mode · Ctrl-D delete"
-MODE_NAMES = {"global": "all", "host": "this machine", "folder": "this folder", "session": "this session",
-              "success": "succeeded"}  # fmt: skip
 
 # Escape sequences of the keys the UI knows (xterm and its imitators, both cursor-key modes).
 SEQUENCES = {
@@ -70,71 +67,6 @@ CONTROL = {
     "\x01": "home", "\x05": "end", "\x02": "left", "\x06": "right", "\x10": "up", "\x0e": "down",
     "\x12": "mode", "\x04": "forget",
 }  # fmt: skip
-
-
-# --------------------------------------------------------------------------- text on a terminal
-
-
-def cells(ch: str) -> int:
-    """Terminal cells a character takes: 2 for wide East Asian ones, 0 for combining marks."""
-    if unicodedata.combining(ch):
-        return 0
-    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
-
-
-def clip(text: str, width: int) -> str:
-    """The start of `text` that fits in `width` cells (`…` ends it when cut)."""
-    if sum(cells(c) for c in text) <= width:
-        return text
-    if width <= 0:
-        return ""
-    out, total = [], 0
-    for ch in text:
-        if total + cells(ch) > width - 1:  # the last cell is the `…`
-            break
-        out.append(ch)
-        total += cells(ch)
-    return "".join(out) + "…"
-
-
-def clip_left(text: str, width: int) -> str:
-    """The end of `text` that fits in `width` cells (`…` starts it when cut): for folders."""
-    if sum(cells(c) for c in text) <= width:
-        return text
-    out, total = [], 1
-    for ch in reversed(text):
-        total += cells(ch)
-        if total > width:
-            break
-        out.append(ch)
-    return "…" + "".join(reversed(out))
-
-
-def ago(ts: float, now: float) -> str:
-    """How long ago, in a few characters: `now`, `42s`, `5m`, `3h`, `2d`, `6w`, `4mo`, `2y`."""
-    s = max(0.0, now - ts)
-    for limit, unit, label in ((60, 1, "s"), (3600, 60, "m"), (86400, 3600, "h"), (14 * 86400, 86400, "d"),
-                               (60 * 86400, 7 * 86400, "w"), (730 * 86400, 30 * 86400, "mo")):  # fmt: skip
-        if s < limit:
-            return "now" if label == "s" and s < 1 else f"{int(s // unit)}{label}"
-    return f"{int(s // (365 * 86400))}y"
-
-
-def home_short(path: str, home: str) -> str:
-    if home and home != "/" and (path == home or path.startswith(home.rstrip("/") + "/")):
-        return "~" + path[len(home.rstrip("/")) :]
-    return path
-
-
-def highlight_spans(text: str, query: str) -> list[tuple[int, int]]:
-    """Where the query's terms occur in `text` as typed (first occurrence each, any case)."""
-    lowered = text.lower()
-    spans = []
-    for term in query.lower().split():
-        at = lowered.find(term)
-        if at >= 0:
-            spans.append((at, at + len(term)))
-    return spans
 
 
 # --------------------------------------------------------------------------- state
@@ -238,106 +170,6 @@ def parse_keys(data: str) -> Iterator[tuple[str, str]]:
         i += 1
 
 
-# --------------------------------------------------------------------------- drawing
-
-
-class Screen:
-    """The alternate screen of the controlling terminal, raw mode, restored on every way out."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.saved = termios.tcgetattr(fd)
-        self.color = not os.environ.get("NO_COLOR")
-
-    def __enter__(self) -> Screen:
-        mode = termios.tcgetattr(self.fd)
-        mode[0] &= ~(termios.ICRNL | termios.IXON | termios.INLCR | termios.IGNCR)  # iflag
-        mode[3] &= ~(termios.ICANON | termios.ECHO | termios.ISIG | termios.IEXTEN)  # lflag
-        mode[6][termios.VMIN], mode[6][termios.VTIME] = 1, 0
-        termios.tcsetattr(self.fd, termios.TCSADRAIN, mode)
-        self.write("\x1b[?1049h\x1b[H\x1b[2J")  # the alternate screen, cleared
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.write("\x1b[0m\x1b[?25h\x1b[?1049l")  # the shell's screen as it was
-        termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
-
-    def write(self, text: str) -> None:
-        data = text.encode("utf-8", "replace")
-        while data:
-            data = data[os.write(self.fd, data) :]
-
-    def size(self) -> tuple[int, int]:
-        try:
-            columns, lines = os.get_terminal_size(self.fd)
-        except OSError:
-            columns, lines = 80, 24
-        return max(columns, 20), max(lines, 4)
-
-    def style(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
-
-    def draw(self, state: State, now: float, home: str) -> None:
-        width, height = self.size()
-        rows = height - 3
-        out = ["\x1b[?25l\x1b[H"]
-        mode = visible(MODE_NAMES.get(state.mode, state.mode))  # the header, as every drawn text
-        count = f"{state.matches} match{'es' * (state.matches != 1)}" + (" …" if state.waiting else "")
-        head = f" calm search · {mode}"
-        gap = " " * max(1, width - len(head) - len(count) - 1)
-        out.append(self.style("2", clip(head + gap + count, width)))
-        out.append("\x1b[K\r\n")
-        prompt = "> "
-        shown_query = visible(state.query)
-        out.append(self.style("1", prompt) + clip(shown_query, width - len(prompt) - 1) + "\x1b[K\r\n")
-        for row in range(rows):
-            k = state.top + row
-            if k < len(state.results):
-                selected = k == state.selected
-                out.append(self._result_line(state.results[k], selected, state.query, width, now, home))
-            out.append("\x1b[K\r\n")
-        status = state.status or KEYS
-        out.append(self.style("2" if not state.status else "1", clip(status, width - 1)) + "\x1b[K")
-        before = visible(state.query[: state.cursor], doubled=hidden(state.query))  # as drawn above
-        cursor = len(prompt) + sum(cells(c) for c in before) + 1
-        out.append(f"\x1b[2;{min(cursor, width)}H\x1b[?25h")
-        self.write("".join(out))
-
-    def _result_line(self, result: dict[str, Any], selected: bool, query: str, width: int, now: float,
-                     home: str) -> str:  # fmt: skip
-        ts = result.get("ts")
-        when = ago(float(ts), now) if isinstance(ts, int | float) and 0 < ts < math.inf else "?"
-        where = clip_left(visible(home_short(str(result.get("cwd") or ""), home)), 20)
-        code = result.get("exit")
-        failed = isinstance(code, int) and code != 0
-        mark = f"✗{code}" if failed else ""
-        prefix_plain = f"{'▶' if selected else ' '} {when:>4}  {where:<20}  {mark:<4} "
-        room = width - sum(cells(c) for c in prefix_plain) - 1
-        text = clip(visible(str(result.get("cmd", ""))), room)
-        body = self._highlighted(text, query, selected)
-        prefix = (f"{'▶' if selected else ' '} " + self.style("2", f"{when:>4}  {where:<20}") + "  "
-                  + self.style("31", f"{mark:<4}") + " ")  # fmt: skip
-        if selected and self.color:
-            return "\x1b[7m" + prefix_plain + text + "\x1b[0m"
-        return prefix + body if self.color else prefix_plain + text
-
-    def _highlighted(self, text: str, query: str, selected: bool) -> str:
-        if not self.color or selected:
-            return text
-        marks = [False] * len(text)
-        for start, end in highlight_spans(text, query):
-            for i in range(start, min(end, len(text))):
-                marks[i] = True
-        out, i = [], 0
-        while i < len(text):
-            j = i
-            while j < len(text) and marks[j] == marks[i]:
-                j += 1
-            out.append(self.style("1;4", text[i:j]) if marks[i] else text[i:j])
-            i = j
-        return "".join(out)
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -436,8 +268,13 @@ class Search:
         return changed
 
 
-def first_answer(client: Any, state: State, session: str, cwd: str, n: int) -> bool:
-    """The first search, answered within FIRST_ANSWER_S, or the shell's own search opens."""
+class Unavailable(Exception):
+    """Why the search does not open (the hook opens the shell's own instead): one line, exit
+    UNAVAILABLE. Before issue 39 each of these was a bare exit 3, read as "no daemon"."""
+
+
+def first_answer(client: Any, state: State, session: str, cwd: str, n: int) -> None:
+    """The first search, answered within FIRST_ANSWER_S, or Unavailable (the shell's own opens)."""
     deadline = time.monotonic() + FIRST_ANSWER_S
     rid = client.send("search", query=state.query, mode=state.mode, n=n, session=session, cwd=cwd)
     while time.monotonic() < deadline:
@@ -447,44 +284,52 @@ def first_answer(client: Any, state: State, session: str, cwd: str, n: int) -> b
         for message in client.read_available():
             if message.get("id") == rid:
                 if "error" in message:
-                    return False
+                    error = message["error"] if isinstance(message["error"], dict) else {}
+                    why = visible(str(error.get("message", error)))
+                    raise Unavailable(f"calmd refused the search: {why}")
                 state.results = list(message.get("results", []))
                 state.matches = int(message.get("matches", 0))
-                return True
-    return False
+                return
+    raise Unavailable(f"calmd did not answer the search within {FIRST_ANSWER_S:g} s")
 
 
 def run(args: argparse.Namespace) -> tuple[int, str]:
-    """(exit status, what to print for the hook)."""
+    """(exit status, what to print for the hook). CalmError when there is no terminal to draw on;
+    Unavailable when the daemon is not there or does not answer."""
     from calmd import paths
     from calmd.shell.client import CalmClient
 
     socket_path = args.socket or str(paths.socket_path())
-    state = State(" ".join(args.query), mode=args.mode)
+    state = State(wire_text(" ".join(args.query)), mode=args.mode)
+    tty: int | None = None
+    no_tty, rows = "", 20
     try:
         tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
-    except OSError:
-        return UNAVAILABLE, ""
-    try:
         rows = os.get_terminal_size(tty).lines - 3
-    except OSError:
-        rows = 20
+    except OSError as exc:  # no terminal is said once the daemon answered (without one: exit 3)
+        no_tty = exc.strerror or str(exc)
     try:
         client = CalmClient(socket_path, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, ValueError):
-        os.close(tty)
-        return UNAVAILABLE, ""
-    search = Search(client, args.session, args.cwd, rows)
+    except (OSError, ValueError) as exc:
+        if tty is not None:
+            os.close(tty)
+        why = visible(exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+        raise Unavailable(f"calmd is not running ({visible(str(socket_path))}: {why}); start it with "
+                          "`calmd serve`") from None  # fmt: skip
+    session, cwd = wire_text(args.session), wire_text(args.cwd)
+    search = Search(client, session, cwd, rows)
     try:
-        if not first_answer(client, state, args.session, args.cwd, search.n):
-            return UNAVAILABLE, ""
+        first_answer(client, state, session, cwd, search.n)
+        if tty is None:
+            raise CalmError(f"no terminal to draw the search on (/dev/tty: {no_tty}); run it in one")
         with Screen(tty) as screen:
             return interact(screen, state, search)
-    except (OSError, ValueError, RuntimeError):
-        return UNAVAILABLE, ""
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise Unavailable(f"the search stopped: {one_line(exc)}") from None
     finally:
         client.close()
-        os.close(tty)
+        if tty is not None:
+            os.close(tty)
 
 
 def interact(screen: Screen, state: State, search: Search) -> tuple[int, str]:
@@ -601,7 +446,8 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="calm search",
         description="Search the whole history, ranked by calmd (Ctrl-R in zsh, bash and fish). Prints "
-        "`run` or `edit` and the chosen command; exit 1 when cancelled, 3 when no daemon answers.",
+        "`run` or `edit` and the chosen command; exit 1 when cancelled (or no terminal), 2 for a query "
+        "too long, 3 when no daemon answers (each but a cancel says why on stderr).",
     )
     add_arguments(p)
     return p
@@ -616,13 +462,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", metavar="PATH", help="the daemon's socket (default: $CALMD_SOCKET, ...)")
 
 
-def cmd_search(args: argparse.Namespace) -> int:
+def cmd_search(args: argparse.Namespace, prog: str = "calm search") -> int:
+    """The search, and its outcome for the hook (module docstring); what keeps it from opening is
+    one line on stderr, which the hooks send to /dev/null: a query too long for the daemon (exit
+    2), no daemon or no answer (UNAVAILABLE), no terminal (1, through run_tool). A query's bytes
+    that are not UTF-8 are searched as U+FFFD, as the store keeps them."""
     if args.mode not in SEARCH_MODES:  # from $CALM_SEARCH_MODE
         args.mode = "global"
     if not args.cwd:
         with contextlib.suppress(OSError):
             args.cwd = os.getcwd()
-    status, out = run(args)
+    size = len(" ".join(args.query).encode("utf-8", "surrogateescape"))
+    if size > MAX_QUERY_BYTES:
+        print(f"{prog}: error: the query is {size:,} bytes, longer than the {MAX_QUERY_BYTES:,} a search "
+              "takes; give a shorter one", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        status, out = run(args)
+    except Unavailable as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return UNAVAILABLE
     if out:
         sys.stdout.write(out)
         sys.stdout.flush()

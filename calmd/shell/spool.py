@@ -13,7 +13,11 @@
   slow costs the key at most CALM_TIMEOUT. The helper opens the FIFO without blocking, which works
   only while that `cat` is there: an answer nobody waits for any more is dropped (after the
   timeout), never left in the pipe for the next key.
-- The helper goes when its shell does (its parent changes) and removes the folder.
+- The helper goes when its shell does (the hook gives its pid, `--shell-pid $fish_pid`:
+  calmd/shell/lifetime.py), on SIGTERM and on SIGHUP, and removes the folder (its FIFO, the request
+  files not read yet) on each of these ways out. A record's file's mtime is when fish wrote it:
+  the start of a command fish gives no time for is that less the seconds it ran (fish has no
+  clock builtin; the helper may read the file late, when it has just started).
 """
 
 from __future__ import annotations
@@ -64,11 +68,14 @@ class SpoolHelper(Helper):
         self.fifo = folder / REPLY_FIFO
         self.pending: list[tuple[bytes, float]] = []  # answers waiting for the hook's reader
 
-    def prepare(self) -> int | None:
-        """The folder must be the hook's: a directory of ours, private. Then the reply FIFO."""
+    def check_folder(self) -> None:
+        """The folder must be the hook's: a directory of ours (else it is left alone, never removed)."""
         st = os.lstat(self.folder)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             raise PermissionError(f"{self.folder} is not a folder of this user")
+
+    def prepare(self) -> int | None:
+        """The folder made private, the reply FIFO, the watch on the folder; what is there read."""
         os.chmod(self.folder, 0o700)
         with contextlib.suppress(FileExistsError):
             os.mkfifo(self.fifo, 0o600)
@@ -82,7 +89,8 @@ class SpoolHelper(Helper):
         for _, name in names:
             path = self.folder / name
             try:
-                if path.stat().st_size > MAX_REQUEST_BYTES:
+                st = path.stat()
+                if st.st_size > MAX_REQUEST_BYTES:
                     path.unlink()
                     continue
                 data = path.read_bytes()
@@ -92,14 +100,18 @@ class SpoolHelper(Helper):
                 return  # still being written: it and those after it wait for the next look
             path.unlink()
             for raw in data.split(b"\n")[:-1]:
-                self.take(raw)
+                self.take(raw, st.st_mtime)  # when fish wrote it: a record's end
 
-    def take(self, raw: bytes) -> None:
+    def take(self, raw: bytes, written: float | None = None) -> None:
         if raw.startswith(b"c\t"):
             self.pending.clear()  # the hook waits for this answer now, never for an older one
-        super().take(raw)
+        super().take(raw, written)
 
-    def emit(self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None) -> None:
+    def emit(
+        self, seq: str, final: bool, candidates: list[str], confident: list[bool] | None = None,
+        keys: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        """(fish asks for no first keys: `keys` stays out.)"""
         if not final:
             return  # fish reads one answer per key: the final one
         sure = confident if confident is not None else [True] * len(candidates)
@@ -132,48 +144,58 @@ class SpoolHelper(Helper):
                 os.close(fd)
 
     def run(self) -> int:
-        parent = os.getppid()
-        watch = self.prepare()
-        last_check = time.monotonic()
+        self.check_folder()
+        watch: int | None = None
         try:
-            while True:
-                self.send_work()
-                self.flush()
-                fds = [] if watch is None else [watch]
-                if self.client is not None:
-                    fds.append(self.client.fileno())
-                wait = PARENT_CHECK_EVERY if watch is not None else POLL_S
-                if self.pending:
-                    wait = 0.005  # the hook's reader is about to open the FIFO
-                elif not self.chores_done:
-                    wait = min(wait, 0.5)
-                try:
-                    ready, _, _ = select.select(fds, [], [], wait)
-                except InterruptedError:
-                    continue
-                if not ready and not self.chores_done and not self.pending:
-                    self.chores_done = True
-                    self.refresh_hook_file()
-                if time.monotonic() - last_check >= PARENT_CHECK_EVERY or not ready:
-                    last_check = time.monotonic()
-                    if os.getppid() != parent:
-                        return 0  # the shell is gone
-                if watch is None or watch in ready:
-                    if watch is not None:
-                        with contextlib.suppress(BlockingIOError):
-                            while os.read(watch, 65536):
-                                pass
-                    self.read_spool()
-                if self.client is not None and self.client.fileno() in ready:
-                    self.read_daemon()
+            if self.watch is not None and self.watch.gone():
+                return 0  # the shell ended before the helper ran: its folder goes too
+            watch = self.prepare()
+            self.loop(watch)
+            return 0
         finally:
             if watch is not None:
                 os.close(watch)
             shutil.rmtree(self.folder, ignore_errors=True)
 
+    def loop(self, watch: int | None) -> None:
+        """Until the shell is gone: requests in, answers out (the module's docstring)."""
+        last_check = time.monotonic()
+        while True:
+            self.send_work()
+            self.flush()
+            fds = ([] if watch is None else [watch]) + self.watched()
+            if self.client is not None:
+                fds.append(self.client.fileno())
+            wait = PARENT_CHECK_EVERY if watch is not None else POLL_S
+            if self.pending:
+                wait = 0.005  # the hook's reader is about to open the FIFO
+            elif not self.chores_done:
+                wait = min(wait, 0.5)
+            try:
+                ready, _, _ = select.select(fds, [], [], wait)
+            except InterruptedError:
+                continue
+            if not ready and not self.chores_done and not self.pending:
+                self.chores_done = True
+                self.refresh_hook_file()
+            look = not ready or time.monotonic() - last_check >= PARENT_CHECK_EVERY  # without a pidfd
+            if look:
+                last_check = time.monotonic()
+            if self.shell_gone(ready, look):
+                return
+            if watch is None or watch in ready:
+                if watch is not None:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(watch, 65536):
+                            pass
+                self.read_spool()
+            if self.client is not None and self.client.fileno() in ready:
+                self.read_daemon()
+
 
 def cmd_fish_helper(args: argparse.Namespace) -> int:
-    """`calmd shell-helper --spool DIR`: fish's helper."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # it goes when its shell does, not with the terminal
+    """`calmd shell-helper --spool DIR`: fish's helper. SIGHUP ends it too (with its folder): fish
+    does not send it to the helper, which it disowned, so whoever does means it."""
     folder = Path(args.spool)
-    return serve_shell(args, lambda session, sock, **options: SpoolHelper(session, sock, folder, **options))
+    make = lambda session, sock, **options: SpoolHelper(session, sock, folder, **options)  # noqa: E731
+    return serve_shell(args, make, (signal.SIGTERM, signal.SIGHUP))

@@ -190,7 +190,7 @@ class Calibrator:
 
 
 def packaged_calibration_path() -> Path:
-    return paths.PACKAGE_DATA / "calibration.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_CALIBRATION
 
 
 @functools.cache

@@ -21,7 +21,10 @@ For one keystroke (`ctx` with the typed `input`):
 4. both are ranked as a mixture of the two predictors, the history "cache model" and the
    language model:  P(cmd) = lam * P_hist(cmd) + (1 - lam) * P_model(cmd) ** (1 / T).
    A command the user ran before thus needs no luck from the model, and the model still orders
-   close calls and proposes what the history has never seen;
+   close calls and proposes what the history has never seen. With a fitted reranker
+   (calmd/suggest/rerank.py: none is packaged, as it measured no better; `calm replay
+   --reranker`), its learned order over the mixture's lines and the likeliest history proposals
+   replaces the mixture's;
 5. duplicates are merged and the best `n` are streamed, each as soon as its rank is final, with
    its calibrated confidence (calmd/suggest/calibration.py).
 The disk (issue 15, calmd/suggest/disk.py): the COMP frame's items that complete the word being
@@ -33,14 +36,11 @@ unasked), or dropped when only the model proposes a `cd` into nothing.
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import os
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,46 +49,36 @@ import numpy as np
 
 from calmd import paths
 from calmd.errors import CalmError
-from calmd.history.secrets import find_secret
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
-from calmd.model.generate import BeamSearch, Candidate
+from calmd.model.generate import Candidate
+from calmd.secrets import find_secret
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
-from calmd.suggest.disk import Disk, check_arguments
+from calmd.suggest.disk import Disk
 from calmd.suggest.filters import (
     Vocabulary,
     balanced,
-    cut_off,
-    cwd_argument,
-    flag_name,
-    invented,
     packaged_vocabulary,
     placeholder,
-    repeats_word,
     sendable,
 )
-from calmd.suggest.frames import VocabularyFollowers, current_word
+from calmd.suggest.frames import VocabularyFollowers
 from calmd.suggest.ghost import GhostRule, packaged_rule
-from calmd.suggest.kinds import wrong_kind
+from calmd.suggest.index_catch_up import keystroke_sync, warm_sync
+from calmd.suggest.judge import ELSEWHERE_PENALTY, HistorySide, LineJudge
 from calmd.suggest.ranking import (
     POOL_RECENT,
     HistoryIndex,
     Ranker,
-    first_word,
-    outside_git,
     packaged_ranker,
     packaged_ranker_path,
     serving_ranker,
 )
+from calmd.suggest.rerank import Keystroke, Reranker, features, packaged_reranker, union
+from calmd.suggest.through import MAX_SPARE, KeptAnswer, Mixture, context_key, history_index, history_version
+from calmd.visible import quoted
 
-# nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
-# below every line that belongs here, and never drawn (confidence 0)
-ELSEWHERE_PENALTY = 25.0
-DISK_PROPOSALS = 4  # COMP items proposed as whole lines (scored in the history's batch)
-# Rows of the store a keystroke adds to the history index at most (about 50 ms): an import adding
-# 50,000 commands a second is caught up with over the next keystrokes, never waited for.
-KEYSTROKE_SYNC_ROWS = 5_000
 # Junk lines (calmd/suggest/filters.py) the beams may finish before the search stops with what it has: as
 # many as candidates asked for, at least 8. Without a bound a model that keeps finishing junk
 # searched to max_tokens (45 ms; done p99 58 ms instead of 19 in bench/latency.py); with 2 the
@@ -138,7 +128,7 @@ class RankWeights:
             name = name.replace("-", "_")
             if name not in known:
                 raise CalmError(
-                    f"--weight {item}: unknown weight {name!r}; known: {', '.join(sorted(known))}"
+                    f"--weight {item}: unknown weight {quoted(name)}; known: {', '.join(sorted(known))}"
                 )
             try:
                 weights[name] = float(value)
@@ -151,7 +141,7 @@ class Suggestion(NamedTuple):
     """One streamed candidate."""
 
     text: str  # the whole command line
-    score: float  # the mixture's log-probability (the ranking key; demotions lower it)
+    score: float  # the ranking key: the mixture's log-probability (or the reranker's); demotions lower it
     confidence: float  # calibrated P(this is the whole line the user runs), calmd/suggest/calibration.py
     ghost: bool = False  # the shells draw it as ghost text (calmd/suggest/ghost.py); at most one per answer
     features: np.ndarray | None = None  # the calibration's inputs, with `explain=True`
@@ -161,69 +151,7 @@ class Suggestion(NamedTuple):
 EarlyCallback = Callable[[str, float, bool], None]  # (line, confidence, drawn as the ghost)
 
 
-@dataclass
-class HistorySide:
-    """The history's proposals for one keystroke, after the junk filters."""
-
-    proposals: dict[str, float]  # command -> P_hist (normalised before the failing ones went)
-    carry: set[str]  # which of them are carry-overs (new lines, not past commands)
-    failing: set[str]  # the pool's commands that never succeeded or name a missing path (not proposed)
-
-    def ordered(self) -> list[str]:
-        """Best first."""
-        return sorted(self.proposals, key=self.proposals.__getitem__, reverse=True)
-
-
-MAX_ANSWERS = 64  # sessions whose last answers are kept for typing through (as the prefix cache's)
-MAX_SPARE = 10  # lines a search found beyond the n best that an answer keeps for typing through
-ANSWERS_PER_SESSION = 8  # a session's answers kept: the newest, and earlier inputs a backspace returns to
-
-
-@dataclass
-class _Answer:
-    """A session's last whole answer: what typing through it continues."""
-
-    key: str  # its context_key and history_version: typing through needs the very same ones
-    typed: str  # the input it answered
-    n: int  # how many lines were asked for
-    start: Any  # the model's state after the context and `typed` (calmd.model.generate._Prefix);
-    # None for the earlier answers, which only a repeat of their input continues
-    lines: list[tuple[str, float]]  # its lines, best first, with log P_model(line | context, typed)
-    comp: tuple[str, ...] = ()  # the COMP items the context held (typing through rescores on a change)
-
-
-def context_key(ctx: dict[str, Any]) -> str:
-    """Everything of a request's context but the typed input and the COMP items, as one string:
-    two requests with the same key differ only by what was typed and what COMP offered for it
-    (the context is opaque here: frames, cwd, git and whatever else it carries)."""
-    return json.dumps({k: v for k, v in ctx.items() if k not in ("input", "completions")}, sort_keys=True,
-                      default=str)  # fmt: skip
-
-
-_INDEXES: weakref.WeakKeyDictionary[HistoryStore, HistoryIndex] = weakref.WeakKeyDictionary()
-_INDEX_IDS: weakref.WeakKeyDictionary[HistoryIndex, int] = weakref.WeakKeyDictionary()
-_NEXT_INDEX_ID = itertools.count(1)
-
-
-def history_index(store: HistoryStore) -> HistoryIndex:
-    """One in-memory index per store, shared by the engines a hot reload replaces (so a reload
-    does not re-read the whole history). Used from the daemon's single inference thread."""
-    index = _INDEXES.get(store)
-    if index is None:
-        index = _INDEXES[store] = HistoryIndex()
-        _INDEX_IDS[index] = next(_NEXT_INDEX_ID)
-    return index
-
-
-def history_version(index: HistoryIndex | None) -> str:
-    """Which store and which of its states the index holds: any command recorded (by any session)
-    or deleted since makes another version, and an answer of another version is not continued."""
-    if index is None:
-        return "-"
-    return f"{_INDEX_IDS.get(index, 0)}:{index.last_id}:{getattr(index, '_generation', None)}"
-
-
-class ModelEngine:
+class ModelEngine(LineJudge, Mixture):
     """Wraps a loaded model and its generator; thread-confined to the daemon's worker thread."""
 
     def __init__(
@@ -235,6 +163,7 @@ class ModelEngine:
         vocabulary: Vocabulary | None = None,
         ghost: GhostRule | None = None,
         parts: str = "mixture",
+        reranker: Reranker | bool | None = True,
     ) -> None:
         import torch
 
@@ -258,6 +187,11 @@ class ModelEngine:
         self.calibrator = calibrator or packaged_calibrator()
         self.vocabulary = vocabulary or packaged_vocabulary()
         self.ghost = ghost or packaged_rule()
+        # the answer's order (rerank.py): True, the packaged reranker (None before its fit); None or
+        # False, the mixture's order
+        self.reranker = packaged_reranker() if reranker is True else reranker or None
+        self.popular: Mapping[str, int] = self.reranker.users if self.reranker is not None else {}
+        self.explained_rerank: tuple[list[str], np.ndarray] | None = None  # the last rows (explain=True)
         self.home = os.environ.get("HOME")
         self.max_scored = int(self.weights.scored)
         self.drop_budget = int(self.weights.drop_budget)
@@ -265,7 +199,7 @@ class ModelEngine:
         self.disk: Disk | None = None
         # COMP's subcommands and options: the user's own first, then the corpus's
         self.followers = VocabularyFollowers(self.vocabulary.known, static=1)
-        self.answers: OrderedDict[str, list[_Answer]] = OrderedDict()  # per session: its last whole
+        self.answers: OrderedDict[str, list[KeptAnswer]] = OrderedDict()  # per session: its last whole
         # answers in one context, the newest first
         self.reused = 0  # requests answered from the previous answer (typing through, a repeat)
         self.searches = 0  # requests that ran the model's search (or scored a complete input)
@@ -280,25 +214,31 @@ class ModelEngine:
         """Where the disk check and the COMP proposals look (the server's, shared across reloads)."""
         self.disk = disk
 
-    def warm_up(self, cwd: str = "") -> None:
+    def warm_up(self, cwd: str = "", cancelled: threading.Event | None = None) -> bool:
         """Pay at load what the first keystroke would pay otherwise (1.3-1.8 s measured before):
         the history index read from the store, the model's first passes (kernels, the fused
         scan's library, allocator), the calibration and the filters. One request on the empty
-        prompt and one after a typed character, in a session of its own that is then forgotten."""
+        prompt and one after a typed character, in a session of its own that is then forgotten.
+        `cancelled`: stop at the model's next step and say so (False): a hot reload's warm-up is a
+        background job of the daemon, which the next keystroke stops (issue 42)."""
         if self.history is not None and self.index is not None:
-            self.index.sync(self.history)
+            warm_sync(self.index, self.history)
         history = []
         if self.history is not None:
             history = [{"cmd": r.cmd, "exit": r.exit} for r in self.history.recent(limit=HISTORY_FRAMES)]
         session = "calmd-warm-up"
         counts = self.searches, self.reused  # the status counts the users' requests only
+        stop = cancelled if cancelled is not None else threading.Event()
         for typed in ("", "g", "gi"):
             ctx = {"input": typed, "history": history, **({"cwd": cwd} if cwd else {})}
-            for _ in self.complete(ctx, 5, session, threading.Event(), lambda *_: None):
+            for _ in self.complete(ctx, 5, session, stop, lambda *_: None):
                 pass
+            if stop.is_set():
+                break
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
         self.searches, self.reused = counts
+        return not stop.is_set()
 
     def describe(self) -> dict[str, Any]:
         h = self.loaded.header
@@ -390,6 +330,7 @@ class ModelEngine:
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
         line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
+        mixture_scores: dict[str, float] = {}  # the lines' mixture scores (the calibration reads them)
         if self.parts == "history":  # the ablation without the model: P_hist's order, nothing else
             p_end = 0.0
             complete = self._is_complete(typed, input_run_before, p_end)
@@ -399,6 +340,7 @@ class ModelEngine:
             }
             by_score = sorted(line_scores, key=line_scores.__getitem__, reverse=True)
             ranked: Iterator[Candidate] = iter([Candidate(c, line_scores[c], 0) for c in by_score])
+            mixture_scores = line_scores
         else:
             lam = self.weights.history_mix if proposals else 0.0
             # once: building the sequence costs 0.3 ms
@@ -414,11 +356,22 @@ class ModelEngine:
             lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
             if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
                 scored.append(incumbent)  # its score decides whether it stays
-            through = None
+            # the reranker's order (or, to fit it, the mixture's order and the rows it would read)
+            rerank = self.parts == "mixture" and index is not None and (self.reranker is not None or explain)
+            continued = None
             if not complete and model_typed == typed:
-                through = self._typed_through(
-                    session, key, ctx, n, start, side, scored, judge, lam, elsewhere
-                )
+                check_top = self.reranker is None or not rerank  # else checked in the reranker's order
+                continued = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam,
+                                                elsewhere, check_top)  # fmt: skip
+            through = continued[0] if continued is not None else None
+            reranked = None  # the reranker's order of the continued answer
+            if continued is not None and rerank and self.reranker is not None:
+                # typing along the top line continues the answer while that line still leads
+                lps = {c.text: lp for c, lp in continued[0]}
+                reranked = self._rerank(typed, side, [c for c, _ in continued[0]], lps, lam, p_end, complete,
+                                        elsewhere, explain)  # fmt: skip
+                if not reranked[0] or reranked[0][0].text != continued[1]:
+                    through, reranked = None, None
             if through is not None:
                 self.reused += 1
                 ranked = iter([c for c, _ in through[:n]])
@@ -437,17 +390,27 @@ class ModelEngine:
                 line_scores = dict(extra)
                 if complete:  # only lines the user ran may continue it: no beams, no carry-overs
                     own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
-                    ranked = iter(sorted(own, key=lambda c: c.logprob, reverse=True)[:n])
+                    own.sort(key=lambda c: c.logprob, reverse=True)
+                    ranked, spare = iter(own[:n]), own[n:]
                 else:
                     search = self.generator.beam_search(
                         ctx, width=max(int(self.weights.beam), n), start=start
                     )
                     ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
+            mixture_scores = dict(line_scores)
+            if rerank:
+                mixed = [*ranked, *spare]  # the mixture's answer, then what it kept beyond it
+                if cancelled.is_set():
+                    return
+                final, mixture_scores = reranked or self._rerank(typed, side, mixed, model_lp, lam, p_end,
+                                                                 complete, elsewhere, explain)  # fmt: skip
+                ranked, spare = iter(final[:n]), final[n:]
+                line_scores = {c.text: c.logprob for c in final}
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:
             count = index.count.get(text, 0) if index is not None else 0
             row = candidate_row(
-                log_p=score, p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
+                log_p=mixture_scores.get(text, score), p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
                 model_only=text not in proposals and count == 0, carry=text in side.carry, rank=rank,
                 k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
                 history=history_size,
@@ -491,152 +454,40 @@ class ModelEngine:
         if not complete:
             more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
             comp = tuple(ctx.get("completions") or ())
-            self._remember(session, _Answer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
+            self._remember(session, KeptAnswer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
         else:
             self._remember(session, None)
 
-    # -- typing through a suggestion --------------------------------------------------------------
-
-    def _remember(self, session: str, answer: _Answer | None) -> None:
-        """Keep the session's whole answer (only a whole one: a cancelled request's is not), and
-        its earlier answers in the same context for the inputs a backspace goes back to (those
-        without their model state: a repeat needs none)."""
-        if answer is None or not answer.lines:  # nothing to continue: the earlier ones stay
-            return
-        earlier = self.answers.pop(session, [])
-        kept = [e for e in earlier if e.key == answer.key and e.typed != answer.typed][
-            : ANSWERS_PER_SESSION - 1
-        ]
-        for e in kept:
-            e.start = None
-        self.answers[session] = [answer, *kept]
-        while len(self.answers) > MAX_ANSWERS:
-            self.answers.popitem(last=False)
-
-    def _typed_through(
-        self, session: str, key: str, ctx: dict[str, Any], n: int, start: Any, side: HistorySide,
-        scored: list[str], judge: Callable[[str], float | None], lam: float, elsewhere: Callable[[str], bool],
-    ) -> list[tuple[Candidate, float]] | None:  # fmt: skip
-        """The answer to `typed` from the session's previous answer, when the user typed on along
-        its top line, or from an earlier one for the same input (a repeat, a backspace back to
-        it): its lines that still extend the input, rescored exactly as a search scores them (the
-        model's log-probability given the longer input is the old one minus that of the typed
-        bytes; P_hist and the judge are the new keystroke's). None when there is nothing to
-        continue, the context or the history changed, or the top line no longer leads (then a
-        search runs). The COMP items may have changed since (a new word begun). What it cannot
-        do: propose a line the previous answer did not hold, but the history's and COMP's lines
-        for the new input (docs/performance.md, "Typing through a suggestion")."""
-        typed = str(ctx.get("input", ""))
-        answers = [a for a in self.answers.get(session, []) if a.key == key]
-        if not self.weights.typing_through or not answers:
-            return None
-        last = next((a for a in answers if a.typed == typed and n <= a.n), answers[0])
-        if not typed.startswith(last.typed) or (typed == last.typed and n > last.n):
-            return None
-        if last.start is None and typed != last.typed:
-            return None
-        top = last.lines[0][0]
-        any_line = self.weights.typing_through >= 2  # measured: any line of it, not only the top
-        if not any_line and (not top.startswith(typed) or top.rstrip() == typed.rstrip()):
-            return None
-        kept = [(t, lp) for t, lp in last.lines if t.startswith(typed) and t.rstrip() != typed.rstrip()]
-        # Their scores given the longer input: the old ones less what the typed bytes cost. When the
-        # COMP items changed since (a word begun) this keeps the old frame's scores: scoring the
-        # lines afresh in the new context was one batched prefill per line, 10-24 ms for 5-15
-        # lines, more than the search it saves (a COMP frame moves the model's scores little:
-        # docs/quality.md, "COMP").
-        drop = self.generator.continuation_logprob(last.start, typed[len(last.typed) :])
-        rescored = [(t, old_lp - drop) for t, old_lp in kept]
-        # the history's and COMP's lines for this input that the answer did not hold, scored as a
-        # search scores them (a new word's files, a line the pool has only now)
-        have = {t for t, _ in kept}
-        fresh = [t for t in scored if t not in have]
-        if fresh:
-            scores = self.generator.score_many(ctx, fresh, session=session, start=start)
-            rescored += list(zip(fresh, scores, strict=True))
-        offset, temperature = math.log(1 - lam), self.weights.model_temperature
-        found: list[tuple[Candidate, float]] = []
-        for text, lp in rescored:
-            if text in scored:  # as `extra` is scored by a search
-                score = self._mixture_score(text, lp, side.proposals, lam, elsewhere)
-            else:
-                adjust = judge(text)
-                if adjust is None:
-                    continue
-                score = offset + lp / temperature + adjust
-            found.append((Candidate(text, score, 0), lp))
-        found.sort(key=lambda c: c[0].logprob, reverse=True)
-        if not found or (not any_line and found[0][0].text != top):
-            return None
-        return found
-
-    def _mixture_score(
-        self, cmd: str, lp: float, proposals: dict[str, float], lam: float, elsewhere: Callable[[str], bool],
-    ) -> float:  # fmt: skip
-        """A scored line on the mixture's scale: log(lam P_hist + (1 - lam) P_model^(1/T)), less
-        the penalty of a line that belongs to another branch or to a repository (`_elsewhere`)."""
-        p = lam * proposals.get(cmd, 0.0) + (1 - lam) * math.exp(lp / self.weights.model_temperature)
-        score = math.log(p) if p > 0 else -math.inf
-        return score - (ELSEWHERE_PENALTY if elsewhere(cmd) else 0.0)
-
-    def ranked(
-        self, search: BeamSearch, extra: list[tuple[str, float]], judge: Callable[[str], float | None],
-        n: int, lam: float, cancelled: threading.Event, model_lp: dict[str, float] | None = None,
-        spare: list[Candidate] | None = None,
-    ) -> Iterator[Candidate]:  # fmt: skip
-        """The mixture's ranking: the history's scored proposals (`extra`, on the mixture's
-        log-probability scale) and the lines the beams finish, best first, each yielded as soon as
-        no live beam can beat it. A beam's score lp becomes log(1 - lam) + lp / T on the mixture's
-        scale (its history share is 0); `judge` keeps (+0), demotes (a negative number added) or
-        drops (None) each line a beam finishes; after max(n, drop_budget) drops the search stops
-        and what it has is final (a model that keeps finishing junk would search to max_tokens).
-        `model_lp` receives each kept line's log-probability under the model alone, `spare` the
-        lines found but not yielded, best first (what typing through may continue besides)."""
-        offset, temperature = math.log(1 - lam), self.weights.model_temperature
-
-        def mixture(lp: float) -> float:
-            return offset + lp / temperature
-
-        pending = sorted((Candidate(t, s, 0) for t, s in extra if s > -math.inf), key=lambda c: c.logprob,
-                         reverse=True)  # fmt: skip
-        seen = {c.text for c in pending}
-        yielded = dropped = 0
-        budget = max(n, self.drop_budget)
-        tail = int(self.weights.tail_steps)  # steps the search goes on after its first line is final
-        first_at = 0
-        while not search.exhausted:
-            if cancelled.is_set():
-                return
-            if tail and yielded and search.steps - first_at >= tail:
-                break  # the drawn line is final; the others are what the search has by now
-            for cand in search.step():
-                if cand.text in seen:
-                    continue  # a history proposal: ranked with its own score
-                seen.add(cand.text)
-                adjust = judge(cand.text)
-                if adjust is None:
-                    dropped += 1
-                else:
-                    pending.append(Candidate(cand.text, mixture(cand.logprob) + adjust, cand.tokens))
-                    if model_lp is not None:
-                        model_lp[cand.text] = cand.logprob
-            pending.sort(key=lambda c: c.logprob, reverse=True)
-            bound = mixture(search.bound)
-            while pending and pending[0].logprob >= bound and yielded < n:
-                yield pending.pop(0)
-                yielded += 1
-                first_at = first_at or search.steps
-            if yielded >= n:
-                if spare is not None:
-                    spare.extend(pending)
-                return
-            if len(pending) + yielded >= n:  # beams that cannot reach the top n any more
-                search.prune((pending[n - yielded - 1].logprob - offset) * temperature)
-            if dropped >= budget:
-                break
-        yield from pending[: n - yielded]  # beams ran out (or max_tokens, or junk): the rest is final
-        if spare is not None:
-            spare.extend(pending[n - yielded :])
+    def _rerank(
+        self, typed: str, side: HistorySide, mixed: list[Candidate], model_lp: dict[str, float], lam: float,
+        p_end: float, complete: bool, elsewhere: Callable[[str], bool], explain: bool = False,
+    ) -> tuple[list[Candidate], dict[str, float]]:  # fmt: skip
+        """The reranker's order (calmd/suggest/rerank.py) of the mixture's lines (`mixed`, with
+        their mixture scores) and the likeliest history proposals, each scored by its
+        log-probability under the reranker less the penalty of a line that belongs elsewhere;
+        with the mixture's scores of them all (a history line the model did not score:
+        log(lam P_hist)). Without a reranker, `mixed` as it is; `explain` keeps the rows."""
+        assert self.index is not None
+        history = {t: p for t, p in side.proposals.items() if not (complete and t in side.carry)}
+        lines = union(history, [c.text for c in mixed])
+        mixture = {c.text: c.logprob for c in mixed}
+        for text in lines:
+            if text not in mixture and history.get(text, 0.0) > 0 and lam > 0:
+                penalty = ELSEWHERE_PENALTY if elsewhere(text) else 0.0
+                mixture[text] = math.log(lam * history[text]) - penalty
+        beams = {t for t in model_lp if t not in side.proposals and t not in side.rows}
+        keystroke = Keystroke(typed, side.context, side.proposals, side.carry, side.rows, model_lp, beams,
+                              mixture, p_end, self.popular)  # fmt: skip
+        rows = features(self.index, lines, keystroke)
+        if explain:
+            self.explained_rerank = (lines, rows)
+        if self.reranker is None:
+            return mixed, mixture
+        logp = self.reranker.log_probabilities(rows)
+        final = [Candidate(t, float(lp) - (ELSEWHERE_PENALTY if elsewhere(t) else 0.0), 0)
+                 for t, lp in zip(lines, logp, strict=True)]  # fmt: skip
+        final.sort(key=lambda c: c.logprob, reverse=True)
+        return final, mixture
 
     def _is_complete(self, typed: str, run_before: bool, p_end: float) -> bool:
         """Whether the input is a whole command already: then only the user's own history may
@@ -647,127 +498,6 @@ class ModelEngine:
         by_history = bool(rule & 1) and run_before
         by_model = bool(rule & 2) and p_end >= 0.5  # the end of the line is the likeliest next token
         return by_history or by_model
-
-    def _judge(
-        self, typed: str, ctx: dict[str, Any], side: HistorySide, complete: bool,
-        missing: Callable[[str], bool] | None = None,
-    ) -> Callable[[str], float | None]:  # fmt: skip
-        """What happens to a line a beam finished (or COMP completed): kept (0), demoted (a
-        negative number added to its score) or dropped (None). Dropped: half a command, a line
-        that failed every time it ran (`gti log` when `gti` was not found too), one naming a path
-        that is not there (`missing`: the disk check), and of the lines only the model wrote,
-        those continuing a complete input, holding a secret, with an invented word
-        (calmd/suggest/filters.py), cut off, or repeating a word."""
-        index = self.index
-        missing = missing or self._missing(ctx)
-        cwd = str(ctx.get("cwd") or "")
-        multiline = bool(ctx.get("multiline"))  # the client draws multi-line entries (the server's flag)
-        kinds = self._kinds(ctx)
-
-        def judge(text: str) -> float | None:
-            if not sendable(text, multiline=multiline):
-                return None  # drives the terminal (a newline only from a multi-line input typed)
-            if text in side.proposals:
-                return 0.0  # judged with the history's (`_history_side`)
-            if not balanced(text) or missing(text):
-                return None  # half a command, whoever wrote it (a past line out of the pool too)
-            if index is not None and index.count.get(text, 0) > 0:  # the user's own line
-                return None if index.failing(text) else 0.0
-            if index is not None and index.missing(text):
-                return None  # `gti log` when `gti` was not found
-            if complete or find_secret(text) is not None or placeholder(text, typed) or repeats_word(text):
-                return None
-            if self.weights.vocabulary and (self._made_up(text, typed, cwd, kinds) or self._cut_off(text)):
-                return None
-            return 0.0
-
-        return judge
-
-    def _missing(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
-        """Whether a line's `cd` target or file argument is missing from the shell's cwd (always
-        False without a disk or a cwd). Memoised for the request once known: a folder not listed
-        in time is asked about again, as its listing comes while the keystroke is worked on."""
-        disk, cwd = self.disk, str(ctx.get("cwd") or "")
-        seen: dict[str, bool] = {}
-
-        def missing(text: str) -> bool:
-            if disk is None or not cwd:
-                return False
-            found = seen.get(text)
-            if found is None:
-                path, known = check_arguments(text, cwd, disk)
-                found = path is not None
-                if known:
-                    seen[text] = found
-            return found
-
-        return missing
-
-    @staticmethod
-    def _disk_proposals(typed: str, ctx: dict[str, Any]) -> list[str]:
-        """The input with the word being typed completed by each COMP item that is a path (the
-        daemon's COMP: files and directories of the cwd), for a word after the command's first."""
-        words, word = current_word(typed)
-        if not words or not word or word.startswith("-"):
-            return []
-        stem = typed[: len(typed) - len(word)]
-        items = [i for i in ctx.get("completions") or () if isinstance(i, str) and i.startswith(word)]
-        paths = [i for i in items if i != word and (i.endswith("/") or "." in i or "/" in i)]
-        return [stem + i for i in paths][:DISK_PROPOSALS]
-
-    def _cut_off(self, text: str) -> bool:
-        """A line only the model wrote that stops short: mid-word (`make to`), or after a flag
-        the user always gave more words to and never ended a line with (`git push -u`)."""
-        user = self.index.vocabulary if self.index is not None else None
-        if cut_off(text, self.vocabulary, user):
-            return True
-        last = text.rsplit(None, 1)[-1] if text.strip() else ""
-        return self.index is not None and flag_name(last) is not None and self.index.head_count(text) > 0
-
-    def _elsewhere(self, ctx: dict[str, Any]) -> Callable[[str], bool]:
-        """Whether a line belongs to another place than the shell's: a line the user only ever
-        ran inside a git repository, or a git line only the model wrote, while the shell is in
-        none; a line naming the branch it ran on, on another branch (`git push origin
-        feature/login` on master). Such a line is demoted and never drawn. Only judged when the
-        shell tells its cwd (the replay's histories do not: always False there)."""
-        index = self.index
-        cwd, branch = str(ctx.get("cwd") or ""), str(ctx.get("git") or "")
-        if index is None or not cwd.startswith("/"):
-            return lambda text: False
-
-        def elsewhere(text: str) -> bool:
-            if not branch:
-                if text in index.count:
-                    return index.repo_only(text)
-                return first_word(text) == "git" and not outside_git(text)
-            bound = index.bound_branch.get(text)
-            return bound is not None and bound != branch
-
-        return elsewhere
-
-    def _made_up(self, text: str, typed: str, cwd: str, kinds: Callable[[str, str], str | None]) -> bool:
-        """A line the user never ran with an invented subcommand or flag, the cwd pasted in, or an
-        argument of the wrong kind (`kinds`: calmd/suggest/kinds.py)."""
-        user = self.index.vocabulary if self.index is not None else None
-        if invented(text, typed, self.vocabulary, user) is not None:
-            return True
-        return (bool(cwd) and cwd_argument(text, typed, cwd, self.home)) or kinds(text, typed) is not None
-
-    def _kinds(self, ctx: dict[str, Any]) -> Callable[[str, str], str | None]:
-        """`wrong_kind` for one request: paths judged on the disk's listings of the shell's cwd
-        (none without a disk or a cwd), the COMP items as offered, the user's own words."""
-        disk, cwd = self.disk, str(ctx.get("cwd") or "")
-        comp = frozenset(str(c) for c in ctx.get("completions") or ())
-        exists = (lambda path: disk.exists(cwd, path)) if disk is not None and cwd.startswith("/") else None
-        index = self.index
-        user, mine = (index.vocabulary, index.arguments) if index is not None else (None, None)
-
-        def kinds(text: str, typed: str) -> str | None:
-            return wrong_kind(
-                text, typed, exists=exists, comp=comp, vocab=self.vocabulary, user=user, mine=mine
-            )
-
-        return kinds
 
     def early(self, ctx: dict[str, Any], session: str) -> tuple[str, float, bool] | None:
         """The history's best proposal, its confidence and whether it is drawn, without the model
@@ -785,15 +515,18 @@ class ModelEngine:
         store, index = self.history, self.index
         if store is None or index is None:
             return HistorySide({}, set(), set())
-        index.sync(store, budget=KEYSTROKE_SYNC_ROWS)  # what any shell recorded since the last keystroke
+        # what any shell recorded since the last keystroke; what an import or a sync added is read
+        # between keystrokes (calmd/suggest/index_catch_up.py)
+        keystroke_sync(index, store)
         if self.parts == "model":
             return HistorySide({}, set(), set())  # the ablation without the history's proposals
         context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
         prev = context[-1] if context else None
         pool = index.pool(typed, prev, size=int(self.weights.pool))
         if not pool:
-            return HistorySide({}, set(), set())
-        probs = self.ranker.probabilities(index.features(typed, pool, context))
+            return HistorySide({}, set(), set(), {}, context)
+        pool_rows = index.features(typed, pool, context)
+        probs = self.ranker.probabilities(pool_rows)
         proposals: dict[str, float] = {}
         carry: set[str] = set()
         cwd = str(ctx.get("cwd") or "")
@@ -802,8 +535,10 @@ class ModelEngine:
             if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
                 continue  # half a command (an open quote or bracket), or one that drives the terminal
             if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
-                if find_secret(cmd) is not None or placeholder(cmd, typed) or (
-                    self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds)
+                if (
+                    find_secret(cmd) is not None
+                    or placeholder(cmd, typed)
+                    or (self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds))
                 ):
                     continue
                 carry.add(cmd)
@@ -824,7 +559,7 @@ class ModelEngine:
         failing = {cmd for cmd in proposals if index.failing(cmd) or (missing is not None and missing(cmd))}
         for cmd in failing:
             del proposals[cmd]
-        return HistorySide(proposals, carry, failing)
+        return HistorySide(proposals, carry, failing, dict(zip(pool, pool_rows, strict=True)), context)
 
 
 def load_engine(path: Path) -> ModelEngine:

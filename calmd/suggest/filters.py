@@ -440,7 +440,7 @@ def cwd_argument(cmd: str, typed: str, cwd: str, home: str | None) -> bool:
 
 
 def packaged_vocabulary_path() -> Path:
-    return paths.PACKAGE_DATA / "vocabulary.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_VOCABULARY
 
 
 @functools.cache

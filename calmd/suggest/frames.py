@@ -16,7 +16,7 @@ order, at most `COMP_ITEMS`:
   word points into (the cwd, or `src/` for `src/ma`) that extend it, directories with a trailing
   `/` as shells mark them; only directories after `cd`, `pushd`, `rmdir`. Hidden entries only
   when the word starts with `.`.
-Items that look like a credential (calmd/history/secrets.py) are left out: a file name can hold one.
+Items that look like a credential (calmd/secrets/) are left out: a file name can hold one.
 
 The frames are stored with each record (calmd/history/store.py, schema 3) at the cut
 `comp_cut(cmd)` gives, and the corpus uses the same cut, so a stored record, a corpus example and a
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from calmd.history.recorded import COMP_ITEMS, ENV_MAX_BYTES, clean_env, short_env
-from calmd.history.secrets import find_secret
+from calmd.secrets import find_secret
 
 __all__ = ["COMP_ITEMS", "ENV_MAX_BYTES", "clean_env", "short_env"]  # with the frames they are part of
 

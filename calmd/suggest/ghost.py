@@ -193,7 +193,7 @@ class GhostRule:
 
 
 def packaged_rule_path() -> Path:
-    return paths.PACKAGE_DATA / "ghost.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_GHOST
 
 
 @cache

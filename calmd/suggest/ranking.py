@@ -698,7 +698,7 @@ def check_sense(arrays: dict[str, np.ndarray], b2: float, source: str) -> None:
 
 
 def packaged_ranker_path() -> Path:
-    return paths.PACKAGE_DATA / "ranker.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_RANKER
 
 
 @functools.cache

@@ -1,37 +1,32 @@
 """History search: what `calm search` (Ctrl-R) shows, answered by the daemon's `search` op
 (calmd/daemon/search.py runs it on a thread of its own; this module is the index and its ranking).
 
-Matching. The query is cut into terms at whitespace; a command matches when every term is found
-in it, in any order, ignoring case: as typed (a substring), or else as its letters in order with
-others between them (`gco` in `git checkout`: the fuzzy match of fzf and atuin). All distinct
-commands are one lowercased byte string, one per line; for each byte value the index keeps where
-it occurs, so a term is found with a few vectorised steps over those positions (numpy), never a
-loop over commands: the first letter's positions, narrowed by the next letters (substrings), or a
-binary search per line for each next letter after the previous one (scattered letters). A
-keystroke on 100,000 commands costs a few milliseconds (bench/search_latency.py).
+Matching (calmd/suggest/search_match.py): a command matches when every term of the query is found
+in it, in any order, ignoring case, as typed or as its letters in order (`gco` in `git checkout`).
 
 Ranking, in two stages:
 1. the pool: of the matching commands, the most recent (POOL_RECENT), the most frequent
    (POOL_FREQUENT), the latest run in the current folder (POOL_FOLDER), and those that followed the
    previous command or the run of commands before it (the history ranker's transitions);
-2. each pooled command is scored by the fitted search ranker (calmd/data/search_ranker.json,
-   `python -m calmd.quality.fit_search`): a one-hidden-layer network over SEARCH_FEATURES, whose
-   first feature is the score calmd's history ranker (calmd/suggest/ranking.py) gives it as the
-   next command in this context (what followed the previous one or two commands, runs of
-   commands that repeat, recency, frequency), then how the query matched it (at the start, at
-   word starts, as typed or scattered) and how often it ran in the current folder. Commands that
-   never succeeded are moved down by FAILED_PENALTY (the public histories the ranker is fitted on
-   carry no exit statuses, so this is a rule, as in the suggestions).
+2. each pooled command is scored by the fitted search ranker (calmd/suggest/search_ranker.py:
+   calmd/data/search_ranker.json, `python -m calmd.quality.fit_search`): a one-hidden-layer
+   network over SEARCH_FEATURES, whose first feature is the score calmd's history ranker
+   (calmd/suggest/ranking.py) gives it as the next command in this context (what followed the
+   previous one or two commands, runs of commands that repeat, recency, frequency), then how the
+   query matched it (at the start, at word starts, as typed or scattered) and how often it ran in
+   the current folder. Commands that never succeeded are moved down by FAILED_PENALTY (the public
+   histories the ranker is fitted on carry no exit statuses, so this is a rule, as in the
+   suggestions).
 The list is the pool in score order, then the other matches, most recent first.
 
 Filter modes (`MODES`): every command (`global`), those recorded on this machine (`host`: the
-history may hold other machines', calmd/history/sync.py), run in the current folder (`folder`), in
+history may hold other machines', calmd/sync/), run in the current folder (`folder`), in
 this shell session (`session`), or that succeeded at least once (`success`: exit 0, or no status
 known, as for imported history). Each result carries its latest run in that scope: when, where,
 with which status.
 
 The index follows the store like the suggestions' index does (rows with a larger id), through a
-read-only connection of its own (calmd/history/query.py), holding at most SEARCH_LIMIT commands
+read-only connection of its own (calmd/history/query/), holding at most SEARCH_LIMIT commands
 (the newest). Rows deleted from the store (`calm forget`, a re-scan) rebuild it; a command the
 search itself deletes (`forget` op) is dropped in place and the transitions rebuilt from what
 remains.
@@ -39,303 +34,29 @@ remains.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from calmd import paths
-from calmd.atomic import check_format, read_json
-from calmd.errors import FormatError
 from calmd.history import query
 from calmd.protocol import SEARCH_MODES as MODES
 from calmd.suggest.filters import terminal_safe
-from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker, read_scorer_weights
+from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex, Ranker, packaged_ranker
+from calmd.suggest.search_match import Column, CommandText, Matches, parse_query
+from calmd.suggest.search_ranker import SearchRanker, packaged_search_ranker
 
-SEARCH_RANKER_VERSION = 1
 SEARCH_LIMIT = 500_000  # the newest commands searched (memory: about 60 bytes each, plus the text)
-MAX_TERMS = 16  # terms of a query looked at (the protocol caps the query at 1,024 bytes)
-MAX_TERM_BYTES = 256
+PAUSED_BATCH = 100  # rows read between two pauses when the daemon's keystrokes go first (1-5 ms)
 POOL_RECENT = 60
 POOL_FREQUENT = 40
 POOL_FOLDER = 40
 POOL_FOLLOWERS = 40
 FAILED_PENALTY = 3.0  # subtracted from the score of a command that never succeeded
 NO_EXIT = np.iinfo(np.int64).min  # a run without a known status (imported history)
-# A term found right after one of these starts a word: `pu` in `git push`, `log` in `/var/log`.
-WORD_SEPARATORS = frozenset(b" \n/\\-_.=:,;'\"`()[]{}|&<>@+")
-SEARCH_FEATURES = (
-    "ranker",  # calmd's history ranker's score of it as the next command here (calmd/suggest/ranking.py)
-    "log_runs",  # log(1 + times run)
-    "log_distance",  # log(1 + commands run since its latest run)
-    "log_recency_rank",  # log(1 + its rank among the matches by latest run)
-    "log_frequency_rank",  # log(1 + its rank among the matches by runs)
-    "substrings",  # share of the query's terms found as typed (not as scattered letters)
-    "word_starts",  # share of the terms found as typed at the start of a word
-    "prefix",  # it starts with the query's first term
-    "first_word",  # its first word is the query's first term
-    "log_gap",  # log(1 + letters skipped between the letters of terms found scattered)
-    "log_length",  # log(1 + its length in bytes)
-    "log_folder_runs",  # log(1 + times run in the current folder)
-    "folder_last",  # its latest run was in the current folder
-    "empty_query",
-)
-
-
-# --------------------------------------------------------------------------- storage
-
-
-class _Column:
-    """A numpy array that grows by doubling: appends cost O(1), `view` no copy."""
-
-    def __init__(self, dtype: Any, fill: Any = 0, capacity: int = 1024) -> None:
-        self.fill = fill
-        self.data = np.full(capacity, fill, dtype=dtype)
-        self.n = 0
-
-    def append(self, value: Any) -> None:
-        if self.n == len(self.data):
-            bigger = np.full(2 * len(self.data), self.fill, dtype=self.data.dtype)
-            bigger[: self.n] = self.data
-            self.data = bigger
-        self.data[self.n] = value
-        self.n += 1
-
-    def view(self) -> np.ndarray:
-        return self.data[: self.n]
-
-
-def parse_query(text: str) -> list[bytes]:
-    """The terms of a query, lowercased UTF-8 (the matching is by bytes; the first MAX_TERMS)."""
-    terms = [t.lower().encode("utf-8", "replace")[:MAX_TERM_BYTES] for t in text.split()]
-    return [t for t in terms if t][:MAX_TERMS]
-
-
-@dataclass
-class Matches:
-    """The commands a query matched (distinct ids, ascending) and how each matched."""
-
-    ids: np.ndarray  # int64
-    substrings: np.ndarray  # float: share of terms found as typed
-    word_starts: np.ndarray  # float: share of terms found as typed at a word start
-    prefix: np.ndarray  # bool
-    first_word: np.ndarray  # bool
-    gap: np.ndarray  # float: letters skipped by the terms found scattered
-
-    @staticmethod
-    def everything(ids: np.ndarray) -> Matches:
-        zeros = np.zeros(len(ids))
-        no = np.zeros(len(ids), dtype=bool)
-        return Matches(ids, zeros, zeros, no, no, zeros)
-
-
-class _Byte:
-    """Where one byte value occurs in the text: positions (ascending) and the line of each."""
-
-    def __init__(self, positions: np.ndarray, lines: np.ndarray) -> None:
-        self.positions = positions
-        self.lines = lines
-        self._first: tuple[np.ndarray, np.ndarray] | None = None
-
-    def first(self) -> tuple[np.ndarray, np.ndarray]:
-        """(lines holding the byte, ascending; the position of its first occurrence in each)."""
-        if self._first is None:
-            head = _firsts(self.lines)
-            self._first = self.lines[head], self.positions[head]
-        return self._first
-
-
-def _firsts(values: np.ndarray) -> np.ndarray:
-    """Positions where a non-decreasing array takes a new value (its first occurrence)."""
-    if len(values) == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-
-
-class _Text:
-    """The distinct commands as one lowercased byte string, one per line, with where each byte
-    value occurs (rebuilt after new commands, a counting sort of the bytes: tens of ms on
-    100,000 commands, done by `prepare` before a search needs it)."""
-
-    def __init__(self) -> None:
-        self.blob = bytearray(b"\n")  # every line starts after a newline: "start of a word" holds there
-        self.starts = _Column(np.int64)
-        self.ends = _Column(np.int64)
-        self._arrays: tuple[np.ndarray, list[_Byte]] | None = None
-        self.separators = np.zeros(256, dtype=bool)
-        self.separators[list(WORD_SEPARATORS)] = True
-
-    def add(self, text: str) -> None:
-        line = text.lower().encode("utf-8", "replace").replace(b"\n", b" ")
-        self.starts.append(len(self.blob))
-        self.blob += line
-        self.ends.append(len(self.blob))
-        self.blob += b"\n"
-        self._arrays = None
-
-    def arrays(self) -> tuple[np.ndarray, list[_Byte]]:
-        """(the bytes, padded so that a term read past the end meets zeros; per byte value,
-        where it occurs)."""
-        if self._arrays is None:
-            data = np.frombuffer(bytes(self.blob) + bytes(MAX_TERM_BYTES + 1), dtype=np.uint8)
-            used = data[: len(self.blob)]
-            small = np.int32 if len(used) < 1 << 31 else np.int64
-            order = np.argsort(used, kind="stable").astype(small)
-            marks = np.zeros(len(used), dtype=small)
-            marks[self.starts.view()] = 1
-            line_at = np.cumsum(marks, dtype=small) - 1  # each position's line (-1: the first newline)
-            edges = np.concatenate([[0], np.cumsum(np.bincount(used, minlength=256))])
-            by_byte = []
-            for b in range(256):
-                positions = order[edges[b] : edges[b + 1]]
-                by_byte.append(_Byte(positions, line_at[positions]))
-            self._arrays = data, by_byte
-        return self._arrays
-
-    def find(self, term: bytes, alive: np.ndarray, first: bool) -> tuple[np.ndarray, ...]:
-        """Where `term` matches among the lines `alive` (bool per line): (lines found as typed,
-        of those at a word start, at the line's start, as the line's first word; lines found
-        scattered, with the letters skipped)."""
-        data, by_byte = self.arrays()
-        # as typed: the positions of the term's rarest byte, checked for the other bytes around
-        anchor = min(range(len(term)), key=lambda j: len(by_byte[term[j]].positions))
-        where = by_byte[term[anchor]]
-        keep = alive[where.lines]
-        pos = where.positions[keep].astype(np.int64) - anchor
-        lines = where.lines[keep].astype(np.int64)
-        ok = pos >= 0
-        pos, lines = pos[ok], lines[ok]
-        for j in range(len(term)):
-            if j != anchor:
-                ok = data[pos + j] == term[j]
-                pos, lines = pos[ok], lines[ok]
-        typed = lines[_firsts(lines)]
-        at_word = self.separators[data[pos - 1]]
-        word = lines[at_word]
-        word = word[_firsts(word)]
-        no = np.zeros(0, dtype=np.int64)
-        prefix = whole = no
-        if first:
-            at_start = pos == self.starts.view()[lines]
-            prefix = lines[at_start]  # one start per line: already distinct
-            after = data[pos[at_start] + len(term)]
-            whole = prefix[(after == ord(" ")) | (after == ord("\n"))]
-        if len(term) == 1:
-            return typed, word, prefix, whole, no, np.zeros(0)
-        # scattered: from each remaining line's first occurrence of the first letter, each next
-        # letter's first occurrence after the previous one, within the line
-        rest = alive.copy()
-        rest[typed] = False
-        first_lines, first_pos = by_byte[term[0]].first()
-        chosen = rest[first_lines]
-        lines, cur = first_lines[chosen].astype(np.int64), first_pos[chosen].astype(np.int64)
-        begin = cur
-        ends = self.ends.view()[lines]
-        for byte in term[1:]:
-            after_pos = by_byte[byte].positions
-            if len(after_pos) == 0:
-                return typed, word, prefix, whole, no, np.zeros(0)
-            k = np.searchsorted(after_pos, cur, side="right")
-            nxt = after_pos[np.minimum(k, len(after_pos) - 1)].astype(np.int64)
-            ok = (k < len(after_pos)) & (nxt < ends)
-            lines, cur, begin, ends = lines[ok], nxt[ok], begin[ok], ends[ok]
-        return typed, word, prefix, whole, lines, (cur - begin + 1 - len(term)).astype(np.float64)
-
-    def match(self, terms: Sequence[bytes], alive: np.ndarray) -> Matches:
-        """The lines of `alive` that every term matches, with how they matched."""
-        n = len(alive)
-        if not terms:
-            return Matches.everything(np.flatnonzero(alive))
-        alive = alive.copy()
-        substrings = np.zeros(n)
-        word_starts = np.zeros(n)
-        gap = np.zeros(n)
-        prefix = whole = np.zeros(0, dtype=np.int64)
-        for i, term in enumerate(terms):
-            typed, word, p, w, scattered, skipped = self.find(term, alive, i == 0)
-            if i == 0:
-                prefix, whole = p, w
-            hit = np.zeros(n, dtype=bool)
-            hit[typed] = True
-            hit[scattered] = True
-            substrings[typed] += 1
-            word_starts[word] += 1
-            gap[scattered] += skipped
-            alive &= hit
-        ids = np.flatnonzero(alive)
-        flags = np.zeros(n, dtype=bool)
-        flags[prefix] = True
-        is_prefix = flags[ids]
-        flags[:] = False
-        flags[whole] = True
-        return Matches(ids, substrings[ids] / len(terms), word_starts[ids] / len(terms), is_prefix,
-                       flags[ids], gap[ids])  # fmt: skip
-
-
-# --------------------------------------------------------------------------- the fitted scorer
-
-
-@dataclass(frozen=True)
-class SearchRanker:
-    """The fitted search scorer: standardisation, one tanh hidden layer, a linear output (the
-    same form as the history ranker's, over SEARCH_FEATURES)."""
-
-    mean: np.ndarray
-    scale: np.ndarray
-    w1: np.ndarray
-    b1: np.ndarray
-    w2: np.ndarray
-    b2: float
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def scores(self, rows: np.ndarray) -> np.ndarray:
-        hidden = np.tanh(((rows - self.mean) / self.scale) @ self.w1 + self.b1)
-        return np.asarray(hidden @ self.w2 + self.b2, dtype=np.float64)
-
-    @classmethod
-    def neutral(cls, hidden: int = 1) -> SearchRanker:
-        """Every line scored the same (the pool then keeps its order): what the fit starts from."""
-        f = len(SEARCH_FEATURES)
-        return cls(np.zeros(f), np.ones(f), np.zeros((f, hidden)), np.zeros(hidden), np.zeros(hidden), 0.0)
-
-    @classmethod
-    def from_ranker(cls, fitted: Ranker, info: dict[str, Any]) -> SearchRanker:
-        return cls(fitted.mean, fitted.scale, fitted.w1, fitted.b1, fitted.w2, fitted.b2, info)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format": "calm-search-ranker", "version": SEARCH_RANKER_VERSION,
-                "features": list(SEARCH_FEATURES), "mean": self.mean.tolist(), "scale": self.scale.tolist(),
-                "w1": self.w1.tolist(), "b1": self.b1.tolist(), "w2": self.w2.tolist(), "b2": self.b2,
-                "info": self.info}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: Any, source: str = "search ranker") -> SearchRanker:
-        data = check_format(data, "calm-search-ranker", SEARCH_RANKER_VERSION, source)
-        if data.get("features") != list(SEARCH_FEATURES):
-            raise FormatError(
-                f"{source}: features differ from this calmd's (python -m calmd.quality.fit_search refits)"
-            )
-        arrays, b2 = read_scorer_weights(data, len(SEARCH_FEATURES), source)
-        return cls(arrays["mean"], arrays["scale"], arrays["w1"], arrays["b1"], arrays["w2"], b2,
-                   dict(data.get("info") or {}))  # fmt: skip
-
-    @classmethod
-    def load(cls, path: Path) -> SearchRanker:
-        return cls.from_json(read_json(path, "search ranker"), str(path))
-
-
-def packaged_search_ranker_path() -> Path:
-    return paths.PACKAGE_DATA / "search_ranker.json"
-
-
-@functools.cache
-def packaged_search_ranker() -> SearchRanker:
-    return SearchRanker.load(packaged_search_ranker_path())
 
 
 # --------------------------------------------------------------------------- the index
@@ -393,21 +114,21 @@ class SearchIndex:
         self.transitions = HistoryIndex(self.history_ranker.prior)  # the history ranker's view
         self.texts: list[str] = []
         self.ids: dict[str, int] = {}
-        self.text = _Text()
+        self.text = CommandText()
         # per distinct command
-        self.runs = _Column(np.int64)
-        self.ok = _Column(np.int64)  # runs that did not fail (exit 0 or unknown)
-        self.failed = _Column(np.int64)
-        self.last_row = _Column(np.int64, -1)
-        self.dead = _Column(np.bool_, False)  # deleted (the `forget` op): never shown again
+        self.runs = Column(np.int64)
+        self.ok = Column(np.int64)  # runs that did not fail (exit 0 or unknown)
+        self.failed = Column(np.int64)
+        self.last_row = Column(np.int64, -1)
+        self.dead = Column(np.bool_, False)  # deleted (the `forget` op): never shown again
         # per run, in recording order
-        self.row_cmd = _Column(np.int64)
-        self.row_ts = _Column(np.float64)
-        self.row_cwd = _Column(np.int64)
-        self.row_session = _Column(np.int64)
-        self.row_exit = _Column(np.int64, NO_EXIT)
-        self.row_id = _Column(np.int64)  # the store's row id (0 in the replay)
-        self.row_remote = _Column(np.bool_, False)  # recorded on another machine (calmd/history/sync.py)
+        self.row_cmd = Column(np.int64)
+        self.row_ts = Column(np.float64)
+        self.row_cwd = Column(np.int64)
+        self.row_session = Column(np.int64)
+        self.row_exit = Column(np.int64, NO_EXIT)
+        self.row_id = Column(np.int64)  # the store's row id (0 in the replay)
+        self.row_remote = Column(np.bool_, False)  # recorded on another machine (calmd/sync/)
         self.cwds: dict[str, int] = {}
         self.cwd_names: list[str] = []
         self.sessions: dict[str, int] = {}
@@ -458,13 +179,14 @@ class SearchIndex:
             self.transitions.add(cmd, session, exit, ts, cwd, git)
         self.version += 1
 
-    def sync(self, db: sqlite3.Connection) -> int:
+    def sync(self, db: sqlite3.Connection, pause: Callable[[], None] | None = None) -> int:
         """Read the rows the store gained since the last sync (a read-only connection,
-        calmd/history/query.py); returns how many. The first sync reads the newest SEARCH_LIMIT.
+        calmd/history/query/); returns how many. The first sync reads the newest SEARCH_LIMIT.
         Rows deleted meanwhile (the generation moved) start it over; so does growing past
         SEARCH_LIMIT by a quarter (the oldest are then left out), and more than SEARCH_LIMIT new
         rows (an import: it reads the newest then). It reads up to the newest row there is when it
-        starts, never chasing an import that adds rows meanwhile (issue 30)."""
+        starts, never chasing an import that adds rows meanwhile (issue 30). `pause`: called
+        between two slices of PAUSED_BATCH rows (the daemon's keystrokes go first, issue 42)."""
         generation = query.generation(db)
         deleted = self.generation is not None and generation != self.generation
         behind = len(self) and query.newest_after(db, SEARCH_LIMIT) > self.last_id  # an import added more
@@ -476,8 +198,11 @@ class SearchIndex:
             self.transitions_from = query.newest_after(db, INDEX_LIMIT)
         newest = query.newest_after(db, 0)  # what is there now: an import adding rows is not chased
         added = 0
+        batch = query.BATCH if pause is None else PAUSED_BATCH
         while True:
-            rows = [row for row in query.rows_after(db, self.last_id) if row[0] <= newest]
+            if pause is not None:
+                pause()
+            rows = [row for row in query.rows_after(db, self.last_id, batch) if row[0] <= newest]
             if not rows:
                 return added
             for rid, ts, session, cwd, git, cmd, code, host in rows:
@@ -491,7 +216,7 @@ class SearchIndex:
         self.text.arrays()
 
     def shown(self, i: int) -> bool:
-        """Whether command `i` may be shown: what the store would store today (calmd/history/secrets.py),
+        """Whether command `i` may be shown: what the store would store today (calmd/secrets/),
         and nothing that drives a terminal (no control character but a multi-line command's
         newlines: calmd/suggest/filters.py, the rule every candidate follows)."""
         found = self._shown.get(i)

@@ -114,7 +114,7 @@ def write_status(data_dir: Path, **fields: Any) -> None:
 def read_status(data_dir: Path) -> dict[str, Any]:
     try:
         data = parse_json(
-            bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)), "training.json"
+            bytes(read_regular_file(status_path(data_dir), limit=MAX_STATUS_BYTES)), paths.TRAINING_STATUS
         )
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):  # FormatError: not JSON, or nested too deeply
@@ -200,7 +200,7 @@ def clean_leftovers(data_dir: Path) -> list[str]:
     """Remove what killed runs left: candidate weights (6 MB each for nano) and stale temp files.
     Only call it while no run can be live (holding the lock, or having seen it free)."""
     removed: list[str] = []
-    for pattern in (".shell.candidate.*.cwgt", ".shell.cwgt.rollback"):
+    for pattern in (paths.CANDIDATE_WEIGHTS.format(pid="*"), paths.LEGACY_ROLLBACK):
         for path in data_dir.glob(pattern):
             path.unlink(missing_ok=True)
             removed.append(path.name)
@@ -212,7 +212,7 @@ def clean_leftovers(data_dir: Path) -> list[str]:
 
 def candidate_path(data_dir: Path, pid: int) -> Path:
     """Where run `pid` writes the weights it trained, before the not-worse check swaps them in."""
-    return data_dir / f".shell.candidate.{pid}.cwgt"
+    return paths.candidate_weights_path(data_dir, pid)
 
 
 def remove_run_files(data_dir: Path, pid: int) -> list[str]:

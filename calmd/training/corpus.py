@@ -37,7 +37,7 @@ from pathlib import Path
 from calmd import paths
 from calmd.errors import CalmError
 from calmd.formats.tokenizer import Example, HistoryEntry
-from calmd.history.store import detect_format, parse_history
+from calmd.history.formats import detect_format, parse_history
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.frames import VocabularyFollowers, comp_cut, completions, context_frames
 from calmd.suggest.reconstruct import Reconstruction, named_paths

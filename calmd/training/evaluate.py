@@ -40,7 +40,8 @@ from calmd.formats.tokenizer import (
     atn_position,
 )
 from calmd.model.checkpoint import load_model
-from calmd.model.mamba import CalmModel, InferenceState, supervised_nll
+from calmd.model.loss import supervised_nll
+from calmd.model.mamba import CalmModel, InferenceState
 
 KS = (0, 1, 2, 4, 8)
 

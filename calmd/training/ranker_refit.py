@@ -41,7 +41,7 @@ LEARN_COMMANDS = 2000  # the newest commands the background run asks the queries
 
 @dataclass(frozen=True)
 class RefitOptions:
-    """How a refit runs (measured: docs/quality.md, "Learning: the ranker's refit")."""
+    """How a refit runs (measured: docs/quality.md, "Learning")."""
 
     steps: int = 60  # full-batch Adam steps
     lr: float = 0.01

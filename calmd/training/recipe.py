@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--work", type=Path, default=Path("build/recipe"), help="scratch folder")
-    parser.add_argument("--output", type=Path, default=paths.PACKAGE_DATA / "default.cwgt")
+    parser.add_argument("--output", type=Path, default=paths.packaged_weights())
     parser.add_argument("--corpus", type=Path,
                         help="train on this corpus, built by the recipe before (its stamp, the same name "
                         "with .json, beside it) instead of building one from --data")  # fmt: skip

@@ -2,7 +2,6 @@
 
 Glossary (shapes in comments)
     B  sequences in a batch (on this rank)     L  padded length of the batch     V  vocabulary (320)
-    P  number of model parameters (CWGT param_count)
 
 Loss. A CTDS sequence is `context frames, ATN, CMD, command bytes, EOS`. Only the tokens after
 ATN are targets (the CTDS loss mask): the model learns to complete commands, never to generate
@@ -17,32 +16,16 @@ nccl on GPU). Each rank scales its summed loss by N / (supervised tokens of the 
 the averaged gradient is exactly the single-process gradient of the same global batch: N ranks
 and one process follow the same trajectory up to float rounding (tested). Rank 0 writes the file.
 
-EWC (Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting in neural networks"). After a
-run, the Fisher diagonal is estimated on a sample of the training sequences as the empirical
-Fisher of the per-token loss,
+EWC. A run that starts from a file carrying a Fisher adds `ewc_lambda / 2 * sum F (theta -
+anchor)^2` to its loss, and every run stores the Fisher of its own training sequences (combined
+with the input's) beside the weights it wrote: calmd/training/ewc.py says what F is and why.
 
-    F = mean over sampled sequences s of (d/dtheta sum_t nll_st)^2 / T_s      (T_s: supervised tokens)
-
-which is the curvature of the mean per-token loss if token gradients are uncorrelated, so that
-`1/2 sum F (theta - theta*)^2` predicts (Laplace approximation) how much the old per-token loss
-rises when the weights move from theta*. It is stored with the anchor theta* (the trained
-weights) in the CWGT EWC block, both flat in `flatten(model)` order. The next run that starts
-from that file adds `ewc_lambda / 2 * sum F (theta - anchor)^2` to its loss.
-
-Combining Fishers. A model that already carries a Fisher F_old is fine-tuned to new weights
-theta'; its file then stores the anchor theta' and
-
-    F = ewc_gamma * F_old + F_new                                      (online EWC, Schwarz et al. 2018)
-
-The sum keeps the importance of every task seen so far (gamma = 1 is the plain sum: all past
-tasks weigh alike and the model stiffens with every run); with gamma < 1 older tasks fade
-geometrically and F stays bounded (<= max F / (1 - gamma)), which suits a daemon that retrains on
-the user's recent history again and again. The default gamma is 0.5.
+The rest of a run lives beside this module: the rows and batch order (batches.py), the process
+group under torchrun (distributed.py), the checkpoint that --resume continues (checkpoints.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -57,14 +40,18 @@ import torch
 from torch import Tensor, nn
 
 from calmd import paths
-from calmd.atomic import atomic_write
 from calmd.errors import CalmError
 from calmd.formats.ctds import CtdsReader, pad_sequences
 from calmd.formats.cwgt import Metadata
 from calmd.formats.tokenizer import Special
-from calmd.model.checkpoint import GenerationDefaults, load_model, save_model
-from calmd.model.mamba import SIZES, CalmModel, flatten, supervised_nll
+from calmd.model.checkpoint import GenerationDefaults, flatten, load_model, save_model
+from calmd.model.loss import supervised_nll
+from calmd.model.mamba import SIZES, CalmModel
 from calmd.training import optim
+from calmd.training.batches import bucketed_order, read_rows, supervised_counts
+from calmd.training.checkpoints import RunState, load_checkpoint, save_checkpoint
+from calmd.training.distributed import Dist, init_distributed
+from calmd.training.ewc import combined_fisher, estimate_fisher, ewc_penalty, split_like
 from calmd.training.plot import check_available, write_loss_plot
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -174,103 +161,6 @@ class TrainResult:
                 f"EWC: Fisher estimated on {self.fisher_sequences} sequences, stored with the weights"
             )
         return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- batches and loss
-
-
-def supervised_counts(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> int:
-    """Supervised targets of `rows`: every token after ATN."""
-    return int((reader.lengths[rows].astype(np.int64) - reader.cmd_positions[rows] - 1).sum())
-
-
-def read_rows(reader: CtdsReader, rows: npt.NDArray[np.int64]) -> tuple[Tensor, Tensor]:
-    """Tokens (B, L) and loss mask (B, L) of `rows`, validated (ids and the ATN position)."""
-    tokens, mask, _ = reader.padded_rows(rows)
-    return torch.from_numpy(tokens), torch.from_numpy(mask)
-
-
-# --------------------------------------------------------------------------- distributed
-
-
-@dataclass(frozen=True)
-class Dist:
-    """This process's place under torchrun (rank 0 of 1 without it)."""
-
-    rank: int = 0
-    world: int = 1
-    local_world: int = 1
-    owned: bool = False  # this module created the process group (and destroys it at the end)
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def all_sum(self, value: Tensor) -> Tensor:
-        if self.world > 1:
-            torch.distributed.all_reduce(value)
-        return value
-
-
-def init_distributed(device: torch.device) -> Dist:
-    """Join the process group torchrun describes in the environment (WORLD_SIZE, RANK, ...)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist()
-    import torch.distributed as dist
-
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    return Dist(dist.get_rank(), dist.get_world_size(), local, owned)
-
-
-# --------------------------------------------------------------------------- EWC
-
-
-def split_like(model: nn.Module, flat: npt.NDArray[np.float32], device: torch.device) -> list[Tensor]:
-    """A flat array in `flatten(model)` order -> one tensor per parameter."""
-    out, offset = [], 0
-    for p in model.parameters():
-        n = p.numel()
-        out.append(
-            torch.from_numpy(np.array(flat[offset : offset + n], dtype=np.float32)).view_as(p).to(device)
-        )
-        offset += n
-    assert offset == flat.size, (offset, flat.size)
-    return out
-
-
-def ewc_penalty(model: nn.Module, fisher: list[Tensor], anchor: list[Tensor]) -> Tensor:
-    """sum F (theta - theta*)^2 over all parameters (without the lambda / 2)."""
-    total = torch.zeros((), device=fisher[0].device)
-    for p, f, a in zip(model.parameters(), fisher, anchor, strict=True):
-        total = total + (f * (p - a).pow(2)).sum()
-    return total
-
-
-def estimate_fisher(
-    model: CalmModel, reader: CtdsReader, rows: npt.NDArray[np.int64], dist: Dist, device: torch.device
-) -> tuple[npt.NDArray[np.float32], int]:
-    """Empirical Fisher diagonal of the per-token loss (module docstring), flat, from `rows`
-    (each rank takes its share). One backward pass per sequence: per-sequence gradients are what
-    the Fisher squares, a batch gradient would square their sum."""
-    params = list(model.parameters())
-    total = [torch.zeros_like(p) for p in params]
-    mine = rows[dist.rank :: dist.world]
-    for r in mine:
-        tokens, mask = read_rows(reader, np.array([r]))
-        nll = supervised_nll(model, tokens.to(device), mask.to(device))
-        count = max(int(mask.sum()), 1)
-        grads = torch.autograd.grad(nll, params)
-        for acc, g in zip(total, grads, strict=True):
-            acc.add_(g.pow(2), alpha=1.0 / count)
-    flat = torch.cat([t.reshape(-1) for t in total])
-    n = torch.tensor([float(len(mine))], device=device)
-    flat, n = dist.all_sum(flat), dist.all_sum(n)
-    count = int(n.item())
-    return (flat / max(count, 1)).cpu().numpy().astype(np.float32), count
 
 
 # --------------------------------------------------------------------------- setup
@@ -437,19 +327,6 @@ class _Progress:
             self.bar.stop()
 
 
-def bucketed_order(
-    lengths: npt.NDArray[np.integer], rows: npt.NDArray[np.int64], batch: int, rng: np.random.Generator
-) -> npt.NDArray[np.int64]:
-    """`rows` shuffled, sorted by length inside windows of 64 batches, cut into batches, and the
-    batches shuffled: batches of similar lengths (little padding) in random order."""
-    rows = rng.permutation(rows)
-    window = 64 * batch
-    parts = [rows[i : i + window] for i in range(0, rows.size, window)]
-    ordered = np.concatenate([p[np.argsort(lengths[p], kind="stable")] for p in parts])
-    batches = [ordered[i : i + batch] for i in range(0, ordered.size, batch)]
-    return np.concatenate([batches[i] for i in rng.permutation(len(batches))])
-
-
 def lr_at(cfg: TrainConfig, lr: float, step: int, total: int) -> float:
     if cfg.lr_schedule == "constant":
         return lr
@@ -459,16 +336,11 @@ def lr_at(cfg: TrainConfig, lr: float, step: int, total: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
-# --------------------------------------------------------------------------- checkpoints (--resume)
-
-CHECKPOINT_VERSION = 1
-
-
 def _run_key(
     cfg: TrainConfig, start: _Start, reader: CtdsReader, lr: float, total_steps: int, world: int
 ) -> dict[str, str]:
-    """What a saved run and the run that continues it must share: the same start, data, batches
-    and schedule give the same model as one uninterrupted run."""
+    """What a saved run and the run that continues it must share (calmd/training/checkpoints.py):
+    the same start, data, batches and schedule give the same model as one uninterrupted run."""
     return {
         "start": f"new {cfg.size} seed {cfg.seed}" if start.source is None else str(start.source.resolve()),
         "dataset": str(Path(reader.path).resolve()),
@@ -488,80 +360,6 @@ def _run_key(
         "ranks": str(world),
         "precision": cfg.precision,
     }
-
-
-@dataclass
-class _RunState:
-    """What a run has done so far: everything besides the weights and the optimizer that the rest
-    of the run, or a run resumed from its checkpoint, needs."""
-
-    step: int = 0  # optimizer steps done
-    losses: list[float] = field(default_factory=list)
-    step_tokens: list[int] = field(default_factory=list)  # supervised targets per step
-    val_losses: list[tuple[int, float]] = field(default_factory=list)
-    tokens_seen: int = 0
-    seconds: float = 0.0  # spent in optimizer steps by earlier invocations
-    order: npt.NDArray[np.int64] | None = None  # the current epoch's batch order
-    rng: dict[str, Any] | None = None  # the batch-order generator's state after drawing `order`
-
-
-def save_checkpoint(
-    path: Path, key: dict[str, str], state: _RunState, model: nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """The run's state, written atomically (0600): a kill while saving leaves the previous one."""
-    assert state.order is not None and state.rng is not None
-    blob = {
-        "version": CHECKPOINT_VERSION,
-        "key": key,
-        "step": state.step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "losses": torch.tensor(state.losses, dtype=torch.float64),
-        "step_tokens": torch.tensor(state.step_tokens, dtype=torch.int64),
-        "val_losses": [(int(s), float(v)) for s, v in state.val_losses],
-        "tokens_seen": state.tokens_seen,
-        "seconds": state.seconds,
-        "order": torch.from_numpy(state.order),
-        "rng": json.dumps(state.rng),  # PCG64's 128-bit integers, as text
-    }
-    with atomic_write(path) as f:
-        torch.save(blob, f)
-
-
-def load_checkpoint(
-    path: Path, key: dict[str, str], model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
-) -> _RunState:
-    """Restore a run saved by `save_checkpoint` into `model` and `optimizer`; CalmError when the
-    file is not a checkpoint or was saved by a run with other settings (the first one is named)."""
-    if not path.is_file():
-        raise CalmError(f"{path}: no checkpoint to resume from (a run with --checkpoint writes one)")
-    try:
-        blob = torch.load(path, map_location=device, weights_only=True)
-        if not isinstance(blob, dict) or blob.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"not a version-{CHECKPOINT_VERSION} calm training checkpoint")
-        saved_key = {"precision": "fp32", **blob["key"]}  # saved before --precision: all were fp32
-        for name, value in key.items():
-            if saved_key.get(name) != value:
-                raise CalmError(
-                    f"{path}: saved by a run with {name} {saved_key.get(name)}, this run has {value}: "
-                    "resume with the same settings, or start over without --resume"
-                )
-        model.load_state_dict(blob["model"])
-        optimizer.load_state_dict(blob["optimizer"])
-        return _RunState(
-            step=int(blob["step"]),
-            losses=[float(x) for x in blob["losses"].tolist()],
-            step_tokens=[int(x) for x in blob["step_tokens"].tolist()],
-            val_losses=[(int(s), float(v)) for s, v in blob["val_losses"]],
-            tokens_seen=int(blob["tokens_seen"]),
-            seconds=float(blob["seconds"]),
-            order=blob["order"].cpu().numpy().astype(np.int64),
-            rng=json.loads(blob["rng"]),
-        )
-    except CalmError:
-        raise
-    except Exception as exc:  # a truncated or foreign file: name it, never a traceback
-        raise CalmError(f"{path}: cannot resume from it: {type(exc).__name__}: {exc}") from exc
 
 
 def planned_steps(train_rows: int, cfg: TrainConfig) -> int:
@@ -605,7 +403,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
     checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else None
     key = _run_key(cfg, start, reader, lr, total_steps, dist.world)
     rng = np.random.default_rng([cfg.seed, 1])  # the same batch order on every rank
-    run = _RunState()
+    run = RunState()
     if cfg.resume:
         assert checkpoint is not None  # TrainConfig checks it
         run = load_checkpoint(checkpoint, key, model, optimizer, device)
@@ -613,11 +411,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
         rng.bit_generator.state = run.rng
 
     model.train()
-    wrapped: Callable[[Tensor], Tensor] = model
-    if dist.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        wrapped = DistributedDataParallel(model)  # broadcasts rank 0's weights
+    wrapped = dist.wrap(model)  # DistributedDataParallel under torchrun: broadcasts rank 0's weights
     deadline = time.monotonic() + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
     params = list(model.parameters())
     progress = _Progress(dist.main and not cfg.quiet, total_steps)
@@ -695,8 +489,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
     if cfg.fisher_samples:
         sample = np.random.default_rng([cfg.seed, 2]).permutation(train_rows)[: cfg.fisher_samples]
         fisher_flat, fisher_count = estimate_fisher(model, reader, np.sort(sample), dist, device)
-        if start.fisher is not None:
-            fisher_flat = (cfg.ewc_gamma * start.fisher + fisher_flat).astype(np.float32)
+        fisher_flat = combined_fisher(start.fisher, fisher_flat, cfg.ewc_gamma)
 
     losses, step_tokens = run.losses, run.step_tokens
     last = min(per_epoch, len(losses))
@@ -723,8 +516,5 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = No
             lrs = [lr_at(cfg, lr, s, total_steps) for s in range(len(result.losses))]
             write_loss_plot(Path(cfg.plot), result.losses, result.val_losses, lrs,
                             title=f"calm train: {out.name}")  # fmt: skip
-    if dist.world > 1:
-        torch.distributed.barrier()
-        if dist.owned:
-            torch.distributed.destroy_process_group()
+    dist.finish()
     return result

@@ -166,7 +166,8 @@ void backward(const T* u, const T* delta, const T* A, const T* Bt, const T* Ct, 
 
 extern "C" {
 
-int calm_scan_abi_version() { return 2; }  // 2: the library holds calm_step_f32 (step.cpp) too
+// 2: the library holds calm_step_f32 (step.cpp) too; 3: calm_forest_f64 (forest.cpp)
+int calm_scan_abi_version() { return 3; }
 
 #define CALM_SCAN_API(T, SUFFIX)                                                               \
   void calm_scan_forward_##SUFFIX(const T* u, const T* delta, const T* A, const T* Bt,         \

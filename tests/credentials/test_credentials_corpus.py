@@ -1,6 +1,7 @@
-"""The credential detector on its corpus (every credential flagged, no look-alike dropped), on the
-public histories (false positives under 1e-4), and end to end: a real daemon stores none of the
-corpus's credentials, in its SQLite file, its WAL or a dataset built from it."""
+"""The credential detector on its corpus (every credential flagged, no look-alike dropped, every
+class of every round present), on the public histories (false positives under 1e-4), and end to
+end: a real daemon stores none of the corpus's credentials, in its SQLite file, its WAL or a
+dataset built from it. The rule families' own tests are beside this one (test_credentials_*)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.formats.ctds import CtdsReader
 from calmd.formats.tokenizer import decode
-from calmd.history.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
 from calmd.history.store import HistoryStore
+from calmd.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
 from calmd.shell.client import CalmClient
+from tests.credentials.forms import DATA, load
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.tools import shared_data
 from tests.waiting import HANG_S
-
-DATA = Path(__file__).resolve().parent / "data" / "secrets"
-
-
-def load(name: str) -> list[tuple[str, str]]:
-    rows = []
-    for line in (DATA / name).read_text().splitlines():
-        if line and not line.startswith("#"):
-            kind, _, cmd = line.partition("\t")
-            rows.append((kind, cmd))
-    return rows
-
 
 CREDENTIALS = load("credentials.tsv")
 LOOKALIKES = load("lookalikes.tsv")
@@ -46,11 +37,32 @@ _CLASSES = """
     terraform-token doppler-token databricks-token huggingface-token private-key-block jwt netlify-token
     pulumi-token"""
 ISSUE_CLASSES = set(_CLASSES.split())
+# Issue 39's: the untold forms of its probe, and calm's own key.
+ISSUE_39_CLASSES = set(
+    [
+        "short-flag",
+        "cert-passphrase",
+        "user-pair",
+        "login-pair",
+        "keyword",
+        "bare-pair",
+        "quoted-config",
+        "url-query",
+        "url-path",
+        "url-token-userinfo",
+        "login-token",
+        "hash-inline",
+        "echo-file",
+        "secret-setting",
+        "nested",
+        "calm-sync-key",
+    ]
+)
 
 
 def test_the_corpus_is_large_and_covers_every_class() -> None:
-    assert len(CREDENTIALS) >= 150 and len(LOOKALIKES) >= 150
-    assert {kind for kind, _ in CREDENTIALS} >= ISSUE_CLASSES
+    assert len(CREDENTIALS) >= 400 and len(LOOKALIKES) >= 450
+    assert {kind for kind, _ in CREDENTIALS} >= ISSUE_CLASSES | ISSUE_39_CLASSES
     assert len({cmd for _, cmd in CREDENTIALS}) == len(CREDENTIALS)
     assert not {cmd for _, cmd in CREDENTIALS} & {cmd for _, cmd in LOOKALIKES}
 
@@ -68,20 +80,10 @@ def test_no_lookalike_is_flagged(kind: str, cmd: str) -> None:
 
 
 def test_rule_names_say_why() -> None:
-    assert find_secret("mysql -u root -phunter2 shop") == "password-option"
-    assert find_secret("curl -u admin:hunter2 https://ci.local") == "http-user"
     assert find_secret("psql postgres://app:AppPw1@db/app") == "url-credentials"
     assert find_secret("export DJANGO_SECRET_KEY=dev") == "password-argument"
     assert find_secret("aws configure set aws_access_key_id AKIAUJZDEGXDNCF32EPF") == "aws-access-key-id"
     assert find_secret("./deploy.sh prod 7fGq2LmX9pRt4VbN8sKd3Wz1") == "random-string"
-
-
-def test_a_token_inside_a_longer_word_is_not_the_token() -> None:
-    token = "ghp_" + "a1B2c3D4e5f6" * 3
-    assert find_secret(f"echo {token}") == "github-token"
-    assert find_secret(f"echo x{token}") != "github-token"
-    assert find_secret("ls AKIAUJZDEGXDNCF32EPF") == "aws-access-key-id"
-    assert find_secret("ls AKIAUJZDEGXDNCF32EPFX") is None  # 21 characters: not an access key id
 
 
 def test_references_are_not_secrets() -> None:
@@ -103,6 +105,7 @@ def test_references_are_not_secrets() -> None:
 
 def test_name_kinds() -> None:
     assert name_kind("PGPASSWORD") == name_kind("db-pass") == name_kind("dbPassword") == "password"
+    assert name_kind("input_pw") == name_kind("keyStorePassword") == name_kind("mnemonic") == "password"
     assert name_kind("JWT_SECRET") == name_kind("SECRET_KEY_BASE") == name_kind("storepass") == "password"
     assert name_kind("API_KEY") == name_kind("access-token") == name_kind("apiKey") == "token"
     harmless_names = (
@@ -119,13 +122,6 @@ def test_entropy_and_randomness() -> None:
     assert shannon_entropy("abcd") == 2.0
     assert looks_random("Zx8Qw2Lm9Rt4Vb7Np3")
     assert not looks_random("bearer") and not looks_random("production-database")
-
-
-def test_linear_time_on_pathological_input() -> None:
-    """No regular expression backtracks: a 64 KiB command (the record limit) of the worst
-    shapes is scanned, not hung on. (A correctness check; the cost is in bench/secrets_scan.py.)"""
-    for unit in ("a=", "-p ", "'a'", "x:y@", "2", "--password=", "AKIA", "eyJ.", "k" * 19 + " ", "mysql -p "):
-        assert find_secret(unit * (65536 // len(unit))) in (None, "password-argument", "random-string")
 
 
 def reviewed() -> dict[str, str]:
@@ -187,7 +183,7 @@ def test_a_daemon_stores_none_of_the_credentials(tmp_path: Path) -> None:
         history = c.status()["status"]["history"]
         assert history["dropped_secrets"] == len(CREDENTIALS)
         assert history["commands"] == len(CREDENTIALS)  # one look-alike after each credential
-        db = tmp_path / "data" / "history.sqlite3"
+        db = tmp_path / "data" / paths.HISTORY
         raw = db.read_bytes() + Path(f"{db}-wal").read_bytes()
         dataset = tmp_path / "train.ctds"
         argv = [

@@ -237,7 +237,7 @@ def test_the_users_install_serves_from_the_package(tmp_path: Path) -> None:
 
     def sh(line: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+                              timeout=HANG_S)  # fmt: skip
 
     where = sh("command -v calm calmd")
     assert where.stdout.split() == [str(tmp_path / ".local/bin/calm"), str(tmp_path / ".local/bin/calmd")]

@@ -221,18 +221,18 @@ def test_a_history_file_is_imported_once_and_never_what_was_paused(home: Path, s
     def run_all(term: Terminal, lines: list[str]) -> None:
         for line in lines:
             shell.run(term, line)
-            term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$", timeout=20)
+            term.wait_for(rf"^PROMPT> {re.escape(line)}\n(.*\n)?PROMPT>\s*$")
 
     typed = ["echo one", "CALM_RECORD=0", "echo paused", "CALM_RECORD=1", "echo two", *flush]
     with shell.start(home, before=WRITES_HISTORY[shell.name], CALM_PREDICT="0") as term:
         # --no-import: the first start's import is left to the restart, after the hook recorded
         with running_daemon(home, args=("--no-import",)):
             run_all(term, typed)
-            wait_recorded(home, typed[-1], timeout=30)  # the pauses were sent before it, in order
+            wait_recorded(home, typed[-1])  # the pauses were sent before it, in order
         assert b"echo paused" in hist.read_bytes()
         with running_daemon(home) as daemon, CalmClient(daemon.socket) as client:
             wait_imported(client)
-            logged = daemon.wait_for("recorded already by the shell's hook", timeout=30)
+            logged = daemon.wait_for("recorded already by the shell's hook")
             assert f"{3 + len(flush)} recorded already by the shell's hook" in logged
             assert "2 typed while recording was paused" in logged
             expected = ["echo one", "CALM_RECORD=1", "echo two", *flush]
@@ -241,12 +241,10 @@ def test_a_history_file_is_imported_once_and_never_what_was_paused(home: Path, s
             more = ["echo three", "CALM_RECORD=0", "echo paused-again", "CALM_RECORD=1", *flush]
             run_all(term, more)
             expected += ["echo three", "CALM_RECORD=1", *flush]
-            deadline = time.monotonic() + 30
-            while history_commands(home) != expected:  # the last one recorded
-                assert time.monotonic() < deadline, history_commands(home)
-                time.sleep(0.05)
+            wait_until(lambda: history_commands(home) == expected, "the last one recorded",
+                       report=lambda: str(history_commands(home)))  # fmt: skip
             out = subprocess.run([str(BIN / "calm"), "import", str(hist)], env=daemon_env(home),
-                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+                                 capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
             assert out.returncode == 0, out
             assert f"0 commands imported ({shell.name} format)" in out.stdout, out.stdout
             assert "2 typed while recording was paused" in out.stdout, out.stdout
@@ -258,7 +256,7 @@ def test_a_history_file_is_imported_once_and_never_what_was_paused(home: Path, s
 def history_commands(home: Path) -> list[str]:
     """`calm history --commands`, as the user reads it."""
     out = subprocess.run([str(BIN / "calm"), "history", "--commands"], env=daemon_env(home),
-                         capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, check=True, timeout=HANG_S)  # fmt: skip
     return out.stdout.splitlines()
 
 

@@ -33,6 +33,7 @@ from calmd.sync.seal import (
     parse_key_phrase,
     write_key,
 )
+from tests.waiting import HANG_S
 
 
 @dataclass
@@ -494,7 +495,7 @@ def test_rsync_update_both_ways_without_delete(tmp_path: Path) -> None:
     def engine() -> None:
         for src, dst in ((a, b), (b, a)):
             subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], check=True, capture_output=True,
-                           timeout=60)  # fmt: skip
+                           timeout=HANG_S)  # fmt: skip
 
     desktop.run()  # an empty history: a segment that says the desktop is there
     engine()

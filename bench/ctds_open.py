@@ -10,6 +10,7 @@ their loss masks runs at >= 50M tokens/s.
 from __future__ import annotations
 
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,4 +113,7 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

@@ -355,8 +355,8 @@ class Run:
     # -- 3. tests
 
     def tests(self) -> dict[str, Any]:
-        argv = [self.python, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "tests/test_model.py", "-q",
-                "-p", "no:cacheprovider"]  # fmt: skip
+        argv = [self.python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                "tests/test_cuda.py", "tests/test_model.py"]  # fmt: skip
         # none of the machine's pytest plugins (benchmark, cov, timeout...): a warning one of them
         # raises at start would fail every test under the project's filterwarnings = error
         env = {**self.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

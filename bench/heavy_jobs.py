@@ -1,15 +1,17 @@
 """Keystrokes beside the daemon's heavy work, this tree beside an older one in the same run (issue 42).
 
-    python bench/heavy_jobs.py --baseline DIR [--jobs first-import,import,sync,reindex,refit,train]
+    python bench/heavy_jobs.py --baseline DIR|COMMIT
+                               [--jobs first-import,import,sync,reindex,refit,train]
                                [--records 100000] [--rounds 1]
 
-DIR is a checkout of the older release (`git archive <commit> | tar -x -C DIR`). For each heavy
-job, a fresh `calmd serve` of each tree in turn (the order alternates job by job and round by
-round), the packaged model, a store holding 2,000 commands of a public history, and a typing
-client: one `complete` per keystroke as the zsh hook sends it (`early`, the folder), 80 ms
-between two keys, each command recorded when typed (request -> `done`, client side). It types
-while idle, while the job runs, and after it (the daemon catching up with what the job wrote),
-and prints p50 / p90 / max of each phase side by side. The jobs:
+DIR is a checkout of the older release (`git archive <commit> | tar -x -C DIR`), or a commit
+(bench/harness.py's `release`). For each heavy job, a fresh `calmd serve` of each tree in turn
+(the tests' starter; harness.alternate's order, reversed job by job and round by round), the
+packaged model, a store holding 2,000 commands of a public history, and a typing client: one
+`complete` per keystroke as the zsh hook sends it (`early`, the folder), 80 ms between two keys,
+each command recorded when typed (request -> `done`, client side). It types while idle, while the
+job runs, and after it (the daemon catching up with what the job wrote), and prints p50 / p90 / max
+of each phase side by side. The jobs:
 
 - first-import: the daemon's first start with a ~/.zsh_history of --records lines (typed at from
   `ready` until `status` says the import is over; "idle" is typed after, once it settled);
@@ -28,9 +30,9 @@ Goal (issue 42): while each job runs, p90 within 1.5x the idle p90 and no keystr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,9 +46,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import alternate, pct, release, with_machine_line  # noqa: E402
 from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
+from tests.daemon import Daemon, daemon_env, running_daemon  # noqa: E402
 from tests.tools import shared_data  # noqa: E402
 
 JOBS = ("first-import", "import", "sync", "reindex", "refit", "train")
@@ -110,28 +114,18 @@ class Home:
         return self.root / "run" / paths.APP / paths.SOCKET
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "HOME": str(self.root), "CALM_HOME": str(self.data),
-                "XDG_RUNTIME_DIR": str(self.root / "run"), "CALMD_SOCKET": str(self.socket),
-                "PYTHONPATH": str(self.tree)}  # fmt: skip
+        """The daemon's environment (tests/daemon.py's), the tree first on the path."""
+        return {**daemon_env(self.root), "PYTHONPATH": str(self.tree)}
 
     def tool(self, main: str, *argv: str) -> list[str]:
         """`calm`/`calmd` of this tree (`python -c`: the tree first on sys.path; run with cwd=tree)."""
         return [sys.executable, "-c", f"from calmd.cli import {main}; raise SystemExit({main}())", *argv]
 
-    def serve(self, *args: str) -> subprocess.Popen[bytes]:
-        argv = self.tool("calmd_main", "serve", "--train-threshold", "0", *args)
-        proc = subprocess.Popen(argv, env=self.env(), cwd=self.tree, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with CalmClient(self.socket, timeout=30) as c:
-                    c.status()
-                return proc
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"calmd from {self.tree} did not start") from None
-                time.sleep(0.05)
+    def serve(self, *args: str) -> contextlib.AbstractContextManager[Daemon]:
+        """This tree's `calmd serve`, ready on its `ready` line and stopped with SIGTERM (the tests'
+        starter, as bench/harness.py's daemons); the packaged weights already copied in."""
+        return running_daemon(self.root, engine="model", tree=self.tree, weights=False,
+                              args=("--train-threshold", "0", *args))  # fmt: skip
 
     def clean(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -193,16 +187,6 @@ class Run:
     note: str = ""
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_job(job: str, tree: Path, records: int, work: Path) -> Run:
     home = Home(tree)
     base = history_lines(BASE_COMMANDS)
@@ -215,7 +199,8 @@ def run_job(job: str, tree: Path, records: int, work: Path) -> Run:
         extra += ["--train-arg=--min-examples", "--train-arg=1000000"]
     if job == "train":
         extra += ["--train-arg=--epochs", "--train-arg=1", "--train-arg=--max-minutes", "--train-arg=3"]
-    proc = home.serve(*extra)
+    served = contextlib.ExitStack()
+    served.enter_context(home.serve(*extra))
     typist = Typist(home)
     note = ""
     try:
@@ -257,7 +242,7 @@ def run_job(job: str, tree: Path, records: int, work: Path) -> Run:
             after = typist.keys(AFTER_KEYS)
     finally:
         typist.close()
-        stop(proc)
+        served.close()
         home.clean()
     return Run(idle, busy, after, seconds, (load0, os.getloadavg()[0]), note)
 
@@ -296,11 +281,6 @@ def sealed_folder(work: Path, records: int) -> tuple[Path, bytes]:
     return folder, key
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def cells(values: list[float]) -> str:
     if not values:
         return f"{'-':>18}"
@@ -312,7 +292,7 @@ PROG = "bench/heavy_jobs.py"
 
 def main() -> int:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", type=Path, required=True, help="a checkout of the older release")
+    parser.add_argument("--baseline", required=True, help="a checkout of the older release, or a commit")
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"of {', '.join(JOBS)}")
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=1)
@@ -321,21 +301,24 @@ def main() -> int:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         parser.error(f"--jobs: no job {', '.join(unknown)}; give some of {', '.join(JOBS)}")
-    trees = {"old": args.baseline.resolve(), "new": ROOT}
-    results: list[tuple[str, str, Run]] = []
-    with tempfile.TemporaryDirectory(prefix="calm-heavy-work-") as tmp:
-        turn = 0
-        for _ in range(args.rounds):
-            for job in jobs:
-                order = ["old", "new"] if turn % 2 == 0 else ["new", "old"]
-                turn += 1
-                for name in order:
-                    run = run_job(job, trees[name], args.records, Path(tmp))
-                    results.append((job, name, run))
-                    load = f"load {run.load[0]:.1f}-{run.load[1]:.1f}"
-                    print(f"{job:12} {name}: idle {cells(run.idle)} | busy {cells(run.busy)} | after "
-                          f"{cells(run.after)} | {run.seconds:5.1f} s, {load}"
-                          f"{'; ' + run.note if run.note else ''}", flush=True)  # fmt: skip
+    with release(args.baseline) as old, tempfile.TemporaryDirectory(prefix="calm-heavy-work-") as tmp:
+        trees = {"old": old, "new": ROOT}
+
+        def system(name: str) -> Callable[[str], tuple[str, Run]]:
+            def one(job: str) -> tuple[str, Run]:
+                run = run_job(job, trees[name], args.records, Path(tmp))
+                load = f"load {run.load[0]:.1f}-{run.load[1]:.1f}"
+                print(f"{job:12} {name}: idle {cells(run.idle)} | busy {cells(run.busy)} | after "
+                      f"{cells(run.after)} | {run.seconds:5.1f} s, {load}"
+                      f"{'; ' + run.note if run.note else ''}", flush=True)  # fmt: skip
+                return job, run
+
+            return one
+
+        # each job's two runs one after the other, who goes first reversed at every step
+        steps = [job for _ in range(args.rounds) for job in jobs]
+        ran = alternate({"old": system("old"), "new": system("new")}, steps)
+        results = [(job, name, run) for name, runs in ran.items() for job, run in runs]
     print(f"\nkeystroke ms (request -> done), p50 p90 max; {args.records:,} records; old = {trees['old']}")
     head = (f"{'job':12} {'tree':4} {'idle p50  p90   max':>18}   {'busy p50  p90   max':>18}   "
             f"{'after p50 p90  max':>18}   {'busy p90/idle':>13} {'goal':>5}  load")  # fmt: skip
@@ -359,4 +342,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

@@ -77,4 +77,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

@@ -25,19 +25,19 @@ memory: the page cache may hold them).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from calmd import paths
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import ROOT, Report, daemon, scratch
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
+from tests.daemon import daemon_env
 
-ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT.parent / "shared" / "data" / "histories" / "users"
 MIB = 1 << 20
 
@@ -99,10 +99,8 @@ def write_fish(path: Path, size: int, *, when: bool = False) -> int:
 
 
 def env_for(home: Path) -> dict[str, str]:
-    run = home / "run"
-    run.mkdir(mode=0o700, exist_ok=True)
-    return {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-            "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET), "PYTHONPATH": str(ROOT)}  # fmt: skip
+    """`calm`'s environment in `home`: the daemon's (tests/daemon.py), this tree on the path."""
+    return {**daemon_env(home), "PYTHONPATH": str(ROOT)}
 
 
 def peak_kib(pid: int) -> int:
@@ -115,20 +113,10 @@ def peak_kib(pid: int) -> int:
 def daemon_start(home: Path) -> tuple[float, float, int, dict[str, object]]:
     """(seconds to ready, seconds until the import is over, peak KiB, the status's import, with
     `slowest_ms`: the slowest of the completions asked every 0.2 s while it ran)."""
-    env = {**env_for(home), "XDG_DATA_HOME": str(home / ".local" / "share")}
-    argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--train-threshold", "0"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "calmd ready on" in line:
-                break
-        else:
-            raise SystemExit("calmd did not start")
-        ready = time.perf_counter() - t0
+    env = {"XDG_DATA_HOME": str(home / ".local" / "share")}
+    with daemon(home=home, args=("--train-threshold", "0"), env=env) as d:
         slowest = 0.0
-        with CalmClient(Path(env["CALMD_SOCKET"]), timeout=120) as client:
+        with CalmClient(d.socket, timeout=120) as client:
             while True:
                 status = client.status()["status"]
                 if not status["history"]["import"]["running"]:
@@ -136,15 +124,12 @@ def daemon_start(home: Path) -> tuple[float, float, int, dict[str, object]]:
                 asked = time.perf_counter()
                 list(client.complete("git st", n=3, session="bench"))  # a keystroke meanwhile
                 slowest = max(slowest, time.perf_counter() - asked)
-                time.sleep(0.2)
-            done = time.perf_counter() - t0
-            peak = peak_kib(proc.pid)
+                time.sleep(0.2)  # the pace of what is measured: a keystroke every 0.2 s
+            done = time.monotonic() - d.started_at
+            peak = peak_kib(d.proc.pid)
             imported = {**status["history"]["import"], "commands": status["history"]["commands"],
                         "slowest_ms": round(slowest * 1e3)}  # fmt: skip
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return ready, done, peak, imported
+    return d.start_s, done, peak, imported
 
 
 def calm_import(home: Path, path: Path, *extra: str) -> tuple[float, int, str]:
@@ -184,14 +169,13 @@ def main() -> None:
     parser.add_argument("--fish-big-mib", type=int, default=64, help="a bigger fish history (64 MiB)")
     parser.add_argument("--only", choices=["bash", "fish"], help="one part of the bench")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="calm-import-bench-"))
-    try:
+    report = Report("importing history files: memory and time")
+    with scratch("calm-import-bench-") as work:
         if args.only != "fish":
             bash_part(args, work)
         if args.only != "bash":
             fish_part(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    report.machine()
 
 
 def fish_part(args: argparse.Namespace, work: Path) -> None:

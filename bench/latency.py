@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Report, daemon, pct, rss_mb, scratch
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.daemon.comp_state import SessionComp
@@ -48,11 +49,6 @@ COMMANDS = [
     "git log --oneline", "htop", "pip install -e .", "cargo build --release", "du -sh *",
 ]  # fmt: skip
 HISTORY = ["cd ~/project", "git pull", "make", "ls", "git status"]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def long_history() -> list[dict[str, Any]]:
@@ -149,99 +145,65 @@ def start_training_load(home: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], sock: Path, timeout: float = 60.0) -> None:
-    """Until the daemon `proc` answers `status` on `sock`; exits the bench if it dies or times out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with CalmClient(sock, timeout=1) as c:
-                c.status()
-            return
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("calmd did not start") from None
-            time.sleep(0.01)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 PROG = "bench/latency.py"
 
 
-def main() -> None:
+def main() -> dict[str, Any]:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--commands", type=int, default=len(COMMANDS))
     parser.add_argument("--while-training", action="store_true", help="type while a niced training run works")
     args = parser.parse_args()
     commands = COMMANDS[: args.commands]
-    home = Path(tempfile.mkdtemp(prefix="calmd-bench-"))
-    run = home / "run"
-    run.mkdir(mode=0o700)
-    (home / "data").mkdir()
-    shutil.copy(args.model, home / "data" / paths.WEIGHTS)
-    sock = run / paths.APP / paths.SOCKET
-    env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-           "CALMD_SOCKET": str(sock)}  # fmt: skip
-    calmd = Path(sys.executable).parent / "calmd"
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([str(calmd), "serve", "--no-import"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)  # fmt: skip
-    trainer = start_training_load(home) if args.while_training else None
-    try:
-        wait_ready(proc, sock)
-        cold = time.perf_counter() - t0
-        with CalmClient(sock, timeout=30) as c:
-            for h in HISTORY:
-                c.record(h, exit=0, cwd="/home/user/project", session="bench")
-            type_commands(c, commands[:2], None, "warm-up")
-            short_first, short_done = type_commands(c, commands, None, "bench")
-            long_first, long_done = type_commands(c, commands, long_history(), "bench-long")
-            cwd_first, cwd_done = type_commands(c, commands, None, "bench", cwd=LONG_CWD)
-            comp_first, comp_done = type_commands(c, commands, None, "bench-comp", cwd=str(real_cwd(home)))
-            early: list[float] = []
-            early_first, early_done = type_commands(c, commands, None, "bench", early=early)
-            rss = rss_mb(proc.pid)
-            remote, local = interleaved(c, args.model, home / "data" / paths.HISTORY, commands)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if trainer is not None:
-            trainer.kill()
-            trainer.wait()
-        shutil.rmtree(home, ignore_errors=True)
-
-    ms = 1000.0
-    size_mb = args.model.stat().st_size / 1e6
     load = ", while a niced training run works" if args.while_training else ""
-    print(f"model {args.model} ({size_mb:.1f} MB), {len(short_done)} keystrokes per case{load}\n")
-    print(f"{'context':<22}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
-    for name, first, done in (("5 history frames", short_first, short_done),
-                              ("near l_max: long cwd", cwd_first, cwd_done),
-                              ("5 frames, COMP (real)", comp_first, comp_done),
-                              ("near l_max: 15 long", long_first, long_done),
-                              ("5 frames, early: true", early_first, early_done)):  # fmt: skip
-        print(f"{name:<22}{pct(first, .5) * ms:>10.1f}{pct(first, .99) * ms:>10.1f}"
-              f"{pct(done, .5) * ms:>10.1f}{pct(done, .99) * ms:>10.1f}")  # fmt: skip
+    report = Report(f"keystrokes through the daemon's socket{load}")
+    with scratch() as home, daemon(weights=args.model, home=home) as d:
+        trainer = start_training_load(home) if args.while_training else None
+        try:
+            with CalmClient(d.socket, timeout=60) as c:
+                real = str(real_cwd(home))
+                for h in HISTORY:
+                    c.record(h, exit=0, cwd="/home/user/project", session="bench")
+                type_commands(c, commands[:2], None, "warm-up")
+                cases = {
+                    "5 history frames": type_commands(c, commands, None, "bench"),
+                    "near l_max: long cwd": type_commands(c, commands, None, "bench", cwd=LONG_CWD),
+                    "5 frames, COMP (real)": type_commands(c, commands, None, "bench-comp", cwd=real),
+                    "near l_max: 15 long": type_commands(c, commands, long_history(), "bench-long"),
+                }
+                early: list[float] = []
+                cases["5 frames, early: true"] = type_commands(c, commands, None, "bench", early=early)
+                rss = rss_mb(d.proc.pid)
+                remote, local = interleaved(c, args.model, home / "data" / paths.HISTORY, commands)
+        finally:
+            if trainer is not None:
+                trainer.kill()
+                trainer.wait()
+    size_mb = args.model.stat().st_size / 1e6
+    n = len(cases["5 history frames"][1])
+    report.line(f"model {args.model} ({size_mb:.1f} MB), {n} keystrokes per case")
+    quantiles = {"stats": ("p50", "p99"), "scale": 1e3, "ratios": False}
+    first = report.table("request -> first", {k: v[0] for k, v in cases.items()}, **quantiles)  # type: ignore[arg-type]
+    done = report.table("request -> done", {k: v[1] for k, v in cases.items()}, **quantiles)  # type: ignore[arg-type]
     if early:
-        print(f"early proposal (5 frames, {len(early)} of {len(early_done)} keystrokes had one): "
-              f"p50 {pct(early, .5) * ms:.1f} ms, p99 {pct(early, .99) * ms:.1f} ms "
-              "after the request")  # fmt: skip
-    ratio = statistics.median(cwd_done) / statistics.median(short_done)
-    ratio_hist = statistics.median(long_done) / statistics.median(short_done)
+        p50, p99 = pct(early, 0.5) * 1e3, pct(early, 0.99) * 1e3
+        report.line(f"early proposal (5 frames, {len(early)} of {n} keystrokes had one): p50 {p50:.1f} ms, "
+                    f"p99 {p99:.1f} ms after the request")  # fmt: skip
+    short = statistics.median(cases["5 history frames"][1])
+    ratio = statistics.median(cases["near l_max: long cwd"][1]) / short
+    ratio_hist = statistics.median(cases["near l_max: 15 long"][1]) / short
     overhead = statistics.median(remote) / statistics.median(local) - 1
-    print(f"\nnear-l_max (same 5 history frames, a ~660-byte cwd) / short, median done: {ratio:.2f}x "
-          f"(goal <= 1.2x)\nnear-l_max (15 long history frames) / short: {ratio_hist:.2f}x (the model "
-          "predicts longer commands after long ones: more beam steps, not a costlier context)")  # fmt: skip
-    socket_ms, local_ms = statistics.median(remote) * ms, statistics.median(local) * ms
-    print(f"daemon overhead over the in-process engine, interleaved, medians: {overhead * 100:+.1f}% "
-          f"({socket_ms:.2f} vs {local_ms:.2f} ms; goal <= 10%)")  # fmt: skip
-    print(f"cold start to ready: {cold:.2f} s (goal <= 2 s); resident memory: {rss:.0f} MB (goal <= 300 MB)")
+    report.line(f"\nnear-l_max (same 5 history frames, a ~660-byte cwd) / short, median done: {ratio:.2f}x "
+                f"(goal <= 1.2x)\nnear-l_max (15 long history frames) / short: {ratio_hist:.2f}x (the model "
+                "predicts longer commands after long ones: more beam steps, not a costlier "
+                "context)")  # fmt: skip
+    socket_ms, local_ms = statistics.median(remote) * 1e3, statistics.median(local) * 1e3
+    report.line(f"daemon overhead over the in-process engine, interleaved, medians: {overhead * 100:+.1f}% "
+                f"({socket_ms:.2f} vs {local_ms:.2f} ms; goal <= 10%)")  # fmt: skip
+    report.line(f"cold start to ready: {d.start_s:.2f} s (goal <= 2 s); resident memory: {rss:.0f} MB "
+                "(goal <= 300 MB)")  # fmt: skip
+    report.machine()
+    return {"first": first, "done": done, "overhead": overhead, "cold_start_s": d.start_s, "rss_mb": rss}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ one with the packaged ghost rule, whose young rules weigh a head by the model's 
 its words (calmd/suggest/next_words.py: a prefill of the drawn line's next bytes), and one with
 the rule file given (an older rule that asks the model nothing). bench/latency.py's commands are
 typed one character at a time in a git repository (git lines are drawable there), each command
-in a session of its own, every keystroke asked of one engine and then the other, alternating
-which goes first, so both see the same machine state. Prints p50 / p90 / p99 of each, and how
+in a session of its own, every keystroke asked of both engines, the order reversed at every step
+(bench/harness.py `alternate`), so both see the same machine state. Prints p50 / p90 / p99 of each, and how
 many keystrokes ran a next-word prefill (the rest asked nothing, or typed along a line scored
 already). bench/ab_latency.py measures the same through the socket against another checkout.
 """
@@ -17,23 +17,20 @@ already). bench/ab_latency.py measures the same through the socket against anoth
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latency import COMMANDS, HISTORY, pct  # noqa: E402
-
-from calmd import paths  # noqa: E402
-from calmd.arguments import Parser, run_tool  # noqa: E402
-from calmd.atomic import parse_json  # noqa: E402
+from bench.harness import Report, alternate, timed
+from bench.latency import COMMANDS, HISTORY
+from calmd import paths
+from calmd.arguments import Parser, run_tool
+from calmd.atomic import parse_json
 
 PROG = "bench/next_words_cost.py"
 PROJECT_FILES = ("README.md", "Makefile", "src/main.py", "tests/test_main.py")
@@ -63,39 +60,35 @@ def main() -> None:
     source = args.baseline_rule
     old = GhostRule.from_json(parse_json(source.read_bytes(), source), str(source))
     torch.set_num_threads(1)  # as the daemon
+    report = Report("a new user's keystroke: the packaged ghost rule against an older one, in process")
+    history = [{"cmd": cmd, "exit": 0} for cmd in HISTORY]
     with tempfile.TemporaryDirectory(prefix="calm-next-words-") as tmp:
         root = Path(tmp)
         folder = project(root)
-        engines = {
-            "packaged": ModelEngine(paths.packaged_weights()),
-            "baseline": ModelEngine(paths.packaged_weights(), ghost=old),
-        }
+        engines = {"packaged": ModelEngine(paths.packaged_weights()),
+                   "baseline": ModelEngine(paths.packaged_weights(), ghost=old)}  # fmt: skip
         stores = {name: HistoryStore(root / f"{name}.sqlite3") for name in engines}
         for name, engine in engines.items():
             engine.attach_history(stores[name])
-        times: dict[str, list[float]] = {name: [] for name in engines}
-        history = [{"cmd": cmd, "exit": 0} for cmd in HISTORY]
-        for r in range(args.rounds):
-            for c, cmd in enumerate(COMMANDS):
-                for i in range(len(cmd) + 1):
-                    order = list(engines) if (r + c + i) % 2 == 0 else list(reversed(engines))
-                    for name in order:
-                        ctx = {"input": cmd[:i], "cwd": str(folder), "git": "main", "history": history}
-                        start = time.perf_counter()
-                        for _ in engines[name].complete(ctx, 5, f"s{r}-{c}", threading.Event()):
-                            pass
-                        times[name].append(time.perf_counter() - start)
+
+        def keystroke(engine: ModelEngine) -> Callable[[tuple[str, str]], float]:
+            def run(step: tuple[str, str]) -> float:
+                session, typed = step
+                ctx = {"input": typed, "cwd": str(folder), "git": "main", "history": history}
+                return timed(lambda: list(engine.complete(ctx, 5, session, threading.Event())))
+
+            return run
+
+        steps = [(f"s{r}-{c}", cmd[:i]) for r in range(args.rounds) for c, cmd in enumerate(COMMANDS)
+                 for i in range(len(cmd) + 1)]  # fmt: skip
+        found = alternate({name: keystroke(engine) for name, engine in engines.items()}, steps)
+        times: dict[str, Sequence[float]] = {name: [float(t) for t in ts] for name, ts in found.items()}
         for store in stores.values():
             store.close()
-    n = len(times["packaged"])
-    print(f"{n} keystrokes per engine, alternated; load average {os.getloadavg()[0]:.2f}; ms\n")
-    print(f"{'':<10}{'p50':>8}{'p90':>8}{'p99':>8}")
-    for name, values in times.items():
-        print(f"{name:<10}{statistics.median(values) * 1e3:>8.2f}{pct(values, 0.9) * 1e3:>8.2f}"
-              f"{pct(values, 0.99) * 1e3:>8.2f}")  # fmt: skip
-    prefills = engines["packaged"].next_words.prefills
-    print(f"\nnext-word prefills: {prefills} of {n} keystrokes (packaged), "
-          f"{engines['baseline'].next_words.prefills} (baseline)")  # fmt: skip
+    report.table("complete()", times, stats=("p50", "p90", "p99"), scale=1e3)
+    report.line(f"next-word prefills: {engines['packaged'].next_words.prefills} of {len(steps)} keystrokes "
+                f"(packaged), {engines['baseline'].next_words.prefills} (baseline)")  # fmt: skip
+    report.machine()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from calmd.arguments import Parser, run_tool
 
@@ -64,4 +65,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

@@ -18,21 +18,19 @@ prefetch is still running and the request waits for it, when its context is the 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latency import pct  # noqa: E402
-from typing_through import daemon  # noqa: E402
-
-from calmd import paths  # noqa: E402
-from calmd.arguments import Parser, run_tool  # noqa: E402
-from calmd.shell.client import CalmClient  # noqa: E402
-from calmd.training.corpus import read_history  # noqa: E402
+from bench.harness import Report, alternate, daemon
+from calmd import paths
+from calmd.arguments import Parser, run_tool
+from calmd.shell.client import CalmClient
+from calmd.training.corpus import read_history
 
 DEFAULT_USER = Path("/work/shared/data/histories/users")
 CWD = "/home/user/project"
@@ -58,7 +56,7 @@ def default_user() -> Path:
 PROG = "bench/prefetch.py"
 
 
-def main() -> None:
+def main() -> dict[str, object]:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--user", type=Path, help="a history file (default: a held-out public one)")
@@ -69,40 +67,47 @@ def main() -> None:
     lines = read_history(user)
     past, replayed = lines[:300], lines[300 : 300 + args.lines]
     cases = ("empty prompt", "first character", "first character alone")
-    got: dict[str, dict[str, tuple[list[float], list[float]]]] = {
-        name: {case: ([], []) for case in cases} for name in ("prefetch", "none")
-    }
-    with (
-        daemon(args.model) as sock_on, daemon(args.model, extra=("--no-prefetch",)) as sock_off,
-        CalmClient(sock_on, timeout=30) as on, CalmClient(sock_off, timeout=30) as off,
-    ):  # fmt: skip
-        for c in (on, off):
+    report = Report("the first request after a command, prepared at `record` or not")
+    with contextlib.ExitStack() as stack:
+        variants = {"prepared at record": (), "--no-prefetch (before)": ("--no-prefetch",)}
+        clients = {}
+        for name, extra in variants.items():
+            d = stack.enter_context(daemon(weights=args.model, args=("--no-import", *extra)))
+            clients[name] = stack.enter_context(CalmClient(d.socket, timeout=60))
+        for c in clients.values():
             for cmd in past:
                 c.record(cmd, exit=0, cwd=CWD, git="main", session="bench")
             first_and_done(c, "")  # the session's context (cwd, git) is known from here on
-        for i, cmd in enumerate(replayed):
-            # zsh asks for the empty prompt at once; with CALM_PREDICT=0, or bash, the first key asks
-            asked = list(zip(cases[:2], ("", cmd[:1]), strict=True)) if i % 2 == 0 else [(cases[2], cmd[:1])]
-            for name, c in (("prefetch", on), ("none", off)):
+
+        def replay(c: CalmClient) -> Callable[[tuple[int, str]], dict[str, tuple[float, float]]]:
+            def line(at: tuple[int, str]) -> dict[str, tuple[float, float]]:
+                i, cmd = at
+                # zsh asks for the empty prompt at once; with CALM_PREDICT=0, or bash, the first key asks
+                asked = (
+                    list(zip(cases[:2], ("", cmd[:1]), strict=True)) if i % 2 == 0 else [(cases[2], cmd[:1])]
+                )
                 c.record(cmd, exit=0, cwd=CWD, git="main", session="bench")
-                time.sleep(args.think)
-                for case, text in asked:
-                    first, done = first_and_done(c, text)
-                    got[name][case][0].append(first)
-                    got[name][case][1].append(done)
-        stats = on.status()["status"]
-    load = os.getloadavg()
-    print(f"model {args.model}; history {user.name}: 300 lines, then {len(replayed)} replayed; "
-          f"think {args.think:g} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
-    print(f"prefetch: {stats['prefetch']}; answers: {stats['model']['answers']}\n")
-    print(f"{'ms':<36}{'first p50':>10}{'first p99':>10}{'done p50':>10}{'done p99':>10}")
+                time.sleep(args.think)  # the prompt coming back, the user reading it: what is measured
+                return {case: first_and_done(c, text) for case, text in asked}
+
+            return line
+
+        got = alternate({name: replay(c) for name, c in clients.items()}, list(enumerate(replayed)))
+        stats = clients["prepared at record"].status()["status"]
+    report.line(f"model {args.model}; history {user.name}: 300 lines, then {len(replayed)} replayed; "
+                f"think {args.think:g} s")  # fmt: skip
+    report.line(f"prefetch: {stats['prefetch']}; answers: {stats['model']['answers']}")
+    figures = {}
     for case in cases:
-        for name, label in (("prefetch", "prepared at record"), ("none", "--no-prefetch (before)")):
-            first, done = got[name][case]
-            print(f"{case + ', ' + label:<36}{pct(first, .5):>10.2f}{pct(first, .99):>10.2f}"
-                  f"{pct(done, .5):>10.2f}{pct(done, .99):>10.2f}")  # fmt: skip
-        ratio = pct(got["prefetch"][case][0], 0.5) / pct(got["none"][case][0], 0.5)
-        print(f"{case}: first-candidate p50 ratio {ratio:.2f}x")
+        for k, what in ((0, "first candidate"), (1, "done")):
+            samples = {
+                name: [keys[case][k] for keys in values if case in keys] for name, values in got.items()
+            }
+            figures[f"{case}, {what}"] = report.table(
+                f"{case}, request -> {what}", samples, stats=("p50", "p99")
+            )
+    report.machine()
+    return figures
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from the newest part, typed to k = 0, 1, 2, 4, 8 characters.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -79,4 +80,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# ab_latency compares two checkouts (--baseline PATH): run it by hand; gpu is the GPU run's driver
-# (bench/gpu.sh), not a benchmark.
-BENCHMARKS = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("run_all", "ab_latency", "gpu"))
+# ab_latency and heavy_jobs compare two checkouts (--baseline PATH): run them by hand; gpu is the GPU
+# run's driver (bench/gpu.sh) and harness what the benches share, not benchmarks.
+BY_HAND = ("run_all", "ab_latency", "heavy_jobs", "gpu", "harness")
+BENCHMARKS = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in BY_HAND)
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -17,20 +17,23 @@ from __future__ import annotations
 import os
 import pty
 import select
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.history import query
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.suggest.search import Context, SearchIndex
+from tests.daemon import daemon_env
+from tests.waiting import wait_until
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 MODES = ("global", "folder")
@@ -69,16 +72,6 @@ def typed(lines: list[str]) -> list[str]:
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def row(name: str, ms: list[float]) -> str:
-    return (f"{name:<34}{len(ms):>7}{statistics.median(ms):>9.2f}{pct(ms, 0.9):>9.2f}{pct(ms, 0.99):>9.2f}"
-            f"{max(ms):>9.2f}")  # fmt: skip
-
-
 def in_process(db: Path, queries: list[str], context: tuple[str, ...]) -> list[tuple[str, list[float]]]:
     conn = query.open_read_only(db)
     started = time.perf_counter()
@@ -102,47 +95,25 @@ def in_process(db: Path, queries: list[str], context: tuple[str, ...]) -> list[t
     return out
 
 
-def daemon(
+def through_the_socket(
     home: Path, queries: list[str], runs: int
 ) -> tuple[list[tuple[str, list[float]]], list[float], list[float]]:
-    run = home / "run"
-    run.mkdir(mode=0o700)
-    sock = run / paths.APP / paths.SOCKET
-    env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-           "CALMD_SOCKET": str(sock)}  # fmt: skip
-    log = open(home / "calmd.log", "wb")  # noqa: SIM115 - closed with the daemon
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "calmd"), "serve", "--no-import"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with CalmClient(sock, timeout=2) as c:
-                    if c.status()["status"]["search"]["ready"]:
-                        break
-            except Exception:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (home / "calmd.log").read_text(errors="replace")[-2000:]
-                raise SystemExit(f"calmd did not start, or its search did not get ready:\n{tail}")
-            time.sleep(0.05)
+    """The daemon's `search` op on the store in `home`, and `calm search`'s first frame."""
+    with harness.daemon(home=home) as d, CalmClient(d.socket, timeout=60) as c:
+        # the search index is built in the background after `ready`: measured once it is
+        wait_until(lambda: c.status()["status"]["search"]["ready"], "the daemon's search index")
         out = []
-        with CalmClient(sock, timeout=30) as c:
-            for mode in MODES:
-                ms, inside = [], []
-                for q in queries:
-                    t = time.perf_counter()
-                    reply = c.search(q, mode=mode, n=30, session="s1", cwd="/home/user/p3")
-                    ms.append((time.perf_counter() - t) * 1e3)
-                    inside.append(float(reply["ms"]))
-                out.append((f"through the socket, {mode}", ms))
-                out.append(("  of which in the daemon's search", inside))
-        ui, bare = starts(env, sock, runs)
+        for mode in MODES:
+            ms, inside = [], []
+            for q in queries:
+                t = time.perf_counter()
+                reply = c.search(q, mode=mode, n=30, session="s1", cwd="/home/user/p3")
+                ms.append((time.perf_counter() - t) * 1e3)
+                inside.append(float(reply["ms"]))
+            out.append((f"through the socket, {mode}", ms))
+            out.append((f"  of which in the daemon's search, {mode}", inside))
+        ui, bare = starts(daemon_env(home), d.socket, runs)
         return out, ui, bare
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        log.close()
 
 
 def starts(env: dict[str, str], sock: Path, runs: int) -> tuple[list[float], list[float]]:
@@ -190,7 +161,7 @@ def first_frame(argv: list[str], env: dict[str, str]) -> float:
 PROG = "bench/search_latency.py"
 
 
-def main() -> None:
+def main() -> dict[str, object]:
     parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--commands", type=int, default=100_000, help="commands in the history")
     parser.add_argument("--lines", type=int, default=40, help="lines searched for, typed key by key")
@@ -199,28 +170,24 @@ def main() -> None:
     commands = history(args.commands)
     lines = commands[-args.lines * 50 :: 50][: args.lines]
     queries = typed(lines)
-    home = Path(tempfile.mkdtemp(prefix="calm-search-bench-"))
-    try:
+    report = harness.Report("the history search, per keystroke")
+    with harness.scratch("calm-search-bench-") as home:
         (home / "data").mkdir(mode=0o700)
         db = home / "data" / paths.HISTORY
         fill(db, commands)
-        print(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed); load "
-              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        report.line(f"{len(commands):,} commands, {len(queries)} keystrokes ({len(lines)} lines typed)")
         results = in_process(db, queries, tuple(commands[-5:]))
-        remote, ui, bare = daemon(home, queries, args.starts)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    print(f"\n{'per keystroke (ms)':<34}{'n':>7}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
-    for name, ms in results + remote:
-        print(row(name, ms))
+        remote, ui, bare = through_the_socket(home, queries, args.starts)
+    figures = report.table("per keystroke", dict(results + remote), stats=("p50", "p90", "p99", "max"),
+                           ratios=False)  # fmt: skip
     first, python = statistics.median(ui), statistics.median(bare)
-    print(
-        f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
-        f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})"
-    )
-    worst = max(pct(ms, 0.9) for name, ms in remote if name.startswith("through"))
+    report.line(f"\nCtrl-R to the first frame (ms), median of {len(ui)}: calm search {first:.0f}, "
+                f"a bare `python -c pass` {python:.0f} (ratio {first / python:.1f})")  # fmt: skip
+    worst = max(harness.pct(ms, 0.9) for name, ms in remote if name.startswith("through"))
     verdict = "met" if worst <= 20 else "NOT met"
-    print(f"budget: 20 ms per keystroke; through the socket p90 {worst:.1f} ms: {verdict}")
+    report.line(f"budget: 20 ms per keystroke; through the socket p90 {worst:.1f} ms: {verdict}")
+    report.machine()
+    return {"per keystroke": figures, "first frame ms": first}
 
 
 if __name__ == "__main__":

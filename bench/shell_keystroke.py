@@ -45,10 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
-from tests.daemon import daemon_env, running_daemon, write_test_weights  # noqa: E402
+from tests.daemon import running_daemon  # noqa: E402
 from tests.tmux import PROMPT, autosuggestions, init_script, shell_env  # noqa: E402
 
 COMMANDS = [
@@ -258,35 +257,22 @@ def fmt(values: list[float], q: float) -> str:
 @contextlib.contextmanager
 def baseline_daemon(tree: Path | None, home: Path, model: bool) -> Iterator[Path | None]:
     """`calmd serve` of another checkout (`tree`), the packaged model (or, without --engine model,
-    the tests' scripted engine of that checkout) in a HOME of its own; its socket."""
+    the tests' scripted engine of that checkout) in a HOME of its own, started and stopped by the
+    tests' starter (tests/daemon.py, as bench/harness.py's daemons); its socket."""
     if tree is None:
         yield None
         return
     home.mkdir()
-    env = daemon_env(home)
-    env["PYTHONPATH"] = str(tree.resolve())
-    scripted = "import sys; from tests.serve_scripted import main; raise SystemExit(main())"
-    serve = "from calmd.cli import calmd_main; raise SystemExit(calmd_main())" if model else scripted
-    argv = [sys.executable, "-c", serve, "serve", "--no-import", "--train-threshold", "0"]
-    if not model:
-        write_test_weights(home / "data" / paths.WEIGHTS)
-    proc = subprocess.Popen(argv, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    socket = Path(env["CALMD_SOCKET"])
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with CalmClient(socket, timeout=30) as client:
-                    client.status()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"calmd from {tree} did not start") from None
-                time.sleep(0.05)
-        yield socket
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    scripted = (
+        sys.executable,
+        "-c",
+        "from tests.serve_scripted import main; raise SystemExit(main())",
+        "serve",
+    )
+    with running_daemon(home, engine="model", tree=tree.resolve(), weights=not model,
+                        command=None if model else scripted,
+                        args=("--no-import", "--train-threshold", "0")) as other:  # fmt: skip
+        yield other.socket
 
 
 def daemon_figures(socket: Path) -> str:
@@ -399,4 +385,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

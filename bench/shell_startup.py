@@ -162,4 +162,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

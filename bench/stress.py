@@ -29,11 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
-import shutil
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -43,9 +40,13 @@ from typing import Any
 
 import msgpack
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Report, daemon
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
+from tests.daemon import Daemon
 
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 MIB = 1 << 20
@@ -329,7 +330,7 @@ def huge_requests(sock_path: Path) -> list[str]:
     return codes
 
 
-def never_reads(sock_path: Path, requests: int, log_path: Path) -> tuple[int, int, list[str]]:
+def never_reads(sock_path: Path, requests: int, log: Daemon) -> tuple[int, int, list[str]]:
     """Pipeline `requests` status requests without reading; returns (requests the daemon let in,
     replies read afterwards, the final error's message)."""
     one = pack({"op": "status", "id": 1})
@@ -348,11 +349,7 @@ def never_reads(sock_path: Path, requests: int, log_path: Path) -> tuple[int, in
     sock.settimeout(60)
     # The daemon closes it 10 s (its reply timeout) after it stopped reading, and drops what is
     # still unsent 2 s later: read once its log says so, to see the replies and the error.
-    deadline = time.monotonic() + 120
-    while "left unread" not in log_path.read_text():
-        if time.monotonic() > deadline:
-            raise SystemExit("the daemon did not close a client that read nothing")
-        time.sleep(0.05)
+    log.wait_for("left unread")
     messages = read_until_closed(sock)
     sock.close()
     errors = [m["error"]["message"] for m in messages if "error" in m]
@@ -489,31 +486,10 @@ def main() -> None:
     parser.add_argument("--flood-only", action="store_true", help="only phase 5 (about a minute)")
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="calmd-stress-"))
-    run = home / "run"
-    run.mkdir(mode=0o700)
-    (home / "data").mkdir()
-    shutil.copy(args.model, home / "data" / paths.WEIGHTS)
-    sock_path = run / paths.APP / paths.SOCKET
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CALM_HOME": str(home / "data"),
-           "XDG_RUNTIME_DIR": str(run), "CALMD_SOCKET": str(sock_path)}  # fmt: skip
-    calmd = Path(sys.executable).parent / "calmd"
-    log_path = home / "calmd.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(calmd), "serve", "--no-import", "--train-threshold", "0"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    report = Report("calmd under hostile and careless clients, over the real socket")
     t_start = time.perf_counter()
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with CalmClient(sock_path, timeout=5) as c:
-                    c.status()
-                break
-            except (OSError, ConnectionError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"calmd did not start:\n{log_path.read_text()}") from None
-                time.sleep(0.05)
+    with daemon(weights=args.model, args=("--no-import", "--train-threshold", "0")) as d:
+        proc, sock_path = d.proc, d.socket
         with CalmClient(sock_path) as c:  # warm the history index and the model's caches
             for cmd in COMMANDS:
                 c.record(cmd, exit=0, cwd="/home/u/project", session="bench")
@@ -538,7 +514,7 @@ def main() -> None:
             sampler.end()
 
             sampler.begin("no-reader")
-            let_in, read_back, unread_errors = never_reads(sock_path, args.unread, log_path)
+            let_in, read_back, unread_errors = never_reads(sock_path, args.unread, d)
             sampler.end()
 
             sampler.begin("many")
@@ -567,11 +543,7 @@ def main() -> None:
         alive = proc.poll() is None
         with CalmClient(sock_path) as c:
             status = c.status()["status"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    log_text = log_path.read_text()
-    shutil.rmtree(home, ignore_errors=True)
+    log_text = d.read_output()
     total = time.perf_counter() - t_start
 
     print(f"model {args.model.name}; {total:.0f} s in all; daemon alive at the end: {alive}; "
@@ -609,6 +581,7 @@ def main() -> None:
         print(f"   {name:<10}{p.seconds:>8.1f}{p.rss_peak:>13.0f}{p.rss_end:>12.0f}{p.fds_peak:>10}"
               f"{p.fds_end:>9}")  # fmt: skip
     print(f"\ndaemon status at the end: {status['requests']} requests, {status['errors']} errors")
+    report.machine()
 
 
 if __name__ == "__main__":

@@ -81,35 +81,23 @@ def step(data: Path) -> None:
 
 
 def daemon_import(data: Path, records: int) -> dict[str, float]:
-    """`calmd serve` on `data` (set up to receive from the folder): seconds until it holds all
-    `records`, and the completions asked every 0.2 s meanwhile and 20 asked after (ms)."""
+    """`calmd serve` on `data` (HOME/data, set up to receive from the folder): seconds until it
+    holds all `records`, and the completions asked every 0.2 s meanwhile and 20 asked after (ms)."""
+    from bench.harness import daemon
     from calmd.shell.client import CalmClient
-
-    run = data.parent / "run-three"
-    run.mkdir(mode=0o700)
-    env = {**os.environ, "HOME": str(data.parent), "CALM_HOME": str(data), "XDG_RUNTIME_DIR": str(run),
-           "CALMD_SOCKET": str(run / paths.APP / paths.SOCKET), "PYTHONPATH": str(ROOT)}  # fmt: skip
-    argv = [str(Path(sys.executable).parent / "calmd"), "serve", "--train-threshold", "0", "--no-import"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def keystroke(client: CalmClient) -> float:
         asked = time.perf_counter()
         list(client.complete("git st", n=3, session="bench"))
         return (time.perf_counter() - asked) * 1e3
 
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "calmd ready on" in line:
-                break
-        else:
-            raise SystemExit("calmd did not start")
+    with daemon(home=data.parent, args=("--train-threshold", "0", "--no-import")) as d:
         t0 = time.perf_counter()
         during: list[float] = []
-        with CalmClient(Path(env["CALMD_SOCKET"]), timeout=120) as client:
+        with CalmClient(d.socket, timeout=120) as client:
             while client.status()["status"]["history"]["commands"] < records:
                 during.append(keystroke(client))
-                time.sleep(0.2)
+                time.sleep(0.2)  # the pace of what is measured: a keystroke every 0.2 s
                 if time.perf_counter() - t0 > 600:
                     raise SystemExit("the daemon did not import the records in 10 minutes")
             seconds = time.perf_counter() - t0
@@ -117,9 +105,6 @@ def daemon_import(data: Path, records: int) -> dict[str, float]:
             for _ in range(20):
                 after.append(keystroke(client))
                 time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return {"seconds": seconds, "asked": len(during), "slowest": max(during),
             "median": statistics.median(during), "after_slowest": max(after),
             "caught_up": statistics.median(after[-5:])}  # fmt: skip
@@ -127,6 +112,10 @@ def daemon_import(data: Path, records: int) -> dict[str, float]:
 
 def junk(n: int) -> None:
     """`calm sync now` (twice) and `calm sync` beside `n` junk files named like segments."""
+    sys.path.insert(0, str(ROOT))
+    from bench.harness import Report
+
+    report = Report(f"calm sync beside {n:,} junk files named like segments", unit="s")
     calm = str(Path(sys.executable).parent / "calm")
     with tempfile.TemporaryDirectory() as tmp:
         home, folder = Path(tmp) / "home", Path(tmp) / "folder"
@@ -146,9 +135,10 @@ def junk(n: int) -> None:
         for i in range(1, n + 1):
             (other / f"{i:08d}.calm").write_bytes(b"CALMSYN2" + os.urandom(60))
         first, again, status = run("sync", "now"), run("sync", "now"), run("sync")
-        print(f"{n:,} junk files: the first `calm sync now` {first[0]:.2f} s, {first[1]:,} lines; the next "
-              f"{again[0]:.2f} s, {again[1]:,} lines; `calm sync` {status[0]:.2f} s, {status[1]:,} lines; "
-              f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        report.line(f"{n:,} junk files: the first `calm sync now` {first[0]:.2f} s, {first[1]:,} lines; the "
+                    f"next {again[0]:.2f} s, {again[1]:,} lines; `calm sync` {status[0]:.2f} s, "
+                    f"{status[1]:,} lines")  # fmt: skip
+    report.machine()
 
 
 PROG = "bench/sync.py"
@@ -167,16 +157,17 @@ def main() -> int:
         junk(args.junk)
         return 0
     sys.path.insert(0, str(ROOT))
-    from calmd import paths
+    from bench.harness import Report
     from calmd.sync.config import SyncConfig, write_config
     from calmd.sync.seal import new_key, write_key
 
+    report = Report("sync of a large history: the export, the import, a daemon's import")
     with tempfile.TemporaryDirectory() as tmp:
         folder, one, two = Path(tmp) / "folder", Path(tmp) / "one", Path(tmp) / "two"
-        three = Path(tmp) / "three"
+        three = Path(tmp) / "three" / "data"  # a daemon's CALM_HOME, in its HOME
         key = new_key()
         for d in (folder, one, two, three):
-            d.mkdir(mode=0o700)
+            d.mkdir(mode=0o700, parents=True)
         for d in (one, two):
             write_config(paths.sync_config_path(d), SyncConfig(str(folder)))
             write_key(paths.sync_key_path(d), key)
@@ -214,8 +205,9 @@ def main() -> int:
         d = daemon_import(three, args.records)
         print(f"a daemon's sync imports them in {d['seconds']:.1f} s; the {d['asked']:.0f} completions asked "
               f"meanwhile: slowest {d['slowest']:.0f} ms, median {d['median']:.0f} ms; after it, while "
-              f"the index catches up: slowest {d['after_slowest']:.0f} ms, then {d['caught_up']:.0f} ms; "
-              f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+              f"the index catches up: slowest {d['after_slowest']:.0f} ms, then "
+              f"{d['caught_up']:.0f} ms")  # fmt: skip
+    report.machine()
     return 0
 
 

@@ -8,6 +8,7 @@ Goal (issue 2): >= 1 GB/s, and within 2x of the bare copy. Input: the public she
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,4 +78,7 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_tool(PROG, main))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import with_machine_line
+
+    raise SystemExit(run_tool(PROG, with_machine_line(main)))

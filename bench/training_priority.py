@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from calmd import paths
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Report, daemon, pct
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
 
@@ -40,11 +39,6 @@ COMMANDS = [
 ]  # fmt: skip
 TOOLS = ["git", "make", "docker", "kubectl", "python3", "grep", "cargo", "npm", "ssh", "vim", "ls", "cd"]
 VERBS = ["status", "build", "test", "run", "logs", "get pods", "push origin", "diff", "-la", "src/"]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def history_commands(n: int) -> list[str]:
@@ -118,7 +112,7 @@ def measure_training(c: CalmClient, commands: list[str], policy: str) -> tuple[l
 PROG = "bench/training_priority.py"
 
 
-def main() -> None:
+def main() -> dict[str, object]:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="idle / training alternations (default 3)")
     parser.add_argument("--commands", type=int, default=len(COMMANDS), help="commands typed per condition")
@@ -126,58 +120,33 @@ def main() -> None:
     args = parser.parse_args()
     commands = (COMMANDS * (1 + args.commands // len(COMMANDS)))[: args.commands]
 
-    home = Path(tempfile.mkdtemp(prefix="calmd-bench-priority-"))
-    run = home / "run"
-    run.mkdir(mode=0o700)
-    sock = run / paths.SOCKET
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CALM")}
-    env.update({"HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-                "CALMD_SOCKET": str(sock)})  # fmt: skip
-    calmd = Path(sys.executable).parent / "calmd"
     # a long run (it is stopped after each measurement): 20 epochs of the 600 commands
-    argv = [str(calmd), "serve", "--no-import", "--train-threshold", "0", "--train-arg=--epochs=20"]
-    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("calmd did not start")
-            time.sleep(0.05)
-        with CalmClient(sock, timeout=60) as c:
-            for cmd in history_commands(600):
-                c.record(cmd, exit=0, session="history", cwd="/home/user/project")
-            type_commands(c, commands[:2])  # warm: the first keystrokes of a daemon build its caches
-            policies = list(PRIORITIES)[1:] if args.compare else ["nice 19, SCHED_IDLE"]
-            results: dict[str, list[float]] = {name: [] for name in PRIORITIES}
-            cpu: dict[str, list[float]] = {name: [] for name in PRIORITIES}
-            loads = []
-            for _ in range(args.rounds):
-                loads.append(os.getloadavg()[0])
-                results["idle"] += type_commands(c, commands)
-                for policy in policies:
-                    done, used, wall = measure_training(c, commands, policy)
-                    results[policy] += done
-                    cpu[policy].append(used / wall)
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=30)
-        shutil.rmtree(home, ignore_errors=True)  # its history and weights
+    serve = ("--no-import", "--train-threshold", "0", "--train-arg=--epochs=20")
+    report = Report("a keystroke while the daemon's own training run works")
+    with daemon(args=serve) as d, CalmClient(d.socket, timeout=60) as c:
+        for cmd in history_commands(600):
+            c.record(cmd, exit=0, session="history", cwd="/home/user/project")
+        type_commands(c, commands[:2])  # warm: the first keystrokes of a daemon build its caches
+        policies = list(PRIORITIES)[1:] if args.compare else ["nice 19, SCHED_IDLE"]
+        results: dict[str, list[float]] = {name: [] for name in PRIORITIES}
+        cpu: dict[str, list[float]] = {name: [] for name in PRIORITIES}
+        for _ in range(args.rounds):
+            results["idle"] += type_commands(c, commands)
+            for policy in policies:
+                done, used, wall = measure_training(c, commands, policy)
+                results[policy] += done
+                cpu[policy].append(used / wall)
     idle = results["idle"]
-    print(f"{len(idle)} keystrokes per condition over {args.rounds} rounds; load average "
-          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores")  # fmt: skip
-    print(f"{'condition':<44} {'p50 ms':>7} {'p90 ms':>7} {'p50 ratio':>9} {'p90 ratio':>9}  trainer CPU")
-    print(f"{'idle (no training run)':<44} {pct(idle, 0.5):7.1f} {pct(idle, 0.9):7.1f} {1:9.3f} {1:9.3f}")
+    report.line(f"{len(idle)} keystrokes per condition over {args.rounds} rounds")
+    labels = {"idle": "idle (no training run)", **{name: f"while a run trains ({name})" for name in policies}}
+    figures = report.table("request -> done", {labels[name]: results[name] for name in labels})
     for name in policies:
-        done = results[name]
-        label = f"while a run trains ({name})"
-        share = f"{100 * sum(cpu[name]) / len(cpu[name]):.0f}% of a core"
-        p50, p90 = pct(done, 0.5), pct(done, 0.9)
-        ratios = f"{p50 / pct(idle, 0.5):9.3f} {p90 / pct(idle, 0.9):9.3f}"
-        print(f"{label:<44} {p50:7.1f} {p90:7.1f} {ratios}  {share}")
+        report.line(f"trainer CPU ({name}): {100 * sum(cpu[name]) / len(cpu[name]):.0f}% of a core")
     ratio = pct(results["nice 19, SCHED_IDLE"], 0.9) / pct(idle, 0.9)
-    print(
-        f"goal: p90 while training within 10% of idle: {'met' if ratio <= 1.10 else 'missed'} ({ratio:.3f}x)"
-    )
+    report.line(f"goal: p90 while training within 10% of idle: {'met' if ratio <= 1.10 else 'missed'} "
+                f"({ratio:.3f}x)")  # fmt: skip
+    report.machine()
+    return figures
 
 
 if __name__ == "__main__":

@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latency import COMMANDS, HISTORY, pct, wait_ready  # noqa: E402
-
-from calmd import paths  # noqa: E402
-from calmd.arguments import Parser, run_tool  # noqa: E402
-from calmd.shell.client import CalmClient  # noqa: E402
+from bench.harness import Report, alternate, daemon
+from bench.latency import COMMANDS, HISTORY
+from calmd import paths
+from calmd.arguments import Parser, run_tool
+from calmd.shell.client import CalmClient
 
 NEW_USER_LINE = "git commit -m wip"
 
@@ -57,27 +51,15 @@ def serve_searching() -> int:
     return cli.cmd_serve(args, engine_loader=search_engine)
 
 
-@contextlib.contextmanager
-def daemon(model: Path, searching: bool = False, extra: tuple[str, ...] = ()) -> Iterator[Path]:
-    """`calmd serve` in a scratch HOME (`searching`: with `search_engine`); yields its socket."""
-    home = Path(tempfile.mkdtemp(prefix="calmd-bench-"))
-    run = home / "run"
-    run.mkdir(mode=0o700)
-    (home / "data").mkdir()
-    shutil.copy(model, home / "data" / paths.WEIGHTS)
-    sock = run / paths.APP / paths.SOCKET
-    env = {**os.environ, "HOME": str(home), "CALM_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(run),
-           "CALMD_SOCKET": str(sock), "PYTHONPATH": str(HERE)}  # fmt: skip
-    calmd = [sys.executable, __file__] if searching else [str(Path(sys.executable).parent / "calmd")]
-    argv = [*calmd, "serve", "--no-import", *extra]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(proc, sock)
-        yield sock
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(home, ignore_errors=True)
+def served(model: Path, searching: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """`calmd serve` of `model` (bench/harness.py); `searching`: with `search_engine`."""
+    return daemon(weights=model, command=(sys.executable, __file__, "serve") if searching else None)
+
+
+def client(stack: contextlib.ExitStack, model: Path, searching: bool) -> CalmClient:
+    """A client of a daemon of `model` that lives as long as `stack`."""
+    d = stack.enter_context(served(model, searching))
+    return stack.enter_context(CalmClient(d.socket, timeout=60))
 
 
 def ask(c: CalmClient, text: str, session: str) -> tuple[list[str], float, float]:
@@ -95,68 +77,57 @@ def ask(c: CalmClient, text: str, session: str) -> tuple[list[str], float, float
 PROG = "bench/typing_through.py"
 
 
-def main() -> None:
+def main() -> dict[str, Any]:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=paths.packaged_weights())
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    with (
-        daemon(args.model) as sock_new, daemon(args.model, searching=True) as sock_old,
-        CalmClient(sock_new, timeout=30) as new, CalmClient(sock_old, timeout=30) as old,
-    ):  # fmt: skip
-        for c in (new, old):
+    report = Report("typing through a suggestion: continuing the previous answer, and a search at every key")
+    names = {"continuing the previous answer": False, "a search at every key (before)": True}
+    with contextlib.ExitStack() as stack:
+        clients = {name: client(stack, args.model, searching) for name, searching in names.items()}
+        for c in clients.values():
             for h in HISTORY:
                 c.record(h, exit=0, cwd="/home/user/project", session="bench")
-        through: dict[str, list[float]] = {"new": [], "old": []}
-        typed = 0
+        steps: list[str] = []
         for cmd in COMMANDS:
-            top, _, _ = ask(new, cmd[:1], "bench")
-            ask(old, cmd[:1], "bench")
-            if not top:
-                continue
-            line = top[0]
-            for i in range(2, len(line)):
-                for name, c in (("new", new), ("old", old)):
-                    _, _, ms = ask(c, line[:i], "bench")
-                    through[name].append(ms)
-                typed += 1
-        stats_through = new.status()["status"]["model"]["answers"]
-    with (
-        daemon(args.model) as sock_new, daemon(args.model, searching=True) as sock_old,
-        CalmClient(sock_new, timeout=30) as new, CalmClient(sock_old, timeout=30) as old,
-    ):  # fmt: skip
-        fresh: dict[str, list[float]] = {"new": [], "old": []}
-        fresh_daemon: dict[str, list[float]] = {"new": [], "old": []}
-        for r in range(args.rounds):
-            for i in range(len(NEW_USER_LINE) + 1):
-                for name, c in (("new", new), ("old", old)):
-                    # a session per round: no round answers from the one before (a backspace would)
-                    _, wall, ms = ask(c, NEW_USER_LINE[:i], f"new-user-{r}")
-                    fresh[name].append(wall)
-                    fresh_daemon[name].append(ms)
-        stats_new_user = new.status()["status"]["model"]["answers"]
-    load = os.getloadavg()
-    print(f"model {args.model}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
-    print(f"typing through the top suggestion: {typed} keystrokes (answered from the previous answer: "
-          f"{stats_through['typed_through']}, searched: {stats_through['searched']})")  # fmt: skip
-    print(f"{'daemon-side ms':<40}{'p50':>8}{'p99':>8}")
-    for label, name in (("continuing the previous answer", "new"), ("a search at every key (before)", "old")):
-        print(f"{label:<40}{pct(through[name], 0.5):>8.2f}{pct(through[name], 0.99):>8.2f}")
-    ratio = pct(through["new"], 0.5) / pct(through["old"], 0.5)
-    print(f"p50 ratio: {ratio:.2f}x (goal: <= 2 ms p50)\n")
-    print(f"a new user, empty history, `{NEW_USER_LINE}` x {args.rounds} "
-          f"(from the previous answer: {stats_new_user['typed_through']} of "
-          f"{stats_new_user['typed_through'] + stats_new_user['searched']})")  # fmt: skip
-    print(f"{'ms':<40}{'done p50':>10}{'done p99':>10}{'daemon p50':>12}{'daemon p99':>12}")
-    for label, name in (("continuing the previous answer", "new"), ("a search at every key (before)", "old")):
-        print(f"{label:<40}{pct(fresh[name], .5):>10.2f}{pct(fresh[name], .99):>10.2f}"
-              f"{pct(fresh_daemon[name], .5):>12.2f}{pct(fresh_daemon[name], .99):>12.2f}")  # fmt: skip
-    for label, name in (("continuing", "new"), ("searching", "old")):
-        slowest = sorted(range(len(fresh[name])), key=fresh[name].__getitem__, reverse=True)[:5]
-        where = ", ".join(f"{fresh[name][i]:.1f} ms at {NEW_USER_LINE[: i % (len(NEW_USER_LINE) + 1)]!r} "
-                          f"(round {i // (len(NEW_USER_LINE) + 1) + 1})" for i in slowest)  # fmt: skip
-        print(f"slowest 5, {label}: {where}")
-    print("(goal: done p99 <= 30 ms)")
+            top = [ask(c, cmd[:1], "bench")[0] for c in clients.values()][0]  # noqa: RUF015 (asks both)
+            if top:
+                steps += [top[0][:i] for i in range(2, len(top[0]))]
+        # the daemon's own time (`done`'s ms) per keystroke typed along the top line
+        along = {name: (lambda typed, c=c: ask(c, typed, "bench")[2]) for name, c in clients.items()}
+        through = alternate(along, steps)
+        stats_through = next(iter(clients.values())).status()["status"]["model"]["answers"]
+    report.line(f"typing through the top suggestion: {len(steps)} keystrokes (answered from the previous "
+                f"answer: {stats_through['typed_through']}, searched: "
+                f"{stats_through['searched']})")  # fmt: skip
+    typed_along = report.table("daemon-side, typing along", through, stats=("p50", "p99"))
+    report.line("(goal: <= 2 ms p50)")
+    with contextlib.ExitStack() as stack:
+        clients = {name: client(stack, args.model, searching) for name, searching in names.items()}
+        # a session per round: no round answers from the one before (a backspace would)
+        keys = [(r, NEW_USER_LINE[:i]) for r in range(args.rounds) for i in range(len(NEW_USER_LINE) + 1)]
+        fresh = alternate({name: (lambda key, c=c: ask(c, key[1], f"new-user-{key[0]}")[1:])
+                           for name, c in clients.items()}, keys)  # fmt: skip
+        stats_new_user = next(iter(clients.values())).status()["status"]["model"]["answers"]
+    report.line(f"\na new user, empty history, `{NEW_USER_LINE}` x {args.rounds} (from the previous answer: "
+                f"{stats_new_user['typed_through']} of "
+                f"{stats_new_user['typed_through'] + stats_new_user['searched']})")  # fmt: skip
+    done = report.table(
+        "request -> done", {n: [w for w, _ in v] for n, v in fresh.items()}, stats=("p50", "p99")
+    )
+    own = report.table(
+        "daemon-side", {n: [ms for _, ms in v] for n, v in fresh.items()}, stats=("p50", "p99")
+    )
+    for name, values in fresh.items():
+        slowest = sorted(range(len(values)), key=lambda i: values[i][0], reverse=True)[:5]
+        where = ", ".join(
+            f"{values[i][0]:.1f} ms at {keys[i][1]!r} (round {keys[i][0] + 1})" for i in slowest
+        )
+        report.line(f"slowest 5, {name}: {where}")
+    report.line("(goal: done p99 <= 30 ms)")
+    report.machine()
+    return {"along": typed_along, "new user done": done, "new user daemon-side": own}
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import inspect
+import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,16 +24,27 @@ import torch
 
 from calmd import paths
 from calmd.history.store import HistoryStore
+from calmd.model import fastscan
+from calmd.shell.client import CalmClient
 from tests.tools import in_ci, need
+from tests.waiting import HANG_S
 
 if TYPE_CHECKING:
     from tests.daemon import Daemon
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it."""
+    """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it.
+
+    Where PYTHONDONTWRITEBYTECODE is set, pytest rewrote every test module's asserts again in every
+    worker of every run (5 CPU-seconds a worker): the rewritten modules go to pytest's cache folder
+    instead (sys.pycache_prefix, outside the source tree, which stays as the setting wants it)."""
     if in_ci() and config.option.durations is None:  # --durations=0 asks for all of them
         config.option.durations = 15
+    cache = getattr(config, "cache", None)
+    if sys.dont_write_bytecode and cache is not None:
+        sys.pycache_prefix = str(cache.mkdir("pycache"))
+        sys.dont_write_bytecode = False
 
 
 # running_daemon (tests/daemon.py), its argv lists, or `calmd serve` run as a command
@@ -109,6 +123,57 @@ def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
     torch.set_num_threads(TEST_THREADS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """CALM_CACHE for the whole session, never the user's own ~/.cache/calm: the compiled kernels
+    are built once, by the first worker (the other waits on the lock), and every daemon the tests
+    start gets the same folder (tests/daemon.py). The folder is pytest's cache when it has one
+    (.pytest_cache, kept between runs: the next run builds nothing), else one of the session;
+    matplotlib's cache beside it."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        folder = Path(cache.mkdir("calm-kernels"))
+    else:  # -p no:cacheprovider: the session's temporary folder, which the workers share
+        base = tmp_path_factory.getbasetemp()
+        folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "calm-kernels"
+        folder.mkdir(exist_ok=True)
+    saved = {name: os.environ.get(name) for name in ("CALM_CACHE", "MPLCONFIGDIR")}
+    os.environ["CALM_CACHE"] = str(folder)
+    os.environ["MPLCONFIGDIR"] = str(folder.parent / "calm-matplotlib")
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build, not one per worker and daemon starting at once
+        fastscan.library()
+    yield folder
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clients_wait_as_long_as_a_hang() -> Iterator[None]:
+    """A test's CalmClient waits for its reply up to the ceiling of tests/waiting.py, not the 10 s
+    after which a shell's client gives up: on a busy machine a slow reply is not a failure, and a
+    daemon that never answers is still caught. (The tests of a client's timeout pass their own.)"""
+    defaults = CalmClient.__init__.__kwdefaults__
+    CalmClient.__init__.__kwdefaults__ = {**defaults, "timeout": HANG_S}
+    yield
+    CalmClient.__init__.__kwdefaults__ = defaults
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _training_runs_at_the_daemons_priority() -> Iterator[None]:
+    """The daemons' training runs at their daemon's priority, not SCHED_IDLE (tests/daemon.py
+    SUITE_ENV): beside a CPU hog at nice 0 an idle-priority run gets nothing for hours."""
+    from calmd.daemon.trainer import TEST_PRIORITY_ENV
+    from tests.daemon import SUITE_ENV
+
+    SUITE_ENV[TEST_PRIORITY_ENV] = "inherit"
+    yield
+    SUITE_ENV.pop(TEST_PRIORITY_ENV, None)
+
+
 @pytest.fixture(autouse=True)
 def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path_factory.mktemp("calm-home")
@@ -147,3 +212,12 @@ def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny.cwgt")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny model, trained once per session on other lines (`make install` first): the
+    model a swap or a comparison puts beside tiny_weights. Read it; copy it to change it."""
+    from tests.tiny_model import OTHER_COMMANDS, save_tiny, train_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "other.cwgt", train_tiny(OTHER_COMMANDS, favourite=0))

@@ -29,6 +29,7 @@ from typing import Any
 import msgpack
 
 from calmd.protocol import DEFAULT_MIN_CONFIDENCE, PROTOCOL_VERSION
+from tests.waiting import HANG_S, wait_until
 
 # Either side of the default threshold, whatever value the daemon side gives it.
 SURE = round(min(1.0, DEFAULT_MIN_CONFIDENCE + 0.1), 3)
@@ -73,13 +74,10 @@ class FakeDaemon:
 
         return cls(Path(daemon_env(home)["CALMD_SOCKET"]), script)
 
-    def wait_requests(self, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def wait_requests(self, count: int, timeout: float = HANG_S) -> list[dict[str, Any]]:
         """The `complete` requests once at least `count` have come."""
-        deadline = time.monotonic() + timeout
-        while len(self.requests) < count:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{len(self.requests)} complete requests, not {count}")
-            time.sleep(0.005)
+        wait_until(lambda: len(self.requests) >= count, f"{count} complete requests", ceiling=timeout,
+                   every=0.005, report=lambda: f"{len(self.requests)} came")  # fmt: skip
         return self.requests
 
     def _accept(self) -> None:
@@ -129,7 +127,7 @@ class FakeDaemon:
         for step in self.script(request):
             if isinstance(step, threading.Event):
                 self.gates.append(step)
-                step.wait(10)
+                step.wait(HANG_S)  # the test opens it (close() opens them all)
             elif isinstance(step, float | int):
                 time.sleep(step)
             else:

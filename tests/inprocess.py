@@ -26,6 +26,7 @@ from calmd.history.store import HistoryStore
 from calmd.protocol import PROTOCOL_VERSION
 from tests.daemon import write_test_weights
 from tests.scripted_engine import ScriptedEngine
+from tests.waiting import HANG_S
 
 
 class FakeTransport:
@@ -146,7 +147,7 @@ class Harness:
     def client(self) -> Client:
         return Client(self.listener)
 
-    async def settle(self, timeout: float = 10.0) -> None:
+    async def settle(self, timeout: float = HANG_S) -> None:
         """Until no request is in flight (and the replies they scheduled are written)."""
         deadline = asyncio.get_running_loop().time() + timeout
         await asyncio.sleep(0)

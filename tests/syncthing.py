@@ -19,6 +19,8 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from tests.waiting import HANG_S
+
 FOLDER_ID = "calm-sync"
 
 
@@ -45,7 +47,7 @@ class Syncthing:
         self.home.mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
             ["syncthing", "generate", f"--home={self.home}", "--no-default-folder"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=HANG_S, check=True,
         )  # fmt: skip
         for line in (out.stdout + out.stderr).splitlines():
             if "Device ID:" in line:
@@ -96,21 +98,21 @@ class Syncthing:
                  f"--logfile={self.log_path}"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                 if self.rest("/rest/system/ping").get("ping") == "pong":
                     return
             if self.process.poll() is not None:
                 raise RuntimeError(f"syncthing {self.name} exited: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.2)
+            time.sleep(0.2)  # (no event to wait for: syncthing says nothing when its GUI listens)
         raise RuntimeError(f"syncthing {self.name} did not answer on 127.0.0.1:{self.gui_port}")
 
     def rest(self, path: str, method: str = "GET") -> dict:
         request = urllib.request.Request(f"http://127.0.0.1:{self.gui_port}{path}", method=method,
                                          headers={"X-API-Key": self.api_key})  # fmt: skip
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
-        with opener.open(request, timeout=5) as reply:
+        with opener.open(request, timeout=HANG_S) as reply:
             body = reply.read()
         return json.loads(body) if body else {}
 
@@ -130,7 +132,7 @@ class Syncthing:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=15)
+            self.process.wait(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from calmd.formats.ctds import CtdsReader
 from calmd.formats.cwgt import CwgtHeader, Metadata, write_cwgt
 from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, build_sequence
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon, daemon_env, wait_ready
+from tests.daemon import daemon_env, running_daemon
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -166,28 +165,15 @@ def test_readme_calmd_serve_runs_the_packaged_default_model(tmp_path: Path) -> N
     package and suggests from the first keystroke; `calmd stop` ends it."""
     assert paths.packaged_weights().exists(), "build it with: python -m calmd.training.recipe"
     env = daemon_env(tmp_path)
-    proc = subprocess.Popen([str(BIN / "calmd"), "serve"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
-    pump = threading.Thread(target=daemon._pump, daemon=True)
-    pump.start()
-    try:
-        wait_ready(daemon)
-        with CalmClient(daemon.socket, timeout=30) as c:
+    with running_daemon(tmp_path, engine="model", weights=False) as daemon:
+        with CalmClient(daemon.socket) as c:
             status = c.status()["status"]
             assert status["model"]["path"] == str(paths.packaged_weights())
             assert status["serving_fallback"] is True and status["last_reload_error"] is None  # no file yet
             got = [m["candidate"] for m in c.complete("git ", n=3, session="s") if "candidate" in m]
             assert len(got) == 3 and all(g.startswith("git ") and len(g) > 4 for g in got), got
         assert run("calmd", "stop", env=env).returncode == 0
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        pump.join(timeout=5)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        assert daemon.wait() == 0
     assert run("calmd", "status", env=env, check=False).returncode == 3
 
 

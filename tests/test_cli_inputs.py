@@ -22,6 +22,7 @@ import pytest
 from calmd import paths
 from calmd.cli import calm_main, calmd_main
 from tests.daemon import BIN, daemon_env
+from tests.waiting import HANG_S
 
 REPO = Path(__file__).resolve().parent.parent
 UNREADABLE = Path("/proc/self/clear_refs")  # a regular file whose read fails, even for root
@@ -201,7 +202,8 @@ def test_serve_on_a_folder_as_socket_is_one_line_in_the_log(tmp_path: Path) -> N
     folder = tmp_path / "sockdir"
     folder.mkdir(mode=0o700)
     out = subprocess.run([str(BIN / "calmd"), "serve", "--socket", str(folder), "--no-import"],
-                         env=daemon_env(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
+                         env=daemon_env(tmp_path), capture_output=True, text=True,
+                         timeout=HANG_S)  # fmt: skip
     log = out.stdout + out.stderr
     assert out.returncode == 3 and "Traceback" not in log, log
     assert f"{folder} is a folder: refusing to replace it; give the socket's own path with --socket" in log
@@ -214,7 +216,7 @@ def test_the_recipe_in_a_fresh_clone_without_shared_data(tmp_path: Path) -> None
     assert not (clone.parent / "shared").exists()
     env = {**os.environ, "PYTHONPATH": str(clone)}
     out = subprocess.run([sys.executable, "-m", "calmd.training.recipe", "--work", str(tmp_path / "w")],
-                         cwd=clone, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                         cwd=clone, env=env, capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     (line,) = out.stderr.splitlines()
     assert line.startswith("python -m calmd.training.recipe: error: ")
@@ -237,7 +239,7 @@ def test_install_systemd_says_what_to_do_without_a_user_bus(tmp_path: Path) -> N
     env |= {"XDG_RUNTIME_DIR": str(run), "PATH": f"{tools}:{BIN}:/usr/bin:/bin"}
     units = tmp_path / "units"
     argv = [str(BIN / "calmd"), "install-systemd", "--dir", str(units)]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 1 and "enable with" not in out.stdout  # no success reported
     (line,) = out.stderr.splitlines()
     assert f"no systemd user manager answers at {run / 'bus'}" in line and "calmd serve" in line
@@ -245,14 +247,14 @@ def test_install_systemd_says_what_to_do_without_a_user_bus(tmp_path: Path) -> N
     bus = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a user manager's bus appears
     bus.bind(str(run / "bus"))
     try:
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_S)
     finally:
         bus.close()
     assert (
         out.returncode == 0 and f"systemctl --user enable --now {paths.SYSTEMD_SOCKET_UNIT}" in out.stdout
     ), out.stderr
     no_systemd = subprocess.run(argv, env={**env, "PATH": f"{BIN}:/nonexistent"}, capture_output=True,
-                                text=True, timeout=60)  # fmt: skip
+                                text=True, timeout=HANG_S)  # fmt: skip
     assert no_systemd.returncode == 1 and "systemctl is not installed" in no_systemd.stderr
     assert shutil.which("calmd", path=str(BIN))
 

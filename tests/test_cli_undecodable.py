@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.cli import calm_main, calm_parser, calmd_main, calmd_parser
 from calmd.history.store import HistoryStore
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+from tests.waiting import HANG_S
 
 BAD = "\udcff"  # the byte 0xff of an argument, as Python hands it over (surrogateescape)
 BAD_BYTES = b"caf\xe9 \xff"
@@ -189,10 +191,10 @@ def test_calm_import_of_a_file_named_in_bytes_that_are_not_utf8(files: Path) -> 
     (files / "names-home").mkdir()
     env = daemon_env(files / "names-home")
     argv = [bytes(BIN / "calm"), b"import", b"--db", os.fsencode(folder / "h.sqlite3"), name]
-    first = subprocess.run(argv, env=env, capture_output=True, timeout=60)
+    first = subprocess.run(argv, env=env, capture_output=True, timeout=HANG_S)
     assert first.returncode == 0 and first.stderr == b"", first
     assert b"caf\\xe9 \\xff_history: 2 commands imported (bash format)" in first.stdout, first.stdout
-    again = subprocess.run(argv, env=env, capture_output=True, timeout=60)
+    again = subprocess.run(argv, env=env, capture_output=True, timeout=HANG_S)
     assert again.returncode == 0 and b"0 commands imported" in again.stdout, again
 
 
@@ -206,26 +208,26 @@ def test_complete_and_search_with_a_daemon_up(files: Path) -> None:
     with running_daemon(home) as daemon:
         env = daemon_env(home)
         calmd, calm = bytes(BIN / "calmd"), bytes(BIN / "calm")
-        subprocess.run([calmd, b"complete", b"ls"], env=env, check=True, capture_output=True, timeout=60)
+        subprocess.run([calmd, b"complete", b"ls"], env=env, check=True, capture_output=True, timeout=HANG_S)
         for extra in ([BAD_BYTES], [b"x", b"--session", BAD_BYTES], [b"x", b"--cwd", BAD_BYTES],
                       [b"x", b"--history", BAD_BYTES, b"ls"], [b"x", b"--git", BAD_BYTES]):  # fmt: skip
-            out = subprocess.run([calmd, b"complete", *extra], env=env, capture_output=True, timeout=60)
+            out = subprocess.run([calmd, b"complete", *extra], env=env, capture_output=True, timeout=HANG_S)
             assert out.returncode == 0 and out.stderr == b"" and out.stdout, (extra, out)
         done = subprocess.run([calmd, b"complete", b"--scores", BAD_BYTES], env=env, capture_output=True,
-                              timeout=60)  # fmt: skip
+                              timeout=HANG_S)  # fmt: skip
         assert b"done in" in done.stdout  # the daemon answered the request, U+FFFD for the bytes
         for query, why in ((b"x" * 2000, "the query is 2,000 bytes, longer than the 1,024 a search takes"),
                            (BAD_BYTES, "no terminal to draw the search on"),  # searched, then no terminal
                            (b"git", "no terminal to draw the search on")):  # fmt: skip
             # setsid: no controlling terminal (as from cron or a pipe), with the daemon up
             out = subprocess.run(["setsid", "-w", calm, b"search", query], env=env, capture_output=True,
-                                 stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                                 stdin=subprocess.DEVNULL, timeout=HANG_S)  # fmt: skip
             (line,) = out.stderr.decode().splitlines()
             assert line.startswith("calm: error: ") and why in line and "unexpected" not in line, out
             assert out.returncode == (2 if len(query) > 1024 else 1), out
         daemon.proc.terminate()
         daemon.wait()
-    gone = subprocess.run([calm, b"search", b"git"], env=env, capture_output=True, timeout=60)
+    gone = subprocess.run([calm, b"search", b"git"], env=env, capture_output=True, timeout=HANG_S)
     (line,) = gone.stderr.decode().splitlines()
     assert gone.returncode == 3 and line.startswith("calm: error: calmd is not running (")
 
@@ -237,7 +239,7 @@ def test_serve_and_the_shell_helper_take_such_bytes(files: Path) -> None:
     helper with such a session, socket or spool folder runs until its shell (stdin) ends."""
     home = files / "serve-home"
     home.mkdir()
-    write_test_weights(home / "data" / "shell.cwgt")
+    write_test_weights(home / "data" / paths.WEIGHTS)
     env = {**daemon_env(home), "PYTHONPATH": str(REPO)}
     bad = os.fsencode(home) + b"/" + BAD_BYTES
     for extra in ([b"--socket", bad + b".sock"], [b"--model", bad + b".cwgt"], [b"--train-arg", BAD_BYTES]):
@@ -249,7 +251,7 @@ def test_serve_and_the_shell_helper_take_such_bytes(files: Path) -> None:
             if b"ready on" in line or b"error" in line:
                 break
         proc.terminate()
-        rest = proc.communicate(timeout=60)[0]
+        rest = proc.communicate(timeout=HANG_S)[0]
         output = line + rest
         assert b"Traceback" not in output and b"unexpected" not in output, output
         assert proc.returncode == 0 and b"ready on" in line, (extra, output)
@@ -260,7 +262,7 @@ def test_serve_and_the_shell_helper_take_such_bytes(files: Path) -> None:
                   ["--spool", str(home / "spool"), "--session", BAD]):  # fmt: skip
         shell = subprocess.Popen(["sleep", "2"])  # the shell it serves: it goes when that ends
         argv = [os.fsencode(a) for a in [*helper, *extra, "--shell-pid", str(shell.pid)]]
-        out = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        out = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=HANG_S)
         shell.wait()
         assert out.returncode in (0, 1) and b"Traceback" not in out.stderr, (extra, out)  # its log says why
     assert not (home / "spool").exists()  # the folder's helper went with its shell and took it

@@ -24,6 +24,7 @@ from calmd.training.datasets import DatasetOptions, is_trivial, store_examples
 from tests.builders import TRAIN_ARGS, WORK, record_work
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.test_ranker_refit import rounds
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -127,7 +128,7 @@ def test_run_with_too_little_history_changes_nothing(tmp_path: Path, tiny: Path)
     assert weights.read_bytes() == tiny.read_bytes()
 
 
-def wait_status(c: CalmClient, check: object, timeout: float = 120) -> dict[str, object]:
+def wait_status(c: CalmClient, check: object, timeout: float = HANG_S) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while True:
         status = c.status()["status"]

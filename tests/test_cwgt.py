@@ -25,6 +25,7 @@ from calmd.formats.cwgt import (
     split_flat,
     write_cwgt,
 )
+from tests.waiting import HANG_S
 
 META = Metadata(
     "shell", "BOS;CWD:cwd;GIT:git;HIST:history;COMP:completions;ENV:env;ATN;CMD:input", "| ; && ||"
@@ -247,7 +248,7 @@ def test_reader_refuses_what_is_not_a_regular_file_without_blocking(tmp_path: Pa
 
     reader = threading.Thread(target=read)
     reader.start()
-    reader.join(timeout=10)
+    reader.join(timeout=HANG_S)
     assert not reader.is_alive(), "read_cwgt blocked on a FIFO"
     assert "not a regular file (a FIFO)" in str(outcome[0])
     with pytest.raises(FormatError, match="not a regular file \\(a folder\\)"):

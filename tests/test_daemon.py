@@ -24,6 +24,7 @@ from calmd import paths
 from calmd.shell.client import CalmClient, DaemonNotRunning
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, wait_imported, write_test_weights
 from tests.tools import need_root
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -114,7 +115,7 @@ def test_early_comes_once_even_when_a_shell_preempts_the_job(tmp_path: Path) -> 
     # Flood jobs (2 candidates, 0.4 s each) ask for early proposals; a shell's request preempts
     # the running one after its early proposal went out: the rerun must not send another.
     daemon = running_daemon(tmp_path, env={"CALMD_TEST_DELAY": "0.4"}, args=("--train-threshold", "0"))
-    with daemon as d, CalmClient(d.socket, timeout=60) as flood, CalmClient(d.socket, timeout=60) as shell:
+    with daemon as d, CalmClient(d.socket) as flood, CalmClient(d.socket) as shell:
         ids = [flood.send("complete", n=2, session=f"flood-{i}", early=True, ctx={"input": "ls"})
                for i in range(3)]  # fmt: skip
         first = flood.read_message()
@@ -233,7 +234,7 @@ def test_second_daemon_refuses_to_start(tmp_path: Path) -> None:
     with running_daemon(tmp_path) as d:
         proc = subprocess.run(
             SCRIPTED_SERVE,
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=HANG_S,
             env={**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
         )  # fmt: skip
         assert proc.returncode == 4
@@ -283,7 +284,7 @@ def test_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
             )
             proc = subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script],
-                capture_output=True, text=True, timeout=30, cwd="/",
+                capture_output=True, text=True, timeout=HANG_S, cwd="/",
             )  # fmt: skip
             assert proc.returncode == 0, proc.stderr
             assert proc.stdout.split() == ["forbidden", "b''"]  # refused, then closed
@@ -318,7 +319,7 @@ def test_calmd_stop_and_status_exit_codes(tmp_path: Path) -> None:
         )
         assert "requests served" in table.stdout and "last reload error" in table.stdout
         stop = subprocess.run(
-            [str(BIN / "calmd"), "stop"], capture_output=True, text=True, env=env, timeout=30
+            [str(BIN / "calmd"), "stop"], capture_output=True, text=True, env=env, timeout=HANG_S
         )
         assert stop.returncode == 0 and "stopped" in stop.stdout
         assert d.wait() == 0
@@ -330,7 +331,7 @@ def test_calmd_complete_prints_candidates(tmp_path: Path) -> None:
     with running_daemon(tmp_path):
         out = subprocess.run(
             [str(BIN / "calmd"), "complete", "git co", "-n", "2"], capture_output=True, text=True,
-            env=daemon_env(tmp_path), timeout=30,
+            env=daemon_env(tmp_path), timeout=HANG_S,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert out.stdout.splitlines() == ["git commit", "git command"]
@@ -343,18 +344,12 @@ def test_hot_reload_and_corrupt_replacement(tmp_path: Path) -> None:
         first = c.status()["status"]
         assert first["model"]["parameters"] == 64
         write_test_weights(weights, n=128)  # an atomic replacement
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["model"]["parameters"] != 128:
-            assert time.monotonic() < deadline, "the new weights were not picked up"
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["status"]["model"]["parameters"] == 128, "the new weights loaded")
         after = c.status()["status"]
         assert after["loaded_at"] > first["loaded_at"] and after["last_reload_error"] is None
         # a truncated file: rejected, the old model keeps serving, status says why
         weights.write_bytes(weights.read_bytes()[:-10])
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["last_reload_error"] is None:
-            assert time.monotonic() < deadline, "the corrupt file was not noticed"
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["status"]["last_reload_error"], "the corrupt file noticed")
         status = c.status()["status"]
         assert "param_count" in status["last_reload_error"]
         assert status["model"]["parameters"] == 128
@@ -367,10 +362,7 @@ def test_sighup_reloads(tmp_path: Path) -> None:
     with running_daemon(tmp_path) as d, CalmClient(d.socket) as c:
         before = c.status()["status"]["loaded_at"]
         d.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["loaded_at"] == before:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["status"]["loaded_at"] != before, "a reload after SIGHUP")
 
 
 @pytest.mark.needs("tmux")
@@ -383,16 +375,14 @@ def test_a_calmd_serve_typed_in_a_terminal_stops_when_the_terminal_closes(tmp_pa
     env = {**daemon_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     term = Terminal([*SCRIPTED_SERVE, "--no-import"], env, cwd=tmp_path)
     try:
-        term.wait_for("calmd ready on", timeout=30)
+        term.wait_for("calmd ready on")
         pid = int(term.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
         sock = Path(env["CALMD_SOCKET"])
         assert sock.exists()
     finally:
         term.close()  # the terminal goes: its processes get SIGHUP
-    deadline = time.monotonic() + 15
-    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
-        assert time.monotonic() < deadline, "calmd serve outlived its terminal"
-        time.sleep(0.05)
+    gone = lambda: not Path(f"/proc/{pid}").exists() or "Z" in _state(pid)  # noqa: E731
+    wait_until(gone, "calmd serve to end with its terminal")
     assert not sock.exists()  # it stopped as SIGTERM stops it: the socket is removed
 
 
@@ -424,18 +414,15 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
     argv = ["systemd-socket-activate", "-l", str(sock), *forward, *SCRIPTED_SERVE]
     with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         try:
-            deadline = time.monotonic() + 10
-            while not sock.exists():
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            with CalmClient(sock, timeout=30) as c:  # this connection starts the daemon
+            wait_until(sock.exists, "systemd-socket-activate's socket")
+            with CalmClient(sock) as c:  # this connection starts the daemon
                 status = c.status()["status"]
                 assert status["socket"] == str(sock)
                 assert [m["candidate"] for m in c.complete("ls", n=1) if "candidate" in m] == ["lsmmit"]
             assert not (tmp_path / "unused").exists()  # it bound nothing itself
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
+            proc.wait(timeout=HANG_S)
     assert sock.exists()  # systemd's socket: calmd did not bind it, so it does not remove it
 
 

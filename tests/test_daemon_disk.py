@@ -26,7 +26,7 @@ def candidates(c: CalmClient, text: str, **kw: object) -> list[str]:
 def serve(home: Path) -> Iterator[CalmClient]:
     with (
         running_daemon(home, engine=ENGINE, args=("--no-import",)) as d,
-        CalmClient(d.socket, timeout=30) as c,
+        CalmClient(d.socket) as c,
     ):
         yield c
 

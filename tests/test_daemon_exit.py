@@ -8,13 +8,14 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from calmd import paths
 from calmd.history.store import HistoryStore
 from tests.daemon import SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
+from tests.waiting import HANG_S, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # daemons
@@ -22,14 +23,14 @@ pytestmark = pytest.mark.slow  # daemons
 
 def serve(home: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     full = {**daemon_env(home, **env), "PYTHONPATH": str(REPO)}
-    write_test_weights(home / "data" / "shell.cwgt")
+    write_test_weights(home / "data" / paths.WEIGHTS)
     out = subprocess.run([*SCRIPTED_SERVE, "--no-import"], env=full, capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+                         stdin=subprocess.DEVNULL, timeout=HANG_S)  # fmt: skip
     return out, Path(full["CALMD_SOCKET"])
 
 
 def test_a_store_of_a_newer_schema_is_one_line_exit_3_and_no_socket_left(tmp_path: Path) -> None:
-    db = tmp_path / "data" / "history.sqlite3"
+    db = tmp_path / "data" / paths.HISTORY
     HistoryStore(db).close()
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
@@ -63,14 +64,12 @@ def test_a_stop_signal_removes_the_socket_while_it_starts_and_while_it_serves(
     proc = subprocess.Popen([*SCRIPTED_SERVE, "--no-import"], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "it never bound its socket"
-            time.sleep(0.02)
+        wait_until(lambda: sock.exists() or proc.poll() is not None, "the socket bound")
+        assert proc.poll() is None, "it exited before it bound its socket"
         proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=HANG_S) == 0
         assert not sock.exists()
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=10)
+        proc.communicate(timeout=HANG_S)

@@ -4,6 +4,7 @@ proposals scored by the model, and hot reload of real weights."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import running_daemon
-from tests.tiny_model import CONTEXT, save_tiny, train_tiny
+from tests.tiny_model import CONTEXT
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -59,19 +61,16 @@ def test_recorded_commands_are_proposed_and_ranked_by_the_model(tmp_path: Path, 
         assert len(got) == len(set(got))
 
 
-def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path) -> None:
+def test_hot_reload_swaps_in_new_weights(tmp_path: Path, weights: Path, other_tiny_weights: Path) -> None:
     install(tmp_path, weights)
     with running_daemon(tmp_path, engine=ENGINE, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         before = c.status()["status"]["loaded_at"]
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make test"]
-        other = train_tiny(("make install", "git status"), favourite=0)
         target = tmp_path / "data" / paths.WEIGHTS
-        save_tiny(tmp_path / "new.cwgt", other)
+        shutil.copy(other_tiny_weights, tmp_path / "new.cwgt")  # a model that learned other lines
         os.replace(tmp_path / "new.cwgt", target)  # atomically, as training does
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["loaded_at"] == before:
-            assert time.monotonic() < deadline, d.read_output()
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["status"]["loaded_at"] != before, "the new weights loaded",
+                   report=d.read_output)  # fmt: skip
         assert candidates(c, "make", n=1, session="s", history=CONTEXT["history"]) == ["make install"]
 
 
@@ -162,7 +161,7 @@ def test_typing_through_the_top_line_continues_the_previous_answer(tmp_path: Pat
         assert answers(c)["searched"] == after["searched"] + 1
 
 
-def wait_status(c: CalmClient, ready: object, timeout: float = 20.0) -> dict[str, object]:
+def wait_status(c: CalmClient, ready: object, timeout: float = HANG_S) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while True:
         status: dict[str, object] = c.status()["status"]

@@ -15,6 +15,7 @@ import pytest
 from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon per test
 
@@ -66,7 +67,7 @@ def test_search_answers_ranked_lines_with_their_latest_run(tmp_path: Path) -> No
             capture_output=True,
             text=True,
             env={**daemon_env(tmp_path), "COLUMNS": "300"},
-            timeout=30,
+            timeout=HANG_S,
             check=True,
         ).stdout
         row = r"search\s+│\s+6 commands \(5 distinct\) indexed; \d+ searches, the last [\d.]+ ms; 0 forgotten"
@@ -99,14 +100,15 @@ def test_calm_forget_from_another_terminal_is_seen_by_the_next_search(tmp_path: 
         c.record("curl https://example.com", exit=0, session="s")
         assert len(c.search("curl")["results"]) == 2
         out = subprocess.run([str(BIN / "calm"), "forget", "XYZZY"], env=daemon_env(tmp_path),
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+                             capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert texts(c.search("curl")) == ["curl https://example.com"]  # at once: checked in the store
-        deadline = time.monotonic() + 10
-        while c.status()["status"]["search"]["commands"] != 1:  # and the rebuilt index replaces it
-            assert time.monotonic() < deadline, c.status()["status"]["search"]
+
+        def rebuilt() -> bool:  # and the rebuilt index replaces it
             c.search("curl")
-            time.sleep(0.05)
+            return bool(c.status()["status"]["search"]["commands"] == 1)
+
+        wait_until(rebuilt, "the search index rebuilt without the forgotten line")
         assert texts(c.search("curl")) == ["curl https://example.com"]
 
 

@@ -12,6 +12,7 @@ import pytest
 from calmd.suggest import disk as disk_module
 from calmd.suggest.disk import Disk, missing_argument
 from calmd.suggest.frames import completions
+from tests.waiting import wait_until
 
 
 def test_listing_marks_directories_and_follows_invalidation(tmp_path: Path) -> None:
@@ -89,10 +90,7 @@ def test_path_commands_are_read_once_in_the_background(tmp_path: Path) -> None:
     disk = Disk()
     path = f"{tmp_path}:relative:/nonexistent"
     first = disk.commands(path)
-    for _ in range(1000):
-        if disk.commands(path):
-            break
-        time.sleep(0.005)
+    wait_until(lambda: disk.commands(path), "PATH's commands read in the background", every=0.005)
     assert first == () and disk.commands(path) == ("calmtool",)
 
 
@@ -113,10 +111,7 @@ def test_the_listing_queue_is_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
         assert len(disk._pending) == disk_module.MAX_PENDING
     finally:
         release.set()
-    for _ in range(1000):
-        if not disk._pending:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: not disk._pending, "the queued listings to end", every=0.005)
     assert not disk._pending and len(calls) == disk_module.MAX_PENDING
 
 

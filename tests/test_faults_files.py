@@ -26,6 +26,7 @@ from calmd.shell.client import CalmClient
 from tests.builders import TRAIN_ARGS, record_work
 from tests.daemon import BIN, SCRIPTED_SERVE, daemon_env, running_daemon, write_test_weights
 from tests.tools import in_ci, need_root
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -33,7 +34,7 @@ PYTHONPATH = str(Path(__file__).resolve().parent.parent)  # tests.scripted_engin
 PERMISSIVE = ("sh", "-c", 'umask 000 && exec "$@"', "sh")  # run a command under umask 000
 
 
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+def wait_until(check: Callable[[], Any], what: str, timeout: float = HANG_S) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -52,12 +53,12 @@ def modes(folder: Path) -> dict[str, int]:
 
 
 def serve_once(
-    home: Path, env: dict[str, str] | None = None, timeout: float = 60
+    home: Path, env: dict[str, str] | None = None, timeout: float = HANG_S
 ) -> subprocess.CompletedProcess[str]:
     """`calmd serve` that is expected to refuse to start."""
     full = {**daemon_env(home, **(env or {})), "PYTHONPATH": PYTHONPATH}
     argv = [*SCRIPTED_SERVE, "--no-import"]
-    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=60)
+    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=HANG_S)
 
 
 # --------------------------------------------------------------------------- private files
@@ -88,7 +89,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
         wait_until(
             lambda: (t := c.status()["status"]["training"])["last_result"] and t["pid"] is None,
             "the training run",
-            timeout=180,
+            timeout=HANG_S,
         )
         for argv in (
             [str(BIN / "calm"), "import", str(history)],
@@ -96,7 +97,7 @@ def test_every_file_calmd_its_cli_and_its_trainer_writes_is_private(
             [sys.executable, "-m", "calmd", "shell-helper", "--session", "s"],  # its log
         ):
             done = subprocess.run([*PERMISSIVE, *argv], env=env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+                                  capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
             assert done.returncode == 0, done.stderr
         found = modes(data)  # with the daemon running: SQLite's -wal and -shm are there
     work = paths.TRAINING_SUBDIR
@@ -191,7 +192,7 @@ def status_table(home: Path, **env: str) -> str:
     """`calmd status` as a user sees it (wide enough that no line is folded)."""
     full = {**daemon_env(home, **env), "COLUMNS": "400"}
     argv = [str(BIN / "calmd"), "--no-color", "status"]
-    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=30, check=True).stdout
+    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=HANG_S, check=True).stdout
 
 
 def candidates(c: CalmClient, text: str) -> list[str]:
@@ -201,7 +202,7 @@ def candidates(c: CalmClient, text: str) -> list[str]:
 def test_a_fifo_at_the_weight_path_is_refused_and_a_good_file_is_taken_back(tmp_path: Path) -> None:
     weights = tmp_path / "data" / paths.WEIGHTS
     write_test_weights(weights, n=64)
-    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket, timeout=20) as c:
+    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         weights.unlink()
         os.mkfifo(weights)  # nobody will ever write to it
         wait_until(lambda: "FIFO" in (status(c)["last_reload_error"] or ""), "the FIFO to be refused")
@@ -212,7 +213,7 @@ def test_a_fifo_at_the_weight_path_is_refused_and_a_good_file_is_taken_back(tmp_
         wait_until(lambda: status(c)["model"]["parameters"] == 128, "the good file to be loaded")
         assert status(c)["last_reload_error"] is None
         d.proc.send_signal(signal.SIGTERM)
-        assert d.wait(timeout=30) == 0
+        assert d.wait(timeout=HANG_S) == 0
 
 
 def _fifo(path: Path) -> None:
@@ -274,7 +275,7 @@ def test_truncating_the_weights_in_place_while_they_load_never_kills_the_daemon(
     size = weights.stat().st_size
     rng = random.Random(12)
     outcomes = {"ok": 0, "refused": 0}
-    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket, timeout=60) as c:
+    with running_daemon(tmp_path, args=("--no-import",)) as d, CalmClient(d.socket) as c:
         started = time.monotonic()
         assert c.reload()["ok"] is True
         load_s = time.monotonic() - started  # how long one load takes on this machine now
@@ -285,7 +286,7 @@ def test_truncating_the_weights_in_place_while_they_load_never_kills_the_daemon(
             try:
                 answer = next(iter(c.replies(rid)))
             except ConnectionError:
-                pytest.fail(f"the daemon died: exit {d.proc.wait(timeout=10)} (-7 is SIGBUS)")
+                pytest.fail(f"the daemon died: exit {d.proc.wait(timeout=HANG_S)} (-7 is SIGBUS)")
             outcomes["ok" if answer.get("ok") else "refused"] += 1
             assert d.proc.poll() is None, d.read_output()
             os.truncate(weights, size)  # back to full length (the tail reads as zeros)
@@ -304,11 +305,11 @@ def test_sigterm_stops_the_daemon_within_its_graceful_timeout_with_a_hung_model(
     env = {"CALMD_TEST_HANG_INPUT": "hang"}
     with running_daemon(tmp_path, args=args, env=env) as d, CalmClient(d.socket) as c:
         c.send("complete", n=1, session="s", ctx={"input": "hang"})
-        d.wait_for("scripted engine: hanging for good", timeout=30)
+        d.wait_for("scripted engine: hanging for good")
         assert status(c)["pid"] == d.proc.pid  # the event loop still answers
         started = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
-        code = d.proc.wait(timeout=30)  # before the fix: never (the worker thread was joined at exit)
+        code = d.proc.wait(timeout=HANG_S)  # before the fix: never (the worker thread was joined at exit)
         elapsed = time.monotonic() - started
         output = d.wait_for("exiting without it")
     assert code == 0, output
@@ -320,7 +321,7 @@ def test_sigterm_stops_the_daemon_within_its_graceful_timeout_with_a_hung_model(
 def test_sigint_stops_with_a_log_line_and_removes_the_socket(tmp_path: Path) -> None:
     with running_daemon(tmp_path, args=("--no-import",)) as d:
         d.proc.send_signal(signal.SIGINT)
-        assert d.wait(timeout=30) == 0
+        assert d.wait(timeout=HANG_S) == 0
         output = d.wait_for("calmd stopped")
         assert "received SIGINT: shutting down" in output
         assert not d.socket.exists()
@@ -396,7 +397,7 @@ def test_a_full_disk_answers_disk_full_loses_nothing_and_shows_in_status(
         # a training run on the full disk fails, and says why
         assert c.train()["started"] is True
         training = wait_until(
-            lambda: (t := status(c)["training"])["state"] == "failed" and t, "the run to fail", timeout=120
+            lambda: (t := status(c)["training"])["state"] == "failed" and t, "the run to fail", timeout=HANG_S
         )
         assert training["last_result"]["reason"].startswith("disk full"), training
         # room again: records are stored, and every stored one is still there

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from calmd.protocol import MessageReader
 from calmd.shell.client import CalmClient
 from tests.daemon import Daemon, running_daemon
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -56,7 +57,16 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def connect(d: Daemon, timeout: float = 30.0) -> socket.socket:
+def socket_count(pid: int) -> int:
+    """The daemon's open sockets: its listener and its connections."""
+    found = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            found += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return found
+
+
+def connect(d: Daemon, timeout: float = HANG_S) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     sock.connect(str(d.socket))
@@ -79,7 +89,7 @@ def read_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
         messages.extend(unpacker)
 
 
-def exchange(d: Daemon, data: bytes, timeout: float = 30.0) -> list[dict[str, Any]]:
+def exchange(d: Daemon, data: bytes, timeout: float = HANG_S) -> list[dict[str, Any]]:
     """Send `data` in one write, say we are done (shut down our side), read all replies."""
     with connect(d, timeout) as sock:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it may close on us
@@ -360,17 +370,14 @@ def test_a_client_that_never_reads_is_bounded_then_closed_and_its_memory_returne
             t0 = time.monotonic()
             assert other.status()["status"]["protocol"] == 1
             assert time.monotonic() - t0 < 2.0
-        d.wait_for("replies left unread for 2 s", timeout=30)
+        d.wait_for("replies left unread for 2 s")
         flood.setblocking(True)
         messages = read_until_closed(flood)  # what the daemon had buffered, then its error
         flood.close()
         assert messages[-1]["error"]["code"] == "too_large"
         assert "left unread" in messages[-1]["error"]["message"]
         assert len(messages) < sent // len(pack({"op": "status", "id": 1}))  # it stopped reading
-        deadline = time.monotonic() + 10
-        while fd_count(pid) > fds_before:
-            assert time.monotonic() < deadline, "the connection's descriptor was not released"
-            time.sleep(0.05)
+        wait_until(lambda: fd_count(pid) <= fds_before, "the connection's descriptor released")
         assert peak - rss_before < 32, (
             f"{sent} bytes of unread requests grew the daemon by {peak - rss_before} MB"
         )
@@ -383,7 +390,7 @@ def test_a_client_that_never_reads_is_bounded_then_closed_and_its_memory_returne
 def _shell_latencies(d: Daemon, count: int) -> list[float]:
     """A well-behaved shell: one complete at a time, seconds each."""
     times = []
-    with CalmClient(d.socket, timeout=120) as shell:
+    with CalmClient(d.socket) as shell:
         for i in range(count):
             t0 = time.monotonic()
             replies = list(shell.complete("git" + "x" * i, n=1, session="shell"))
@@ -431,12 +438,12 @@ def test_a_shell_preempts_a_flood_job_that_has_sent_nothing_and_nothing_is_sent_
     # Flood jobs of 2 candidates at 0.5 s each: without preemption the shell's one-candidate
     # request waits for the running flood job (1 s) and the flood's first candidate comes first.
     with running_daemon(tmp_path, env={"CALMD_TEST_DELAY": "0.5"}, args=NO_TRAINING) as d:
-        flooder = connect(d, timeout=60)
+        flooder = connect(d, timeout=HANG_S)
         flooder.sendall(b"".join(
             pack({"op": "complete", "id": i, "n": 2, "session": f"flood-{i}", "ctx": {"input": "ls"}})
             for i in range(3)
         ))  # fmt: skip
-        with CalmClient(d.socket, timeout=60) as shell:
+        with CalmClient(d.socket) as shell:
             replies = list(shell.complete("git", n=1, session="shell"))
         assert replies[0]["candidate"] == "gitmmit" and "cancelled" not in replies[-1]
         flooder.setblocking(False)
@@ -458,7 +465,7 @@ def test_many_clients_pipelining_get_every_sessions_newest_answered(tmp_path: Pa
 
     def client(k: int, d: Daemon) -> None:
         try:
-            with connect(d, timeout=120) as sock:
+            with connect(d, timeout=HANG_S) as sock:
                 newest: dict[str, int] = {}
                 for i in range(per_client):
                     session = f"c{k}-s{i % sessions}"
@@ -483,7 +490,7 @@ def test_many_clients_pipelining_get_every_sessions_newest_answered(tmp_path: Pa
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=180)
+            t.join(timeout=HANG_S)
         assert errors == []
         assert len(newest_ok) == clients * sessions and all(newest_ok)
         no_tracebacks(d)
@@ -497,7 +504,7 @@ def open_clients(d: Daemon, count: int) -> Iterator[list[CalmClient]]:
     clients: list[CalmClient] = []
     try:
         for _ in range(count):
-            clients.append(CalmClient(d.socket, timeout=30))
+            clients.append(CalmClient(d.socket))
         yield clients
     finally:
         for c in clients:
@@ -505,6 +512,13 @@ def open_clients(d: Daemon, count: int) -> Iterator[list[CalmClient]]:
 
 
 def test_connections_over_the_cap_get_an_error_and_are_logged(tmp_path: Path) -> None:
+    def served_again() -> bool:
+        with CalmClient(d.socket) as again:
+            try:
+                return "status" in again.status()
+            except ConnectionError:
+                return False
+
     with running_daemon(tmp_path, args=(*NO_TRAINING, "--max-connections", "4")) as d:
         with open_clients(d, 4) as clients:
             for c in clients:
@@ -514,15 +528,7 @@ def test_connections_over_the_cap_get_an_error_and_are_logged(tmp_path: Path) ->
             assert refused[0]["error"]["code"] == "too_large"
             assert "4 connections" in refused[0]["error"]["message"]
             clients[0].close()
-            deadline = time.monotonic() + 10
-            while True:  # once the daemon has seen the close, a new client is served again
-                with CalmClient(d.socket) as again:
-                    try:
-                        again.status()
-                        break
-                    except ConnectionError:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.05)
+            wait_until(served_again, "a new client served once the daemon saw the close")
         d.wait_for("refused a client: 4 connections open, the limit")
 
 
@@ -539,7 +545,7 @@ def test_a_burst_of_clients_beyond_the_old_backlog_of_64_is_queued_not_refused(t
             d.proc.send_signal(signal.SIGCONT)
             for i, sock in enumerate(burst):
                 sock.setblocking(True)
-                sock.settimeout(60)
+                sock.settimeout(HANG_S)
                 sock.sendall(pack({"op": "complete", "id": i, "n": 0, "ctx": {"input": ""}}))
             for i, sock in enumerate(burst):
                 unpacker = msgpack.Unpacker(raw=False)
@@ -566,26 +572,28 @@ def test_the_default_cap_follows_a_low_fd_limit(tmp_path: Path) -> None:
 def test_out_of_descriptors_is_logged_and_waiting_clients_are_served_once_fds_free(tmp_path: Path) -> None:
     with running_daemon(tmp_path, args=NO_TRAINING) as d:
         pid = d.proc.pid
+        sockets = socket_count(pid)
         with CalmClient(d.socket) as warm:
             warm.status()
-        time.sleep(0.2)  # let the daemon close the warm-up connection; the limit is taken after it
+        # the limit is taken once the daemon has closed the warm-up connection
+        wait_until(lambda: socket_count(pid) <= sockets, "the daemon to close the warm-up connection")
         limit = fd_count(pid) + 6
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))  # lowered under the running daemon
         first: list[CalmClient] = []
         waiting: list[CalmClient] = []
         try:
-            first = [CalmClient(d.socket, timeout=30) for _ in range(6)]
+            first = [CalmClient(d.socket) for _ in range(6)]
             for c in first:
                 assert "status" in c.status()
-            waiting = [CalmClient(d.socket, timeout=60) for _ in range(4)]  # they sit in the backlog
+            waiting = [CalmClient(d.socket) for _ in range(4)]  # they sit in the backlog
             for c in waiting:
                 c.send("status")
-            d.wait_for("cannot accept clients: Too many open files", timeout=30)
+            d.wait_for("cannot accept clients: Too many open files")
             for c in waiting:  # neither served nor reset: waiting
                 c._sock.settimeout(0.3)
                 with pytest.raises(TimeoutError):
                     c.read_message()
-                c._sock.settimeout(60)
+                c._sock.settimeout(HANG_S)
             for c in first:
                 c.close()
             for c in waiting:  # descriptors are free again: accepted and answered

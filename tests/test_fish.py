@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from calmd import paths
 from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history.fish import import_first_start, import_fish_history, is_fish_history, parse_fish_history
@@ -23,6 +22,7 @@ from calmd.shell import hooks, lines
 from tests.daemon import Daemon, running_daemon
 from tests.tmux import history_rows, shell_env
 from tests.tools import need
+from tests.waiting import HANG_S, wait_until
 
 # What fish 3.6 wrote for these lines (tests/test_shell_fish.py makes fish write one too).
 FISH_HISTORY = b"""- cmd: echo 'a\\\\b'  # back\\\\slash
@@ -257,35 +257,20 @@ def test_a_daemon_started_at_a_fish_prompt_does_not_import_its_own_command(tmp_p
     import signal
 
     from calmd.shell.client import CalmClient
-    from tests.daemon import SCRIPTED_SERVE, daemon_env, wait_imported, wait_ready, write_test_weights
+    from tests.daemon import running_daemon, wait_imported
 
     data = tmp_path / "xdg"
     (data / "fish").mkdir(parents=True)
     now = int(time.time())
     (data / "fish" / "fish_history").write_bytes(FISH_HISTORY + b"- cmd: calmd serve\n  when: %d\n" % now)
-    env = daemon_env(
-        tmp_path, XDG_DATA_HOME=str(data), PYTHONPATH=str(Path(__file__).resolve().parent.parent)
-    )
-    write_test_weights(tmp_path / "data" / paths.WEIGHTS)
     # a shell runs it, as at a prompt (`&` and `wait`: bash stays its parent)
-    proc = subprocess.Popen(["bash", "-c", '"$@" & wait', "bash", *SCRIPTED_SERVE], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    daemon = Daemon(proc, Path(env["CALMD_SOCKET"]), tmp_path)
-    pump = threading.Thread(target=daemon._pump, daemon=True)
-    pump.start()
-    pid = None
-    try:
-        wait_ready(daemon)
+    at_a_prompt = ("bash", "-c", '"$@" & wait', "bash")
+    with running_daemon(tmp_path, env={"XDG_DATA_HOME": str(data)}, prefix=at_a_prompt) as daemon:
         with CalmClient(daemon.socket) as client:
             pid = client.status()["status"]["pid"]
             wait_imported(client)
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        pump.join(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
+        os.kill(pid, signal.SIGTERM)  # the daemon, not its shell: the shell's `wait` ends with it
+        assert daemon.wait() == 0
     assert [r.cmd for r in history_rows(tmp_path)] == [
         "echo 'a\\b'  # back\\slash",
         "echo one\necho two",
@@ -311,10 +296,10 @@ class SpoolHelper:
              "--shell", "fish", *pid, "--spool", str(self.folder)],
             stdin=subprocess.DEVNULL, env=shell_env(home, CALM_DEBUG="1"),
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not (self.folder / "reply").exists():
-            assert time.monotonic() < deadline and self.proc.poll() is None, "the helper did not start"
-            time.sleep(0.02)
+        wait_until(
+            lambda: (self.folder / "reply").exists() or self.proc.poll() is not None, "the helper's FIFO"
+        )
+        assert self.proc.poll() is None, "the helper did not start"
 
     def write(self, *lines: str, partial: bool = False) -> Path:
         self.seq += 1
@@ -322,7 +307,7 @@ class SpoolHelper:
         path.write_text("\n".join(lines) + ("" if partial else "\n"))
         return path
 
-    def ask(self, text: str, timeout: float = 3.0) -> list[str]:
+    def ask(self, text: str, timeout: float = HANG_S) -> list[str]:
         """A `c` line and the answer, read as the hook reads it (`timeout cat reply`)."""
         seq = self.seq + 1
         self.write("\t".join(["c", str(seq), "5", "/tmp", "", "0", lines.escape(text)]))
@@ -335,7 +320,7 @@ class SpoolHelper:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG_S)
 
 
 @pytest.mark.slow  # a daemon or helper process
@@ -382,12 +367,10 @@ def test_without_a_daemon_the_answer_is_empty_at_once(tmp_path: Path) -> None:
         helper.close()
 
 
-def _gone(pid: int, folder: Path, timeout: float = 15) -> None:
+def _gone(pid: int, folder: Path) -> None:
     """Wait until the helper `pid` has exited and its folder is removed (a hang: the ceiling)."""
-    deadline = time.monotonic() + timeout
-    while folder.exists() or os.path.exists(f"/proc/{pid}"):
-        assert time.monotonic() < deadline, "the helper outlived its shell (or left its folder)"
-        time.sleep(0.05)
+    wait_until(lambda: not folder.exists() and not os.path.exists(f"/proc/{pid}"),
+               "the helper to go with its shell (and take its folder)")  # fmt: skip
 
 
 @pytest.mark.slow  # a daemon or helper process
@@ -407,7 +390,7 @@ def test_the_helper_goes_with_its_shell_and_removes_its_folder(tmp_path: Path, p
                              env=shell_env(tmp_path))  # fmt: skip
     assert shell.stdout is not None
     pid = int(shell.stdout.readline())
-    shell.wait(timeout=10)
+    shell.wait(timeout=HANG_S)
     shell.stdout.close()
     _gone(pid, folder)
 
@@ -427,7 +410,7 @@ def test_the_helper_removes_its_folder_however_it_is_ended(tmp_path: Path, how: 
             shell.wait()
         else:
             helper.proc.send_signal(getattr(signal, how))
-        assert helper.proc.wait(timeout=15) == 0
+        assert helper.proc.wait(timeout=HANG_S) == 0
         assert not helper.folder.exists()
     finally:
         shell.kill()
@@ -449,7 +432,7 @@ def test_the_fish_hook_is_baked_with_fish_quoting(tmp_path: Path) -> None:
     if need_fish():
         word = hooks.fish_quote("\\x'")
         script = f"printf '%s\\n' {word}"
-        out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["fish", "-c", script], capture_output=True, text=True, timeout=HANG_S)
         assert out.stdout == "\\x'\n"
 
 

@@ -18,6 +18,7 @@ from calmd.sync.config import SyncConfig, write_config
 from calmd.sync.machine import Sync
 from calmd.sync.seal import new_key, write_key
 from tests.daemon import running_daemon
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # real daemons, tens of thousands of commands
 
@@ -31,7 +32,7 @@ def keystroke(client: CalmClient, typed: str) -> list[dict[str, Any]]:
     return replies
 
 
-def type_while(client: CalmClient, busy: Any, ceiling: float = 300.0) -> int:
+def type_while(client: CalmClient, busy: Any, ceiling: float = HANG_S) -> int:
     """Keystrokes until `busy(status)` says the work is over; how many were typed while it ran."""
     deadline = time.monotonic() + ceiling
     typed = 0
@@ -80,12 +81,12 @@ def test_a_sync_import_beside_typing_reaches_the_suggestions(tmp_path: Path) -> 
     args = (*NO_TRAINING, "--no-import")
     with (
         running_daemon(home, engine="model", weights=False, args=args) as d,
-        CalmClient(d.socket, timeout=120) as c,
+        CalmClient(d.socket) as c,
     ):
         type_while(c, lambda s: s["sync"].get("last_run") is None)
         assert c.status()["status"]["sync"]["records_in"] == records
         # the history index reads them between keystrokes: the desktop's line is proposed
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while True:
             replies = keystroke(c, "terraform apply -target=module.imp")
             lines = [m.get("early") or m.get("candidate") for m in replies]

@@ -23,6 +23,7 @@ from calmd.suggest.ranking import HistoryIndex
 from calmd.training.datasets import DatasetOptions, write_history_dataset
 from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
 from tests.tools import shared_data
+from tests.waiting import HANG_S
 
 
 def test_record_and_filters(store: HistoryStore) -> None:
@@ -448,7 +449,7 @@ def calm(home: Path, *args: str, stdin: str | None = None) -> subprocess.Complet
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
     )
 
 
@@ -524,7 +525,7 @@ def test_calm_forget_all_deletes_everything_calm_holds(tmp_path: Path) -> None:
         def forget(*args: str) -> subprocess.CompletedProcess[str]:
             argv = [str(BIN / "calm"), "forget", "--all", *args]
             return subprocess.run(argv, env=daemon_env(tmp_path, **env), stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+                                  capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
 
         asked = forget()  # no terminal to ask on
         assert asked.returncode == 1 and "--yes" in asked.stderr and "Traceback" not in asked.stderr
@@ -562,16 +563,16 @@ def test_calm_forget_all_asks_on_a_terminal(tmp_path: Path) -> None:
     with Terminal(["bash", "--norc", "--noprofile"], env, cwd=tmp_path) as term:
         term.type(f"PS1='$ '; {BIN / 'calm'} forget --all; echo status=$?")
         term.send("Enter")
-        term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+        term.wait_for(r"delete all of it\? \[y/N\]\s*$")
         term.type("n")
         term.send("Enter")
-        term.wait_for(r"nothing deleted\nstatus=1", timeout=10)
+        term.wait_for(r"nothing deleted\nstatus=1")
         term.type(f"{BIN / 'calm'} forget --all; echo status=$?")
         term.send("Enter")
-        term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+        term.wait_for(r"delete all of it\? \[y/N\]\s*$")
         term.type("y")
         term.send("Enter")
-        term.wait_for(r"forgot 1 command[\s\S]*status=0", timeout=30)
+        term.wait_for(r"forgot 1 command[\s\S]*status=0")
     store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     assert store.count() == 0
     store.close()

@@ -15,7 +15,8 @@ from calmd import paths
 from calmd.cli import calm_main
 from calmd.errors import CalmError
 from calmd.history import query
-from calmd.history.store import HistoryStore, valid_time
+from calmd.history.recorded import valid_time
+from calmd.history.store import HistoryStore
 from calmd.protocol import TS_MAX
 
 NOW = dt.datetime(2025, 11, 24, 15, 0).timestamp()
@@ -296,7 +297,7 @@ def test_one_range_of_times_for_the_store_and_both_views(
     filled: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A time is known from 1970 to 2100 (protocol.TS_MAX) everywhere: what `record` and the imports
-    take (store.valid_time), what the views print (query.known_ts, and SQLite's lines the same),
+    take (recorded.valid_time), what the views print (query.known_ts, and SQLite's lines the same),
     and what opening the store repairs. The year 2500 is past it: unknown in every view (not a date
     in one and unknown in the other), and repaired; TS_MAX itself is a time."""
     with sqlite3.connect(filled) as raw:

@@ -19,6 +19,7 @@ from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon, wait_imported
 from tests.tools import need
+from tests.waiting import HANG_S
 
 LOOP = 'for f in *.log; do\n  gzip "$f"\ndone'
 # What the user typed, as zsh keeps it: a multi-line loop, a command that ends in a backslash,
@@ -43,7 +44,7 @@ def zsh_writes(path: Path, commands: list[str], *, extended: bool) -> bytes:
         + "; fc -W"
     )
     subprocess.run(["zsh", "-f", "-i", "-c", script, "zsh", *commands], stdin=subprocess.DEVNULL,
-                   capture_output=True, check=True, timeout=30)  # fmt: skip
+                   capture_output=True, check=True, timeout=HANG_S)  # fmt: skip
     return path.read_bytes()
 
 
@@ -59,7 +60,7 @@ def bash_writes(path: Path, commands: list[str], *, timestamps: bool) -> bytes:
         + "; history -w; HISTFILE="  # and nothing more written at exit
     )
     subprocess.run(["bash", "--norc", "-i", "-c", script, "bash", *commands], stdin=subprocess.DEVNULL,
-                   env=env, capture_output=True, check=True, timeout=30)  # fmt: skip
+                   env=env, capture_output=True, check=True, timeout=HANG_S)  # fmt: skip
     return path.read_bytes()
 
 
@@ -109,7 +110,7 @@ def test_a_multi_line_zsh_entry_is_not_glued_to_other_commands(tmp_path: Path) -
         wait_imported(c)
         for typed in ("git co", "kubectl lo", "ls "):
             out = subprocess.run([str(BIN / "calmd"), "complete", "-n", "8", typed], env=daemon_env(tmp_path),
-                                 capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+                                 capture_output=True, text=True, check=True, timeout=HANG_S)  # fmt: skip
             lines = out.stdout.splitlines()
             assert lines and not [line for line in lines if "gzip" in line or " in *.log" in line], lines
         found = [m["candidate"] for m in c.complete("for", n=5, multiline=True) if "candidate" in m]
@@ -209,7 +210,7 @@ def test_calm_import_refuses_with_one_line_and_imports_the_other_files(tmp_path:
     os.mkfifo(fifo)
     env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
     out = subprocess.run([str(BIN / "calm"), "import", str(bad), str(fifo), str(tmp_path), str(good)],
-                         env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
+                         env=env, capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
     assert out.returncode == 1
     errors = out.stderr.splitlines()
     assert len(errors) == 3 and all(line.startswith("calm: error: ") for line in errors), errors
@@ -227,11 +228,11 @@ def test_the_daemon_imports_what_a_crash_left_of_a_history_and_says_so(tmp_path:
         f.write(b"\nmake\n" + b"\0" * 4096 + b"\ngit status\n")
     (tmp_path / ".zsh_history").write_text(": 1700000000:0;make test\n")
     with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
-        status = wait_imported(c, timeout=120)
+        status = wait_imported(c)
         assert status["history"]["commands"] == 3  # make test; make, git status (ls: beyond 16 MiB)
         assert status["history"]["import"]["refused"] == 0 and status["history"]["import"]["damaged"] == 1
         shown = subprocess.run([str(BIN / "calmd"), "status"], env=daemon_env(tmp_path),
-                               capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+                               capture_output=True, text=True, check=True, timeout=HANG_S).stdout  # fmt: skip
         assert "1 entry was damaged by NUL bytes" in " ".join(shown.split())
     assert "1 damaged by NUL bytes" in daemon.read_output()
 
@@ -298,7 +299,7 @@ def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -
     store.close()
     assert 0 < stored_before < n
     with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
-        assert wait_imported(c, timeout=120)["history"]["commands"] == n
+        assert wait_imported(c)["history"]["commands"] == n
     store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     assert [r.cmd for r in store.all_rows()] == [f"echo line-{i}" for i in range(n)]
     store.close()
@@ -323,7 +324,7 @@ def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path
     db = tmp_path / "h.sqlite3"
     env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
     out = subprocess.run([str(BIN / "calm"), "import", "--db", str(db), str(bash), str(zsh)], env=env,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert f"{bash}: 5 commands imported (bash format)" in out.stdout
     assert "3 with an impossible time" in out.stdout and "2 with an impossible time" in out.stdout, out.stdout
@@ -337,11 +338,11 @@ def test_impossible_times_are_dropped_and_counted_and_the_commands_kept(tmp_path
     # sorted as the newest commands, before issue 39)
     assert times["ls"] == times["make"] == 1700000000 and times["who"] == 1700000100
     listed = subprocess.run([str(BIN / "calm"), "history", "--commands", "--db", str(db)], env=env,
-                            capture_output=True, text=True, timeout=60).stdout.split("\n")  # fmt: skip
+                            capture_output=True, text=True, timeout=HANG_S).stdout.split("\n")  # fmt: skip
     assert listed[:9] == ["git status", "ls", "make", "vim", "top", "htop", "pwd", "who", "cd"], listed
     for argv in (["history"], ["history", "--json"], ["stats"]):
         shown = subprocess.run([str(BIN / "calm"), *argv, "--db", str(db)], env=env, capture_output=True,
-                               text=True, timeout=60)  # fmt: skip
+                               text=True, timeout=HANG_S)  # fmt: skip
         assert shown.returncode == 0 and "Infinity" not in shown.stdout, shown.stderr
 
 
@@ -352,7 +353,7 @@ def test_the_import_summary_names_a_hostile_file_escaped(tmp_path: Path) -> None
     hostile.write_text("#1700000000\ngit status\n#999999999999\nls\n")
     env = {**os.environ, "CALM_HOME": str(tmp_path / "data")}
     out = subprocess.run([str(BIN / "calm"), "import", "--db", str(tmp_path / "h.sqlite3"), str(hostile)],
-                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                         env=env, capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout
     escaped = str(tmp_path).replace("\\", "\\\\") + "/hist\\e]0;pwned\\x07"
@@ -423,5 +424,5 @@ def test_calmd_status_counts_the_impossible_times_of_the_first_start(tmp_path: P
         status = wait_imported(c)
         assert status["history"]["commands"] == 3 and status["history"]["import"]["bad_times"] == 1
         shown = subprocess.run([str(BIN / "calmd"), "status"], env={**daemon_env(tmp_path), "COLUMNS": "400"},
-                               capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+                               capture_output=True, text=True, check=True, timeout=HANG_S).stdout  # fmt: skip
         assert "1 imported command had an impossible time (kept without it)" in shown

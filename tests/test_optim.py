@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from calmd.training import optim
+from tests.waiting import HANG_S
 
 CASES = [
     (optim.Adam, torch.optim.Adam, {"lr": 3e-3}),
@@ -110,7 +111,7 @@ def test_a_process_that_trains_never_imports_torchs_compiler() -> None:
         print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "no dynamo"
 

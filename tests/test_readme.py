@@ -22,6 +22,7 @@ import pytest
 from calmd import paths
 from tests.daemon import BIN, daemon_env
 from tests.tools import need
+from tests.waiting import HANG_S
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_TXT = "".join(
@@ -101,11 +102,11 @@ def test_the_readme_tools_run_as_written(tmp_path: Path) -> None:
                     start, end = shown
                     assert run.stdout.strip().startswith(start), (variant, run.stdout)
                     assert run.stdout.strip().endswith(end), (variant, run.stdout)
-        assert serve.wait(timeout=30) == 0  # `calmd stop`, the block's last line, stopped it
+        assert serve.wait(timeout=HANG_S) == 0  # `calmd stop`, the block's last line, stopped it
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
+            serve.wait(timeout=HANG_S)
         if serve.stdout is not None:
             serve.stdout.close()
     assert (tmp_path / "my.cwgt").is_file() and (tmp_path / "loss.png").is_file()
@@ -177,7 +178,7 @@ def install(home: Path) -> Path:
     (clone / ".venv").symlink_to(BIN.parent)
     for command in lines[1:]:
         run = subprocess.run(["bash", "-c", command], cwd=clone, env=user_env(home), capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+                             text=True, timeout=HANG_S)  # fmt: skip
         assert run.returncode == 0, (command, run.stderr)
     return clone
 
@@ -236,7 +237,7 @@ def test_the_users_install_serves_from_the_package(tmp_path: Path) -> None:
 
     def sh(line: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+                              timeout=HANG_S)  # fmt: skip
 
     where = sh("command -v calm calmd")
     assert where.stdout.split() == [str(tmp_path / ".local/bin/calm"), str(tmp_path / ".local/bin/calmd")]
@@ -272,7 +273,7 @@ def test_after_the_install_the_readmes_hook_line_finds_calmd(tmp_path: Path) -> 
     (zdot / ".zshrc").write_text(f"PS1='PROMPT> '\n{hook_line}\n")
     env = user_env(tmp_path, ZDOTDIR=str(zdot))
     with Terminal(["zsh", "-d", "-i"], env, cwd=tmp_path, width=300) as term:
-        term.wait_for("^PROMPT>", timeout=30)
+        term.wait_for("^PROMPT>")
         term.type(
             "print -r -- hook=$+functions[_calm_precmd] calmd=$(command -v calmd) calm=$(command -v calm)"
         )
@@ -308,7 +309,7 @@ def test_turn_it_off_as_the_readme_says(tmp_path: Path) -> None:
         assert (tmp_path / "data" / paths.DISABLED_FLAG).is_file()
         term.type(lines[2])
         term.send("Enter")
-        assert daemon.proc.wait(timeout=30) == 0
+        assert daemon.proc.wait(timeout=HANG_S) == 0
 
 
 @pytest.mark.slow
@@ -337,7 +338,7 @@ def test_remove_everything_as_the_readme_says(tmp_path: Path) -> None:
             raise AssertionError("calmd serve did not start")
         for line in ("calm import ~/.zsh_history", "calmd init zsh", "calmd install-systemd",
                      f"mkdir -p {sync} && calm sync --folder {sync} && calm sync now"):  # fmt: skip
-            subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+            subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, timeout=HANG_S)
         units = tmp_path / ".config" / "systemd" / "user"
         assert (data / paths.HISTORY).is_file() and (data / paths.HOOK_FILE.format(shell="zsh")).is_file()
         assert (units / paths.SYSTEMD_SERVICE_UNIT).is_file() and (
@@ -355,15 +356,15 @@ def test_remove_everything_as_the_readme_says(tmp_path: Path) -> None:
                 term.type(f"{line}; echo done-{n}")
                 term.send("Enter")
                 if n == 0:
-                    term.wait_for(r"delete all of it\? \[y/N\]\s*$", timeout=30)
+                    term.wait_for(r"delete all of it\? \[y/N\]\s*$")
                     term.type("y")
                     term.send("Enter")
-                term.wait_for(rf"^done-{n}$", timeout=60)
-        assert serve.wait(timeout=30) == 0  # `calmd stop` stopped it
+                term.wait_for(rf"^done-{n}$")
+        assert serve.wait(timeout=HANG_S) == 0  # `calmd stop` stopped it
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
+            serve.wait(timeout=HANG_S)
         if serve.stdout is not None:
             serve.stdout.close()
     assert list(sync.iterdir()) == [], "this machine's share is still in the sync folder"

@@ -267,14 +267,14 @@ def test_replay_with_comp_scores_calmd_with_the_reconstructed_disk_too(tmp_path:
     assert "comp_filled" not in totals["calmd"]
 
 
-def test_replay_compares_several_models_on_the_same_queries(tmp_path: Path, tiny_weights: Path) -> None:
-    from tests.tiny_model import save_tiny, train_tiny
-
+def test_replay_compares_several_models_on_the_same_queries(
+    tmp_path: Path, tiny_weights: Path, other_tiny_weights: Path
+) -> None:
     (tmp_path / "good").mkdir()
     good = tmp_path / "good" / "weights.cwgt"  # named after its folder, as in /work/models/<name>/
     good.write_bytes(tiny_weights.read_bytes())
     # another model, which learned other lines
-    other = save_tiny(tmp_path / "other.cwgt", train_tiny(("make install", "git status"), favourite=0))
+    other = other_tiny_weights
     cycle = ["cd proj", "git status", "make test", "ls -la"]
     history = tmp_path / "user6.txt"
     history.write_text("\n".join(cycle * 30) + "\n")

@@ -17,6 +17,7 @@ from calmd.shell import search_ui
 from calmd.shell.search_screen import ago, clip, clip_left, highlight_spans
 from calmd.shell.search_ui import State, parse_keys, visible
 from tests.tmux import shell_env
+from tests.waiting import HANG_S
 
 
 def test_keys_from_the_terminal() -> None:
@@ -73,7 +74,7 @@ def test_without_a_daemon_it_gives_the_key_back_at_once(tmp_path: Path) -> None:
     socket at all, and with a socket whose daemon never answers."""
     argv = [sys.executable, "-m", "calmd.shell.search_ui", "--socket", str(tmp_path / "none.sock"), "git"]
     started = time.monotonic()
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=shell_env(tmp_path))
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, env=shell_env(tmp_path))
     assert (out.returncode, out.stdout) == (3, "")
     assert time.monotonic() - started < 5  # a Python start, nothing more
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,7 +83,7 @@ def test_without_a_daemon_it_gives_the_key_back_at_once(tmp_path: Path) -> None:
     try:
         argv[4] = str(tmp_path / "mute.sock")
         started = time.monotonic()
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=shell_env(tmp_path))
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, env=shell_env(tmp_path))
         assert (out.returncode, out.stdout) == (3, "")
         assert time.monotonic() - started < search_ui.FIRST_ANSWER_S + 4
     finally:

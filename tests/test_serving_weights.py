@@ -17,6 +17,7 @@ import pytest
 from calmd import paths
 from calmd.shell.client import CalmClient
 from tests.daemon import BIN, daemon_env, running_daemon
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def calm(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, cwd=home)  # fmt: skip
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+def wait_for(check: Callable[[], Any], what: str, timeout: float = HANG_S) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := check()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -99,7 +100,7 @@ def test_rollback_with_no_previous_file_goes_back_to_the_packaged_model(
         # `calmd status` says so: it said "shell.cwgt does not exist yet", as before any training
         assert c.status()["status"]["rolled_back"] is True
         shown = subprocess.run([str(BIN / "calmd"), "--no-color", "status"], env=daemon_env(tmp_path),
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+                               capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
         table = " ".join(shown.stdout.split())
         assert "was rolled back" in table and "does not exist yet" not in table, table
         assert any("candidate" in m for m in c.complete("git st", n=2, session="s"))  # it answers

@@ -7,7 +7,6 @@ candidate into the line and cycles on repeat."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from tests.tmux import (
     wait_recorded,
 )
 from tests.tools import need
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.needs("bash", "tmux"), pytest.mark.slow]  # real shells in tmux
 
@@ -190,10 +190,9 @@ def test_leading_space_command_not_recorded_with_histcontrol(home: Path, daemon:
             term.type(cmd)
             term.send("Enter")
         # Records travel in order: once both visible ones are stored, the secret's would be too.
-        deadline = time.monotonic() + 5
-        while len([r for r in history_rows(home) if r.cmd == "echo visible-calm"]) < 2:
-            assert time.monotonic() < deadline, [r.cmd for r in history_rows(home)]
-            time.sleep(0.02)
+        commands = lambda: [r.cmd for r in history_rows(home)]  # noqa: E731
+        wait_until(lambda: commands().count("echo visible-calm") == 2, "both visible lines recorded",
+                   report=lambda: str(commands()))  # fmt: skip
         assert not [r for r in history_rows(home) if "secret" in r.cmd]
 
 
@@ -235,7 +234,7 @@ def cycle_all(term: Any, typed: str, *, limit: int = 8) -> list[str]:
     seen: list[str] = []
     for _ in range(limit):
         term.send("BTab")
-        time.sleep(0.5)
+        term.keys_handled()  # the key waited for its answer
         line = term.line().removeprefix("PROMPT> ").rstrip()
         if line == typed:
             return seen
@@ -258,18 +257,15 @@ def test_shift_tab_offers_only_what_the_ghost_would(home: Path) -> None:
             for cmd, code in [("cd ~/src/website/", 0), ("cd ~/src/info.txt", 1), ("cd ~/src/app", 0),
                               ("git pull", 0), *[("git push origin feature/login", 128)] * 5]:  # fmt: skip
                 client.record(cmd, exit=code, cwd=str(home), session="elsewhere")
+
             # A keystroke waits 2 ms for a folder's listing it does not have (and lets the line
             # through, unknown): on a loaded machine the first request can pass that. The daemon
             # has listed ~/src once a request from home sees the missing folder as missing.
-            deadline = time.monotonic() + 30
-
-            def offers_website() -> bool:
+            def listed() -> bool:
                 replies = client.complete("cd ~/src/", cwd=str(home))
-                return any("website" in m.get("candidate", "") for m in replies)
+                return not any("website" in m.get("candidate", "") for m in replies)
 
-            while offers_website():
-                assert time.monotonic() < deadline, "the daemon never listed ~/src"
-                time.sleep(0.05)
+            wait_until(listed, "the daemon to list ~/src")
         with bash_terminal(home) as term:
             term.wait_for("^PROMPT>")
             term.type("cd ~/src/")

@@ -25,6 +25,7 @@ from tests.daemon import BIN, Daemon, running_daemon
 from tests.fake_daemon import SURE, UNSURE, FakeDaemon, candidates
 from tests.tmux import history_rows, record, shell_env, wait_recorded
 from tests.tools import need
+from tests.waiting import HANG_S
 
 
 class HelperProcess:
@@ -49,7 +50,7 @@ class HelperProcess:
         """A request as the hooks send it to a `--format 2` helper (with the threshold)."""
         self.send("c", str(seq), str(n), "/tmp", "main", min_confidence, lines.escape(text))
 
-    def reply2(self, timeout: float = 10.0) -> tuple[str, bool, str, list[str]]:
+    def reply2(self, timeout: float = HANG_S) -> tuple[str, bool, str, list[str]]:
         """A `--format 2` answer: (seq, final, flags, candidates)."""
         seq, final, cands = self.reply(timeout)
         return seq, final, cands[0] if cands else "", cands[1:]
@@ -66,7 +67,7 @@ class HelperProcess:
                 return before, (flags, cands)
             before.append((flags, cands))
 
-    def reply(self, timeout: float = 10.0) -> tuple[str, bool, list[str]]:
+    def reply(self, timeout: float = HANG_S) -> tuple[str, bool, list[str]]:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -92,7 +93,7 @@ class HelperProcess:
     def close(self) -> int:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        code = self.proc.wait(timeout=10)
+        code = self.proc.wait(timeout=HANG_S)
         for stream in (self.proc.stdout, self.proc.stderr):
             assert stream is not None
             stream.close()
@@ -376,7 +377,7 @@ def test_helper_on_a_read_write_fifo_sees_the_shell_go(home: Path, daemon: Daemo
     )  # fmt: skip
     os.write(shell_side, b"r\t0\t/tmp\t\t\techo through-the-fifo\n")
     os.close(shell_side)  # the shell is gone, likely before the helper even started
-    assert proc.wait(timeout=30) == 0  # end of file: it did not wait for its parent to go
+    assert proc.wait(timeout=HANG_S) == 0  # end of file: it did not wait for its parent to go
     assert wait_recorded(home, "echo through-the-fifo").session == "s-fifo"
 
 

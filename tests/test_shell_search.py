@@ -47,7 +47,7 @@ def fill(daemon: Daemon, home: Path) -> None:
 
 def open_search(term: Terminal, query: str = "") -> str:
     term.send("C-r")
-    return term.wait_for(r"^ calm search · all.*\n>" + (" " + re.escape(query) if query else ""), timeout=15)
+    return term.wait_for(r"^ calm search · all.*\n>" + (" " + re.escape(query) if query else ""))
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -104,14 +104,14 @@ def test_each_line_says_when_where_and_whether_it_failed_and_modes_filter(
         assert "/srv/elsewhere" in vim and "✗" not in vim
         assert lines
         term.send("C-r")  # this machine: every line here was recorded on this host
-        term.wait_for(r"^ calm search · this machine.*5 matches", timeout=10)
+        term.wait_for(r"^ calm search · this machine.*5 matches")
         term.send("C-r")  # this folder: what ran in the shell's folder only
-        screen = term.wait_for(r"^ calm search · this folder", timeout=10)
+        screen = term.wait_for(r"^ calm search · this folder")
         term.wait(lambda s: "vim notes.txt" not in s and "git status" in s, what="the folder's lines")
         term.send("C-r")  # this session: nothing ran in this new shell yet
-        term.wait_for(r"^ calm search · this session.*0 matches", timeout=10)
+        term.wait_for(r"^ calm search · this session.*0 matches")
         term.send("C-r")  # succeeded
-        screen = term.wait_for(r"^ calm search · succeeded", timeout=10)
+        screen = term.wait_for(r"^ calm search · succeeded")
         term.wait(lambda s: "make deploy-staging" not in s and "git status" in s, what="what succeeded")
         term.send("Escape")
         term.wait_line(r"^PROMPT>\s*$")
@@ -131,7 +131,7 @@ def test_ctrl_d_deletes_the_line_from_the_history(shell: str, home: Path, daemon
         term.send("C-d")
         term.wait_for(r"for good\? y/n")
         term.type("y")
-        term.wait_for(r"deleted 1 run from the history", timeout=10)
+        term.wait_for(r"deleted 1 run from the history")
         term.wait_for(r"0 matches")
         term.send("Escape")
         term.wait_line(r"^PROMPT> deploy\s*$")
@@ -150,7 +150,7 @@ def test_a_query_too_long_clears_the_lines_and_enter_runs_nothing(
         screen = open_search(term)
         assert "echo searched-and-run" in screen
         term.type("echo sea" + "x" * 1100)
-        term.wait_for(r"the query is longer than 1,024 bytes: shorten it", timeout=10)
+        term.wait_for(r"the query is longer than 1,024 bytes: shorten it")
         screen = term.wait_for(r"0 matches")
         assert "searched-and-run" not in screen.split("\n", 2)[2].split("the query is")[0]  # no line left
         term.send("Enter")  # nothing to run: the search stays
@@ -175,7 +175,7 @@ def test_enter_on_a_line_cut_for_the_reply_runs_the_whole_line(
         term.type("long-line")
         open_search(term, "long-line")
         term.send("Enter")
-        row = wait_recorded(home, long, timeout=15)  # run, and recorded by the hook: the whole line
+        row = wait_recorded(home, long)  # run, and recorded by the hook: the whole line
         assert row.exit == 0 and row.session.startswith(f"{shell}-")
 
 
@@ -190,7 +190,7 @@ def test_without_a_daemon_ctrl_r_is_the_shells_own_search(shell: str, home: Path
         daemon.wait()
         started = time.monotonic()
         term.send("C-r")
-        term.wait_for(OWN_SEARCH[shell], timeout=5)
+        term.wait_for(OWN_SEARCH[shell])
         assert time.monotonic() - started < 3
         term.type("from-the")
         term.wait_for(r"from-the-shell-history")
@@ -205,7 +205,7 @@ def test_calm_search_0_leaves_ctrl_r_alone(shell: str, home: Path, daemon: Daemo
     with SHELLS[shell](home, CALM_SEARCH="0", **QUIET) as term:
         term.wait_for("^PROMPT>")
         term.send("C-r")
-        term.wait_for(OWN_SEARCH[shell], timeout=5)
+        term.wait_for(OWN_SEARCH[shell])
         time.sleep(0.5)
         assert "calm search" not in term.screen()
 
@@ -218,7 +218,7 @@ def test_zsh_falls_back_to_the_widget_ctrl_r_had_before(home: Path, daemon: Daem
         daemon.proc.terminate()
         daemon.wait()
         term.send("C-r")
-        term.wait_line(r"^PROMPT> from my own widget\s*$", timeout=5)
+        term.wait_line(r"^PROMPT> from my own widget\s*$")
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -232,8 +232,8 @@ def test_calm_search_typed_at_a_prompt_ends_its_line(shell: str, home: Path, dae
         term.wait_for("^PROMPT>")
         term.type(f"{BIN / 'calm'} search git push")
         term.send("Enter")
-        term.wait_for(r"^ calm search · all.*\n> git push", timeout=15)
+        term.wait_for(r"^ calm search · all.*\n> git push")
         term.send("Tab")
-        term.wait_for(r"^edit\ngit push origin main\nPROMPT>", timeout=10)
+        term.wait_for(r"^edit\ngit push origin main\nPROMPT>")
         term.type("echo next")
         term.wait_line(r"^PROMPT> echo next\s*$")

@@ -6,7 +6,6 @@ entry is drawn as lines by zsh, and never reaches bash's line."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from tests.daemon import Daemon
 from tests.fake_daemon import SURE, FakeDaemon, candidates
 from tests.tmux import Terminal, bash_terminal, record, zsh_terminal
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -80,10 +80,7 @@ def test_zsh_shows_a_multi_line_entry_as_lines_and_runs_it_as_typed(home: Path) 
         term.wait_for(r"^PROMPT> for f in a b; do\n  echo got-\$f\ndone", escapes=False)
         term.send("End", "Enter")
         term.wait_for("^got-a\ngot-b\nPROMPT>")
-        deadline = time.monotonic() + 5
-        while loop not in fake.records and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert loop in fake.records  # recorded as run, newlines and all
+        wait_until(lambda: loop in fake.records, "the loop recorded as run, newlines and all")
 
 
 @pytest.mark.needs("bash", "tmux")

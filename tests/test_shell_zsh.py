@@ -25,6 +25,7 @@ from tests.tmux import (
     zsh_terminal,
 )
 from tests.tools import need, need_file
+from tests.waiting import HANG_S
 
 DIM = "\x1b[90m"  # how tmux shows the default highlight, fg=8
 GHOST = re.escape(DIM)
@@ -177,7 +178,7 @@ def visible(raw: str) -> str:
     return ESCAPE.sub("", raw)
 
 
-def drawn_until(log: Path, sentinel: str, *, timeout: float = 5.0) -> str:
+def drawn_until(log: Path, sentinel: str, *, timeout: float = HANG_S) -> str:
     """What the shell wrote to the terminal (Terminal.record_output) up to `sentinel` (visible
     text), once the sentinel is there: anything drawn before it, even if overwritten since, is in
     the result, escape sequences included."""
@@ -307,7 +308,7 @@ def test_vi_mode(home: Path, daemon: Daemon) -> None:
         term.send("A")
         term.type("atus")
         term.send("Enter")
-        wait_recorded(home, "git status", timeout=5)
+        wait_recorded(home, "git status")
 
 
 @pytest.mark.parametrize("order", ["autosuggestions-first", "calm-first"])
@@ -592,10 +593,10 @@ def test_the_disk_and_the_environment_reach_the_suggestions(home: Path) -> None:
         term.send("Enter")
         wait_recorded(home, "mkdir build")
         term.type("cd b")
-        term.wait_line(rf"^PROMPT> cd b{GHOST}uild/?{LINE_END}", escapes=True, timeout=15)
+        term.wait_line(rf"^PROMPT> cd b{GHOST}uild/?{LINE_END}", escapes=True)
         term.send("C-u")
         term.type("vim no")
-        term.wait_line(rf"^PROMPT> vim no{GHOST}tes\.md{LINE_END}", escapes=True, timeout=15)
+        term.wait_line(rf"^PROMPT> vim no{GHOST}tes\.md{LINE_END}", escapes=True)
         term.send("C-u")
         term.type("export VIRTUAL_ENV=/srv/proj/.venv")
         term.send("Enter")
@@ -633,7 +634,7 @@ def test_a_ghost_is_drawn_only_where_its_line_belongs(
             assert "feature/login" not in term.line(), term.line()
             term.send("C-u")
             term.type("make b")
-            term.wait_line(rf"^PROMPT> make b{GHOST}uild{LINE_END}", escapes=True, timeout=15)
+            term.wait_line(rf"^PROMPT> make b{GHOST}uild{LINE_END}", escapes=True)
             term.send("C-u")
             term.type(f"cd {outside}")
             term.send("Enter")

@@ -33,6 +33,7 @@ from calmd.sync.seal import (
     parse_key_phrase,
     write_key,
 )
+from tests.waiting import HANG_S
 
 
 @dataclass
@@ -494,7 +495,7 @@ def test_rsync_update_both_ways_without_delete(tmp_path: Path) -> None:
     def engine() -> None:
         for src, dst in ((a, b), (b, a)):
             subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], check=True, capture_output=True,
-                           timeout=60)  # fmt: skip
+                           timeout=HANG_S)  # fmt: skip
 
     desktop.run()  # an empty history: a segment that says the desktop is there
     engine()
@@ -567,7 +568,7 @@ def test_what_this_machine_would_refuse_is_not_stored_and_clocks_do_not_matter(
 def test_a_record_with_an_impossible_time_is_kept_without_it_and_counted(
     pair: tuple[Machine, Machine, Path],
 ) -> None:
-    """Times from another machine pass the bounds the imports of history files pass (store.valid_time:
+    """Times from another machine pass the bounds the imports of history files pass (recorded.valid_time:
     1970 to 2100): a record that came with another is kept, timed by the record before it in its
     segment (the first one: when the segment was sealed), and counted once, however often read."""
     import math

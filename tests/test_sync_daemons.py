@@ -28,6 +28,7 @@ from calmd.sync.export import TEST_HOLD_ENV
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.syncthing import Syncthing
 from tests.tools import need
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow
 INTERVAL = "0.5"  # seconds between the daemons' exports and imports
@@ -35,7 +36,7 @@ INTERVAL = "0.5"  # seconds between the daemons' exports and imports
 
 def calm(home: Path, *args: str, stdin: str | None = None) -> str:
     out = subprocess.run([str(BIN / "calm"), *args], env=daemon_env(home), input=stdin, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+                         text=True, timeout=HANG_S)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -44,7 +45,7 @@ def history(home: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in calm(home, "history", "--json").splitlines()]
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+def wait_until(check: Callable[[], bool], what: str, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -82,7 +83,9 @@ def engine(kind: str, tmp: Path, a: Path, b: Path) -> Iterator[Callable[[], None
         # versions within one second used to be told apart by size alone: files that never change
         # once written are what make this safe (docs/sync.md).
         for src, dst in ((a, b), (b, a)):
-            subprocess.run(["rsync", "-a", "--update", f"{src}/", f"{dst}/"], capture_output=True, timeout=60)
+            subprocess.run(
+                ["rsync", "-a", "--update", f"{src}/", f"{dst}/"], capture_output=True, timeout=HANG_S
+            )
 
     def loop() -> None:
         while not stop.wait(0.3):
@@ -94,7 +97,7 @@ def engine(kind: str, tmp: Path, a: Path, b: Path) -> Iterator[Callable[[], None
         yield copy
     finally:
         stop.set()
-        thread.join(timeout=30)
+        thread.join(timeout=HANG_S)
 
 
 def held(own: Path) -> list[str]:
@@ -187,7 +190,7 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
             [temp] = held(own)
         finally:
             os.kill(serve.pid, signal.SIGKILL)
-            serve.wait(timeout=10)
+            serve.wait(timeout=HANG_S)
         assert held(own) == [temp], "killed in the write: its temp file is left"
         assert not (own / (temp.split(".")[1] + ".calm")).exists(), "the segment it was writing is not there"
         with (
@@ -249,7 +252,7 @@ def test_forget_all_takes_this_machine_out_of_sync_and_nothing_comes_back(tmp_pa
         env = daemon_env(desktop, CALM_CACHE=str(tmp_path / "desktop-cache"))  # not the machine's kernels
         argv = [str(BIN / "calm"), "forget", "--all", *flags]
         return subprocess.run(
-            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90
+            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_S
         )
 
     def commands(home: Path) -> set[tuple[str, str]]:

@@ -18,6 +18,7 @@ import pytest
 
 from calmd.sync.seal import read_key, seal_segment
 from tests.daemon import BIN, daemon_env
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # processes: seconds each
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ class Machine:
 
     def calm(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([str(BIN / "calm"), *args], env=self.env, input=stdin, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+                              text=True, timeout=HANG_S)  # fmt: skip
         if ok:
             assert done.returncode == 0, done.stdout + done.stderr
         return done
@@ -282,7 +283,7 @@ def test_the_docs_git_example_runs_as_written(tmp_path: Path) -> None:
     def run(machine: Machine, line: str) -> str:
         env = {**machine.env, "PATH": f"{fake}:{BIN}:/usr/bin:/bin", "FAKE_SERVER": str(server)}
         done = subprocess.run(["bash", "-c", line], env=env, cwd=machine.home, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+                              timeout=HANG_S)  # fmt: skip
         assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
         return done.stdout
 

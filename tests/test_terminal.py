@@ -22,6 +22,7 @@ from calmd.visible import visible
 from tests.daemon import BIN, Daemon, daemon_env, running_daemon
 from tests.tiny_model import CONTEXT, save_tiny, train_tiny
 from tests.tmux import history_rows
+from tests.waiting import HANG_S
 
 # The escapes a hostile history (or a model that learned one) could send to a terminal.
 HOSTILE = {
@@ -159,7 +160,7 @@ def test_calmd_complete_prints_control_characters_escaped(home: Path) -> None:
         for typed in ("for f", "printf '"):
             out = subprocess.run(
                 [str(BIN / "calmd"), "complete", typed], env=daemon_env(home),
-                capture_output=True, timeout=30, check=True,
+                capture_output=True, timeout=HANG_S, check=True,
             )  # fmt: skip
             text = out.stdout.decode()
             assert terminal_safe(text.replace("\n", "")), text

@@ -20,6 +20,7 @@ from calmd import paths
 from calmd.arguments import run_tool
 from calmd.errors import FormatError, one_line
 from tests.daemon import BIN, daemon_env
+from tests.waiting import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = [sys.executable, "-m"]
@@ -53,7 +54,7 @@ def env_for(root: Path) -> dict[str, str]:
 def one_error(f: Path, prog: str, argv: list[str], status: int, **extra_env: str) -> str:
     """Run `argv` as a user would; the one line it prints, after checking the format and status."""
     out = subprocess.run(argv, cwd=ROOT, env={**env_for(f), **extra_env}, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+                         timeout=HANG_S)  # fmt: skip
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     what = (argv[-4:], out.returncode, out.stderr[-800:])
     assert out.returncode == status, what
@@ -95,7 +96,7 @@ def test_calmd_serve_keeps_its_exit_code_and_says_the_one_line_on_stdout_too(f: 
     """`calmd serve` exits 3 when it cannot start (systemd's unit reads it): the same line, on its
     log (stdout) as before."""
     argv = [str(BIN / "calmd"), "serve", "--socket", str(f / "folder"), "--no-import"]
-    out = subprocess.run(argv, env=env_for(f), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(argv, env=env_for(f), capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 3 and "Traceback" not in out.stdout + out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("calmd: ")]
     assert line.startswith(f"calmd: error: {f / 'folder'} is a folder: refusing to replace it")
@@ -104,6 +105,7 @@ def test_calmd_serve_keeps_its_exit_code_and_says_the_one_line_on_stdout_too(f: 
 # --------------------------------------------------------------------------- python -m calmd....
 
 
+@pytest.mark.slow  # three processes each, importing torch (2 CPU-seconds each): the quick loop has the rest
 @pytest.mark.parametrize("tool", ["fit_ranker", "fit_search", "fit_vocabulary", "fit_anchor"])
 def test_the_fits(f: Path, tool: str) -> None:
     prog = f"python -m calmd.quality.{tool}"
@@ -131,6 +133,7 @@ def test_fit_calibration(f: Path) -> None:
     assert "invalid int value: 'many'" in one_error(f, prog, [*argv, "--positions", "many"], 2)
 
 
+@pytest.mark.slow  # four processes importing torch
 def test_the_recipe(f: Path) -> None:
     prog = "python -m calmd.training.recipe"
     argv = [*PY, "calmd.training.recipe", "--work", str(f / "work"), "--output", str(f / "r.cwgt")]

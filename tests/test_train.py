@@ -38,6 +38,7 @@ from calmd.training.evaluate import sequence_loss
 from calmd.training.plot import check_available, write_loss_plot
 from calmd.training.train import TrainConfig, train
 from tests.builders import TASK_A, TASK_B, TINY, dataset, sequences, tiny_model_file
+from tests.waiting import HANG_S
 
 BIN = Path(sys.executable).parent
 
@@ -407,7 +408,7 @@ def test_two_ranks_equal_one_process_with_the_same_global_batch(tmp_path: Path) 
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
          str(BIN / "calm"), *args, "-o", str(ddp_out)],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=HANG_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     single_out = tmp_path / "single.cwgt"

@@ -27,6 +27,7 @@ from calmd.suggest.ranker import Ranker, packaged_ranker
 from calmd.training import background
 from calmd.training.background import TrainingLock, read_status, rollback
 from tests.daemon import BIN, daemon_env, running_daemon, write_test_weights
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # a real daemon (or training) per test: `pytest -m "not slow"` skips them
 
@@ -34,7 +35,7 @@ ENGINE = "model"
 COMMANDS = ["git status", "make build", "make test", "git commit -am wip", "docker ps -a"]
 
 
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 120.0, step: float = 0.05) -> Any:
+def wait_until(check: Callable[[], Any], what: str, timeout: float = HANG_S, step: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -104,7 +105,7 @@ def test_a_run_dies_with_its_daemon_and_the_next_daemon_sees_it_dead(
         assert alive(pid) and runs_on(data) == [pid]
         d.proc.kill()  # kill -9: no shutdown code runs in the daemon
         d.proc.wait()
-        wait_until(lambda: not alive(pid), "the orphaned run to die", timeout=30)  # was: it trained on
+        wait_until(lambda: not alive(pid), "the orphaned run to die", timeout=HANG_S)  # was: it trained on
     assert (data / paths.WEIGHTS).read_bytes() == tiny_weights.read_bytes()
     with running_daemon(tmp_path, engine=ENGINE, args=LONG_RUN) as d, CalmClient(d.socket) as c:
         dead = training(c)
@@ -114,7 +115,7 @@ def test_a_run_dies_with_its_daemon_and_the_next_daemon_sees_it_dead(
         wait_until(lambda: training(c)["state"] == "training", "the new run")
         assert len(runs_on(data)) == 1  # one run, not two
         d.proc.send_signal(signal.SIGTERM)  # a graceful stop stops the run too, cleanly
-        assert d.wait(timeout=30) == 0
+        assert d.wait(timeout=HANG_S) == 0
     assert runs_on(data) == []
     result = read_status(data)
     assert result["state"] == "interrupted" and result["reason"].startswith("stopped: SIGTERM"), result
@@ -130,7 +131,7 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
         # a second run started by hand says who holds the data dir, and touches nothing
         second = subprocess.run(
             [sys.executable, "-m", "calmd.training.background", "--data-dir", str(data), "--min-examples=10"],
-            capture_output=True, text=True, timeout=120, env=daemon_env(tmp_path),
+            capture_output=True, text=True, timeout=HANG_S, env=daemon_env(tmp_path),
         )  # fmt: skip
         assert second.returncode == background.EXIT_LOCKED, second.stderr
         assert f"another training run (pid {pid}) holds" in second.stderr
@@ -175,7 +176,7 @@ def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_w
         wait_until(lambda: training(c)["state"] == "interrupted", "the daemon to see the run dead")
         assert "killed by SIGKILL" in training(c)["last_result"]["reason"]
         wait_until(lambda: not candidate.exists() and not half.exists() and not spill.exists()
-                   and not ranker.exists(), "what the run left to be removed", timeout=10)  # fmt: skip
+                   and not ranker.exists(), "what the run left to be removed", timeout=HANG_S)  # fmt: skip
         d.wait_for(f"removed what the ended training run (pid {info['pid']}) left")
     # what a run left when its daemon was killed with it goes at the next start
     (data / ".shell.candidate.999999.cwgt").write_bytes(b"weights")
@@ -201,7 +202,8 @@ def test_a_failed_run_shows_as_failed_with_its_reason(tmp_path: Path) -> None:
         assert failed["last_result"]["reason"].startswith("FormatError"), failed  # was shown as idle
         assert "parameters" in failed["last_result"]["reason"]
         table = subprocess.run([str(BIN / "calmd"), "--no-color", "status"], capture_output=True, text=True,
-                               env={**daemon_env(tmp_path), "COLUMNS": "400"}, timeout=30).stdout  # fmt: skip
+                               env={**daemon_env(tmp_path), "COLUMNS": "400"},
+                               timeout=HANG_S).stdout  # fmt: skip
         assert "│ training " in table and "failed; last run" in table
     with running_daemon(tmp_path, args=args) as d, CalmClient(d.socket) as c:
         assert training(c)["state"] == "failed"  # kept across restarts: training.json says so
@@ -336,8 +338,8 @@ def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weight
             "--train-check-interval", "0.01")  # fmt: skip
     with (
         running_daemon(tmp_path, engine=ENGINE, args=args) as d,
-        CalmClient(d.socket, timeout=60) as c,
-        CalmClient(d.socket, timeout=60) as other,
+        CalmClient(d.socket) as c,
+        CalmClient(d.socket) as other,
     ):
         burst = b"".join(
             msgpack.packb({"op": "train", "id": i} if i % 20 == 0 else

@@ -24,6 +24,7 @@ from calmd.visible import json_text, visible
 from tests.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
 from tests.daemon import BIN, running_daemon
 from tests.tmux import PROMPT, Terminal, shell_env
+from tests.waiting import HANG_S, wait_until
 
 pytestmark = [pytest.mark.needs("bash", "tmux"), pytest.mark.slow]  # real terminals
 
@@ -40,6 +41,7 @@ class View:
 
     def __init__(self, home: Path, name: str) -> None:
         self.record = home / f"{name}.out"
+        self.runs = 0
         env = shell_env(home, PS1=PROMPT, COLUMNS="300")
         env["PATH"] = f"{BIN}:{env['PATH']}"  # `calm` and `calmd` as installed
         self.term = Terminal(["bash", "--norc", "--noprofile", "-i"], env, cwd=home, width=300, height=60)
@@ -55,8 +57,9 @@ class View:
     def title_now(self) -> str:
         return self.term.tmux("display-message", "-p", "-t", "t", "#{pane_title}").strip()
 
-    def run(self, command: str, *, timeout: float = 20.0) -> str:
+    def run(self, command: str, *, timeout: float = HANG_S) -> str:
         """`command` typed after a marker line; the screen once it has finished."""
+        self.runs += 1
         self.term.type(f"echo MARK-BEFORE; {command}; echo MARK-AFTER")
         self.term.send("Enter")
         return self.term.wait_for(r"^MARK-AFTER\s*$", timeout=timeout)
@@ -67,8 +70,13 @@ class View:
         assert "MARK-BEFORE" in screen.split("MARK-AFTER")[0], f"the screen was cleared:\n{screen}"
         assert self.title_now() == self.title, "the pane's title changed"
         assert self.term.tmux("list-buffers") == "", "a paste buffer was made (OSC 52)"
-        time.sleep(0.1)  # pipe-pane's cat writes what it read
-        written = self.record.read_bytes()
+
+        # pipe-pane's cat has written what the terminal got, up to the last run's marker line
+        def copied() -> bytes | None:
+            got = self.record.read_bytes()
+            return got if got.count(b"\nMARK-AFTER") >= self.runs else None
+
+        written = wait_until(copied, "pipe-pane's copy of the terminal up to MARK-AFTER")
         assert written.count(b"\x1b[2J") == own_clears, written
         assert not [raw for raw in RAW if raw in written.replace(b"\x1b[2J", b"")], written
 
@@ -160,12 +168,12 @@ def test_calm_search_calmd_status_and_errors_in_a_terminal(home: Path, store: Pa
         try:
             view.term.type("calm search echo")
             view.term.send("Enter")
-            screen = view.term.wait_for(r"^ calm search · all .*\d+ match", timeout=20)
+            screen = view.term.wait_for(r"^ calm search · all .*\d+ match")
             for group in range(HOSTILE_GROUPS):  # the end of each folder that fits its column
                 assert visible(hostile_folder(group))[-12:] in screen, visible(hostile_folder(group))
             view.term.send("C-u")
             view.term.type("tool1")
-            screen = view.term.wait_for(r"tool12\\u202eevil bidi-rlo", timeout=20)
+            screen = view.term.wait_for(r"tool12\\u202eevil bidi-rlo")
             assert "tool13\\u200b zero-width" in screen
             assert screen.startswith(" calm search · all"), screen  # the header is there, not erased
             view.term.send("Escape")

@@ -15,6 +15,7 @@ from calmd.model.mamba import CalmModel, ModelConfig
 
 TINY = ModelConfig(d_model=32, n_layers=2, d_state=8)
 COMMANDS = ("git status", "git stash pop", "ls -la | grep x", "make test")
+OTHER_COMMANDS = ("make install", "git status")  # conftest.py's other_tiny_weights
 CONTEXT = {"history": [{"cmd": "cd proj", "exit": 0}]}
 
 

@@ -100,7 +100,8 @@ def cmd_forget(args: argparse.Namespace) -> int:
     command line either."""
     import re
 
-    from calmd.history.store import HistoryStore, clean_text
+    from calmd.history.recorded import clean_text
+    from calmd.history.store import HistoryStore
 
     if args.all:
         if args.pattern is not None or args.regex or args.db:

@@ -49,7 +49,8 @@ from calmd.history.imports import (  # the checks and bounds bash's and zsh's im
     import_log_line,
     import_position,
 )
-from calmd.history.store import HistoryStore, valid_time
+from calmd.history.recorded import valid_time
+from calmd.history.store import HistoryStore
 
 log = logging.getLogger("calmd.history.fish")
 
@@ -89,7 +90,7 @@ def unescape(raw: bytes) -> bytes:
 def parse_when(value: bytes) -> int | None:
     """A `when:` value as fish writes it (whole seconds since the epoch), or None when it is not
     a time a command ran at: not digits (`soon`, `-5`, `1.5`), more than 12 of them (a 400-digit
-    one), before 1970 or after 2100 (store.valid_time)."""
+    one), before 1970 or after 2100 (recorded.valid_time)."""
     digits = value.strip()
     if not digits.isdigit() or len(digits) > TIME_DIGITS:
         return None

@@ -35,7 +35,7 @@ DAMAGED_LINE = b"\0"
 
 def time_of(digits: bytes) -> float:
     """A history file's time (`#1700000000`, `: 1700000000:0;`): its digits as a number, infinite
-    (impossible: store.valid_time) when there are more than TIME_DIGITS of them, zeros first or not."""
+    (impossible: recorded.valid_time) when there are more than TIME_DIGITS of them, zeros first or not."""
     return float(digits) if len(digits) <= TIME_DIGITS else math.inf
 
 
@@ -266,7 +266,7 @@ def file_lines(fd: int, start: int, end: int) -> Iterator[tuple[bytes | None, in
 class Entry(NamedTuple):
     """One entry of a bash or zsh history file, as `read_entries` reads it."""
 
-    ts: float | None  # its time, as the file wrote it (store.valid_time says whether it is one)
+    ts: float | None  # its time, as the file wrote it (recorded.valid_time says whether it is one)
     cmd: bytes | None  # the command's bytes; None: longer than any command, skipped unread
     end: int  # the file offset after it
     damaged: bool = False  # it holds NUL bytes: a crash's, never a shell's (the module's docstring)

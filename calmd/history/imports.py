@@ -9,7 +9,7 @@ leading space, empty, too long) and counted; an entry damaged by NULs (a crash's
 counted; a run the shell hooks recorded already, or a command typed while recording was paused,
 is left out (calmd/history/coverage.py).
 
-Times: an entry's own time when it is one (store.valid_time); one without a time, or with an
+Times: an entry's own time when it is one (recorded.valid_time); one without a time, or with an
 impossible one (counted in `bad_times`), is timed by its place in the file: the time of the entry
 before it, the first ones the time of the first entry after them with one (within their batch);
 in a file without times, a microsecond per byte (fish: per entry) before the file's mtime. Before
@@ -43,7 +43,7 @@ from calmd.history.formats import (
     read_entries,
     refusal,
 )
-from calmd.history.store import VERDICT_CACHE, RecordResult, clean_text, valid_time
+from calmd.history.recorded import VERDICT_CACHE, RecordResult, clean_text, valid_time
 from calmd.visible import visible
 
 if TYPE_CHECKING:

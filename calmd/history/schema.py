@@ -141,7 +141,7 @@ def migrate(db: sqlite3.Connection, version: int) -> None:
     )
 
 
-_IMPOSSIBLE = "ts < 0 OR ts > ?"  # a time no command ran at (store.valid_time)
+_IMPOSSIBLE = "ts < 0 OR ts > ?"  # a time no command ran at (recorded.valid_time)
 
 
 def impossible_times(db: sqlite3.Connection) -> bool:

@@ -41,9 +41,9 @@ from calmd import paths
 from calmd.errors import CalmError, DiskFull
 from calmd.history import coverage, schema
 from calmd.history.formats import MAX_COMMAND_CHARS, MAX_IMPORT_BYTES
-from calmd.history.recorded import COMP_ITEMS, clean_env
+from calmd.history.recorded import RecordResult, clean_env, clean_text, comp_items, comp_text
 from calmd.history.schema import SCHEMA_VERSION, SYNC_KEPT
-from calmd.protocol import INT64_MAX, TS_MAX
+from calmd.protocol import INT64_MAX
 from calmd.secrets import DETECTOR_VERSION, find_secret, forget_command
 
 if TYPE_CHECKING:
@@ -51,19 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("calmd.history.store")
 
-VERDICT_CACHE = 100_000  # distinct commands whose check an import (or a sync) remembers
-
 SQLITE_FULL = 13  # the primary result code of "database or disk is full"
 SQLITE_IOERR = 10  # a failed write or shm growth; disk full when the file system has no space left
-
-
-def valid_time(ts: float | None) -> bool:
-    """Whether `ts` is a time a command can have run at: seconds since the epoch from 1970 to 2100
-    (protocol.TS_MAX). A negative, infinite or NaN time is not, nor one read from a digit string
-    too long to be a time (`#999999999999` is the year 33658): an import keeps such a command
-    without its time (`ImportResult.bad_times`), as sync keeps such a record from another machine
-    (calmd/sync/ `parse_record`, `sync_bad_times`)."""
-    return ts is not None and 0.0 <= ts <= TS_MAX
 
 
 @dataclass(frozen=True)
@@ -86,45 +75,7 @@ class HistoryRow:
     @classmethod
     def from_db(cls, row: tuple[Any, ...]) -> HistoryRow:
         rid, ts, session, cwd, git, cmd, code, source, comp, env, duration, host = row
-        return cls(rid, ts, session, cwd, git, cmd, code, source, _comp_items(comp), env, duration, host)
-
-
-def _comp_items(text: str) -> tuple[str, ...]:
-    """The stored COMP column: items separated by newlines (a name with a newline is never stored)."""
-    return tuple(text.split("\n")) if text else ()
-
-
-def _comp_text(items: Sequence[str]) -> str:
-    """What is stored of a COMP frame: at most COMP_ITEMS items, none with a newline, none flagged as
-    a credential. Only these few matching names are kept, never the directory listing."""
-    kept = [i for i in items if i and "\n" not in i and find_secret(i) is None][:COMP_ITEMS]
-    return "\n".join(clean_text(i)[0] for i in kept)
-
-
-@dataclass(frozen=True)
-class RecordResult:
-    stored: bool
-    reason: str = ""  # why not: "empty", "leading-space", "secret:<rule>"
-
-
-def clean_text(text: str) -> tuple[str, bool]:
-    """`text` as SQLite can store it: lone surrogates (undecodable bytes kept by surrogateescape)
-    and NULs become U+FFFD. Returns (text, whether anything was replaced)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "surrogateescape" if _only_escapes(text) else "surrogatepass").decode(
-            "utf-8", "replace"
-        )
-        return text.replace("\0", "\ufffd"), True
-    if "\0" in text:
-        return text.replace("\0", "\ufffd"), True
-    return text, False
-
-
-def _only_escapes(text: str) -> bool:
-    """Whether every surrogate in `text` is a surrogateescape'd byte (U+DC80-U+DCFF)."""
-    return all(not ("\ud800" <= c <= "\udfff") or "\udc80" <= c <= "\udcff" for c in text)
+        return cls(rid, ts, session, cwd, git, cmd, code, source, comp_items(comp), env, duration, host)
 
 
 def _like_prefix(prefix: str) -> str:
@@ -432,7 +383,7 @@ class HistoryStore:
         cmd, replaced = clean_text(cmd)
         cwd, git, session = clean_text(cwd)[0], clean_text(git)[0], clean_text(session)[0]
         verdict = self.check(cmd)
-        extra = (_comp_text(comp), clean_env(clean_text(env)[0]))
+        extra = (comp_text(comp), clean_env(clean_text(env)[0]))
         with self._write_transaction():
             stamp = time.time() if ts is None else ts
             imported = coverage.imported_run(self._db, cmd, stamp, session) if verdict.stored and \

@@ -298,6 +298,8 @@ class Ours:
         if model_typed != ctx.get("input", ""):
             return [None] * len(lines)
         found = engine.next_words.answer(self.session, ctx, start, lines)
+        if found is None:
+            return [None] * len(lines)
         # (-inf past the bytes scored: JSON has none)
         return [None if (lps := found(line)) is None else [round(max(lp, -99.0), 4) for lp in lps]
                 for line in lines]  # fmt: skip

@@ -52,20 +52,13 @@ from calmd.errors import CalmError
 from calmd.history.store import HistoryStore
 from calmd.model.checkpoint import load_model
 from calmd.model.generate import Candidate
-from calmd.secrets import find_secret
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.disk import Disk
-from calmd.suggest.filters import (
-    Vocabulary,
-    balanced,
-    packaged_vocabulary,
-    placeholder,
-    sendable,
-)
+from calmd.suggest.filters import Vocabulary, packaged_vocabulary
 from calmd.suggest.frames import VocabularyFollowers
-from calmd.suggest.ghost import GhostRule, HeadLogprobs, packaged_rule
-from calmd.suggest.index_catch_up import keystroke_sync, warm_sync
+from calmd.suggest.ghost import GhostRule, packaged_rule
+from calmd.suggest.index_catch_up import warm_sync
 from calmd.suggest.judge import ELSEWHERE_PENALTY, HistorySide, LineJudge
 from calmd.suggest.next_words import NextWords
 from calmd.suggest.ranker import Ranker, packaged_ranker, packaged_ranker_path, serving_ranker
@@ -144,6 +137,38 @@ class Suggestion(NamedTuple):
 
 
 EarlyCallback = Callable[[str, float, bool], None]  # (line, confidence, drawn as the ghost)
+
+
+@dataclass(frozen=True)
+class _Query:
+    """What every step of one keystroke's answer reads (ModelEngine.complete)."""
+
+    ctx: dict[str, Any]
+    typed: str
+    session: str
+    explain: bool
+    side: HistorySide  # the history's proposals, after the filters
+    index: HistoryIndex | None
+    history_size: int
+    input_run_before: bool  # the user ran exactly the input before
+    missing: Callable[[str], bool]  # names a path that is not there
+    elsewhere: Callable[[str], bool]  # belongs to another branch or outside a repository
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """What ranking found (ModelEngine.complete's third step)."""
+
+    ranked: Iterator[Candidate]  # best first
+    spare: list[Candidate]  # found beyond the n best, kept for typing through
+    model_lp: dict[str, float]  # each candidate's log P_model(line | context, input)
+    line_scores: dict[str, float]  # the scored lines' scores (the incumbent's among them)
+    mixture_scores: dict[str, float]  # the lines' mixture scores (the calibration reads them)
+    p_end: float  # the model's probability that the input is a whole line
+    complete: bool  # the input is a whole command already
+    start: Any = None  # the model's state after the context (typing through goes on from it)
+    key: str = ""  # the context over the store this answer holds for
+    heads_start: Any = None  # the state after the whole input, for the model's word on a head (ghost.py)
 
 
 class ModelEngine(LineJudge, Mixture):
@@ -289,178 +314,229 @@ class ModelEngine(LineJudge, Mixture):
         shell's threshold in place of the fitted ones. Lines that failed every time they ran, or
         name a path that is not there, are never sent: the ghost, Shift-Tab and bash's list pass
         the same checks."""
-        typed = ctx.get("input", "")
-        shown_line = drawn if drawn and len(drawn) > len(typed) and drawn.startswith(typed) else None
         rule = self.ghost.overridden(min_confidence)
+        q = self._query(ctx, session, explain)  # 1. the history's proposals, the checks of a line
+        incumbent = self._early_line(q, rule, early, drawn)  # 2. its best, before the model runs
+        if n <= 0 or cancelled.is_set():
+            return
+        if self.parts == "history":  # 3. ranked: the history alone (an ablation), or with the model
+            found: _Ranked | None = self._rank_history(q)
+        else:
+            found = self._rank_with_model(q, n, incumbent, cancelled)
+        if found is None:  # cancelled meanwhile
+            return
+        answer = self._answer(q, found, n, incumbent, cancelled)  # 4. the n best, each with its confidence
+        if answer is None:
+            return
+        answer = self._ghost_first(q, rule, answer, incumbent, found)[: max(n, 1)]  # 5. the ghost, first
+        answered: list[tuple[str, float]] = []  # 6. streamed
+        for suggestion in answer:
+            if cancelled.is_set():
+                return
+            if suggestion.text in found.model_lp:
+                answered.append((suggestion.text, found.model_lp[suggestion.text]))
+            yield suggestion
+        if self.parts != "history":  # 7. kept for typing through (it continues the model's lines)
+            self._keep(q, found, n, answer, answered)
+
+    def _query(self, ctx: dict[str, Any], session: str, explain: bool) -> _Query:
+        typed = ctx.get("input", "")
         missing = self._missing(ctx)
-        elsewhere = self._elsewhere(ctx)
-        side = self._history_side(typed, ctx, session, missing)
         index = self.index
-        history_size = len(index) if index is not None else 0
+        run_before = index is not None and bool(typed) and index.count.get(typed, 0) > 0
+        side = self._history_side(typed, ctx, session, missing)
+        size = len(index) if index is not None else 0
+        return _Query(
+            ctx, typed, session, explain, side, index, size, run_before, missing, self._elsewhere(ctx)
+        )
+
+    def _early_line(
+        self, q: _Query, rule: GhostRule, early: EarlyCallback | None, drawn: str | None
+    ) -> str | None:
+        """The history's best proposal passed to `early` with its confidence and whether it is
+        drawn; returns the incumbent: the line the shell shows (`drawn`, when the input still
+        leads to it), else the early line when it is drawn."""
+        typed, side, index = q.typed, q.side, q.index
+        shown_line = drawn if drawn and len(drawn) > len(typed) and drawn.startswith(typed) else None
         ordered = side.ordered()
-        input_run_before = index is not None and bool(typed) and index.count.get(typed, 0) > 0
-        incumbent: str | None = None  # the line drawn before the final answer
+        incumbent: str | None = None
         if early is not None and ordered:
             best = ordered[0]
             second = side.proposals[ordered[1]] if len(ordered) > 1 else 0.0
             count = index.count.get(best, 0) if index is not None else 0
             row = early_row(p_hist=side.proposals[best], second_p_hist=second, carry=best in side.carry,
-                            k=len(typed), input_run_before=input_run_before, count=count,
-                            history=history_size)  # fmt: skip
-            if explain:
+                            k=len(typed), input_run_before=q.input_run_before, count=count,
+                            history=q.history_size)  # fmt: skip
+            if q.explain:
                 self.explained_early = (best, row)
-            confidence = 0.0 if elsewhere(best) else round(self.calibrator.early.probability(row), 3)
+            confidence = 0.0 if q.elsewhere(best) else round(self.calibrator.early.probability(row), 3)
             # the line on the screen stays there until the final answer: an early line is drawn
             # only where nothing is, or when it is that line
             shown = (
-                rule.draws_early(typed, confidence, history_size)
+                rule.draws_early(typed, confidence, q.history_size)
                 and shown_line in (None, best)
-                and not elsewhere(best)
+                and not q.elsewhere(best)
             )
             incumbent = best if shown else None
             early(best, confidence, shown)
-        incumbent = shown_line or incumbent
-        if n <= 0 or cancelled.is_set():
-            return
-        proposals = side.proposals
-        top_p_hist = side.proposals[ordered[0]] if ordered else 0.0
+        return shown_line or incumbent
+
+    def _rank_history(self, q: _Query) -> _Ranked:
+        """The ablation without the model: P_hist's order, nothing else."""
+        side = q.side
+        complete = self._is_complete(q.typed, q.input_run_before, 0.0)
+        kept = [c for c in side.ordered() if side.proposals[c] > 0 and not (complete and c in side.carry)]
+        scores = {
+            c: math.log(side.proposals[c]) - (ELSEWHERE_PENALTY if q.elsewhere(c) else 0.0) for c in kept
+        }
+        by_score = sorted(scores, key=scores.__getitem__, reverse=True)
+        return _Ranked(
+            iter([Candidate(c, scores[c], 0) for c in by_score]), [], {}, scores, scores, 0.0, complete
+        )
+
+    def _rank_with_model(
+        self, q: _Query, n: int, incumbent: str | None, cancelled: threading.Event
+    ) -> _Ranked | None:
+        """The mixture's answer: typing through the previous one while its top line still leads,
+        else the model scores the likeliest history proposals and COMP's lines (one batched
+        pass) and its beams search for more; then the reranker's order, when there is one.
+        None when cancelled."""
+        typed, ctx, side, index, proposals = q.typed, q.ctx, q.side, q.index, q.side.proposals
+        ordered = side.ordered()
         model_lp: dict[str, float] = {}  # each candidate's log P_model(line | context, input)
-        line_scores: dict[str, float] = {}  # the scored lines' mixture scores (the incumbent's)
         spare: list[Candidate] = []  # lines the search found beyond the n best, kept for typing through
-        mixture_scores: dict[str, float] = {}  # the lines' mixture scores (the calibration reads them)
-        heads_start: Any = None  # the model's state after the input, for its word on a drawn head
-        if self.parts == "history":  # the ablation without the model: P_hist's order, nothing else
-            p_end = 0.0
-            complete = self._is_complete(typed, input_run_before, p_end)
-            kept = [c for c in ordered if side.proposals[c] > 0 and not (complete and c in side.carry)]
-            line_scores = {
-                c: math.log(side.proposals[c]) - (ELSEWHERE_PENALTY if elsewhere(c) else 0.0) for c in kept
-            }
-            by_score = sorted(line_scores, key=line_scores.__getitem__, reverse=True)
-            ranked: Iterator[Candidate] = iter([Candidate(c, line_scores[c], 0) for c in by_score])
-            mixture_scores = line_scores
+        lam = self.weights.history_mix if proposals else 0.0
+        start, model_typed = self.generator.prepare(ctx, q.session)  # once: building it costs 0.3 ms
+        p_end = self.generator.end_probability(ctx, session=q.session, start=start)
+        # the model alone decides from the model whether the input is complete
+        complete = self._is_complete(typed, q.input_run_before and self.parts != "model", p_end)
+        judge = self._judge(typed, ctx, side, complete, q.missing)
+        key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
+        # The history proposals the model scores (latency bound), and the lines COMP completes.
+        disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
+        scored = ordered[: self.max_scored] + disk
+        lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
+        if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
+            scored.append(incumbent)  # its score decides whether it stays
+        # the reranker's order (or, to fit it, the mixture's order and the rows it would read)
+        rerank = self.parts == "mixture" and index is not None and (self.reranker is not None or q.explain)
+        continued = None
+        if not complete and model_typed == typed:
+            check_top = self.reranker is None or not rerank  # else checked in the reranker's order
+            continued = self._typed_through(q.session, key, ctx, n, start, side, scored, judge, lam,
+                                            q.elsewhere, check_top)  # fmt: skip
+        through = continued[0] if continued is not None else None
+        reranked = None  # the reranker's order of the continued answer
+        if continued is not None and rerank and self.reranker is not None:
+            # typing along the top line continues the answer while that line still leads
+            lps = {c.text: lp for c, lp in continued[0]}
+            reranked = self._rerank(typed, side, [c for c, _ in continued[0]], lps, lam, p_end, complete,
+                                    q.elsewhere, q.explain)  # fmt: skip
+            if not reranked[0] or reranked[0][0].text != continued[1]:
+                through, reranked = None, None
+        ranked: Iterator[Candidate]
+        if through is not None:
+            self.reused += 1
+            ranked = iter([c for c, _ in through[:n]])
+            spare = [c for c, _ in through[n:]]
+            model_lp = {c.text: lp for c, lp in through}
+            line_scores = {c.text: c.logprob for c, _ in through}
         else:
-            lam = self.weights.history_mix if proposals else 0.0
-            # once: building the sequence costs 0.3 ms
-            start, model_typed = self.generator.prepare(ctx, session)
-            p_end = self.generator.end_probability(ctx, session=session, start=start)
-            heads_start = start if model_typed == typed else None  # (truncated: not the line's words)
-            # the model alone decides from the model whether the input is complete
-            complete = self._is_complete(typed, input_run_before and self.parts != "model", p_end)
-            judge = self._judge(typed, ctx, side, complete, missing)
-            key = f"{context_key(ctx)}|{history_version(index)}"  # the same context over the same store
-            # The history proposals the model scores (latency bound), and the lines COMP completes.
-            disk = [c for c in self._disk_proposals(typed, ctx) if c not in proposals]
-            scored = ordered[: self.max_scored] + disk
-            lines = set(scored)  # what a complete input may go on to: the history's and COMP's lines
-            if incumbent is not None and incumbent not in lines and judge(incumbent) is not None:
-                scored.append(incumbent)  # its score decides whether it stays
-            # the reranker's order (or, to fit it, the mixture's order and the rows it would read)
-            rerank = self.parts == "mixture" and index is not None and (self.reranker is not None or explain)
-            continued = None
-            if not complete and model_typed == typed:
-                check_top = self.reranker is None or not rerank  # else checked in the reranker's order
-                continued = self._typed_through(session, key, ctx, n, start, side, scored, judge, lam,
-                                                elsewhere, check_top)  # fmt: skip
-            through = continued[0] if continued is not None else None
-            reranked = None  # the reranker's order of the continued answer
-            if continued is not None and rerank and self.reranker is not None:
-                # typing along the top line continues the answer while that line still leads
-                lps = {c.text: lp for c, lp in continued[0]}
-                reranked = self._rerank(typed, side, [c for c, _ in continued[0]], lps, lam, p_end, complete,
-                                        elsewhere, explain)  # fmt: skip
-                if not reranked[0] or reranked[0][0].text != continued[1]:
-                    through, reranked = None, None
-            if through is not None:
-                self.reused += 1
-                ranked = iter([c for c, _ in through[:n]])
-                spare = [c for c, _ in through[n:]]
-                model_lp = {c.text: lp for c, lp in through}
-                line_scores = {c.text: c.logprob for c, _ in through}
+            self.searches += 1
+            extra: list[tuple[str, float]] = []
+            if scored:
+                scores = self.generator.score_many(ctx, scored, session=q.session, start=start)
+                for cmd, lp in zip(scored, scores, strict=True):
+                    extra.append((cmd, self._mixture_score(cmd, lp, proposals, lam, q.elsewhere)))
+                    model_lp[cmd] = lp
+            line_scores = dict(extra)
+            if complete:  # only lines the user ran may continue it: no beams, no carry-overs
+                own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
+                own.sort(key=lambda c: c.logprob, reverse=True)
+                ranked, spare = iter(own[:n]), own[n:]
             else:
-                self.searches += 1
-                # Score the likeliest history proposals and COMP's lines with the model: one batched pass.
-                extra: list[tuple[str, float]] = []
-                if scored:
-                    scores = self.generator.score_many(ctx, scored, session=session, start=start)
-                    for cmd, lp in zip(scored, scores, strict=True):
-                        extra.append((cmd, self._mixture_score(cmd, lp, proposals, lam, elsewhere)))
-                        model_lp[cmd] = lp
-                line_scores = dict(extra)
-                if complete:  # only lines the user ran may continue it: no beams, no carry-overs
-                    own = [Candidate(c, s, 0) for c, s in extra if c in lines and c not in side.carry]
-                    own.sort(key=lambda c: c.logprob, reverse=True)
-                    ranked, spare = iter(own[:n]), own[n:]
-                else:
-                    search = self.generator.beam_search(
-                        ctx, width=max(int(self.weights.beam), n), start=start
-                    )
-                    ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
-            mixture_scores = dict(line_scores)
-            if rerank:
-                mixed = [*ranked, *spare]  # the mixture's answer, then what it kept beyond it
-                if cancelled.is_set():
-                    return
-                final, mixture_scores = reranked or self._rerank(typed, side, mixed, model_lp, lam, p_end,
-                                                                 complete, elsewhere, explain)  # fmt: skip
-                ranked, spare = iter(final[:n]), final[n:]
-                line_scores = {c.text: c.logprob for c in final}
+                search = self.generator.beam_search(ctx, width=max(int(self.weights.beam), n), start=start)
+                ranked = self.ranked(search, extra, judge, n, lam, cancelled, model_lp, spare)
+        mixture_scores = dict(line_scores)  # the lines' mixture scores (the calibration reads them)
+        if rerank:
+            mixed = [*ranked, *spare]  # the mixture's answer, then what it kept beyond it
+            if cancelled.is_set():
+                return None
+            final, mixture_scores = reranked or self._rerank(typed, side, mixed, model_lp, lam, p_end,
+                                                             complete, q.elsewhere, q.explain)  # fmt: skip
+            ranked, spare = iter(final[:n]), final[n:]
+            line_scores = {c.text: c.logprob for c in final}
+        whole = start if model_typed == typed else None  # the model's word on heads (truncated: none)
+        return _Ranked(
+            ranked, spare, model_lp, line_scores, mixture_scores, p_end, complete, start, key, whole
+        )
+
+    def _answer(
+        self, q: _Query, found: _Ranked, n: int, incumbent: str | None, cancelled: threading.Event
+    ) -> list[Suggestion] | None:
+        """The `n` best lines, each once, with its calibrated confidence, and the incumbent when it
+        was scored (the ghost rule weighs it against them). None when cancelled."""
+        proposals, index = q.side.proposals, q.index
+        top_p_hist = max(proposals.values(), default=0.0)
 
         def suggestion(text: str, score: float, rank: int) -> Suggestion:
             count = index.count.get(text, 0) if index is not None else 0
             row = candidate_row(
-                log_p=mixture_scores.get(text, score), p_hist=proposals.get(text, 0.0), top_p_hist=top_p_hist,
-                model_only=text not in proposals and count == 0, carry=text in side.carry, rank=rank,
-                k=len(typed), p_end=p_end, input_run_before=input_run_before, count=count,
-                history=history_size,
+                log_p=found.mixture_scores.get(text, score), p_hist=proposals.get(text, 0.0),
+                top_p_hist=top_p_hist, model_only=text not in proposals and count == 0,
+                carry=text in q.side.carry, rank=rank, k=len(q.typed), p_end=found.p_end,
+                input_run_before=q.input_run_before, count=count, history=q.history_size,
             )  # fmt: skip
-            confidence = 0.0 if elsewhere(text) else round(self.calibrator.candidate.probability(row), 3)
-            return Suggestion(text, score, confidence, False, row if explain else None)
+            confidence = 0.0 if q.elsewhere(text) else round(self.calibrator.candidate.probability(row), 3)
+            return Suggestion(text, score, confidence, False, row if q.explain else None)
 
-        # The ghost is decided over the whole answer (a head's confidence sums the candidates that
-        # share it), then sent first: the incumbent's line stays unless it is beaten by the margin.
         answer: list[Suggestion] = []
         seen: set[str] = set()
-        for rank, cand in enumerate(ranked):
+        for rank, cand in enumerate(found.ranked):
             if cancelled.is_set():
-                return
-            if cand.text in seen or len(seen) >= n or missing(cand.text):
+                return None
+            if cand.text in seen or len(seen) >= n or q.missing(cand.text):
                 continue  # (a path found missing since it was ranked: its folder was listed meanwhile)
             seen.add(cand.text)
             answer.append(suggestion(cand.text, cand.logprob, rank))
-        if incumbent is not None and incumbent not in seen and incumbent in line_scores:
-            answer.append(suggestion(incumbent, line_scores[incumbent], len(answer)))
-        # a line that belongs elsewhere (another branch, a repository) is never drawn
-        drawable = [s for s in answer if not elsewhere(s.text)]
-        runs = index.count if index is not None else {}
+        if incumbent is not None and incumbent not in seen and incumbent in found.line_scores:
+            answer.append(suggestion(incumbent, found.line_scores[incumbent], len(answer)))
+        return answer
+
+    def _ghost_first(
+        self, q: _Query, rule: GhostRule, answer: list[Suggestion], incumbent: str | None, found: _Ranked
+    ) -> list[Suggestion]:
+        """The ghost decided over the whole answer (a head's confidence sums the candidates that
+        share it; a young history's rule asks the model's word too: next_words.py) and moved first,
+        flagged: the incumbent's line stays unless it is beaten by the rule's margin. A line that
+        belongs elsewhere (another branch, a repository) is never drawn."""
+        drawable = [s for s in answer if not q.elsewhere(s.text)]
+        runs = q.index.count if q.index is not None else {}
         choices = [(s.text, s.confidence, s.score, runs.get(s.text, 0) > 0) for s in drawable]
-        head_logprobs: HeadLogprobs | None = None  # the model's log P of each line's heads (ghost.py)
-        if heads_start is not None:
-            every = rule.at(history_size).by_word  # (by_word: the next word of every line)
-            drawn_lines = [c[0] for c in choices]
-            head_logprobs = self.next_words.answer(session, ctx, heads_start, drawn_lines, every=every)
-        got = rule.draw(typed, choices, incumbent, history_size, head_logprobs)
+        lines, every = [c[0] for c in choices], rule.at(q.history_size).by_word  # by_word: every line's word
+        words = self.next_words.answer(q.session, q.ctx, found.heads_start, lines, every=every)  # lazily
+        got = rule.draw(q.typed, choices, incumbent, q.history_size, words)
         if got is not None:
             ghost_line = drawable[got[0]].text
             at = next(i for i, s in enumerate(answer) if s.text == ghost_line)
             answer.insert(0, answer.pop(at)._replace(ghost=True, draw=got[1]))
-        answer = answer[: max(n, 1)]
-        answered: list[tuple[str, float]] = []
-        for found in answer:
-            if cancelled.is_set():
-                return
-            if found.text in model_lp:
-                answered.append((found.text, model_lp[found.text]))
-            yield found
+        return answer
+
+    def _keep(
+        self, q: _Query, found: _Ranked, n: int, answer: list[Suggestion], answered: list[tuple[str, float]]
+    ) -> None:
+        """What typing through continues at the next keystroke: the lines sent with their model
+        scores, and some of those found beyond them (none after a complete input)."""
+        if found.complete:
+            self._remember(q.session, None)
+            return
         sent = {s.text for s in answer}
-        if self.parts == "history":
-            return  # nothing for typing through to continue: it continues the model's lines
-        if not complete:
-            more = [(c.text, model_lp[c.text]) for c in spare if c.text in model_lp and c.text not in sent]
-            comp = tuple(ctx.get("completions") or ())
-            self._remember(session, KeptAnswer(key, typed, n, start, answered + more[:MAX_SPARE], comp))
-        else:
-            self._remember(session, None)
+        lps = found.model_lp
+        more = [(c.text, lps[c.text]) for c in found.spare if c.text in lps and c.text not in sent][
+            :MAX_SPARE
+        ]
+        comp = tuple(q.ctx.get("completions") or ())
+        self._remember(q.session, KeptAnswer(found.key, q.typed, n, found.start, answered + more, comp))
 
     def _rerank(
         self, typed: str, side: HistorySide, mixed: list[Candidate], model_lp: dict[str, float], lam: float,
@@ -510,60 +586,6 @@ class ModelEngine(LineJudge, Mixture):
         for _ in self.complete(ctx, 0, session, threading.Event(), lambda t, c, g: found.append((t, c, g))):
             pass
         return found[0] if found else None
-
-    def _history_side(
-        self, typed: str, ctx: dict[str, Any], session: str, missing: Callable[[str], bool] | None = None
-    ) -> HistorySide:
-        """History commands that extend the input, each with its history probability P_hist;
-        those that never succeeded or name a missing path (`missing`) are not among them."""
-        store, index = self.history, self.index
-        if store is None or index is None:
-            return HistorySide({}, set(), set())
-        # what any shell recorded since the last keystroke; what an import or a sync added is read
-        # between keystrokes (calmd/suggest/index_catch_up.py)
-        keystroke_sync(index, store)
-        if self.parts == "model":
-            return HistorySide({}, set(), set())  # the ablation without the history's proposals
-        context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
-        prev = context[-1] if context else None
-        pool = index.pool(typed, prev, size=int(self.weights.pool))
-        if not pool:
-            return HistorySide({}, set(), set(), {}, context)
-        pool_rows = index.features(typed, pool, context)
-        probs = self.ranker.probabilities(pool_rows)
-        proposals: dict[str, float] = {}
-        carry: set[str] = set()
-        cwd = str(ctx.get("cwd") or "")
-        kinds = self._kinds(ctx)
-        for cmd, p in zip(pool, probs, strict=True):
-            if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
-                continue  # half a command (an open quote or bracket), or one that drives the terminal
-            if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
-                if (
-                    find_secret(cmd) is not None
-                    or placeholder(cmd, typed)
-                    or (self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds))
-                ):
-                    continue
-                carry.add(cmd)
-            proposals[cmd] = float(p)
-        if cwd and self.weights.same_cwd:
-            for cmd in store.in_cwd(cwd, prefix=typed, limit=20):
-                if cmd in proposals:
-                    proposals[cmd] *= 1 + self.weights.same_cwd
-        boost, half_life = self.weights.recent_boost, self.weights.recent_half_life_h * 3600
-        if boost and index.newest_ts:
-            for cmd in proposals:
-                ts = index.last_ts.get(cmd)
-                if ts is not None:
-                    proposals[cmd] *= 1 + boost * 0.5 ** (max(0.0, index.newest_ts - ts) / half_life)
-        total = sum(proposals.values())
-        if total > 0:
-            proposals = {cmd: p / total for cmd, p in proposals.items()}
-        failing = {cmd for cmd in proposals if index.failing(cmd) or (missing is not None and missing(cmd))}
-        for cmd in failing:
-            del proposals[cmd]
-        return HistorySide(proposals, carry, failing, dict(zip(pool, pool_rows, strict=True)), context)
 
 
 def load_engine(path: Path) -> ModelEngine:

@@ -1,8 +1,8 @@
 """What happens to a line before it is ranked: the history's proposals after the junk filters
-(`HistorySide`), and the checks of the lines the model writes (`LineJudge`, a part of
-calmd/suggest/engine.py's ModelEngine): half a command, a failed or missing one, a secret, an
-invented subcommand or flag, an argument of the wrong kind, a path that is not there, a line
-that belongs to another branch or repository."""
+(`HistorySide`, made by `LineJudge._history_side`), and the checks of the lines the model writes
+(`LineJudge`, a part of calmd/suggest/engine.py's ModelEngine): half a command, a failed or
+missing one, a secret, an invented subcommand or flag, an argument of the wrong kind, a path that
+is not there, a line that belongs to another branch or repository."""
 
 from __future__ import annotations
 
@@ -26,11 +26,14 @@ from calmd.suggest.filters import (
     sendable,
 )
 from calmd.suggest.frames import current_word
+from calmd.suggest.index_catch_up import keystroke_sync
 from calmd.suggest.kinds import wrong_kind
 from calmd.suggest.ranking import HistoryIndex, first_word, outside_git
 
 if TYPE_CHECKING:
+    from calmd.history.store import HistoryStore
     from calmd.suggest.engine import RankWeights
+    from calmd.suggest.ranker import Ranker
 
 # nats off the score of a line that belongs elsewhere (another branch, inside a repository: `_elsewhere`):
 # below every line that belongs here, and never drawn (confidence 0)
@@ -54,9 +57,13 @@ class HistorySide:
 
 
 class LineJudge:
-    """The checks of ModelEngine (calmd/suggest/engine.py) that judge one line of a keystroke."""
+    """The history's proposals of a keystroke (`_history_side`) and the checks that judge one line
+    of it: a part of ModelEngine (calmd/suggest/engine.py)."""
 
+    history: HistoryStore | None
     index: HistoryIndex | None
+    ranker: Ranker
+    parts: str
     disk: Disk | None
     vocabulary: Vocabulary
     home: str | None
@@ -182,3 +189,57 @@ class LineJudge:
             )
 
         return kinds
+
+    def _history_side(
+        self, typed: str, ctx: dict[str, Any], session: str, missing: Callable[[str], bool] | None = None
+    ) -> HistorySide:
+        """History commands that extend the input, each with its history probability P_hist;
+        those that never succeeded or name a missing path (`missing`) are not among them."""
+        store, index = self.history, self.index
+        if store is None or index is None:
+            return HistorySide({}, set(), set())
+        # what any shell recorded since the last keystroke; what an import or a sync added is read
+        # between keystrokes (calmd/suggest/index_catch_up.py)
+        keystroke_sync(index, store)
+        if self.parts == "model":
+            return HistorySide({}, set(), set())  # the ablation without the history's proposals
+        context = [str(h.get("cmd", "")) for h in ctx.get("history") or [] if isinstance(h, dict)]
+        prev = context[-1] if context else None
+        pool = index.pool(typed, prev, size=int(self.weights.pool))
+        if not pool:
+            return HistorySide({}, set(), set(), {}, context)
+        pool_rows = index.features(typed, pool, context)
+        probs = self.ranker.probabilities(pool_rows)
+        proposals: dict[str, float] = {}
+        carry: set[str] = set()
+        cwd = str(ctx.get("cwd") or "")
+        kinds = self._kinds(ctx)
+        for cmd, p in zip(pool, probs, strict=True):
+            if not balanced(cmd) or not sendable(cmd, multiline=bool(ctx.get("multiline"))):
+                continue  # half a command (an open quote or bracket), or one that drives the terminal
+            if cmd not in index.count:  # a carry-over: a new line, judged as the model's are
+                if (
+                    find_secret(cmd) is not None
+                    or placeholder(cmd, typed)
+                    or (self.weights.vocabulary and self._made_up(cmd, typed, cwd, kinds))
+                ):
+                    continue
+                carry.add(cmd)
+            proposals[cmd] = float(p)
+        if cwd and self.weights.same_cwd:
+            for cmd in store.in_cwd(cwd, prefix=typed, limit=20):
+                if cmd in proposals:
+                    proposals[cmd] *= 1 + self.weights.same_cwd
+        boost, half_life = self.weights.recent_boost, self.weights.recent_half_life_h * 3600
+        if boost and index.newest_ts:
+            for cmd in proposals:
+                ts = index.last_ts.get(cmd)
+                if ts is not None:
+                    proposals[cmd] *= 1 + boost * 0.5 ** (max(0.0, index.newest_ts - ts) / half_life)
+        total = sum(proposals.values())
+        if total > 0:
+            proposals = {cmd: p / total for cmd, p in proposals.items()}
+        failing = {cmd for cmd in proposals if index.failing(cmd) or (missing is not None and missing(cmd))}
+        for cmd in failing:
+            del proposals[cmd]
+        return HistorySide(proposals, carry, failing, dict(zip(pool, pool_rows, strict=True)), context)

@@ -67,15 +67,20 @@ class NextWords:
         """For each head of `line` past the input (`heads(line, typed)`, in order), log P(its words
         past the input, then a word end); -inf past the bytes scored. `start`: the model's state
         after the context and the input (`Generator.prepare`)."""
-        return self.answer(session, ctx, start, [line], key)(line) or []
+        found = self.answer(session, ctx, start, [line], key)
+        return (found(line) if found is not None else None) or []
 
     def answer(
         self, session: str, ctx: Mapping[str, Any], start: Any, lines: Sequence[str], key: str | None = None,
         *, every: bool = True,
-    ) -> Callable[[str], list[float] | None]:  # fmt: skip
+    ) -> Callable[[str], list[float] | None] | None:  # fmt: skip
         """`head_logprobs` for the lines of one answer: with `every` (the rule weighs the next word
         of each line), the first line asked for scores all of `lines` not kept yet in one batched
-        pass; else each line when asked for. A line not among them gets None."""
+        pass; else each line when asked for (nothing runs until the rule asks: a grown user's never
+        does). A line not among them gets None; no `start` (the input was truncated, or no model
+        ran), no answer: the rule weighs heads without the model's word."""
+        if start is None:
+            return None
         typed = str(ctx.get("input") or "")
         wanted = [line for line in dict.fromkeys(lines) if line.startswith(typed) and len(line) > len(typed)]
         found: dict[str, _Scored] = {}

@@ -23,7 +23,8 @@ from typing import Any
 
 from calmd import paths
 from calmd.atomic import read_regular_file
-from calmd.history.store import VERDICT_CACHE, HistoryStore, valid_time
+from calmd.history.recorded import VERDICT_CACHE, valid_time
+from calmd.history.store import HistoryStore
 from calmd.sync.config import SyncError
 from calmd.sync.seal import HOST_ID, MAX_SEGMENT_BYTES, SEGMENT_NAME, Refused, key_id, open_segment
 from calmd.sync.state import (

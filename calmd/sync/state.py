@@ -17,7 +17,8 @@ from typing import Any
 
 from calmd import paths
 from calmd.history.query import this_hostname
-from calmd.history.store import HistoryStore, RecordResult
+from calmd.history.recorded import RecordResult
+from calmd.history.store import HistoryStore
 from calmd.sync.config import SyncConfig, SyncError, read_config
 from calmd.sync.seal import read_key
 from calmd.sync.wire import MAX_NAME_CHARS, Ranges, in_ranges, numbers_in, to_ranges

@@ -13,8 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calmd.history.recorded import clean_env
-from calmd.history.store import _comp_text, clean_text, valid_time
+from calmd.history.recorded import clean_env, clean_text, comp_text, valid_time
 from calmd.secrets import DETECTOR_VERSION
 from calmd.sync.seal import HOST_ID, Refused
 
@@ -121,13 +120,13 @@ def parse_record(item: Any, now: float) -> Incoming:
         raise Refused("malformed: a record's exit status is not an integer")
     if duration is not None and (not isinstance(duration, int | float) or not math.isfinite(duration)):
         raise Refused("malformed: a record's duration is not a number")
-    comp_text = _text(comp, "comp")
+    comp_items = _text(comp, "comp")
     possible = valid_time(float(ts))
     return Incoming(
         oid, min(float(ts), now + FUTURE_SLACK_S) if possible else None, _text(session, "session"),
         _text(cwd, "cwd"), _text(git, "git"), _text(cmd, "command"), code,
         None if duration is None else float(duration),
-        _comp_text(comp_text.split("\n") if comp_text else ()), clean_env(_text(env, "env")),
+        comp_text(comp_items.split("\n") if comp_items else ()), clean_env(_text(env, "env")),
         _text(source, "source", 64), bad_time=not possible,
     )  # fmt: skip
 

@@ -21,6 +21,7 @@ from calmd.shell.client import CalmClient
 from tests.credentials.forms import DATA, load
 from tests.daemon import BIN, daemon_env, running_daemon
 from tests.tools import shared_data
+from tests.waiting import HANG_S
 
 CREDENTIALS = load("credentials.tsv")
 LOOKALIKES = load("lookalikes.tsv")
@@ -195,7 +196,7 @@ def test_a_daemon_stores_none_of_the_credentials(tmp_path: Path) -> None:
             "--quiet",
             "--include-trivial",
         ]
-        built = subprocess.run(argv, env=daemon_env(tmp_path), capture_output=True, text=True, timeout=120)
+        built = subprocess.run(argv, env=daemon_env(tmp_path), capture_output=True, text=True, timeout=HANG_S)
         assert built.returncode == 0, built.stderr
     reader = CtdsReader(dataset)
     ds = b"\n".join(decode(reader.sequence(i)) for i in range(len(reader)))

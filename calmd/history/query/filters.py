@@ -14,7 +14,7 @@ from typing import Any
 
 from calmd.errors import CalmError
 from calmd.history.query.connection import compiled_pattern, scanned_by_this_detector, shown
-from calmd.history.store import clean_text
+from calmd.history.recorded import clean_text
 from calmd.protocol import TS_MAX
 from calmd.visible import quoted
 

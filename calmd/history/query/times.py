@@ -11,7 +11,7 @@ import math
 import re
 
 from calmd.errors import CalmError
-from calmd.history.store import valid_time
+from calmd.history.recorded import valid_time
 from calmd.protocol import TS_MAX
 from calmd.visible import quoted
 
@@ -46,7 +46,7 @@ def parse_when(text: str, now: float) -> float:
 
 # The times a view shows are the times a command can have run at: a number from 1970 to 2100
 # (protocol.TS_MAX), the range every time is held to where it enters (`record`, the imports:
-# store.valid_time). Anything else in `ts` (an older calmd's store not yet opened for writing,
+# recorded.valid_time). Anything else in `ts` (an older calmd's store not yet opened for writing,
 # which repairs it; a hand-made one: NULL, text, an infinity, 1e300, a time before 1970 or after
 # 2100) is shown as unknown, left out of `calm stats`'s times, never selected by --since or
 # --until, and never raises: datetime cannot hold some of them, and a view must still show the rest.
@@ -56,7 +56,7 @@ KNOWN_TS_SQL = f"typeof(ts) IN ('integer', 'real') AND ts BETWEEN 0 AND {TS_MAX:
 
 
 def known_ts(ts: object) -> float | None:
-    """`ts` when it is a time a view can show (a number store.valid_time takes), else None."""
+    """`ts` when it is a time a view can show (a number recorded.valid_time takes), else None."""
     if isinstance(ts, int | float) and valid_time(ts):  # NaN fails both comparisons
         return float(ts)
     return None

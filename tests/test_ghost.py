@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calmd.errors import FormatError
-from calmd.quality.fit_ghost import fit, simulate
-from calmd.suggest.ghost import BUCKETS, GhostRule, bucket, heads, packaged_rule, packaged_rule_path
+from calmd.quality.fit_ghost import fit, simulate, words_right
+from calmd.suggest.calibration import Head
+from calmd.suggest.ghost import (
+    BUCKETS,
+    HEAD_FEATURES,
+    GhostRule,
+    bucket,
+    heads,
+    packaged_rule,
+    packaged_rule_path,
+)
 
 
 def test_buckets_are_the_empty_prompt_and_how_much_is_typed() -> None:
@@ -71,6 +82,52 @@ def test_heads_draw_the_words_the_candidates_agree_on() -> None:
     assert by_heads.draw("", [("docker ps", 0.2, -1.0), ("git status", 0.2, -1.1)]) is None
 
 
+def by_the_models_word() -> Head:
+    """A heads' calibration that believes the model alone: sigmoid(log P(the head's words))."""
+    w = np.zeros(len(HEAD_FEATURES))
+    w[HEAD_FEATURES.index("log_p_words")] = 1.0
+    return Head(HEAD_FEATURES, np.zeros(len(HEAD_FEATURES)), np.ones(len(HEAD_FEATURES)), w, 0.0)
+
+
+def test_a_head_the_model_is_sure_of_is_drawn_when_no_line_is() -> None:
+    """A new user's lines are all the model's guesses (low whole-line confidences), yet the model
+    may be sure of the next word: with the heads' calibration the rule weighs a head by the
+    model's own probability of its words, and draws `docker run ` alone."""
+    table = dict.fromkeys(BUCKETS, 0.3)
+    summed = GhostRule(table, table, 0.0, heads=True)
+    calibrated = GhostRule(table, table, 0.0, heads=True, head=by_the_models_word())
+    lines = [("docker run --rm -it alpine", 0.05, -3.0), ("docker run -d nginx", 0.04, -3.5)]
+    model = {lines[0][0]: [-0.2, -1.5, -3.0, -6.0]}  # log P of "run ", "run --rm ", ... (heads' order)
+    assert heads(lines[0][0], "docker ")[0] == "docker run "
+    assert summed.draw("docker ", lines, head_logprobs=model.get) is None  # 0.09 summed: below 0.3
+    assert calibrated.draw("docker ", lines, head_logprobs=model.get) == (0, "docker run ")  # sigmoid(-0.2)
+    # where the model did not run (the history ranker alone) the summed confidence decides
+    assert calibrated.draw("docker ", lines) is None
+    sure = {lines[0][0]: [-0.1, -0.2, -0.3, -0.4]}
+    assert calibrated.draw("docker ", lines, head_logprobs=sure.get) == (0, lines[0][0])
+    # the line whose next word is likeliest, not the top line (`by_word`)
+    chooser = replace(calibrated, by_word=True)
+    words = {lines[0][0]: [-3.0, -4.0, -5.0, -6.0], lines[1][0]: [-0.1, -2.0, -3.0]}
+    assert calibrated.draw("docker ", lines, head_logprobs=words.get) is None
+    assert chooser.draw("docker ", lines, head_logprobs=words.get) == (1, "docker run ")
+    # the next words' confidences of every line in one pass are those of each line's first head
+    firsts = chooser.next_word_confidences("docker ", lines, 0, words.get)
+    each = [
+        chooser.head_confidences("docker ", line, lines, conf, False, 0, words[line])
+        for line, conf, _ in lines
+    ]
+    assert firsts == pytest.approx([found[0][1] for found in each])
+    # a line drawn already stays drawn while it is the top one
+    assert chooser.draw("docker ", lines, "docker run --rm ", head_logprobs=words.get) == (
+        0,
+        "docker run --rm ",
+    )
+    # the shell's threshold replaces the fitted ones, the calibration stays
+    assert calibrated.overridden(0.9).draw("docker ", lines, head_logprobs=sure.get) is None
+    assert words_right("docker run -d nginx", "docker run ") and words_right("docker run", "docker run ")
+    assert not words_right("docker runner", "docker run ")
+
+
 def test_the_users_own_lines_and_a_young_history_have_their_own_thresholds() -> None:
     strict, lax = dict.fromkeys(BUCKETS, 0.8), dict.fromkeys(BUCKETS, 0.1)
     young = GhostRule(strict, strict, 0.0, heads=True)
@@ -80,6 +137,18 @@ def test_the_users_own_lines_and_a_young_history_have_their_own_thresholds() -> 
     assert rule.draw("ma", [(*line, False)]) is None  # the model's line: the strict one
     assert rule.draw("ma", [(*line, True)], history=99) is None  # a new user: the young rule
     assert rule.draws_early("ma", 0.5) is False and rule.at(100) is rule and rule.at(99) is young
+    # a newborn history (a few commands) has a rule of its own inside the young one
+    newborn = GhostRule(lax, lax, 0.0, heads=True)
+    tiered = GhostRule(strict, strict, 0.0, True, young=100, young_rule=GhostRule(strict, strict, 0.0, True,
+                       young=10, young_rule=newborn))  # fmt: skip
+    assert tiered.at(9) is newborn and tiered.at(10) is tiered.young_rule and tiered.at(100) is tiered
+    assert tiered.draw("ma", [(*line, False)], history=3) == (0, "make test")
+    assert tiered.draw("ma", [(*line, False)], history=30) is None
+    again = GhostRule.from_json(json.loads(json.dumps(tiered.to_json())))
+    assert again == tiered and again.at(9) == newborn
+    with pytest.raises(FormatError, match=r"young\.young\.below: 100 is not below 100"):
+        GhostRule.from_json({**tiered.to_json(), "young": {**tiered.to_json()["young"], "young": {
+            **newborn.to_json(), "below": 100}}}, "ghost.json")  # fmt: skip
 
 
 def test_a_rule_round_trips_and_a_bad_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -90,6 +159,16 @@ def test_a_rule_round_trips_and_a_bad_file_is_a_clear_error(tmp_path: Path) -> N
                      dict.fromkeys(BUCKETS, 0.05), 100, young)  # fmt: skip
     again = GhostRule.from_json(json.loads(json.dumps(full.to_json())))
     assert again == full and again.young_rule == young and again.known == full.known
+    # the heads' calibration is written once and shared by the young rule
+    model_word = by_the_models_word()
+    calibrated = GhostRule(full.final, full.early, 0.0, True, full.known, 100, young, head=model_word)
+    data = json.loads(json.dumps(calibrated.to_json()))
+    assert "head" in data and "head" not in data["young"]
+    again = GhostRule.from_json(data)
+    assert again.head is not None and again.young_rule is not None and again.young_rule.head is not None
+    assert again.head.to_json() == model_word.to_json() == again.young_rule.head.to_json()
+    with pytest.raises(FormatError, match=r"ghost\.json: head: features differ .*fit_ghost refits"):
+        GhostRule.from_json({**data, "head": {**data["head"], "features": ["log_p"]}}, "ghost.json")
     with pytest.raises(FormatError, match=r"ghost\.json: young.below: -1 is negative"):
         GhostRule.from_json({**full.to_json(), "young": {**young.to_json(), "below": -1}}, "ghost.json")
     with pytest.raises(FormatError, match="heads"):

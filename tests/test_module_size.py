@@ -13,11 +13,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "calmd"
 MAX_LINES = 600
 
-OVER_THE_BOUND = {
-    # Over the bound before issue 40 and not taken up yet: the next to split. (The secrets filter,
-    # sync, the store, the replay, the engine, ranking.py, train.py, helper.py, mamba.py,
-    # search.py, query.py and search_ui.py were split by issue 40 and left the list.)
-    "quality/panel.py": 663,
+OVER_THE_BOUND: dict[str, int] = {
+    # Over the bound and not taken up yet: the next to split. (The secrets filter, sync, the store,
+    # the replay, the engine, ranking.py, train.py, helper.py, mamba.py, search.py, query.py and
+    # search_ui.py were split by issue 40 and left the list; the panel by issue 41.)
 }
 
 

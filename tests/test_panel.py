@@ -11,6 +11,7 @@ import pytest
 from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.quality.panel import PREFIXES, Project, build_project, judge, render, run_panel
+from calmd.quality.panel_project import PROJECT, panel_home
 from calmd.suggest.disk import Disk
 from calmd.suggest.engine import ModelEngine
 from calmd.suggest.filters import packaged_vocabulary, placeholder
@@ -47,6 +48,27 @@ def test_drawing_every_top_line_the_filters_keep_the_ghosts_sensible() -> None:
     assert figures["absurd"] * 20 <= figures["drawn"], shown
     returning = {r.prefix: r for r in report.rows if r.user == "returning"}
     assert returning["python3 -m "].verdict == "sensible", shown
+
+
+def test_the_panel_builds_its_project_in_the_same_folder_one_run_at_a_time() -> None:
+    """The model reads the shell's cwd: the project's folder has the same name every run (a random
+    temporary one made the answers differ run to run), and a second panel waits for the first."""
+    with panel_home() as first:
+        build_project(first)
+        assert (first / PROJECT / "Makefile").exists()
+        entered = threading.Event()
+
+        def second() -> None:
+            with panel_home() as again:
+                assert again == first
+                entered.set()
+
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        assert not entered.wait(0.3)  # held by the first (a hang would show as the join below)
+    waiting.join(timeout=60)
+    assert entered.is_set()
+    assert not (first / PROJECT).exists()  # each run builds it afresh
 
 
 def test_the_judges_call_absurd_what_the_issue_saw(tmp_path: Path) -> None:

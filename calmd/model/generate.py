@@ -229,6 +229,36 @@ class Generator:
             total += float(logp.sum())
         return total
 
+    @torch.inference_mode()
+    def word_end_logprobs(self, start: _Prefix, texts: Sequence[str], *, max_bytes: int = 64) -> list[
+        tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+    ]:  # fmt: skip
+        """The model's view of each of `texts` after the state `start`, for the probability of its
+        next words: `taken[i]` = log P(byte i | start, the bytes before it), and `ends[i]` =
+        log P(a word ends after the first i bytes: a space or the end of the line comes next).
+        So log P(the words of text[:i] then a word end) = taken[:i].sum() + ends[i]. One batched
+        prefill of their bytes (at most `max_bytes` each: a bound on the keystroke's cost),
+        unmasked as `score_many` is."""
+        if not texts:
+            return []
+        rests = [encode(t.encode("utf-8", "surrogateescape")[:max_bytes]) for t in texts]
+        width = max(r.size for r in rests)
+        first = F.log_softmax(start.logits.float(), dim=-1)[None].expand(len(rests), -1)[:, None]  # (b, 1, V)
+        logp = first
+        if width:
+            batch = np.full((len(rests), width), Special.PAD, dtype=np.int64)
+            for i, r in enumerate(rests):
+                batch[i, : r.size] = r
+            logits, _ = self.model.prefill(torch.from_numpy(batch), start.state.expand(len(rests)))
+            logp = torch.cat([first, F.log_softmax(logits.float(), dim=-1)], dim=1)  # (b, w + 1, V)
+        ends = torch.logaddexp(logp[..., ord(" ")], logp[..., Special.EOS])  # (b, w + 1)
+        out = []
+        for i, r in enumerate(rests):
+            ids = torch.from_numpy(r.astype(np.int64))
+            taken = logp[i, : r.size].gather(-1, ids[:, None])[:, 0]
+            out.append((taken.double().numpy(), ends[i, : r.size + 1].double().numpy()))
+        return out
+
     # -- candidates (beam search) ---------------------------------------------------------------
 
     def beam_search(

@@ -288,6 +288,22 @@ class Ours:
 
     target: str | None = None  # the command being typed out (for `drawn`'s tally)
 
+    def head_logprobs(self, ctx: dict[str, Any], lines: list[str]) -> list[list[float] | None]:
+        """The model's log P of each head of each of `lines` given `ctx` (calmd/suggest/next_words.py),
+        as the engine asks it for the ghost rule; None where it asks nothing (no model runs)."""
+        engine = self.engine
+        if getattr(engine, "parts", "mixture") == "history":
+            return [None] * len(lines)
+        start, model_typed = engine.generator.prepare(ctx, self.session)
+        if model_typed != ctx.get("input", ""):
+            return [None] * len(lines)
+        found = engine.next_words.answer(self.session, ctx, start, lines)
+        if found is None:
+            return [None] * len(lines)
+        # (-inf past the bytes scored: JSON has none)
+        return [None if (lps := found(line)) is None else [round(max(lp, -99.0), 4) for lp in lps]
+                for line in lines]  # fmt: skip
+
     def states(self, cmd: str, n: int = 5) -> dict[str, Any]:
         """Every prefix of `cmd` asked in order, as a user typing it character by character: the
         early proposal and the `n` candidates of each (what calmd/quality/fit_ghost.py fits on)."""
@@ -303,4 +319,9 @@ class Ours:
             out.append({"early": list(early[0][:2]) if early else None,
                         "cands": [[s.text, s.confidence, round(s.score, 4), count.get(s.text, 0) > 0]
                                   for s in ranked]})  # fmt: skip
+            # the model's log P of each candidate's heads, as the engine gives the rule
+            lines = [s.text for s in ranked]
+            out[-1]["heads"] = [
+                list(pair) for pair in zip(lines, self.head_logprobs(ctx, lines), strict=True)
+            ]
         return {"cmd": cmd, "history": len(index) if index is not None else 0, "states": out}

@@ -55,14 +55,12 @@ from calmd.model.generate import Candidate
 from calmd.suggest.calibration import Calibrator, candidate_row, early_row, packaged_calibrator
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.disk import Disk
-from calmd.suggest.filters import (
-    Vocabulary,
-    packaged_vocabulary,
-)
+from calmd.suggest.filters import Vocabulary, packaged_vocabulary
 from calmd.suggest.frames import VocabularyFollowers
 from calmd.suggest.ghost import GhostRule, packaged_rule
 from calmd.suggest.index_catch_up import warm_sync
 from calmd.suggest.judge import ELSEWHERE_PENALTY, HistorySide, LineJudge
+from calmd.suggest.next_words import NextWords
 from calmd.suggest.ranker import Ranker, packaged_ranker, packaged_ranker_path, serving_ranker
 from calmd.suggest.ranking import POOL_RECENT, HistoryIndex
 from calmd.suggest.rerank import Keystroke, Reranker, features, packaged_reranker, union
@@ -170,6 +168,7 @@ class _Ranked:
     complete: bool  # the input is a whole command already
     start: Any = None  # the model's state after the context (typing through goes on from it)
     key: str = ""  # the context over the store this answer holds for
+    heads_start: Any = None  # the state after the whole input, for the model's word on a head (ghost.py)
 
 
 class ModelEngine(LineJudge, Mixture):
@@ -198,6 +197,7 @@ class ModelEngine(LineJudge, Mixture):
         # No traced step: measured, it saves nothing at beam widths of 5-8 (18.1 vs 18.4 ms for
         # five candidates) and costs 60 MB of resident memory (performance.md).
         self.generator = Generator(self.loaded, trace=False)
+        self.next_words = NextWords(self.generator)  # the model's word for a drawn head (ghost.py)
         self.weights = weights or RankWeights()
         self.parts = parts
         self.history: HistoryStore | None = None
@@ -258,6 +258,7 @@ class ModelEngine(LineJudge, Mixture):
                 break
         self.answers.pop(session, None)
         self.generator.cache.forget(session)
+        self.next_words.forget(session)
         self.searches, self.reused = counts
         return not stop.is_set()
 
@@ -327,7 +328,7 @@ class ModelEngine(LineJudge, Mixture):
         answer = self._answer(q, found, n, incumbent, cancelled)  # 4. the n best, each with its confidence
         if answer is None:
             return
-        answer = self._ghost_first(q, rule, answer, incumbent)[: max(n, 1)]  # 5. the ghost, sent first
+        answer = self._ghost_first(q, rule, answer, incumbent, found)[: max(n, 1)]  # 5. the ghost, first
         answered: list[tuple[str, float]] = []  # 6. streamed
         for suggestion in answer:
             if cancelled.is_set():
@@ -465,7 +466,10 @@ class ModelEngine(LineJudge, Mixture):
                                                              complete, q.elsewhere, q.explain)  # fmt: skip
             ranked, spare = iter(final[:n]), final[n:]
             line_scores = {c.text: c.logprob for c in final}
-        return _Ranked(ranked, spare, model_lp, line_scores, mixture_scores, p_end, complete, start, key)
+        whole = start if model_typed == typed else None  # the model's word on heads (truncated: none)
+        return _Ranked(
+            ranked, spare, model_lp, line_scores, mixture_scores, p_end, complete, start, key, whole
+        )
 
     def _answer(
         self, q: _Query, found: _Ranked, n: int, incumbent: str | None, cancelled: threading.Event
@@ -500,15 +504,18 @@ class ModelEngine(LineJudge, Mixture):
         return answer
 
     def _ghost_first(
-        self, q: _Query, rule: GhostRule, answer: list[Suggestion], incumbent: str | None
+        self, q: _Query, rule: GhostRule, answer: list[Suggestion], incumbent: str | None, found: _Ranked
     ) -> list[Suggestion]:
         """The ghost decided over the whole answer (a head's confidence sums the candidates that
-        share it) and moved first, flagged: the incumbent's line stays unless it is beaten by the
-        rule's margin. A line that belongs elsewhere (another branch, a repository) is never drawn."""
+        share it; a young history's rule asks the model's word too: next_words.py) and moved first,
+        flagged: the incumbent's line stays unless it is beaten by the rule's margin. A line that
+        belongs elsewhere (another branch, a repository) is never drawn."""
         drawable = [s for s in answer if not q.elsewhere(s.text)]
         runs = q.index.count if q.index is not None else {}
         choices = [(s.text, s.confidence, s.score, runs.get(s.text, 0) > 0) for s in drawable]
-        got = rule.draw(q.typed, choices, incumbent, q.history_size)
+        lines, every = [c[0] for c in choices], rule.at(q.history_size).by_word  # by_word: every line's word
+        words = self.next_words.answer(q.session, q.ctx, found.heads_start, lines, every=every)  # lazily
+        got = rule.draw(q.typed, choices, incumbent, q.history_size, words)
         if got is not None:
             ghost_line = drawable[got[0]].text
             at = next(i for i, s in enumerate(answer) if s.text == ghost_line)

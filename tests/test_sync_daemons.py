@@ -25,7 +25,7 @@ from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.sync.export import TEST_HOLD_ENV
-from tests.daemon import BIN, daemon_env, running_daemon
+from tests.daemon import BIN, ROOT, SCRIPTED_SERVE, daemon_env, running_daemon
 from tests.syncthing import Syncthing
 from tests.tools import need
 from tests.waiting import HANG_S
@@ -179,8 +179,11 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
         # The daemon's first export seals the 30,000 commands into a segment; the test hook holds
         # that write once its temp file holds the bytes (a write lasts milliseconds: a test that
         # waited to catch it in the act failed under load), and the daemon is killed there.
-        hold = {TEST_HOLD_ENV: "600"}
-        serve = subprocess.Popen([str(BIN / "calmd"), "serve", *args], env=daemon_env(laptop, **hold),
+        # From here on only sync is looked at (the records, the segments, status): the daemons are
+        # `calmd serve` with the tests' scripted engine, which imports no torch (a model's daemon
+        # costs 1.2 CPU-seconds more to start; the suggestions were checked above).
+        hold = {TEST_HOLD_ENV: "600", "PYTHONPATH": str(ROOT)}  # (PYTHONPATH: tests.serve_scripted)
+        serve = subprocess.Popen([*SCRIPTED_SERVE, *args], env=daemon_env(laptop, **hold),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             wait_until(
@@ -194,8 +197,8 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
         assert held(own) == [temp], "killed in the write: its temp file is left"
         assert not (own / (temp.split(".")[1] + ".calm")).exists(), "the segment it was writing is not there"
         with (
-            running_daemon(laptop, engine="model", weights=False, args=args),
-            running_daemon(desktop, engine="model", weights=False, args=args),
+            running_daemon(laptop, args=args),
+            running_daemon(desktop, args=args),
         ):
 
             def all_arrived() -> bool:
@@ -214,7 +217,7 @@ def test_two_daemons_share_one_history(kind: str, tmp_path: Path) -> None:
         os.replace(tampered, seg)
         before = len(history(desktop))
         with (
-            running_daemon(desktop, engine="model", weights=False, args=args) as two,
+            running_daemon(desktop, args=args) as two,
             CalmClient(two.socket) as b,
         ):
 

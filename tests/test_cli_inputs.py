@@ -210,6 +210,7 @@ def test_serve_on_a_folder_as_socket_is_one_line_in_the_log(tmp_path: Path) -> N
     assert folder.is_dir()
 
 
+@pytest.mark.slow  # seconds of CPU: the whole suite runs it, not the quick loop
 def test_the_recipe_in_a_fresh_clone_without_shared_data(tmp_path: Path) -> None:
     clone = tmp_path / "calmd"  # the package as this checkout has it, with no ../shared beside it
     shutil.copytree(REPO / "calmd", clone / "calmd", ignore=shutil.ignore_patterns("__pycache__"))

@@ -183,6 +183,7 @@ def _fish_file(path: Path, size: int, *, shuffled: bool) -> int:
     return len(entries)
 
 
+@pytest.mark.slow  # seconds of CPU: the whole suite runs it, not the quick loop
 @pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "out-of-order"])
 def test_memory_does_not_grow_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             shuffled: bool) -> None:  # fmt: skip

@@ -202,6 +202,7 @@ def test_import_zsh_file(store: HistoryStore, tmp_path: Path) -> None:
     assert [(r.ts, r.cmd) for r in rows] == [(1700000000.0, "cd src"), (1700000001.0, "make\n  install")]
 
 
+@pytest.mark.slow  # seconds of CPU: the whole suite runs it, not the quick loop
 def test_import_public_histories(tmp_path: Path) -> None:
     """Every command of ten real users' files arrives, in order; the counts add up per file."""
     HISTORIES = shared_data("histories")

@@ -277,6 +277,7 @@ def test_bfloat16_autocast_trains_near_float32_and_resumes_only_in_bfloat16(
     assert calm(*argv, "--resume", *QUICK) == 0
 
 
+@pytest.mark.slow  # seconds of CPU: the whole suite runs it, not the quick loop
 def test_calm_init_then_calm_train_fits_a_few_commands(tmp_path: Path) -> None:
     """The specification's workflow: a file from `calm init` holds untrained weights and is trained
     at a new model's learning rate (1e-3), not fine-tuned at 1e-4 (which fits nothing in 40 steps)."""
@@ -307,6 +308,7 @@ def test_lr_schedules() -> None:
     assert lrs[-1] < 1e-5 and lr_at(cosine, 0.01, 100, 100) == pytest.approx(0.0)
 
 
+@pytest.mark.slow  # seconds of CPU: the whole suite runs it, not the quick loop
 def test_loss_curve_png_and_svg(tmp_path: Path) -> None:
     losses, val, lrs = [3.0, 2.5, 2.0, 1.2, 1.1], [(3, 1.9), (5, 1.3)], [1e-3, 2e-3, 2e-3, 1e-3, 5e-4]
     png = tmp_path / "loss.png"

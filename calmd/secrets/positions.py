@@ -34,6 +34,7 @@ from calmd.secrets.values import (
     decodes_to_text,
     generated,
     is_placeholder,
+    is_uuid,
     key_id,
     literal,
     looks_random,
@@ -43,6 +44,7 @@ from calmd.secrets.values import (
     public_key,
     random_bytes,
     reads_as_words,
+    shannon_entropy,
 )
 
 # Tools whose separate `-p` asks for the password (the next word is a database): tools.py's.
@@ -83,6 +85,9 @@ _TOKEN_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authen
                           "register", "activate", "join", "connect", "token", "set-token", "enroll",
                           "link"})  # fmt: skip
 _PASSWORD_VERBS = frozenset({"unlock", "unseal", "decrypt"})
+_THEN_VERBS = frozenset({"login", "auth", "token", "set", "add", "save", "use", "key", "set-token", "apikey"})
+_UUID_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "token", "set-token",
+                         "set", "add", "save", "use", "key", "apikey"})  # fmt: skip
 _UID_GID_TOOLS = frozenset({"docker", "podman", "nerdctl", "kubectl", "chown", "chgrp", "install", "runuser",
                             "sudo", "su", "setpriv", "find", "tar", "rsync", "cp", "systemd-run", "bwrap",
                             "firejail", "lxc", "incus", "unshare", "ps", "pkill", "pgrep", "id", "stat",
@@ -189,6 +194,10 @@ _KEY_SETTERS = frozenset({"set", "put", "write", "store", "insert", "kv", "confi
                           "set-value", "setex", "hset", "put-value"})  # fmt: skip
 
 
+_VERBS = frozenset(SETTING_VERBS | {"change", "reset", "rotate", "replace", "save"})
+_SETTING_OPTIONS = frozenset({"--set", "-set", "--put", "--write", "--update", "--add"})
+
+
 def _keywords(words: Sequence[str]) -> bool:
     """A keyword naming a secret before its value (`input_pw X`), or a key path ending in one
     after a setting verb (`kv put app/db/password X`, `defaults write D Password X`)."""
@@ -196,6 +205,8 @@ def _keywords(words: Sequence[str]) -> bool:
         return False
     setting = False
     for k, raw in enumerate(words[:-1]):
+        if raw in _SETTING_OPTIONS:
+            setting = True  # `crudini --set FILE SECTION password X`
         if not k or raw[:1] == "-":
             continue
         word = (unquote(raw) if raw[:1] in "'\"" else raw).rstrip("=:")
@@ -209,7 +220,9 @@ def _keywords(words: Sequence[str]) -> bool:
             continue  # a file (`.htpasswd`, `/etc/passwd`) unless a key path after `put`
         key = re.split(r"[/.:]", word)[-1]
         kind = name_kind(key)
-        if kind is None or words[k + 1].startswith("-"):
+        if kind is None or not _READING.isdisjoint(name_words(key)) or not _VERBS.isdisjoint(name_words(key)):
+            continue  # (`get-password NAME` asks for one; `set-password USER` is _secret_subcommand's)
+        if words[k + 1].startswith("-"):
             continue
         value = literal(words[k + 1])
         if value is None or is_placeholder(value):
@@ -226,8 +239,110 @@ def _keywords(words: Sequence[str]) -> bool:
                 continue  # `vercel env add DB_PASSWORD production`: where it goes; it prompts
             if not (ordinary(value) and not quoted) or value.isdigit():
                 return True
-        elif password_like(value) or generated(value):
+        elif password_like(value, quoted=quoted) or generated(value):
             return True
+    return False
+
+
+# Options that give the value a structured-data editor sets at a path (`dasel put -v X '.db.password'`,
+# `xmlstarlet ed -u //password -v X`, `plutil -replace password -string X`).
+_SET_VALUE_OPTIONS = frozenset({"-v", "--value", "-value", "--string", "-string", "--set-value"})
+_EDITING = frozenset({"put", "set", "ed", "edit", "update", "modify", "write", "-replace", "-insert", "-u",
+                      "--update", "-s", "--set", "patch", "replace", "upsert"})  # fmt: skip
+
+
+def _value_for_path(words: Sequence[str]) -> bool:
+    """An editor given a path whose last key says password and, by an option, a literal value."""
+    lowered = {w.lower() for w in words[1:]}
+    if _EDITING.isdisjoint(lowered) or _SET_VALUE_OPTIONS.isdisjoint(lowered):
+        return False
+    named = False
+    for raw in words[1:]:
+        path = unquote(raw) if raw[:1] in "'\"" else raw
+        pieces = [p for p in re.split(r"[./:\[\]]", path) if p]
+        if len(pieces) >= 2 and name_kind(pieces[-1].strip("'\"")) == "password":
+            named = True
+    if not named:
+        return False
+    for k, raw in enumerate(words[:-1]):
+        if raw in _SET_VALUE_OPTIONS:
+            value = literal(words[k + 1])
+            if value and not is_placeholder(value) and (words[k + 1][:1] in "'\"" or password_like(value)):
+                return True  # (quoted, a value set at a password's path is taken as written)
+    return False
+
+
+_SECRET_WORDS = frozenset(SECRET_NOUNS | {"token", "tokens", "apikey", "api-key", "passphrase", "pin"})
+_SETTING_POSITIONAL = frozenset(SETTING_VERBS | {"change", "reset", "replace", "save"})
+
+
+def _noun_verb_operand(words: Sequence[str]) -> bool:
+    """A secret's noun and a setting verb as the first operands, and a literal after them that
+    could be the secret (`kubeadm token create abcdef.0123456789abcdef`, `tool token set X`,
+    `doppler secrets set NAME X`); a name after them is what is set (`gh secret set NAME`)."""
+    operands = _bare_operands(words[1:])
+    head = [w.lower() for w in operands[:4]]
+    nouns = [k for k, w in enumerate(head) if w in _SECRET_WORDS]
+    verbs = [k for k, w in enumerate(head) if w in _SETTING_POSITIONAL]
+    if not nouns or not verbs or not _ASKING.isdisjoint(head):
+        return False
+    rest = operands[max(nouns[0], verbs[0]) + 1 :]
+    if not 1 <= len(rest) <= 2:
+        return False
+    value = literal(rest[-1])
+    quoted = rest[-1][:1] in "'\""
+    if value is None or is_placeholder(value):
+        return False
+    if generated(value) or _key_shaped(value) or _id_and_secret(value):
+        return True
+    return len(rest) == 2 and (quoted or password_like(value))
+
+
+_ID_AND_SECRET = re.compile(r"[a-z0-9]{6,}\.[a-z0-9]{12,}")
+
+
+def _id_and_secret(value: str) -> bool:
+    """A token of an id and a secret (`abcdef.0123456789abcdef`, Kubernetes' bootstrap tokens):
+    lower-case letters and digits, random as a whole (random base36 of 16 has ~3.6 bits a
+    character, and dips to 3.3: too few for values.generated's 4.0 when digits are few)."""
+    joined = value.replace(".", "")
+    return (
+        _ID_AND_SECRET.fullmatch(value) is not None
+        and any(c.isdigit() for c in joined)
+        and shannon_entropy(joined) >= 3.2
+    )
+
+
+def _bare_operands(words: Sequence[str]) -> list[str]:
+    """A command's operands but the word after a long option (`--project shop`: the option's
+    value, likely) and options themselves."""
+    return [w for k, w in enumerate(words) if not w.startswith("-") and not (k and words[k - 1][:2] == "--"
+            and "=" not in words[k - 1])]  # fmt: skip
+
+
+# A subcommand whose own name says it sets a password, secret or token (`reset-admin-password X`,
+# `set-password USER X`, `change-secret NAME X`, `passwd-set X`): its last operand is the secret.
+_SECRET_PARTS = frozenset({"password", "passwd", "pass", "pwd", "passphrase", "secret", "token", "pin",
+                           "apikey", "credential", "credentials", "psk"})  # fmt: skip
+_ASKING = frozenset(_READING - {"reset", "check", "verify", "test"})
+
+
+def _secret_subcommand(words: Sequence[str]) -> bool:
+    operands = _bare_operands(words[1:])
+    for k, word in enumerate(operands[:4]):
+        parts = name_words(word) if re.fullmatch(r"[A-Za-z][\w:-]*", word) else []
+        if len(parts) < 2 or _SECRET_PARTS.isdisjoint(parts) or not _ASKING.isdisjoint(parts):
+            continue
+        rest = operands[k + 1 :]
+        if not 1 <= len(rest) <= 3:
+            return False
+        value = literal(rest[-1])
+        quoted = rest[-1][:1] in "'\""  # (quoted, it is taken as written: `'mqjiib'` too)
+        return (
+            value is not None
+            and not is_placeholder(value)
+            and (quoted or password_like(value) or generated(value) or _key_shaped(value))
+        )
     return False
 
 
@@ -293,11 +408,14 @@ def _reference_name(key: str) -> bool:
 
 
 def _sole_operand(operands: Sequence[str]) -> bool:
-    """`wandb login HEX`, `snyk auth X`, `cloudflared service install TOKEN`, `bw unlock PW`."""
+    """`wandb login HEX`, `snyk auth X`, `exo auth login X`, `cloudflared service install TOKEN`,
+    `bw unlock PW`; after a login, auth or token verb a UUID too (API tokens are often UUIDs)."""
     for k, word in enumerate(operands[:3]):
         verb = word.lower()
         if verb in _TOKEN_VERBS or verb in _PASSWORD_VERBS:
             rest = operands[k + 1 :]
+            while len(rest) > 1 and rest[0].lower() in _THEN_VERBS:
+                rest = rest[1:]  # `auth login X`, `token set X`
             break
     else:
         return False
@@ -308,6 +426,8 @@ def _sole_operand(operands: Sequence[str]) -> bool:
         return False
     if verb in _PASSWORD_VERBS:
         return password_like(value, quoted=rest[0][:1] in "'\"") or generated(value)
+    if verb in _UUID_VERBS and is_uuid(value):
+        return True  # (a project's id is given to `link`, `join`, `connect`: not here)
     if ordinary(value):
         return False
     return (
@@ -423,6 +543,10 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
         if nouns and _secret_command(words, options):
             return "secret-setting"
         if hinted and len(words) >= 3 and _keywords(words):
+            return "keyword-password"
+        if hinted and operands and (_secret_subcommand(words) or _noun_verb_operand(words)):
+            return "secret-subcommand"
+        if hinted and len(words) >= 4 and _value_for_path(words):
             return "keyword-password"
         if verbs and operands and _sole_operand(operands):
             return "login-token"

@@ -10,6 +10,7 @@ look for:
     names.py        names that mean secret (options, variables, keywords, config keys)
     named.py        values given to such names, inside quoted arguments too
     positions.py    values in credential positions told by what surrounds them
+    subcommands.py  values after verbs (`set-password X`, `token create X`, `auth login TOKEN`)
     tools.py        tools' own places for a secret that no generic rule can tell
     archives.py     archivers' and encryption tools' passwords (`rar -hpX`, `qpdf --encrypt U O`)
     network.py      Wi-Fi and network tools' passphrases (`networksetup`, `nmcli`, `iwconfig key`)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator
 
 from calmd.secrets.shellwords import Line, unquote
-from calmd.secrets.values import generated, is_placeholder, looks_random
+from calmd.secrets.values import generated, is_placeholder
 
 # Options whose value is a cookie string: curl's `-b` (alone, in a cluster `-sb`, or attached
 # `-bNAME=V`), `--cookie`, and the spellings of other HTTP tools.
@@ -59,8 +59,8 @@ def secret_cookies(cookies: str) -> bool:
             continue
         if _SESSION_NAME.search(name) and _session_value(value):
             return True
-        if generated(value.strip('"'), min_len=16) or (len(value) >= 24 and looks_random(value)):
-            return True
+        if generated(value.strip('"'), min_len=16):
+            return True  # (`_ga=GA1.2.123456789.1700000000` is numbers: no)
     return False
 
 

@@ -248,7 +248,7 @@ def _quoted_texts(line: Line) -> Iterator[tuple[str, bool]]:
     connection string, a config snippet): read as the tool reads them, escapes resolved; and
     whether they were single-quoted (then `$x` is no expansion)."""
     for word in line.words:
-        if ("'" in word or '"' in word) and ("=" in word or ":" in word or "<" in word):
+        if ("'" in word or '"' in word) and ("=" in word or ":" in word or "<" in word or "\\n" in word):
             inner = unquote(word)
             if inner != word and HINT.search(inner.lower()):
                 yield inner, word.startswith("'")
@@ -304,7 +304,7 @@ def _here_documents(text: str) -> str | None:
 def _printed(line: Line) -> str | None:
     """What `printf FORMAT ARGS` writes (a config line whose value is printf's argument)."""
     for words in line.commands:
-        if command_name(words[0]) == "printf" and len(words) > 2 and words[1] != "-v":
+        if command_name(words[0]) == "printf" and len(words) > 1 and words[1] != "-v":
             args = words[2:]
             args = args[: next((k for k, w in enumerate(args) if _REDIRECTION.match(w)), len(args))]
             printed = printf_output(words[1], args)

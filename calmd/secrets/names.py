@@ -90,7 +90,7 @@ _THING_KEYS = frozenset({"ssh", "gpg", "pgp", "public", "pub", "publishable", "s
                          "keyboard", "host", "known", "authorized", "ca", "cert", "tls", "ssl", "kms",
                          "redis", "memcache", "translation", "i18n", "label", "field", "attribute",
                          "property", "metric", "feature", "flag", "experiment", "queue", "topic",
-                         "stream", "bucket", "config", "setting", "settings", "registry", "env", "yubi",
+                         "bucket", "config", "setting", "settings", "registry", "env", "yubi",
                          "hardware"})  # fmt: skip
 
 
@@ -150,3 +150,13 @@ SETTING_VERBS = frozenset({"set", "put", "add", "create", "store", "insert", "im
                            "new", "update", "put-parameter", "put-secret-value", "create-secret",
                            "add-generic-password", "add-internet-password", "secret:set",
                            "secrets:set"})  # fmt: skip
+
+# A reading or removing verb: the command asks for a secret, or names one to remove.
+READING_VERBS = frozenset({"get", "show", "lookup", "find", "read", "search", "list", "ls", "cat", "print",
+                      "grep", "describe", "view", "query", "generate", "gen", "reset", "forget", "remove",
+                      "rm", "delete", "del", "unset", "clear", "expire", "check", "verify", "help", "man",
+                      "which", "whatis", "apropos", "info", "history", "locate", "find-generic-password",
+                      "find-internet-password", "get-secret-value", "get-parameter", "get-parameters",
+                      "egrep", "fgrep", "rg", "ag", "ack", "less", "more", "fzf", "diff", "test",
+                      "inspect", "export", "dump", "reveal", "copy", "clip", "rotate", "edit", "uninstall",
+                      "purge", "erase", "revoke", "logout"})  # fmt: skip

@@ -13,8 +13,10 @@
 - **A command that sets a secret** (`gh secret set`, `fly secrets set`, `az keyvault secret set`,
   `security add-generic-password`, `aws ssm put-parameter ... SecureString`): its values are
   secrets whatever their names.
-- **A login, auth or install command whose only operand is a token** (`wandb login HEX`, `snyk
-  auth X`, `cloudflared service install TOKEN`), or an unlock whose operand is a password.
+- **Values after verbs** (subcommands.py): a subcommand whose name says it sets a secret, a
+  secret's noun and a setting verb, a token after a login, auth or install verb.
+- **A structured-data editor's value** (`dasel put -v X '.db.password'`, `plutil -replace
+  Password -string X`): a literal set at a path whose last key says password.
 - **Pairs**: `--user name:pass` (not a `uid:gid` of a container or chown), a client
   certificate's `cert.pem:passphrase`.
 
@@ -27,24 +29,28 @@ import re
 from collections.abc import Sequence
 
 from calmd.secrets.formats import prefix_rule, token_rule
-from calmd.secrets.names import SECRET_NOUNS, SETTING_VERBS, chooses_a_key, name_kind, name_words
+from calmd.secrets.names import (
+    READING_VERBS,
+    SECRET_NOUNS,
+    SETTING_VERBS,
+    chooses_a_key,
+    name_kind,
+    name_words,
+)
 from calmd.secrets.shellwords import Line, command_name, is_expansion, unquote
+from calmd.secrets.subcommands import noun_verb_operand, secret_subcommand, sole_operand
 from calmd.secrets.values import (
-    PUBLIC_PREFIXES,
     decodes_to_text,
     generated,
     is_placeholder,
-    is_uuid,
     key_id,
+    key_shaped,
     literal,
     looks_random,
     ordinary,
     password_like,
-    path_like,
     public_key,
-    random_bytes,
     reads_as_words,
-    shannon_entropy,
 )
 
 # Tools whose separate `-p` asks for the password (the next word is a database): tools.py's.
@@ -55,15 +61,6 @@ _USER_FLAGS = frozenset({"-u", "-U", "-l", "--username", "-user", "-username", "
 _PASSWORD_FLAGS = frozenset({"-p", "-P", "-pw", "-pwd", "-pass", "-passwd", "--pw", "--pwd", "--passwd"})
 _USER_NAME = re.compile(r"[A-Za-z0-9_][\w.@\\-]{0,63}")
 _FILE_LIKE = re.compile(r".*\.(?:py|sh|js|ts|rb|pl|txt|json|ya?ml|conf|cfg|ini|log|csv|sql|xml|toml|md)")
-# A reading or removing verb: the command asks for a secret, or names one to remove.
-_READING = frozenset({"get", "show", "lookup", "find", "read", "search", "list", "ls", "cat", "print",
-                      "grep", "describe", "view", "query", "generate", "gen", "reset", "forget", "remove",
-                      "rm", "delete", "del", "unset", "clear", "expire", "check", "verify", "help", "man",
-                      "which", "whatis", "apropos", "info", "history", "locate", "find-generic-password",
-                      "find-internet-password", "get-secret-value", "get-parameter", "get-parameters",
-                      "egrep", "fgrep", "rg", "ag", "ack", "less", "more", "fzf", "diff", "test",
-                      "inspect", "export", "dump", "reveal", "copy", "clip", "rotate", "edit", "uninstall",
-                      "purge", "erase", "revoke", "logout"})  # fmt: skip
 # Hex and base36 operands are ids to these tools (commits, containers, boot ids, snapshots).
 _ID_TOOLS = frozenset({"git", "docker", "podman", "nerdctl", "crictl", "ctr", "kubectl", "oc", "gpg", "gpg2",
                        "apt-key", "ipfs", "zerotier-cli", "hg", "svn", "restic", "borg", "journalctl",
@@ -81,13 +78,6 @@ _LM_NT = re.compile(r"[0-9a-fA-F]{32}:[0-9a-fA-F]{32}")
 _VALUE_OPTIONS = frozenset({"--value", "--body", "-b", "--data", "--string", "--secret-string", "--literal",
                             "--from-literal", "-w", "--secret", "--payload", "--secret-value",
                             "-v"})  # fmt: skip
-_TOKEN_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "install",
-                          "register", "activate", "join", "connect", "token", "set-token", "enroll",
-                          "link"})  # fmt: skip
-_PASSWORD_VERBS = frozenset({"unlock", "unseal", "decrypt"})
-_THEN_VERBS = frozenset({"login", "auth", "token", "set", "add", "save", "use", "key", "set-token", "apikey"})
-_UUID_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "token", "set-token",
-                         "set", "add", "save", "use", "key", "apikey"})  # fmt: skip
 _UID_GID_TOOLS = frozenset({"docker", "podman", "nerdctl", "kubectl", "chown", "chgrp", "install", "runuser",
                             "sudo", "su", "setpriv", "find", "tar", "rsync", "cp", "systemd-run", "bwrap",
                             "firejail", "lxc", "incus", "unshare", "ps", "pkill", "pgrep", "id", "stat",
@@ -148,6 +138,8 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
                 user = k
         elif raw in _PASSWORD_FLAGS and k + 1 < len(args) and not args[k + 1].startswith("-"):
             password = k
+    if user is None and password is not None:
+        user = _created_user(args, password)
     if user is None or password is None:
         return False
     between = args[min(user, password) + 2 : max(user, password)]
@@ -161,17 +153,19 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
     return not ordinary(value) or (args[password + 1][:1] in "'\"" and not value.isdigit())
 
 
-def _key_shaped(value: str) -> bool:
-    if len(value) < 20 or (value.islower() and not any(c.isdigit() for c in value)):
-        return False  # (a package's name: `texlive-latex-recommended`)
-    if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES) or public_key(value):
-        return False  # (minisign's, signify's `-P RW...`: the key a signature is verified with)
-    core = value.strip("=")
-    if len(core) >= 20 and random_bytes(value):
-        return True
-    return generated(value, min_len=20) or (
-        len(core) >= 32 and re.fullmatch(r"[0-9a-fA-F]+", core) is not None
-    )
+_USER_NOUNS = frozenset({"user", "users", "account", "accounts", "login", "member", "admin"})
+_CREATING = frozenset({"create", "add", "new", "update", "set", "register", "invite", "modify"})
+
+
+def _created_user(args: Sequence[str], password: int) -> int | None:
+    """A user named as an operand of `user create|add NAME` before the password flag (`rpk
+    security user create alice -p X`, `influx user create -n bob -p X`): where the user stands."""
+    lowered = [a.lower() for a in args[:password]]
+    for k in range(len(lowered) - 2):
+        if lowered[k] in _USER_NOUNS and lowered[k + 1] in _CREATING:
+            name = args[k + 2]
+            return k + 1 if _USER_NAME.fullmatch(unquote(name)) and not name.startswith("-") else None
+    return None
 
 
 def _short_flag_values(name: str, options: Sequence[tuple[str, str | None]]) -> bool:
@@ -183,7 +177,7 @@ def _short_flag_values(name: str, options: Sequence[tuple[str, str | None]]) -> 
         value = literal(raw)
         if value is None or (ordinary(value.rstrip("=")) and not _LM_NT.fullmatch(value)):
             continue
-        if _LM_NT.fullmatch(value) or (_key_shaped(value) and not decodes_to_text(value)):
+        if _LM_NT.fullmatch(value) or (key_shaped(value) and not decodes_to_text(value)):
             return True
     return False
 
@@ -201,7 +195,7 @@ _SETTING_OPTIONS = frozenset({"--set", "-set", "--put", "--write", "--update", "
 def _keywords(words: Sequence[str]) -> bool:
     """A keyword naming a secret before its value (`input_pw X`), or a key path ending in one
     after a setting verb (`kv put app/db/password X`, `defaults write D Password X`)."""
-    if command_name(words[0]) in _READING:
+    if command_name(words[0]) in READING_VERBS:
         return False
     setting = False
     for k, raw in enumerate(words[:-1]):
@@ -211,7 +205,7 @@ def _keywords(words: Sequence[str]) -> bool:
             continue
         word = (unquote(raw) if raw[:1] in "'\"" else raw).rstrip("=:")
         lowered = word.lower()
-        if lowered in _READING:
+        if lowered in READING_VERBS:
             return False
         if lowered in _KEY_SETTERS or lowered == "write":
             setting = True
@@ -220,7 +214,11 @@ def _keywords(words: Sequence[str]) -> bool:
             continue  # a file (`.htpasswd`, `/etc/passwd`) unless a key path after `put`
         key = re.split(r"[/.:]", word)[-1]
         kind = name_kind(key)
-        if kind is None or not _READING.isdisjoint(name_words(key)) or not _VERBS.isdisjoint(name_words(key)):
+        if (
+            kind is None
+            or not READING_VERBS.isdisjoint(name_words(key))
+            or not _VERBS.isdisjoint(name_words(key))
+        ):
             continue  # (`get-password NAME` asks for one; `set-password USER` is _secret_subcommand's)
         if words[k + 1].startswith("-"):
             continue
@@ -257,10 +255,12 @@ def _value_for_path(words: Sequence[str]) -> bool:
     if _EDITING.isdisjoint(lowered) or _SET_VALUE_OPTIONS.isdisjoint(lowered):
         return False
     named = False
-    for raw in words[1:]:
+    for k, raw in enumerate(words[1:], 1):
         path = unquote(raw) if raw[:1] in "'\"" else raw
         pieces = [p for p in re.split(r"[./:\[\]]", path) if p]
-        if len(pieces) >= 2 and name_kind(pieces[-1].strip("'\"")) == "password":
+        # a path (`.db.password`), or a key given just before its value (`-replace Password -string X`)
+        placed = len(pieces) >= 2 or (k + 1 < len(words) and words[k + 1] in _SET_VALUE_OPTIONS)
+        if pieces and placed and name_kind(pieces[-1].strip("'\"")) == "password":
             named = True
     if not named:
         return False
@@ -272,87 +272,13 @@ def _value_for_path(words: Sequence[str]) -> bool:
     return False
 
 
-_SECRET_WORDS = frozenset(SECRET_NOUNS | {"token", "tokens", "apikey", "api-key", "passphrase", "pin"})
-_SETTING_POSITIONAL = frozenset(SETTING_VERBS | {"change", "reset", "replace", "save"})
-
-
-def _noun_verb_operand(words: Sequence[str]) -> bool:
-    """A secret's noun and a setting verb as the first operands, and a literal after them that
-    could be the secret (`kubeadm token create abcdef.0123456789abcdef`, `tool token set X`,
-    `doppler secrets set NAME X`); a name after them is what is set (`gh secret set NAME`)."""
-    operands = _bare_operands(words[1:])
-    head = [w.lower() for w in operands[:4]]
-    nouns = [k for k, w in enumerate(head) if w in _SECRET_WORDS]
-    verbs = [k for k, w in enumerate(head) if w in _SETTING_POSITIONAL]
-    if not nouns or not verbs or not _ASKING.isdisjoint(head):
-        return False
-    rest = operands[max(nouns[0], verbs[0]) + 1 :]
-    if not 1 <= len(rest) <= 2:
-        return False
-    value = literal(rest[-1])
-    quoted = rest[-1][:1] in "'\""
-    if value is None or is_placeholder(value):
-        return False
-    if generated(value) or _key_shaped(value) or _id_and_secret(value):
-        return True
-    return len(rest) == 2 and (quoted or password_like(value))
-
-
-_ID_AND_SECRET = re.compile(r"[a-z0-9]{6,}\.[a-z0-9]{12,}")
-
-
-def _id_and_secret(value: str) -> bool:
-    """A token of an id and a secret (`abcdef.0123456789abcdef`, Kubernetes' bootstrap tokens):
-    lower-case letters and digits, random as a whole (random base36 of 16 has ~3.6 bits a
-    character, and dips to 3.3: too few for values.generated's 4.0 when digits are few)."""
-    joined = value.replace(".", "")
-    return (
-        _ID_AND_SECRET.fullmatch(value) is not None
-        and any(c.isdigit() for c in joined)
-        and shannon_entropy(joined) >= 3.2
-    )
-
-
-def _bare_operands(words: Sequence[str]) -> list[str]:
-    """A command's operands but the word after a long option (`--project shop`: the option's
-    value, likely) and options themselves."""
-    return [w for k, w in enumerate(words) if not w.startswith("-") and not (k and words[k - 1][:2] == "--"
-            and "=" not in words[k - 1])]  # fmt: skip
-
-
-# A subcommand whose own name says it sets a password, secret or token (`reset-admin-password X`,
-# `set-password USER X`, `change-secret NAME X`, `passwd-set X`): its last operand is the secret.
-_SECRET_PARTS = frozenset({"password", "passwd", "pass", "pwd", "passphrase", "secret", "token", "pin",
-                           "apikey", "credential", "credentials", "psk"})  # fmt: skip
-_ASKING = frozenset(_READING - {"reset", "check", "verify", "test"})
-
-
-def _secret_subcommand(words: Sequence[str]) -> bool:
-    operands = _bare_operands(words[1:])
-    for k, word in enumerate(operands[:4]):
-        parts = name_words(word) if re.fullmatch(r"[A-Za-z][\w:-]*", word) else []
-        if len(parts) < 2 or _SECRET_PARTS.isdisjoint(parts) or not _ASKING.isdisjoint(parts):
-            continue
-        rest = operands[k + 1 :]
-        if not 1 <= len(rest) <= 3:
-            return False
-        value = literal(rest[-1])
-        quoted = rest[-1][:1] in "'\""  # (quoted, it is taken as written: `'mqjiib'` too)
-        return (
-            value is not None
-            and not is_placeholder(value)
-            and (quoted or password_like(value) or generated(value) or _key_shaped(value))
-        )
-    return False
-
-
 def _secret_command(words: Sequence[str], options: Sequence[tuple[str, str | None]]) -> bool:
     """A command that sets a secret: its values are secrets whatever their names."""
     lowered = {unquote(w).lower() for w in words}
     parts = lowered | {part for word in lowered if "-" in word for part in word.split("-")}  # `user-secrets`
     if not (SECRET_NOUNS & parts) or not (SETTING_VERBS & {unquote(w).lower() for w in words[:5]}):
         return False
-    if _READING & lowered:
+    if READING_VERBS & lowered:
         return False
     for flag, raw in options:
         if raw is not None and flag in _VALUE_OPTIONS:
@@ -407,36 +333,6 @@ def _reference_name(key: str) -> bool:
     return bool(words) and words[-1] in _REFERENCE_NAMES
 
 
-def _sole_operand(operands: Sequence[str]) -> bool:
-    """`wandb login HEX`, `snyk auth X`, `exo auth login X`, `cloudflared service install TOKEN`,
-    `bw unlock PW`; after a login, auth or token verb a UUID too (API tokens are often UUIDs)."""
-    for k, word in enumerate(operands[:3]):
-        verb = word.lower()
-        if verb in _TOKEN_VERBS or verb in _PASSWORD_VERBS:
-            rest = operands[k + 1 :]
-            while len(rest) > 1 and rest[0].lower() in _THEN_VERBS:
-                rest = rest[1:]  # `auth login X`, `token set X`
-            break
-    else:
-        return False
-    if len(rest) != 1:
-        return False
-    value = literal(rest[0])
-    if value is None or is_placeholder(value):
-        return False
-    if verb in _PASSWORD_VERBS:
-        return password_like(value, quoted=rest[0][:1] in "'\"") or generated(value)
-    if verb in _UUID_VERBS and is_uuid(value):
-        return True  # (a project's id is given to `link`, `join`, `connect`: not here)
-    if ordinary(value):
-        return False
-    return (
-        _key_shaped(value)
-        or prefix_rule(value) is not None
-        or (len(value) >= 40 and value.startswith("eyJ") and not any(c.isspace() for c in value))
-    )
-
-
 def _pairs(name: str, options: Sequence[tuple[str, str | None]]) -> bool:
     """`--user name:pass` (not a `uid:gid`), `-H LM:NT`."""
     for flag, raw in options:
@@ -489,6 +385,10 @@ _LOGIN_FLAGS = frozenset({"-p", "-P", "-pw", "-pwd", "-pass", "-passwd", "--pw",
 _USER_HINTS = frozenset({"-u", "-U", "-l", "--username", "-user", "-username", "--login", "-login", "-usr",
                          "--user"})  # fmt: skip
 _KEY_HINTS = frozenset({*_KEY_FLAGS, "-key", "-secret", "-token", "-auth"})
+_USER_CREATE_HINT = re.compile(
+    r"\b(?:user|users|account|accounts|login|member|admin) "
+    r"(?:create|add|new|update|set|register|invite|modify)\b"
+)
 _CERT_HINT = re.compile(r"\.(?:pem|p12|pfx|crt|cer|key|jks|keystore|der|pkcs12):")
 _TOKEN_VERB_HINT = re.compile(
     r"\b(?:login|auth|authtoken|authenticate|install|register|activate|join|connect|token|enroll|link)\b"
@@ -515,7 +415,9 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
         return "certificate-passphrase"
     flags = set(_FLAG.findall(text)) if "-" in text else set()
     long_word = len(text) >= 20 and any(len(word) >= 20 for word in text.split())
-    login = not flags.isdisjoint(_LOGIN_FLAGS) and (not flags.isdisjoint(_USER_HINTS) or "--user=" in text)
+    login = not flags.isdisjoint(_LOGIN_FLAGS) and (
+        not flags.isdisjoint(_USER_HINTS) or "--user=" in text or _USER_CREATE_HINT.search(lower) is not None
+    )
     pairs = ":" in text and not flags.isdisjoint(_PAIR_FLAGS)
     keys = long_word and not flags.isdisjoint(_KEY_HINTS)
     nouns = "secret" in lower or "keych" in lower or "keyring" in lower or "cred" in lower
@@ -544,10 +446,10 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
             return "secret-setting"
         if hinted and len(words) >= 3 and _keywords(words):
             return "keyword-password"
-        if hinted and operands and (_secret_subcommand(words) or _noun_verb_operand(words)):
+        if hinted and operands and (secret_subcommand(words) or noun_verb_operand(words)):
             return "secret-subcommand"
         if hinted and len(words) >= 4 and _value_for_path(words):
             return "keyword-password"
-        if verbs and operands and _sole_operand(operands):
+        if verbs and operands and sole_operand(operands):
             return "login-token"
     return None

@@ -163,6 +163,8 @@ def _created_user(args: Sequence[str], password: int) -> int | None:
     lowered = [a.lower() for a in args[:password]]
     for k in range(len(lowered) - 2):
         if lowered[k] in _USER_NOUNS and lowered[k + 1] in _CREATING:
+            if args[k + 2] in ("-n", "--name") and k + 3 < password:
+                return k + 2  # the name as an option's value: `user create -n bob -p X`
             name = args[k + 2]
             return k + 1 if _USER_NAME.fullmatch(unquote(name)) and not name.startswith("-") else None
     return None

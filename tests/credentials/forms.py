@@ -104,7 +104,13 @@ def _crypt64(raw: bytes) -> str:
     return base64.b64encode(raw).decode().rstrip("=").replace("+", ".")
 
 
-_PEM_TYPES = ("OPENSSH PRIVATE KEY", "RSA PRIVATE KEY", "PRIVATE KEY", "EC PRIVATE KEY", "ENCRYPTED PRIVATE KEY")
+_PEM_TYPES = (
+    "OPENSSH PRIVATE KEY",
+    "RSA PRIVATE KEY",
+    "PRIVATE KEY",
+    "EC PRIVATE KEY",
+    "ENCRYPTED PRIVATE KEY",
+)
 
 
 def _pem(kind: str, body: bytes) -> str:

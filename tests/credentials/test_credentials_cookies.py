@@ -50,6 +50,7 @@ HARMLESS = [
     "curl -H 'Cookie: session=$SESSION' https://{host}/",
     "grep -i cookie /var/log/nginx/{user}.log",
     "curl -b @cookies.txt https://{host}/",
+    "curl -b 'locale=fr; _ga=GA1.2.{digits}.1700000000' https://{host}/",
 ]
 
 

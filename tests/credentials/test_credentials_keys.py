@@ -14,7 +14,7 @@ ENCODED_KEYS = [
     "echo {pem_b64} | base64 -d > ~/.ssh/id_{user}",
     'export DEPLOY_KEY_B64="{pem_b64}"',
     "docker run -e KEY_DATA={pem_b64} {user}/app",
-    "echo \"{pem_head}\" \"{pem_tail}\" | tr -d ' ' | base64 -d > key",
+    'echo "{pem_head}" "{pem_tail}" | tr -d \' \' | base64 -d > key',
     "printf '%s' '{pem_lines}' | base64 -d > /tmp/{user}.key",
     "KEY_PART1={pem_head} KEY_PART2={pem_tail} ./deploy.sh",
     "echo '{pem_nl_b64}' | base64 --decode > /tmp/k",

@@ -85,6 +85,8 @@ SECRET_SUBCOMMANDS = [
     "snyk auth {uuid}",
     "exo auth login {b36}",
     "doppler secrets set {user} '{secret}' --project shop",
+    "rpk security user create {user} -p '{secret}' --mechanism SCRAM-SHA-256",
+    "influx user create -n {user} -p '{secret}' -o acme",
 ]
 PAIRS = [
     "etcdctl --user {user}:'{secret}' get /config",

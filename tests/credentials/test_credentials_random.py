@@ -41,6 +41,7 @@ UNNAMED_KEYS = [
     "REPLICATION_KEY=prod_{b62} ./replicate",
     "export SOMETHING_SYNC_KEY=abc1{b36}",
     "docker run -e RELAY_KEY={hex64} {user}/relay",
+    "STREAM_INGEST_KEY=ingest-{b36} ./ingest",
 ]
 
 

@@ -34,6 +34,7 @@ STRUCTURED_EDITS = [
     'gojq \'.credentials["api-key"] |= "{b62}"\' c.json',
     "git config --global sendemail.smtpPass '{secret}'",
     "npm config set //{host}/:_password '{secret}'",
+    "plutil -replace Password -string '{secret}' ~/Library/Preferences/com.{user}.app.plist",
 ]
 BRACKETED = [
     "kafka-configs --bootstrap-server {host}:9092 --alter --add-config"

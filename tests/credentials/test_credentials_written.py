@@ -50,6 +50,7 @@ ESCAPED_CONFIG_FORMS = [
     "printf 'set imap_user={user}\\nset imap_pass={code_secret}\\n' >> ~/.muttrc",
     "printf 'poll {host} protocol imap\\n  user {user} pass {code_secret}\\n' > ~/.fetchmailrc",
     "printf '%s\\n' 'account {user}' 'host {host}' 'password {code_secret}' > ~/.msmtprc",
+    "printf 'defaults\\nauth on\\nuser {user}\\npassword {code_secret}\\n' | tee ~/.msmtprc",
 ]
 ENCODED_FORMS = [
     "echo '{b64pair}' > /etc/{user}/basic.auth",

@@ -63,8 +63,9 @@ def _options(text: str, *, openpgp: bool = False, depth: int = 0) -> str | None:
                     return "token-argument"  # `SYNC_KEY=...`: a key whatever its qualifier says
                 if value and "=" in value and depth == 0:
                     # a value that assigns in turn: `--add-config SCRAM-SHA-512=[password=x]`,
-                    # `--set-string=db.password=x`, `-o opts=user=u,pass=x`
-                    rule = _options(value, openpgp=openpgp, depth=1)
+                    # `--set-string=db.password=x`, `-o opts=user=u,pass=x` (read as written:
+                    # unquoted, `a\npassword=%s` would be `anpassword=%s`)
+                    rule = _options(raw, openpgp=openpgp, depth=1)
                     if rule:
                         return rule
                 continue
@@ -251,7 +252,7 @@ def _quoted_texts(line: Line) -> Iterator[tuple[str, bool]]:
         if ("'" in word or '"' in word) and ("=" in word or ":" in word or "<" in word or "\\n" in word):
             inner = unquote(word)
             if inner != word and HINT.search(inner.lower()):
-                yield inner, word.startswith("'")
+                yield inner, word.startswith(("'", "$'"))  # (ANSI-C quoting keeps `$` too)
 
 
 def named_value_rule(line: Line) -> str | None:

@@ -95,6 +95,7 @@ WRITTEN_HARMLESS = [
     "echo -e 'password required\\nretry 3' > /etc/{user}.conf",
     "printf 'auth on\\nuser {user}\\npasswordeval gpg -d pw.gpg\\n' >> ~/.msmtprc",
     "printf 'machine {host}\\nlogin {user}\\npassword %s\\n' \"$PW\" >> ~/.authinfo",
+    "printf 'username={user}\\npassword=%s\\n' \"$SMB_PW\" > ~/.smbcredentials",
 ]
 
 

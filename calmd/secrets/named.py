@@ -58,10 +58,11 @@ def _options(text: str, *, openpgp: bool = False, depth: int = 0) -> str | None:
             raw = found.group(2)
             kind = name_kind(name)
             if kind is None:
-                value = literal(raw)
-                if value and unnamed_key(name) and generated(value, min_len=20):
-                    return "token-argument"  # `SYNC_KEY=...`: a key whatever its qualifier says
-                if value and "=" in value and depth == 0:
+                if len(raw) >= 20 and unnamed_key(name):
+                    value = literal(raw)
+                    if value and generated(value, min_len=20):
+                        return "token-argument"  # `SYNC_KEY=...`: a key whatever its qualifier says
+                if depth == 0 and "=" in raw:
                     # a value that assigns in turn: `--add-config SCRAM-SHA-512=[password=x]`,
                     # `--set-string=db.password=x`, `-o opts=user=u,pass=x` (read as written:
                     # unquoted, `a\npassword=%s` would be `anpassword=%s`)

@@ -26,6 +26,9 @@ from calmd.secrets.values import (
     shannon_entropy,
 )
 
+# Verbs after which a sole operand is a token (`wandb login X`), or a password (`bw unlock X`); the
+# verbs that may follow one before the value (`auth login X`, `token set X`); and those after which
+# a UUID is a token too (services' API tokens often are; after `link`, `join` it names a project).
 _TOKEN_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "install",
                           "register", "activate", "join", "connect", "token", "set-token", "enroll",
                           "link"})  # fmt: skip
@@ -33,6 +36,7 @@ _PASSWORD_VERBS = frozenset({"unlock", "unseal", "decrypt"})
 _THEN_VERBS = frozenset({"login", "auth", "token", "set", "add", "save", "use", "key", "set-token", "apikey"})
 _UUID_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "token", "set-token",
                          "set", "add", "save", "use", "key", "apikey"})  # fmt: skip
+# A secret's noun and a setting verb among the first operands (`token create`, `secrets set`).
 _SECRET_WORDS = frozenset(SECRET_NOUNS | {"token", "tokens", "apikey", "api-key", "passphrase", "pin"})
 _SETTING_POSITIONAL = frozenset(SETTING_VERBS | {"change", "reset", "replace", "save"})
 

@@ -171,8 +171,8 @@ def _service_tokens(text: str) -> str | None:
     or path is the account's token. Digits, UUIDs, words, a digest (`@sha256:...`) are ids."""
     for found in _URL_SCHEME.finditer(text):
         scheme = found.group(1).lower()
-        if scheme in _PUBLIC_SCHEMES and scheme not in _SERVICE_SCHEMES:
-            continue
+        if scheme not in _SERVICE_SCHEMES and all(part in _PUBLIC_SCHEMES for part in scheme.split("+")):
+            continue  # (and a compound of public ones: pip's `git+https://...@COMMIT`, `svn+ssh://`)
         pieces = [url_unquote(p) for p in re.split(r"[/@:]", found.group(2)) if p]
         for k, piece in enumerate(pieces[:16]):
             if (k and pieces[k - 1].lower() in _ID_SEGMENTS) or piece.startswith(("sha256", "sha512")):

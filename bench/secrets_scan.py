@@ -15,10 +15,14 @@ its default plugins and filters over each command as one line of a file named hi
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import types
 from collections import Counter
@@ -31,6 +35,8 @@ sys.path.insert(0, str(REPO))
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.secrets import find_secret  # noqa: E402
 
+# The detector as a package (calmd/secrets/, since issue 39): read from git whole.
+PACKAGE_COMMITS = {"before round 5": "5598eae"}  # issue 39's fifth round
 OLD_COMMITS = {"before issue 39": "578f0c0", "before issue 30": "ffe7a68", "before issue 23": "ad7d2a1",
                "before issue 12": "aa4422d"}  # fmt: skip
 CORPUS = REPO / "tests" / "data" / "secrets"
@@ -65,7 +71,24 @@ def old_detector(commit: str) -> Detector:
     module = types.ModuleType(f"old_secrets_{commit}")
     sys.modules[module.__name__] = module  # (its dataclasses look their module up)
     exec(compile(shown.stdout, f"{commit}:{where}", "exec"), module.__dict__)
-    return module.find_secret  # type: ignore[no-any-return]
+    return module.find_secret
+
+
+def old_package(commit: str) -> Detector:
+    """find_secret of the calmd/secrets package as of `commit`, imported under a name of its own
+    (`git archive` into a temporary folder, its `calmd.secrets` imports renamed)."""
+    name = f"old_secrets_{commit}"
+    folder = Path(tempfile.mkdtemp(prefix="calm-secrets-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "calmd/secrets"],
+                             capture_output=True, check=True)  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    package = folder / name
+    (folder / "calmd" / "secrets").rename(package)
+    for module in package.glob("*.py"):
+        module.write_text(module.read_text().replace("calmd.secrets", name))
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(name).find_secret  # type: ignore[no-any-return]
 
 
 def detect_secrets_detector() -> Detector | None:
@@ -153,6 +176,7 @@ def main() -> int:
     args = parser.parse_args()
 
     detectors: dict[str, Detector] = {"new": find_secret}
+    detectors |= {name: old_package(commit) for name, commit in PACKAGE_COMMITS.items()}
     detectors |= {name: old_detector(commit) for name, commit in OLD_COMMITS.items()}
     ds = detect_secrets_detector()
     if ds is not None:
@@ -201,7 +225,7 @@ def main() -> int:
         if args.show_flagged:
             for rule, cmd in flagged:
                 print(f"      {rule:22s} {cmd[:150]}")
-    for name in OLD_COMMITS:
+    for name in [*PACKAGE_COMMITS, *OLD_COMMITS]:
         print(f"\nmedian cost new/{name}: {medians['new'] / medians[name]:.2f}x")
     if "detect-secrets" in medians:
         print(f"median cost detect-secrets/new: {medians['detect-secrets'] / medians['new']:.0f}x")

@@ -10,9 +10,15 @@ look for:
     names.py        names that mean secret (options, variables, keywords, config keys)
     named.py        values given to such names, inside quoted arguments too
     positions.py    values in credential positions told by what surrounds them
+    subcommands.py  values after verbs (`set-password X`, `token create X`, `auth login TOKEN`)
     tools.py        tools' own places for a secret that no generic rule can tell
-    urls.py         userinfo, `user:pass@host` without a scheme, query and path tokens
-    written.py      credential files and key material written by echo/printf/tee
+    archives.py     archivers' and encryption tools' passwords (`rar -hpX`, `qpdf --encrypt U O`)
+    network.py      Wi-Fi and network tools' passphrases (`networksetup`, `nmcli`, `iwconfig key`)
+    cookies.py      session cookies given to HTTP tools (`-b`, `--cookie`, a `Cookie:` header)
+    urls.py         userinfo, `user:pass@host` without a scheme, query, path and services' tokens
+    written.py      credential files written by echo/printf/tee
+    keys.py         private key material, a PEM block base64-encoded again too
+    hashes.py       password hashes in crypt(3)'s formats and their kin
     stdin.py        a literal fed to a command that reads a secret on standard input
     code.py         inline code (`python -c`, SQL) and passwords hashed inline
     formats.py      tokens services issue, by format or prefix

@@ -13,7 +13,10 @@ import re
 
 from calmd.secrets.calm import calm_secret_rule
 from calmd.secrets.code import hashed_literal_rule, inline_code_rule
+from calmd.secrets.cookies import COOKIE_HINT, cookie_rule
 from calmd.secrets.formats import prefix_rule, token_rule
+from calmd.secrets.hashes import password_hash_rule
+from calmd.secrets.keys import encoded_key_rule, key_material_rule
 from calmd.secrets.named import HINT, named_value_rule
 from calmd.secrets.positions import positions_rule
 from calmd.secrets.randomness import basic_auth_rule, random_string_rule
@@ -21,9 +24,13 @@ from calmd.secrets.shellwords import Line, substitutions, unquote
 from calmd.secrets.stdin import fed_rule
 from calmd.secrets.tools import config_rule, tool_rule
 from calmd.secrets.urls import url_rule
-from calmd.secrets.written import credential_file_rule, key_material_rule
+from calmd.secrets.written import credential_file_rule
 
-DETECTOR_VERSION = 6
+DETECTOR_VERSION = 7
+# 7: forms nobody listed, as classes (issue 39's fifth round): session cookies, password hashes,
+#    private keys base64-encoded again, config text with `\n` escapes, structured-data edits,
+#    bracketed values, secret-named subcommands, connection strings, archivers' and Wi-Fi tools'
+#    passwords, notification services' URLs, `*_KEY` names of any qualifier, readable prefixes
 # 6: random base64 that starts like DER (`M[A-P]`) and is no public key's or certificate's DER
 #    (values.public_key: told by its structure); key ids and public keys left alone (issue 39)
 # 5: credential positions without tool names, pairs without a scheme, URL query and path tokens,
@@ -66,8 +73,9 @@ def _judge(cmd: str, depth: int) -> str | None:
     if rule is None and _CREDENTIAL_HINT.search(lowered):
         rule = credential_file_rule(cmd)
     rule = (
-        rule or key_material_rule(cmd) or inline_code_rule(cmd, lowered) or prefix_rule(cmd)
-        or basic_auth_rule(cmd) or random_string_rule(cmd) or _structure_rule(line, hinted)
+        rule or key_material_rule(cmd) or encoded_key_rule(cmd) or password_hash_rule(cmd)
+        or inline_code_rule(cmd, lowered) or prefix_rule(cmd) or basic_auth_rule(cmd)
+        or random_string_rule(cmd) or _structure_rule(line, hinted)
     )  # fmt: skip
     if rule is None and _nests(cmd):
         rule = _nested_rule(line, 1)
@@ -77,7 +85,10 @@ def _judge(cmd: str, depth: int) -> str | None:
 def _structure_rule(line: Line, hinted: bool) -> str | None:
     """The rules that read a line's words and commands: on a whole line and on every command
     nested in it (the rules that read the text itself have read the nested ones already)."""
-    return tool_rule(line) or config_rule(line) or fed_rule(line.text) or positions_rule(line, hinted)
+    rule = tool_rule(line) or config_rule(line) or fed_rule(line.text) or positions_rule(line, hinted)
+    if rule is None and COOKIE_HINT.search(line.text):
+        rule = cookie_rule(line)
+    return rule
 
 
 def _nests(cmd: str) -> bool:

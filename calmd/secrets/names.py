@@ -80,6 +80,36 @@ def name_kind(name: str, *, bare_key: bool = False) -> str | None:
     return None
 
 
+# Qualifiers that make `*_KEY` the name of a thing, not a key to something: a record's, a cache
+# entry's, a public key's (`SORT_KEY=created_at`, `CACHE_KEY=deps-v2`, `SSH_KEY=~/.ssh/id`).
+_THING_KEYS = frozenset({"ssh", "gpg", "pgp", "public", "pub", "publishable", "site", "verify",
+                         "verification", "primary", "foreign", "sort", "partition", "range", "cache",
+                         "hash", "idempotency", "dedup", "dedupe", "routing", "lookup", "map", "object",
+                         "s3", "row", "column", "unique", "composite", "index", "shard", "group",
+                         "message", "event", "cursor", "page", "pagination", "hot", "short", "shortcut",
+                         "keyboard", "host", "known", "authorized", "ca", "cert", "tls", "ssl", "kms",
+                         "redis", "memcache", "translation", "i18n", "label", "field", "attribute",
+                         "property", "metric", "feature", "flag", "experiment", "queue", "topic",
+                         "bucket", "config", "setting", "settings", "registry", "env", "yubi",
+                         "hardware"})  # fmt: skip
+
+
+def unnamed_key(name: str) -> bool:
+    """A name that ends in `key` after a qualifier that says neither secret (name_kind's) nor a
+    thing's name (`_THING_KEYS`): `SYNC_KEY`, `BACKUP_ENCRYPT_KEY`, `REPLICATION_KEY`. Its value
+    is a key when it looks generated (values.generated): the qualifiers of secrets are not a
+    list anyone can finish."""
+    parts = name_words(name)
+    return (
+        len(parts) > 1
+        and parts[-1] == "key"
+        and name_kind(name) is None
+        and parts[-2] not in _THING_KEYS
+        and not _NEGATORS.intersection(parts)
+        and _THING_KEYS.isdisjoint(parts[:-1])
+    )
+
+
 # An OpenPGP key is chosen by its id: a value of that shape (values.key_id) given to such a name, or
 # to an option of an OpenPGP tool that is no passphrase, names the key (`gpg -k` prints it).
 _OPENPGP_WORDS = frozenset({"gpg", "pgp", "gnupg", "openpgp", "signingkey"})
@@ -120,3 +150,13 @@ SETTING_VERBS = frozenset({"set", "put", "add", "create", "store", "insert", "im
                            "new", "update", "put-parameter", "put-secret-value", "create-secret",
                            "add-generic-password", "add-internet-password", "secret:set",
                            "secrets:set"})  # fmt: skip
+
+# A reading or removing verb: the command asks for a secret, or names one to remove.
+READING_VERBS = frozenset({"get", "show", "lookup", "find", "read", "search", "list", "ls", "cat", "print",
+                      "grep", "describe", "view", "query", "generate", "gen", "reset", "forget", "remove",
+                      "rm", "delete", "del", "unset", "clear", "expire", "check", "verify", "help", "man",
+                      "which", "whatis", "apropos", "info", "history", "locate", "find-generic-password",
+                      "find-internet-password", "get-secret-value", "get-parameter", "get-parameters",
+                      "egrep", "fgrep", "rg", "ag", "ack", "less", "more", "fzf", "diff", "test",
+                      "inspect", "export", "dump", "reveal", "copy", "clip", "rotate", "edit", "uninstall",
+                      "purge", "erase", "revoke", "logout"})  # fmt: skip

@@ -13,8 +13,10 @@
 - **A command that sets a secret** (`gh secret set`, `fly secrets set`, `az keyvault secret set`,
   `security add-generic-password`, `aws ssm put-parameter ... SecureString`): its values are
   secrets whatever their names.
-- **A login, auth or install command whose only operand is a token** (`wandb login HEX`, `snyk
-  auth X`, `cloudflared service install TOKEN`), or an unlock whose operand is a password.
+- **Values after verbs** (subcommands.py): a subcommand whose name says it sets a secret, a
+  secret's noun and a setting verb, a token after a login, auth or install verb.
+- **A structured-data editor's value** (`dasel put -v X '.db.password'`, `plutil -replace
+  Password -string X`): a literal set at a path whose last key says password.
 - **Pairs**: `--user name:pass` (not a `uid:gid` of a container or chown), a client
   certificate's `cert.pem:passphrase`.
 
@@ -27,21 +29,27 @@ import re
 from collections.abc import Sequence
 
 from calmd.secrets.formats import prefix_rule, token_rule
-from calmd.secrets.names import SECRET_NOUNS, SETTING_VERBS, chooses_a_key, name_kind, name_words
+from calmd.secrets.names import (
+    READING_VERBS,
+    SECRET_NOUNS,
+    SETTING_VERBS,
+    chooses_a_key,
+    name_kind,
+    name_words,
+)
 from calmd.secrets.shellwords import Line, command_name, is_expansion, unquote
+from calmd.secrets.subcommands import noun_verb_operand, secret_subcommand, sole_operand
 from calmd.secrets.values import (
-    PUBLIC_PREFIXES,
     decodes_to_text,
     generated,
     is_placeholder,
     key_id,
+    key_shaped,
     literal,
     looks_random,
     ordinary,
     password_like,
-    path_like,
     public_key,
-    random_bytes,
     reads_as_words,
 )
 
@@ -53,15 +61,6 @@ _USER_FLAGS = frozenset({"-u", "-U", "-l", "--username", "-user", "-username", "
 _PASSWORD_FLAGS = frozenset({"-p", "-P", "-pw", "-pwd", "-pass", "-passwd", "--pw", "--pwd", "--passwd"})
 _USER_NAME = re.compile(r"[A-Za-z0-9_][\w.@\\-]{0,63}")
 _FILE_LIKE = re.compile(r".*\.(?:py|sh|js|ts|rb|pl|txt|json|ya?ml|conf|cfg|ini|log|csv|sql|xml|toml|md)")
-# A reading or removing verb: the command asks for a secret, or names one to remove.
-_READING = frozenset({"get", "show", "lookup", "find", "read", "search", "list", "ls", "cat", "print",
-                      "grep", "describe", "view", "query", "generate", "gen", "reset", "forget", "remove",
-                      "rm", "delete", "del", "unset", "clear", "expire", "check", "verify", "help", "man",
-                      "which", "whatis", "apropos", "info", "history", "locate", "find-generic-password",
-                      "find-internet-password", "get-secret-value", "get-parameter", "get-parameters",
-                      "egrep", "fgrep", "rg", "ag", "ack", "less", "more", "fzf", "diff", "test",
-                      "inspect", "export", "dump", "reveal", "copy", "clip", "rotate", "edit", "uninstall",
-                      "purge", "erase", "revoke", "logout"})  # fmt: skip
 # Hex and base36 operands are ids to these tools (commits, containers, boot ids, snapshots).
 _ID_TOOLS = frozenset({"git", "docker", "podman", "nerdctl", "crictl", "ctr", "kubectl", "oc", "gpg", "gpg2",
                        "apt-key", "ipfs", "zerotier-cli", "hg", "svn", "restic", "borg", "journalctl",
@@ -79,10 +78,6 @@ _LM_NT = re.compile(r"[0-9a-fA-F]{32}:[0-9a-fA-F]{32}")
 _VALUE_OPTIONS = frozenset({"--value", "--body", "-b", "--data", "--string", "--secret-string", "--literal",
                             "--from-literal", "-w", "--secret", "--payload", "--secret-value",
                             "-v"})  # fmt: skip
-_TOKEN_VERBS = frozenset({"login", "auth", "authtoken", "add-authtoken", "authenticate", "install",
-                          "register", "activate", "join", "connect", "token", "set-token", "enroll",
-                          "link"})  # fmt: skip
-_PASSWORD_VERBS = frozenset({"unlock", "unseal", "decrypt"})
 _UID_GID_TOOLS = frozenset({"docker", "podman", "nerdctl", "kubectl", "chown", "chgrp", "install", "runuser",
                             "sudo", "su", "setpriv", "find", "tar", "rsync", "cp", "systemd-run", "bwrap",
                             "firejail", "lxc", "incus", "unshare", "ps", "pkill", "pgrep", "id", "stat",
@@ -143,6 +138,8 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
                 user = k
         elif raw in _PASSWORD_FLAGS and k + 1 < len(args) and not args[k + 1].startswith("-"):
             password = k
+    if user is None and password is not None:
+        user = _created_user(args, password)
     if user is None or password is None:
         return False
     between = args[min(user, password) + 2 : max(user, password)]
@@ -156,17 +153,21 @@ def _login_pair(name: str, args: Sequence[str]) -> bool:
     return not ordinary(value) or (args[password + 1][:1] in "'\"" and not value.isdigit())
 
 
-def _key_shaped(value: str) -> bool:
-    if len(value) < 20 or (value.islower() and not any(c.isdigit() for c in value)):
-        return False  # (a package's name: `texlive-latex-recommended`)
-    if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES) or public_key(value):
-        return False  # (minisign's, signify's `-P RW...`: the key a signature is verified with)
-    core = value.strip("=")
-    if len(core) >= 20 and random_bytes(value):
-        return True
-    return generated(value, min_len=20) or (
-        len(core) >= 32 and re.fullmatch(r"[0-9a-fA-F]+", core) is not None
-    )
+_USER_NOUNS = frozenset({"user", "users", "account", "accounts", "login", "member", "admin"})
+_CREATING = frozenset({"create", "add", "new", "update", "set", "register", "invite", "modify"})
+
+
+def _created_user(args: Sequence[str], password: int) -> int | None:
+    """A user named as an operand of `user create|add NAME` before the password flag (`rpk
+    security user create alice -p X`, `influx user create -n bob -p X`): where the user stands."""
+    lowered = [a.lower() for a in args[:password]]
+    for k in range(len(lowered) - 2):
+        if lowered[k] in _USER_NOUNS and lowered[k + 1] in _CREATING:
+            if args[k + 2] in ("-n", "--name") and k + 3 < password:
+                return k + 2  # the name as an option's value: `user create -n bob -p X`
+            name = args[k + 2]
+            return k + 1 if _USER_NAME.fullmatch(unquote(name)) and not name.startswith("-") else None
+    return None
 
 
 def _short_flag_values(name: str, options: Sequence[tuple[str, str | None]]) -> bool:
@@ -178,7 +179,7 @@ def _short_flag_values(name: str, options: Sequence[tuple[str, str | None]]) -> 
         value = literal(raw)
         if value is None or (ordinary(value.rstrip("=")) and not _LM_NT.fullmatch(value)):
             continue
-        if _LM_NT.fullmatch(value) or (_key_shaped(value) and not decodes_to_text(value)):
+        if _LM_NT.fullmatch(value) or (key_shaped(value) and not decodes_to_text(value)):
             return True
     return False
 
@@ -189,18 +190,24 @@ _KEY_SETTERS = frozenset({"set", "put", "write", "store", "insert", "kv", "confi
                           "set-value", "setex", "hset", "put-value"})  # fmt: skip
 
 
+_VERBS = frozenset(SETTING_VERBS | {"change", "reset", "rotate", "replace", "save"})
+_SETTING_OPTIONS = frozenset({"--set", "-set", "--put", "--write", "--update", "--add"})
+
+
 def _keywords(words: Sequence[str]) -> bool:
     """A keyword naming a secret before its value (`input_pw X`), or a key path ending in one
     after a setting verb (`kv put app/db/password X`, `defaults write D Password X`)."""
-    if command_name(words[0]) in _READING:
+    if command_name(words[0]) in READING_VERBS:
         return False
     setting = False
     for k, raw in enumerate(words[:-1]):
+        if raw in _SETTING_OPTIONS:
+            setting = True  # `crudini --set FILE SECTION password X`
         if not k or raw[:1] == "-":
             continue
         word = (unquote(raw) if raw[:1] in "'\"" else raw).rstrip("=:")
         lowered = word.lower()
-        if lowered in _READING:
+        if lowered in READING_VERBS:
             return False
         if lowered in _KEY_SETTERS or lowered == "write":
             setting = True
@@ -209,7 +216,13 @@ def _keywords(words: Sequence[str]) -> bool:
             continue  # a file (`.htpasswd`, `/etc/passwd`) unless a key path after `put`
         key = re.split(r"[/.:]", word)[-1]
         kind = name_kind(key)
-        if kind is None or words[k + 1].startswith("-"):
+        if (
+            kind is None
+            or not READING_VERBS.isdisjoint(name_words(key))
+            or not _VERBS.isdisjoint(name_words(key))
+        ):
+            continue  # (`get-password NAME` asks for one; `set-password USER` is _secret_subcommand's)
+        if words[k + 1].startswith("-"):
             continue
         value = literal(words[k + 1])
         if value is None or is_placeholder(value):
@@ -226,8 +239,38 @@ def _keywords(words: Sequence[str]) -> bool:
                 continue  # `vercel env add DB_PASSWORD production`: where it goes; it prompts
             if not (ordinary(value) and not quoted) or value.isdigit():
                 return True
-        elif password_like(value) or generated(value):
+        elif password_like(value, quoted=quoted) or generated(value):
             return True
+    return False
+
+
+# Options that give the value a structured-data editor sets at a path (`dasel put -v X '.db.password'`,
+# `xmlstarlet ed -u //password -v X`, `plutil -replace password -string X`).
+_SET_VALUE_OPTIONS = frozenset({"-v", "--value", "-value", "--string", "-string", "--set-value"})
+_EDITING = frozenset({"put", "set", "ed", "edit", "update", "modify", "write", "-replace", "-insert", "-u",
+                      "--update", "-s", "--set", "patch", "replace", "upsert"})  # fmt: skip
+
+
+def _value_for_path(words: Sequence[str]) -> bool:
+    """An editor given a path whose last key says password and, by an option, a literal value."""
+    lowered = {w.lower() for w in words[1:]}
+    if _EDITING.isdisjoint(lowered) or _SET_VALUE_OPTIONS.isdisjoint(lowered):
+        return False
+    named = False
+    for k, raw in enumerate(words[1:], 1):
+        path = unquote(raw) if raw[:1] in "'\"" else raw
+        pieces = [p for p in re.split(r"[./:\[\]]", path) if p]
+        # a path (`.db.password`), or a key given just before its value (`-replace Password -string X`)
+        placed = len(pieces) >= 2 or (k + 1 < len(words) and words[k + 1] in _SET_VALUE_OPTIONS)
+        if pieces and placed and name_kind(pieces[-1].strip("'\"")) == "password":
+            named = True
+    if not named:
+        return False
+    for k, raw in enumerate(words[:-1]):
+        if raw in _SET_VALUE_OPTIONS:
+            value = literal(words[k + 1])
+            if value and not is_placeholder(value) and (words[k + 1][:1] in "'\"" or password_like(value)):
+                return True  # (quoted, a value set at a password's path is taken as written)
     return False
 
 
@@ -237,7 +280,7 @@ def _secret_command(words: Sequence[str], options: Sequence[tuple[str, str | Non
     parts = lowered | {part for word in lowered if "-" in word for part in word.split("-")}  # `user-secrets`
     if not (SECRET_NOUNS & parts) or not (SETTING_VERBS & {unquote(w).lower() for w in words[:5]}):
         return False
-    if _READING & lowered:
+    if READING_VERBS & lowered:
         return False
     for flag, raw in options:
         if raw is not None and flag in _VALUE_OPTIONS:
@@ -292,31 +335,6 @@ def _reference_name(key: str) -> bool:
     return bool(words) and words[-1] in _REFERENCE_NAMES
 
 
-def _sole_operand(operands: Sequence[str]) -> bool:
-    """`wandb login HEX`, `snyk auth X`, `cloudflared service install TOKEN`, `bw unlock PW`."""
-    for k, word in enumerate(operands[:3]):
-        verb = word.lower()
-        if verb in _TOKEN_VERBS or verb in _PASSWORD_VERBS:
-            rest = operands[k + 1 :]
-            break
-    else:
-        return False
-    if len(rest) != 1:
-        return False
-    value = literal(rest[0])
-    if value is None or is_placeholder(value):
-        return False
-    if verb in _PASSWORD_VERBS:
-        return password_like(value, quoted=rest[0][:1] in "'\"") or generated(value)
-    if ordinary(value):
-        return False
-    return (
-        _key_shaped(value)
-        or prefix_rule(value) is not None
-        or (len(value) >= 40 and value.startswith("eyJ") and not any(c.isspace() for c in value))
-    )
-
-
 def _pairs(name: str, options: Sequence[tuple[str, str | None]]) -> bool:
     """`--user name:pass` (not a `uid:gid`), `-H LM:NT`."""
     for flag, raw in options:
@@ -369,6 +387,10 @@ _LOGIN_FLAGS = frozenset({"-p", "-P", "-pw", "-pwd", "-pass", "-passwd", "--pw",
 _USER_HINTS = frozenset({"-u", "-U", "-l", "--username", "-user", "-username", "--login", "-login", "-usr",
                          "--user"})  # fmt: skip
 _KEY_HINTS = frozenset({*_KEY_FLAGS, "-key", "-secret", "-token", "-auth"})
+_USER_CREATE_HINT = re.compile(
+    r"\b(?:user|users|account|accounts|login|member|admin) "
+    r"(?:create|add|new|update|set|register|invite|modify)\b"
+)
 _CERT_HINT = re.compile(r"\.(?:pem|p12|pfx|crt|cer|key|jks|keystore|der|pkcs12):")
 _TOKEN_VERB_HINT = re.compile(
     r"\b(?:login|auth|authtoken|authenticate|install|register|activate|join|connect|token|enroll|link)\b"
@@ -395,7 +417,9 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
         return "certificate-passphrase"
     flags = set(_FLAG.findall(text)) if "-" in text else set()
     long_word = len(text) >= 20 and any(len(word) >= 20 for word in text.split())
-    login = not flags.isdisjoint(_LOGIN_FLAGS) and (not flags.isdisjoint(_USER_HINTS) or "--user=" in text)
+    login = not flags.isdisjoint(_LOGIN_FLAGS) and (
+        not flags.isdisjoint(_USER_HINTS) or "--user=" in text or _USER_CREATE_HINT.search(lower) is not None
+    )
     pairs = ":" in text and not flags.isdisjoint(_PAIR_FLAGS)
     keys = long_word and not flags.isdisjoint(_KEY_HINTS)
     nouns = "secret" in lower or "keych" in lower or "keyring" in lower or "cred" in lower
@@ -424,6 +448,10 @@ def positions_rule(line: Line, hinted: bool) -> str | None:
             return "secret-setting"
         if hinted and len(words) >= 3 and _keywords(words):
             return "keyword-password"
-        if verbs and operands and _sole_operand(operands):
+        if hinted and operands and (secret_subcommand(words) or noun_verb_operand(words)):
+            return "secret-subcommand"
+        if hinted and len(words) >= 4 and _value_for_path(words):
+            return "keyword-password"
+        if verbs and operands and sole_operand(operands):
             return "login-token"
     return None

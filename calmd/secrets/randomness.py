@@ -51,8 +51,8 @@ def random_string_rule(cmd: str) -> str | None:
         word = found.group(0)
         if len(word) < 20:
             continue
-        if public_key(word):
-            continue  # (`cache.nixos.org-1:KEY` whole: its name is part of it)
+        if public_key(word) or "://" in word:
+            continue  # (`cache.nixos.org-1:KEY` whole: its name is part of it; a URL is urls.py's)
         prefix = _NAME_PREFIX.match(word)
         if prefix and prefix.end() == len(word.rstrip("=")) + 1:
             prefix = None  # base64's padding, not `NAME=`
@@ -67,7 +67,7 @@ def random_string_rule(cmd: str) -> str | None:
             has_all, change = mixes(word)
             if has_all and change > 0.45 and not decodes_to_text(word):
                 return "aws-secret-key"
-            continue
+            # (not AWS's shape: judged as any word below, a readable prefix apart)
         if _BASE64.fullmatch(word) and ("/" in word or "+" in word):
             if not path_like(word) and _random_base64(word):
                 return "random-string"
@@ -81,16 +81,36 @@ def random_string_rule(cmd: str) -> str | None:
         piece = (
             max(re.split(r"[_+-]", body), key=len) if ("_" in body or "-" in body or "+" in body) else body
         )
-        if (
-            len(piece) < 20
-            or not any(c.isdigit() for c in piece)
-            or len(set(piece)) < 0.5 * min(len(piece), 40)
-        ):
-            continue
-        has_all, change = mixes(piece)
-        if has_all and change >= 0.45 and not decodes_to_text(word):
+        if any(_generated_piece(*candidate) for candidate in _pieces(piece)) and not decodes_to_text(word):
             return "random-string"
     return None
+
+
+# A readable prefix before a generated value (`mediaserverXk9Qm2...`, `PhotosAb3...`, `myApp...`):
+# the words lower the share of class changes the whole is judged by (a 13-letter prefix let half
+# of 200 random values through), so the rest is judged too.
+_READABLE_PREFIX = re.compile(r"(?:[A-Z]?[a-z]{2,})+")
+
+
+def _pieces(piece: str) -> tuple[tuple[str, int, float], ...]:
+    """The piece (20+ characters, 45% class changes), and after a readable prefix of 3+ letters
+    what follows it (16+ characters, 50%: shorter, so held to more)."""
+    prefix = _READABLE_PREFIX.match(piece)
+    if prefix is None or prefix.end() < 3 or len(piece) - prefix.end() < 16:
+        return ((piece, 20, 0.45),)
+    rest = piece[prefix.end() :]
+    return (piece, 20, 0.45), (rest, 16, 0.45 if len(rest) >= 20 else 0.5)
+
+
+def _generated_piece(piece: str, least: int, changes: float) -> bool:
+    """`least`+ characters with a digit, most of them distinct, upper, lower and digits mixed
+    as random text mixes them (class changes at `changes` of adjacent characters or more)."""
+    if len(piece) < least or not any(c.isdigit() for c in piece):
+        return False
+    if len(set(piece)) < 0.5 * min(len(piece), 40):
+        return False
+    has_all, change = mixes(piece)
+    return has_all and change >= changes
 
 
 def _random_base64(word: str) -> bool:

@@ -42,6 +42,9 @@ def ansi_c(word: str, start: int) -> tuple[str, int]:
     return "".join(out), i + 1
 
 
+_DOUBLE_QUOTE_ESCAPES = frozenset('$`"\\\n')
+
+
 def unquote(word: str) -> str:
     """A shell word without its quotes (`'a b'`, `"x"`, `a'b'c`, ANSI-C `$'a\\x21'`), backslash
     escapes resolved."""
@@ -66,8 +69,8 @@ def unquote(word: str) -> str:
         elif c == '"':
             j = i + 1
             while j < n and word[j] != '"':
-                if word[j] == "\\" and j + 1 < n:
-                    j += 1
+                if word[j] == "\\" and j + 1 < n and word[j + 1] in _DOUBLE_QUOTE_ESCAPES:
+                    j += 1  # (elsewhere a backslash is itself: `"a\nb"` is printf's `\n`)
                 out.append(word[j])
                 j += 1
             i = j + 1

@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from calmd.secrets.archives import ARCHIVE_RULES
 from calmd.secrets.names import chooses_a_key, name_kind
+from calmd.secrets.network import NETWORK_RULES
 from calmd.secrets.shellwords import SEPARATORS, Line, as_option, is_expansion, unquote
 from calmd.secrets.values import (
     is_reference,
@@ -153,11 +155,6 @@ def _upper_p(args: Sequence[str]) -> bool:
     return _any_literal(_option_value(args, ("-P",)))
 
 
-def _seven_zip(args: Sequence[str]) -> bool:
-    options = [as_option(a) for a in args]
-    return _any_literal([a[2:] for a in options if a.startswith("-p") and len(a) > 2])
-
-
 def _ssh_keygen(args: Sequence[str]) -> bool:
     return _any_literal(_option_value(args, ("-N", "-P")))
 
@@ -258,25 +255,6 @@ def _rclone(args: Sequence[str]) -> bool:
 def _cf(args: Sequence[str]) -> bool:
     """Cloud Foundry: `cf auth USER PASSWORD`, `cf login -p PASSWORD`."""
     return _positional(args, ("auth",), 1) or ("login" in args and _dash_p(args))
-
-
-def _wpa_cli(args: Sequence[str]) -> bool:
-    """`wpa_cli set_network ID psk|password VALUE`."""
-    return _positional(args, ("set_network",), 2) and any(unquote(a) in ("psk", "password") for a in args)
-
-
-def _nmcli(args: Sequence[str]) -> bool:
-    for i, arg in enumerate(args[:-1]):
-        if arg in ("password", "wifi-sec.psk", "802-11-wireless-security.psk", "psk") and literal(
-            args[i + 1]
-        ):
-            return True
-    return False
-
-
-def _wpa_passphrase(args: Sequence[str]) -> bool:
-    positional = [a for a in args[1:] if not a.startswith("-")]
-    return len(positional) >= 2 and literal(positional[1]) is not None
 
 
 def _sqlplus(args: Sequence[str]) -> bool:
@@ -389,6 +367,30 @@ def _snmp(args: Sequence[str]) -> bool:
     )
 
 
+def _odbc_shell(args: Sequence[str]) -> bool:
+    """unixODBC's `isql DSN USER PASSWORD [options]` (Sybase's isql takes `-U`/`-P`: `_upper_p`)."""
+    if _upper_p(args):
+        return True
+    if any(a.startswith(("-U", "-P", "-S")) for a in args):
+        return False
+    operands = [a for a in args[1:] if not a.startswith("-")]
+    return len(operands) >= 3 and literal(operands[2]) is not None
+
+
+def _db2(args: Sequence[str]) -> bool:
+    """`db2 connect to DB user NAME using PASSWORD` (also as one quoted statement)."""
+    lowered = [a.lower() for a in args]
+    if "connect" in lowered and "using" in lowered[:-1]:
+        return literal(args[lowered.index("using") + 1]) is not None
+    for raw in args[1:]:  # the statement as one quoted word: `db2 "connect to d user u using x"`
+        words = unquote(raw).split()
+        statement = [w.lower() for w in words]
+        if raw[:1] in "'\"" and "connect" in statement and "using" in statement[:-1]:
+            value = words[statement.index("using") + 1].rstrip(";")
+            return bool(value) and (raw[0] == "'" or not value.startswith(("$", "`")))
+    return False
+
+
 def _names(spaced: str) -> list[str]:
     return spaced.split()
 
@@ -407,7 +409,7 @@ _DASH_P = _names(
     "sshpass smbmap crackmapexec cme netexec nxc evil-winrm rdesktop ncftp ncftpget ncftpput mongo mongosh "
     "mongodump mongorestore mongoexport mongoimport kerbrute bloodhound-python couchbase-cli"
 )
-_UPPER_P = _names("zip unzip zipcloak sqlcmd bcp osql isql mosquitto_pub mosquitto_sub mosquitto_rr")
+_UPPER_P = _names("zip unzip zipcloak sqlcmd bcp osql mosquitto_pub mosquitto_sub mosquitto_rr")
 _IMPACKET_TOOLS = (
     "psexec wmiexec smbexec secretsdump mssqlclient GetUserSPNs GetNPUsers smbclient atexec dcomexec"
 )
@@ -432,7 +434,6 @@ TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
     **{t: ("smb-password", _smb) for t in _SMB},
     **{t: ("password-option", _dash_p) for t in _DASH_P},
     **{t: ("password-option", _upper_p) for t in _UPPER_P},
-    **{t: ("archive-password", _seven_zip) for t in ("7z", "7za", "7zr", "7zz", "rar", "unrar")},
     "ssh-keygen": ("ssh-keygen-passphrase", _ssh_keygen),
     "atuin": ("password-option", _atuin),
     "redis-cli": ("password-option", _redis),
@@ -440,8 +441,6 @@ TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
     **{t: ("password-option", _freerdp) for t in ("xfreerdp", "wlfreerdp", "xfreerdp3", "sdl-freerdp")},
     "az": ("azure-password", _az),
     "rabbitmqctl": ("password-option", _rabbitmqctl),
-    "nmcli": ("wifi-password", _nmcli),
-    "wpa_passphrase": ("wifi-password", _wpa_passphrase),
     **{t: ("password-option", _sqlplus) for t in _ORACLE},
     "lftp": ("password-option", _lftp),
     "ipmitool": ("password-option", _ipmitool),
@@ -454,10 +453,13 @@ TOOL_RULES: dict[str, tuple[str, Callable[[Sequence[str]], bool]]] = {
     "rclone": ("admin-password", _rclone),
     "cf": ("admin-password", _cf),
     "cf8": ("admin-password", _cf),
-    "wpa_cli": ("wifi-password", _wpa_cli),
     "vault": ("vault-token", _vault),
     **{t: ("snmp-secret", _snmp) for t in _SNMP},
     **{t: ("kubectl-literal", _from_literal) for t in ("kubectl", "oc", "microk8s.kubectl")},
+    **{t: ("password-option", _odbc_shell) for t in ("isql", "iusql")},
+    "db2": ("password-option", _db2),
+    **ARCHIVE_RULES,
+    **NETWORK_RULES,
 }
 _TOOL_NAMES = frozenset(TOOL_RULES)
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.+-]+")  # words as tool names are spelled (`mount.cifs`, `7z`)

@@ -133,6 +133,69 @@ def _path_tokens(text: str) -> str | None:
     return None
 
 
+# Schemes whose URLs name public things (pages, repositories, buckets, content ids, images by
+# digest, extensions, apps' deep links) or carry a credential only in their userinfo (databases,
+# mail): their random-looking segments are ids. Any other scheme (`discord://`, `tgram://`,
+# `pover://`, `gotify://`: a notification service's, as apprise and shoutrrr spell them) is a
+# service's address whose segments are the account's tokens.
+_PUBLIC_SCHEMES = frozenset({
+    "http", "https", "ftp", "ftps", "ws", "wss", "file", "git", "ssh", "sftp", "scp", "rsync", "svn", "hg",
+    "bzr", "s3", "s3a", "s3n", "gs", "gcs", "az", "abfs", "abfss", "wasb", "wasbs", "adl", "hdfs", "webhdfs",
+    "ipfs", "ipns", "ar", "dat", "hyper", "magnet", "bzz", "docker", "docker-image", "docker-archive",
+    "docker-daemon", "oci", "oci-archive", "containers-storage", "nix", "chrome", "chrome-extension",
+    "moz-extension", "extension", "edge", "about", "vscode", "vscode-insiders", "cursor", "jetbrains", "idea",
+    "smb", "cifs", "nfs", "afp", "dav", "davs", "webdav", "rtsp", "rtmp", "rtmps", "srt", "udp", "tcp",
+    "tls", "unix", "ldap", "ldaps", "steam", "spotify", "zoommtg", "zoomus", "notion", "obsidian", "things",
+    "bear", "message", "x-devonthink-item", "at", "did", "npm", "jar", "zip", "data", "blob", "content",
+    "android-app", "intent", "market", "itms-apps", "itms-services", "geo", "tg", "github-mac",
+    "x-github-client", "sourcetree", "gitkraken", "github-windows", "mongodb", "mongodb+srv", "postgres",
+    "postgresql", "mysql", "mariadb", "redis", "rediss", "amqp", "amqps", "mqtt", "mqtts", "kafka", "nats",
+    "sqlite", "jdbc", "gopher", "irc", "ircs", "xmpp", "sip", "news", "nntp", "telnet", "vnc", "rdp",
+    "spice", "qemu", "qemu+ssh", "lxd", "consul", "etcd", "zk", "tor", "ipp", "ipps", "smtp", "smtps",
+    "imap", "imaps", "pop3", "pop3s", "mailto", "gemini", "dns", "stun", "turn", "webcal", "feed", "rss",
+    "bitcoin", "ethereum", "lightning", "nostr", "matrix", "slack", "discord", "msteams", "element",
+    "onenote", "evernote", "figma", "raycast", "alfred", "shortcuts", "x-apple-reminderkit", "fb", "twitter",
+})  # fmt: skip
+# Apprise's and shoutrrr's spellings of services also named by deep links (`slack://channel?team=`,
+# `discord://discord.com/channels/ID/ID`, `msteams://`, `matrix://`): their paths hold tokens
+# when a segment is one; a deep link's ids are in its query or are digits.
+_SERVICE_SCHEMES = frozenset({"slack", "discord", "msteams", "matrix", "element"})
+_URL_SCHEME = re.compile(r"""(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://([^\s'"?#]+)""")
+_ID_SEGMENTS = frozenset({"commit", "commits", "tree", "blob", "rev", "sha", "tag", "tags", "releases",
+                          "channels", "items", "item", "id"})  # fmt: skip
+
+
+def _service_tokens(text: str) -> str | None:
+    """A service's URL in a scheme of its own (`discord://ID/TOKEN`, `tgram://BOT:TOKEN/CHAT`,
+    `slack://T/B/X`, `pbul://TOKEN`, `gotify://host/TOKEN`): a random-looking piece of its host
+    or path is the account's token. Digits, UUIDs, words, a digest (`@sha256:...`) are ids."""
+    for found in _URL_SCHEME.finditer(text):
+        scheme = found.group(1).lower()
+        if scheme not in _SERVICE_SCHEMES and all(part in _PUBLIC_SCHEMES for part in scheme.split("+")):
+            continue  # (and a compound of public ones: pip's `git+https://...@COMMIT`, `svn+ssh://`)
+        pieces = [url_unquote(p) for p in re.split(r"[/@:]", found.group(2)) if p]
+        for k, piece in enumerate(pieces[:16]):
+            if (k and pieces[k - 1].lower() in _ID_SEGMENTS) or piece.startswith(("sha256", "sha512")):
+                continue
+            if piece.startswith(("$", "{", "<", "%")) or is_uuid(piece) or piece.isdigit():
+                continue
+            labels = piece.split(".") if "." in piece else [piece]
+            if any(_service_token(label.lstrip("+#-")) for label in labels):
+                return "url-service-token"
+    return None
+
+
+_HEX_TOKEN = re.compile(r"[0-9a-fA-F]{32,}")
+
+
+def _service_token(label: str) -> bool:
+    """A service's token: random-looking, or 32+ hex digits (an API key in hex; a service's
+    address holds no commit hash or digest)."""
+    if _HEX_TOKEN.fullmatch(label):
+        return shannon_entropy(label) >= 3.0
+    return _secret_looking(label, mixed_len=16)
+
+
 URL_HINT = re.compile(r"://|@")
 
 
@@ -144,4 +207,4 @@ def url_rule(text: str) -> str | None:
             return rule
     if "://" not in text:
         return None
-    return _url_credentials(text) or _query(text) or _path_tokens(text)
+    return _url_credentials(text) or _query(text) or _path_tokens(text) or _service_tokens(text)

@@ -367,3 +367,19 @@ def generated(value: str, *, min_len: int = 16) -> bool:
     if set(run.lower()) <= set("0123456789abcdef"):
         return entropy >= 3.4
     return entropy >= (3.5 if run_digits >= 0.1 * len(run) else 4.0)
+
+
+def key_shaped(value: str) -> bool:
+    """A value with a generated key's shape, for a place where a key may stand: 20+ characters of
+    random bytes' base64, mixed-case base62 or base36 that does not read as words, hex of 32+;
+    not a package's name, a path, a public key."""
+    if len(value) < 20 or (value.islower() and not any(c.isdigit() for c in value)):
+        return False  # (a package's name: `texlive-latex-recommended`)
+    if ("/" in value and path_like(value)) or value.startswith(PUBLIC_PREFIXES) or public_key(value):
+        return False  # (minisign's, signify's `-P RW...`: the key a signature is verified with)
+    core = value.strip("=")
+    if len(core) >= 20 and random_bytes(value):
+        return True
+    return generated(value, min_len=20) or (
+        len(core) >= 32 and re.fullmatch(r"[0-9a-fA-F]+", core) is not None
+    )

@@ -1,20 +1,17 @@
 """Secrets written into files: a credential file's line (`.netrc`, `.pgpass`, `.aws/credentials`,
-`.npmrc`, docker's `config.json`, ...) by `echo`/`printf`/`tee`/a here-document/`sed -i`, and
-private key material printed piece by piece (a PEM header with key-like base64 after it, or a
-base64 run that decodes to the start of a private key). Config lines with a secret-named key
-(`password: x`, `PrivateKey = ...`), base64 of `user:password` and lines of random base64 are
-judged wherever they are written (calmd/secrets/named.py, randomness.py).
+`.npmrc`, docker's `config.json`, ...) by `echo`/`printf`/`tee`/a here-document/`sed -i`.
+Private key material is keys.py's; config lines with a secret-named key (`password: x`,
+`PrivateKey = ...`), base64 of `user:password` and lines of random base64 are judged wherever
+they are written (calmd/secrets/named.py, randomness.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
 import re
 
 from calmd.secrets.shellwords import SEPARATORS, WORD, unquote
-from calmd.secrets.values import decodes_to_text, mixes, written_value
+from calmd.secrets.values import written_value
 
 # A credential written into a file made to hold one: the file named anywhere in the command (an
 # `>>` redirection, `tee -a`, a here-document, `sed -i`) and a line of its credential form with a
@@ -123,53 +120,3 @@ def _printf_argument_literal(text: str, at: int) -> bool:
                 return written_value(arg) is not None
             index -= 1
     return False
-
-
-# --------------------------------------------------------------------------- key material
-
-# A private key printed piece by piece (`printf '%s\n' '-----BEGIN ... PRIVATE KEY-----' 'MIIE...'`,
-# `echo 'b3BlbnNzaC1rZXktdjE...' >> id_ed25519`): the header with key-like base64 anywhere after
-# it, or a base64 run that decodes to the start of a private key (a DER structure opening with a
-# version number, as PKCS#1, PKCS#8 and SEC1 keys do, not certificates or public keys; OpenSSH's
-# `openssh-key-v1`), or PuTTY's `Private-Lines:`.
-_PEM_HEADER = re.compile(
-    r"-----BEGIN[A-Z0-9 ]{0,30} PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File|Private-Lines:"
-)
-_BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_.-])[A-Za-z0-9+/]{16,}={0,2}")
-_KEY_START = re.compile(
-    r"(?<![A-Za-z0-9+/=_.-])(?:M[A-P][A-Za-z0-9+/]{14,}|b3BlbnNzaC1rZXktdjE[A-Za-z0-9+/]*)"
-)
-
-
-def _decodes_to_private_key(word: str) -> bool:
-    head = word[: len(word) // 4 * 4][:24]
-    try:
-        raw = base64.b64decode(head, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    if raw.startswith(b"openssh-key-v1"):
-        return True
-    if len(raw) < 8 or raw[0] != 0x30:
-        return False
-    at = {0x81: 3, 0x82: 4, 0x83: 5}.get(raw[1], 2 if raw[1] < 0x80 else 0)
-    # version 0 or 1, then the key's first part: an INTEGER (RSA, DSA), an AlgorithmIdentifier
-    # (PKCS#8) or an OCTET STRING (SEC1 EC keys)
-    return at > 0 and raw[at : at + 3] in (b"\x02\x01\x00", b"\x02\x01\x01") and raw[at + 3 : at + 4] in (
-        b"\x02", b"\x30", b"\x04",
-    )  # fmt: skip
-
-
-def key_material_rule(cmd: str) -> str | None:
-    if "M" in cmd or "b3Blbn" in cmd:
-        for found in _KEY_START.finditer(cmd):
-            if _decodes_to_private_key(found.group(0)):
-                return "private-key-material"
-    if "PRIVATE KEY" in cmd or "PuTTY" in cmd or "Private-Lines" in cmd:
-        header = _PEM_HEADER.search(cmd)
-        if header:
-            for found in itertools.islice(_BASE64_RUN.finditer(cmd, header.end()), 64):
-                word = found.group(0).rstrip("=")
-                has_all, change = mixes(word)
-                if has_all and change >= 0.4 and not decodes_to_text(found.group(0)):
-                    return "private-key-material"
-    return None

@@ -4,6 +4,7 @@ family's tests probe (200 random secrets per form, the way an outside probe does
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 import string
 from collections.abc import Callable, Iterable
@@ -80,7 +81,7 @@ def values(rng: random.Random) -> dict[str, str]:
         .decode()
         .rstrip("=")[3:],
     }
-    return {**drawn, **keys(user, drawn)}
+    return {**drawn, **keys(user, drawn), **derived(drawn)}
 
 
 def keys(user: str, drawn: dict[str, str]) -> dict[str, str]:
@@ -95,6 +96,69 @@ def keys(user: str, drawn: dict[str, str]) -> dict[str, str]:
         "edsec": base64.b64encode(b"EdScB2" + bytes.fromhex(hex64 + hex40) + key * 3).decode(),
         "nixpub": f"{user}.example.org-1:" + base64.b64encode(key).decode(),
         "nixsec": f"{user}.example.org-1:" + base64.b64encode(bytes.fromhex(hex64) + key).decode(),
+    }
+
+
+def _crypt64(raw: bytes) -> str:
+    """crypt(3)'s alphabet (`./0-9A-Za-z`) as base64 with `.` for `+`, unpadded."""
+    return base64.b64encode(raw).decode().rstrip("=").replace("+", ".")
+
+
+_PEM_TYPES = (
+    "OPENSSH PRIVATE KEY",
+    "RSA PRIVATE KEY",
+    "PRIVATE KEY",
+    "EC PRIVATE KEY",
+    "ENCRYPTED PRIVATE KEY",
+)
+
+
+def _pem(kind: str, body: bytes) -> str:
+    lines = base64.b64encode(body).decode()
+    wrapped = "\n".join(lines[k : k + 64] for k in range(0, len(lines), 64))
+    return f"-----BEGIN {kind}-----\n{wrapped}\n-----END {kind}-----\n"
+
+
+def derived(drawn: dict[str, str]) -> dict[str, str]:
+    """Values made from those drawn already, by hashing them (a new draw would change every
+    form's values): password hashes in crypt(3)'s formats, a PEM private key base64-encoded
+    (whole, cut in two at a varying place, wrapped with `\\n` escapes, after a newline), a
+    certificate's and a public key's PEM encoded the same way, UUIDs, session ids, webhook ids."""
+    seed = hashlib.sha512(drawn["b64key"].encode()).digest()
+    more = hashlib.sha512(seed).digest()
+    hex32 = drawn["hex32"]
+    key = _pem(_PEM_TYPES[seed[0] % len(_PEM_TYPES)], seed + more + seed[::-1])
+    pem_b64 = base64.b64encode(key.encode()).decode()
+    cut = 10 + seed[1] % 40
+    salt = _crypt64(seed[:6])
+    b64 = base64.b64encode
+    return {
+        "md5crypt": f"$1${salt}${_crypt64(more)[:22]}",
+        "apr1": f"$apr1${salt}${_crypt64(more[1:])[:22]}",
+        "sha256crypt": f"$5$rounds=5000${salt}${_crypt64(more)[:43]}",
+        "sha512crypt": f"$6${salt}${_crypt64(seed + more)[:86]}",
+        "bcrypt": f"$2b$12${_crypt64(seed)[:22]}{_crypt64(more)[:31]}",
+        "yescrypt": f"$y$j9T${_crypt64(seed[:16])[:22]}${_crypt64(more)[:43]}",
+        "argon2": "$argon2id$v=19$m=65536,t=3,p=4$"
+        + b64(seed[:16]).decode().rstrip("=")
+        + "$"
+        + b64(more[:32]).decode().rstrip("="),
+        "ldap_ssha": "{SSHA}" + b64(seed[:24]).decode(),
+        "django_hash": f"pbkdf2_sha256$600000${_crypt64(seed[:9])}${b64(more[:32]).decode()}",
+        "pem_b64": pem_b64,
+        "pem_head": pem_b64[:cut],
+        "pem_tail": pem_b64[cut:],
+        "pem_lines": "\\n".join(pem_b64[k : k + 76] for k in range(0, len(pem_b64), 76)),
+        "pem_nl_b64": b64(("\n" + key).encode()).decode(),
+        "cert_b64": b64(_pem("CERTIFICATE", seed + more).encode()).decode(),
+        "pub_b64": b64(_pem("PUBLIC KEY", more + seed).encode()).decode(),
+        "uuid": f"{hex32[:8]}-{hex32[8:12]}-4{hex32[13:16]}-a{hex32[17:20]}-{hex32[20:]}",
+        "HEX32": hex32.upper(),
+        "bootstrap": f"{drawn['b36'][:6]}.{drawn['b36'][6:22]}",
+        "digits": str(int(hex32[:15], 16))[:18],
+        "b64url": base64.urlsafe_b64encode(seed + more).decode()[:68],
+        "b36u": drawn["b36"][:8].upper(),
+        "extension_id": "".join(chr(ord("a") + b % 16) for b in seed[:32]),
     }
 
 

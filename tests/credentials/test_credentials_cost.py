@@ -23,6 +23,12 @@ UNITS = [
     "c.pem:x ", "a:b@c ", "https://h/hooks/", "?k=", "$(", "`", "\"a b\" ", "bash -c 'x ",
     "password: ", "<password>x", "QUJD", "a/B+c", "calm-", "abcd-", "calm sync key ", "printf '%s' ",
     "x\\n", "aB3", "Zz9/", "cat <<'E'\nA=1\n",
+    # the fifth round's: cookies, hashes, keys encoded again, escaped config text, selectors, pairs,
+    # nested assignments, subcommands, archivers, network tools, services' URLs, prefixes
+    "-b a=b; ", "Cookie: s=", "$6$a$", "$1$$2$", "{SSHA}", "LS0t", "LS0tLS0t ", "printf 'password x\\n",
+    ".a.b = \"", ".a[\"b\"] |= ", "{\"name\":\"PW\",\"value\":\"", "a=[password=", "--set=a=", "x=y=",
+    "set-password ", "token set ", "key s:", "-hp", "isql a b ", "discord://a/", "x://", "mediaserver",
+    "SYNC_KEY=", "using ", "PWD=a;",
 ]  # fmt: skip
 
 

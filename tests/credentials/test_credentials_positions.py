@@ -69,6 +69,25 @@ SOLE_TOKENS = [
     "vault operator unseal {b64key}",
     "bw unlock '{secret}x1'",
 ]
+# A subcommand whose own name says it sets a secret, a secret's noun and a setting verb before
+# the value, a token (or a UUID) after an auth, login or token verb (issue 39's fifth round).
+SECRET_SUBCOMMANDS = [
+    "grafana-cli admin reset-admin-password '{secret}'",
+    "grafana cli admin reset-admin-password {b62}",
+    "zulipctl set-password {user} '{secret}'",
+    "myapp change-secret webhook '{secret}'",
+    "appctl passwd-set {user} '{secret}'",
+    "ceph dashboard ac-user-set-password {user} '{secret}'",
+    "raspi-config nonint do_wifi_ssid_passphrase {user}-net '{secret}'",
+    "kubeadm token create {bootstrap}",
+    "toolx token set {b62}",
+    "acme-cli login {uuid}",
+    "snyk auth {uuid}",
+    "exo auth login {b36}",
+    "doppler secrets set {user} '{secret}' --project shop",
+    "rpk security user create {user} -p '{secret}' --mechanism SCRAM-SHA-256",
+    "influx user create -n {user} -p '{secret}' -o acme",
+]
 PAIRS = [
     "etcdctl --user {user}:'{secret}' get /config",
     "curl --proxy-user {user}:'{secret}' -x http://{host}:3128 https://example.com",
@@ -80,7 +99,7 @@ PAIRS = [
 
 
 @pytest.mark.parametrize("form", LOGIN_PAIRS + KEY_OPTIONS + TOOL_FLAGS + KEYWORDS + SECRET_SETTING
-                         + SOLE_TOKENS + PAIRS)  # fmt: skip
+                         + SOLE_TOKENS + SECRET_SUBCOMMANDS + PAIRS)  # fmt: skip
 def test_200_random_secrets_in_credential_positions_are_caught(form: str) -> None:
     through = missed([form])
     assert not through, through[:5]
@@ -137,6 +156,23 @@ HARMLESS = [
     'curl -u "$API_USER:$API_PASS" https://{host}/',
     "curl --cert client.pem --key client.key https://{host}/",
     "docker run -v ./certs/ca.pem:/etc/ssl/ca.pem:ro nginx",
+    # subcommands that say secret, given no secret
+    "grafana-cli admin reset-admin-password",
+    "myapp change-password {user}",
+    "gh auth token",
+    "npm token revoke {hex32}",
+    "railway link {uuid}",
+    "docker swarm join-token worker",
+    "appctl get-password {user}",
+    "kubeadm token list",
+    "kubeadm token delete {bootstrap}",
+    "zulipctl set-password {user}",
+    'gitea admin user change-password --username {user} --password "$PW"',
+    "tool token set --from-file /run/{user}.token",
+    "netlify link --id {uuid}",
+    "gh secret set DEPLOY_TOKEN --repo acme/{user}",
+    "docker secret create {user}_db_pass ./db_pass.txt",
+    "keyring set smtp {user}",
 ]
 
 

@@ -28,6 +28,61 @@ SECRET_URLS = [
 ]
 
 
+# Notification services' URLs in schemes of their own, as apprise and shoutrrr spell them: the
+# account's tokens are pieces of the host or path (issue 39's fifth round).
+SERVICE_URLS = [
+    "apprise -b done 'discord://{digits}/{b64url}'",
+    "apprise -t hi 'tgram://{digits}:{b62}/-100123456'",
+    "apprise 'slack://T{b36u}/B{b36u}/{b62}/#general'",
+    "apprise 'pover://{b62}@{b62}'",
+    "apprise 'gotify://{host}/{b62}'",
+    "apprise 'pbul://o.{b62}'",
+    "apprise 'prowl://{hex40}'",
+    "apprise 'mmost://{host}/{b36}'",
+    "shoutrrr send -u 'pushover://shoutrrr:{b62}@{b62}/' -m hi",
+    "apprise 'zulip://bot@{user}/{b62}'",
+    "apprise 'msteams://{uuid}@{uuid}/{hex32}/{uuid}'",
+    "apprise 'lametric://{hex64}@{host}'",
+    "apprise 'join://{hex32}/{user}'",
+    "apprise -vv 'ntfys://{host}/{user}?token=tk_{b62}'",
+    "docker run -e APPRISE_URLS='rocket://{user}@{host}/{b62}' caronc/apprise",
+]
+
+
+@pytest.mark.parametrize("form", SERVICE_URLS)
+def test_200_random_tokens_in_service_urls_are_caught(form: str) -> None:
+    through = missed([form])
+    assert not through, through[:5]
+
+
+HARMLESS_SERVICE_URLS = [
+    "git clone git://git.{host}/pub/scm/{user}.git",
+    "skopeo copy docker://{user}/app@sha256:{hex64} oci:app",
+    "ipfs get ipfs://bafybei{b36}",
+    "open 'slack://channel?team=T{b36u}&id=C{b36u}'",
+    "xdg-open 'x-github-client://openRepo/https://{host}/{user}/app'",
+    "open 'notion://www.notion.so/{user}/Roadmap-{hex32}'",
+    "apprise 'discord://$DISCORD_ID/$DISCORD_TOKEN'",
+    "open 'obsidian://open?vault=Notes&file=Daily%2F2024-01-01'",
+    "nix copy --to 's3://{user}-cache?region=eu-west-1' ./result",
+    "open 'steam://rungameid/{digits}'",
+    "code --open-url 'vscode://file/home/{user}/src/app.py:10'",
+    "apprise -vv 'json://{host}/notify'",
+    "apprise 'gotify://{host}/$GOTIFY_TOKEN'",
+    "chromium 'chrome-extension://{extension_id}/options.html'",
+    "apprise 'mailto://{host}?to={user}@example.com'",
+    "open 'zotero://select/items/0_{b36u}'",
+    "apprise 'tgram://{{bot_token}}/{{chat_id}}'",
+    "apprise 'msteams://{uuid}@{uuid}/'",
+    "open 'discord://discord.com/channels/{digits}/{digits}'",
+]
+
+
+@pytest.mark.parametrize("form", HARMLESS_SERVICE_URLS)
+def test_urls_of_public_schemes_and_ids_are_kept(form: str) -> None:
+    assert not flagged([form])
+
+
 @pytest.mark.parametrize("form", SECRET_URLS)
 def test_200_random_secrets_in_urls_are_caught(form: str) -> None:
     through = missed([form])

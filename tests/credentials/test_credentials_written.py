@@ -38,6 +38,20 @@ CONFIG_LINE_FORMS = [
     "cat > .env <<'EOF'\nDB_PASSWORD={secret}\nEOF",
     "cat <<EOF | kubectl apply -f -\nkind: Secret\nstringData:\n  password: {pair_secret}\nEOF",
 ]
+# Config text written with `\n` escapes (printf, `echo -e`, ANSI-C quoting): `keyword value`
+# lines (msmtp, netrc, fetchmail) and `name=value` lines among others (issue 39's fifth round).
+ESCAPED_CONFIG_FORMS = [
+    "printf 'account default\\nhost {host}\\nuser {user}\\npassword {code_secret}\\n' > ~/.msmtprc",
+    'echo -e "[client]\\nuser={user}\\npass={dq_secret}\\n" > ~/.my.cnf.d/{user}.cnf',
+    "printf 'machine {host}\\nlogin {user}\\npassword {code_secret}\\n' >> ~/.authinfo",
+    "echo -e 'host={host}\\nport=5432\\npassword={code_secret}' > /etc/{user}/db.conf",
+    "printf '[remote]\\ntype = webdav\\nuser = {user}\\npass = {code_secret}\\n' > rclone.conf",
+    "echo $'smtp_user={user}\\nsmtp_pass={ansi_secret}' > .mailrc",
+    "printf 'set imap_user={user}\\nset imap_pass={code_secret}\\n' >> ~/.muttrc",
+    "printf 'poll {host} protocol imap\\n  user {user} pass {code_secret}\\n' > ~/.fetchmailrc",
+    "printf '%s\\n' 'account {user}' 'host {host}' 'password {code_secret}' > ~/.msmtprc",
+    "printf 'defaults\\nauth on\\nuser {user}\\npassword {code_secret}\\n' | tee ~/.msmtprc",
+]
 ENCODED_FORMS = [
     "echo '{b64pair}' > /etc/{user}/basic.auth",
     'echo "Authorization: Basic {b64pair}" >> headers.txt',
@@ -46,7 +60,9 @@ ENCODED_FORMS = [
 ]
 
 
-@pytest.mark.parametrize("form", CREDENTIAL_FILE_FORMS + CONFIG_LINE_FORMS + ENCODED_FORMS)
+@pytest.mark.parametrize(
+    "form", CREDENTIAL_FILE_FORMS + CONFIG_LINE_FORMS + ESCAPED_CONFIG_FORMS + ENCODED_FORMS
+)
 def test_200_random_secrets_written_into_files_are_caught(form: str) -> None:
     through = missed([form])
     assert not through, through[:5]
@@ -71,6 +87,15 @@ WRITTEN_HARMLESS = [
     "python3 -c \"import getpass; pw = getpass.getpass('Password: ')\"",
     "git commit -m 'password: reset flow, see docs'",
     "cat <<EOF | kubectl apply -f -\nkind: Secret\nstringData:\n  password: $DB_PW\nEOF",
+    # config text with `\n` escapes and nothing secret in it
+    "printf 'account default\\nhost {host}\\npasswordeval \"pass show mail/{user}\"\\n' > ~/.msmtprc",
+    'echo -e "user={user}\\npassword=$DB_PASSWORD\\n" > cfg',
+    "printf 'line one\\nthe password reset flow for {user}\\n' > notes.txt",
+    "printf 'host {host}\\nuser {user}\\ntls on\\n' > ~/.msmtprc",
+    "echo -e 'password required\\nretry 3' > /etc/{user}.conf",
+    "printf 'auth on\\nuser {user}\\npasswordeval gpg -d pw.gpg\\n' >> ~/.msmtprc",
+    "printf 'machine {host}\\nlogin {user}\\npassword %s\\n' \"$PW\" >> ~/.authinfo",
+    "printf 'username={user}\\npassword=%s\\n' \"$SMB_PW\" > ~/.smbcredentials",
 ]
 
 

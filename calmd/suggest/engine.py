@@ -342,9 +342,9 @@ class ModelEngine(LineJudge, Mixture):
     def _query(self, ctx: dict[str, Any], session: str, explain: bool) -> _Query:
         typed = ctx.get("input", "")
         missing = self._missing(ctx)
+        side = self._history_side(typed, ctx, session, missing)  # first: it reads what was recorded since
         index = self.index
         run_before = index is not None and bool(typed) and index.count.get(typed, 0) > 0
-        side = self._history_side(typed, ctx, session, missing)
         size = len(index) if index is not None else 0
         return _Query(
             ctx, typed, session, explain, side, index, size, run_before, missing, self._elsewhere(ctx)

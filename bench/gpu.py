@@ -10,7 +10,7 @@ Here, on the CPU:
         from the shared data (the GPU machine has none) and gzip'd, and wheels of what the package
         needs besides torch, for the device's Python (3.12), downloaded with pip.
     bash bench/gpu.sh --dry-run [--out DIR]
-        every device step below on this CPU at toy size (tests/test_gpu_script.py runs it).
+        every device step below on this CPU at toy size (tests/bench/test_gpu_script.py runs it).
 
 On the GPU machine, from a copy of the working tree (the run tool; docs/model.md has the call):
     bash bench/gpu.sh [--size nano] [--batch-size 256] [--train-minutes 7] [--budget 560]
@@ -19,7 +19,7 @@ after each step so that a run cut short still says what it did:
  1. machine: python, torch, the GPU, nvcc, whether mamba_ssm imports. Not a CUDA torch: stop.
  2. setup: the corpus unpacked and checked; the carried wheels installed (pip --no-index
     --no-deps --target) for the modules the machine's python lacks, never torch.
- 3. tests: `pytest -m cuda tests/test_cuda.py tests/test_model.py`.
+ 3. tests: `pytest -m cuda tests/model/test_cuda.py tests/model/test_model.py`.
  4. plan: a few dozen training steps of the size, timed (mamba-ssm's kernel and the PyTorch scan,
     where mamba_ssm imports), to choose the steps that fit --train-minutes.
  5. train: the recipe (`python -m calmd.training.recipe --corpus ...`) with those steps; its
@@ -356,7 +356,7 @@ class Run:
 
     def tests(self) -> dict[str, Any]:
         argv = [self.python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                "tests/test_cuda.py", "tests/test_model.py"]  # fmt: skip
+                "tests/model/test_cuda.py", "tests/model/test_model.py"]  # fmt: skip
         # none of the machine's pytest plugins (benchmark, cov, timeout...): a warning one of them
         # raises at start would fail every test under the project's filterwarnings = error
         env = {**self.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

@@ -1,6 +1,6 @@
 """What every bench shares: one daemon starter, one A/B runner, one report format.
 
-- `daemon(...)`: `calmd serve` started by tests/daemon.py's `running_daemon` (the tests' own: ready
+- `daemon(...)`: `calmd serve` started by tests/support/daemon.py's `running_daemon` (the tests' own: ready
   on the daemon's `ready` line, stopped with SIGTERM) in a scratch HOME, with the packaged model
   (or the weights given) and `--no-import`; this tree's, or another checkout's (`tree=`).
 - `release(rev)`: an older release beside this one: `git archive REV` of this repository in a
@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:  # `python bench/NAME.py`: tests/ and bench/ as pa
     sys.path.insert(0, str(ROOT))
 
 from calmd import paths  # noqa: E402
-from tests.daemon import Daemon, running_daemon  # noqa: E402
+from tests.support.daemon import Daemon, running_daemon  # noqa: E402
 
 T = TypeVar("T")
 

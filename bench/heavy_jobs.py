@@ -50,8 +50,8 @@ from bench.harness import alternate, pct, release, with_machine_line  # noqa: E4
 from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
-from tests.daemon import Daemon, daemon_env, running_daemon  # noqa: E402
-from tests.tools import shared_data  # noqa: E402
+from tests.support.daemon import Daemon, daemon_env, running_daemon  # noqa: E402
+from tests.support.tools import shared_data  # noqa: E402
 
 JOBS = ("first-import", "import", "sync", "reindex", "refit", "train")
 TYPED = [
@@ -114,7 +114,7 @@ class Home:
         return self.root / "run" / paths.APP / paths.SOCKET
 
     def env(self) -> dict[str, str]:
-        """The daemon's environment (tests/daemon.py's), the tree first on the path."""
+        """The daemon's environment (tests/support/daemon.py's), the tree first on the path."""
         return {**daemon_env(self.root), "PYTHONPATH": str(self.tree)}
 
     def tool(self, main: str, *argv: str) -> list[str]:

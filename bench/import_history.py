@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import ROOT, Report, daemon, scratch
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
-from tests.daemon import daemon_env
+from tests.support.daemon import daemon_env
 
 HISTORIES = ROOT.parent / "shared" / "data" / "histories" / "users"
 MIB = 1 << 20
@@ -99,7 +99,7 @@ def write_fish(path: Path, size: int, *, when: bool = False) -> int:
 
 
 def env_for(home: Path) -> dict[str, str]:
-    """`calm`'s environment in `home`: the daemon's (tests/daemon.py), this tree on the path."""
+    """`calm`'s environment in `home`: the daemon's (tests/support/daemon.py), this tree on the path."""
     return {**daemon_env(home), "PYTHONPATH": str(ROOT)}
 
 

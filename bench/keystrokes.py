@@ -47,7 +47,7 @@ from bench.latency import COMMANDS, HISTORY, real_cwd
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon
+from tests.support.daemon import Daemon
 
 PROG = "bench/keystrokes.py"
 LINE = "git commit -m wip"

@@ -43,8 +43,8 @@ from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history  # noqa: E402
-from tests.daemon import running_daemon  # noqa: E402
-from tests.tmux import autosuggestions, zsh_terminal  # noqa: E402
+from tests.support.daemon import running_daemon  # noqa: E402
+from tests.support.tmux import autosuggestions, zsh_terminal  # noqa: E402
 
 LOG_CALM = """
 zmodload zsh/datetime

@@ -32,8 +32,8 @@ from calmd.history import query
 from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from calmd.suggest.search import Context, SearchIndex
-from tests.daemon import daemon_env
-from tests.waiting import wait_until
+from tests.support.daemon import daemon_env
+from tests.support.waiting import wait_until
 
 HISTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "histories" / "users"
 MODES = ("global", "folder")

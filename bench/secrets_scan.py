@@ -41,7 +41,7 @@ OLD_COMMITS = {"before issue 39": "578f0c0", "before issue 30": "ffe7a68", "befo
                "before issue 12": "aa4422d"}  # fmt: skip
 CORPUS = REPO / "tests" / "data" / "secrets"
 # the public histories: $CALM_SHARED_DATA, beside the checkout, or where this project's machines
-# mount them (the places tests/tools.py looks)
+# mount them (the places tests/support/tools.py looks)
 HISTORIES = next(
     (
         base / "histories" / "users"

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from calmd.arguments import Parser, run_tool  # noqa: E402
 from calmd.shell.client import CalmClient  # noqa: E402
-from tests.daemon import running_daemon  # noqa: E402
-from tests.tmux import PROMPT, autosuggestions, init_script, shell_env  # noqa: E402
+from tests.support.daemon import running_daemon  # noqa: E402
+from tests.support.tmux import PROMPT, autosuggestions, init_script, shell_env  # noqa: E402
 
 COMMANDS = [
     "git status --short",
@@ -258,7 +258,7 @@ def fmt(values: list[float], q: float) -> str:
 def baseline_daemon(tree: Path | None, home: Path, model: bool) -> Iterator[Path | None]:
     """`calmd serve` of another checkout (`tree`), the packaged model (or, without --engine model,
     the tests' scripted engine of that checkout) in a HOME of its own, started and stopped by the
-    tests' starter (tests/daemon.py, as bench/harness.py's daemons); its socket."""
+    tests' starter (tests/support/daemon.py, as bench/harness.py's daemons); its socket."""
     if tree is None:
         yield None
         return
@@ -266,7 +266,7 @@ def baseline_daemon(tree: Path | None, home: Path, model: bool) -> Iterator[Path
     scripted = (
         sys.executable,
         "-c",
-        "from tests.serve_scripted import main; raise SystemExit(main())",
+        "from tests.support.serve_scripted import main; raise SystemExit(main())",
         "serve",
     )
     with running_daemon(home, engine="model", tree=tree.resolve(), weights=not model,

@@ -9,7 +9,7 @@ zle's line-init. Then it types `exit`. Configurations are interleaved run by run
 the same machine, and each is compared with the plain shell of the same run (medians).
 
 - zsh / bash: nothing but the prompt.
-- calm (setup line): the line docs/shells.md gives (tests.tmux.SETUP_LINES), with the hook file
+- calm (setup line): the line docs/shells.md gives (tests.support.tmux.SETUP_LINES), with the hook file
   present, as after the first start: zsh sources it, bash evals `cat`'s output.
 - calm (eval calmd init): `eval "$(calmd init zsh)"`, which starts Python every time.
 - zsh-autosuggestions: `source .../zsh-autosuggestions.zsh` (its widgets are bound at the first
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from calmd import paths  # noqa: E402
 from calmd.arguments import Parser, run_tool  # noqa: E402
-from tests.tmux import SETUP_LINES, autosuggestions  # noqa: E402
+from tests.support.tmux import SETUP_LINES, autosuggestions  # noqa: E402
 
 PROMPT = b"READY> "
 CALMD = Path(sys.executable).parent / "calmd"

@@ -46,7 +46,7 @@ from bench.harness import Report, daemon
 from calmd import paths
 from calmd.arguments import Parser, run_tool
 from calmd.shell.client import CalmClient
-from tests.daemon import Daemon
+from tests.support.daemon import Daemon
 
 SPEC_CODES = {"bad_message", "bad_field", "unknown_op", "too_large", "disk_full", "forbidden", "internal"}
 MIB = 1 << 20

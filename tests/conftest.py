@@ -4,8 +4,8 @@
   the real user's history, weights or daemon.
 - One torch thread count for the whole suite (TEST_THREADS), restored after any test that changes
   it (`calm train --threads`, the background run): a test's speed does not depend on the one before.
-- `@pytest.mark.needs(...)`: programs a test drives (tests/tools.py).
-- The session's tiny trained model (tests/tiny_model.py).
+- `@pytest.mark.needs(...)`: programs a test drives (tests/support/tools.py).
+- The session's tiny trained model (tests/support/tiny_model.py).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from calmd import paths
 from calmd.history.store import HistoryStore
 from calmd.model import fastscan
 from calmd.shell.client import CalmClient
-from tests.tools import in_ci, need
-from tests.waiting import HANG_S
+from tests.support.tools import in_ci, need
+from tests.support.waiting import HANG_S
 
 if TYPE_CHECKING:
-    from tests.daemon import Daemon
+    from tests.support.daemon import Daemon
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,12 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.dont_write_bytecode = False
 
 
-# running_daemon (tests/daemon.py), its argv lists, or `calmd serve` run as a command
+# running_daemon (tests/support/daemon.py), its argv lists, or `calmd serve` run as a command
 STARTS_A_DAEMON = re.compile(r'running_daemon\(|CALMD_SERVE|SCRIPTED_SERVE|"calmd"\)?, "serve"')
 
 
 def _starts_a_daemon(item: pytest.Item) -> bool:
-    """A test that starts `calmd serve` (tests/daemon.py): through the `daemon` fixture, or by
+    """A test that starts `calmd serve` (tests/support/daemon.py): through the `daemon` fixture, or by
     calling running_daemon, itself or through a helper of its module that does (read from the
     sources: no marker to forget)."""
     if "daemon" in getattr(item, "fixturenames", ()):
@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """`@pytest.mark.needs("zsh", "tmux")`: the programs a test drives (tests/tools.py)."""
+    """`@pytest.mark.needs("zsh", "tmux")`: the programs a test drives (tests/support/tools.py)."""
     for mark in item.iter_markers("needs"):
         need(*mark.args)
 
@@ -127,7 +127,7 @@ def _pinned_threads(_threads_for_the_session: None) -> Iterator[None]:
 def _kernel_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """CALM_CACHE for the whole session, never the user's own ~/.cache/calm: the compiled kernels
     are built once, by the first worker (the other waits on the lock), and every daemon the tests
-    start gets the same folder (tests/daemon.py). The folder is pytest's cache when it has one
+    start gets the same folder (tests/support/daemon.py). The folder is pytest's cache when it has one
     (.pytest_cache, kept between runs: the next run builds nothing), else one of the session;
     matplotlib's cache beside it."""
     cache = getattr(request.config, "cache", None)
@@ -153,7 +153,7 @@ def _kernel_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 @pytest.fixture(autouse=True, scope="session")
 def _clients_wait_as_long_as_a_hang() -> Iterator[None]:
-    """A test's CalmClient waits for its reply up to the ceiling of tests/waiting.py, not the 10 s
+    """A test's CalmClient waits for its reply up to the ceiling of tests/support/waiting.py, not the 10 s
     after which a shell's client gives up: on a busy machine a slow reply is not a failure, and a
     daemon that never answers is still caught. (The tests of a client's timeout pass their own.)"""
     defaults = CalmClient.__init__.__kwdefaults__
@@ -164,10 +164,10 @@ def _clients_wait_as_long_as_a_hang() -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _training_runs_at_the_daemons_priority() -> Iterator[None]:
-    """The daemons' training runs at their daemon's priority, not SCHED_IDLE (tests/daemon.py
+    """The daemons' training runs at their daemon's priority, not SCHED_IDLE (tests/support/daemon.py
     SUITE_ENV): beside a CPU hog at nice 0 an idle-priority run gets nothing for hours."""
     from calmd.daemon.trainer import TEST_PRIORITY_ENV
-    from tests.daemon import SUITE_ENV
+    from tests.support.daemon import SUITE_ENV
 
     SUITE_ENV[TEST_PRIORITY_ENV] = "inherit"
     yield
@@ -184,14 +184,14 @@ def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """A test's HOME for the daemon, the shells and their data dir (tests/daemon.py)."""
+    """A test's HOME for the daemon, the shells and their data dir (tests/support/daemon.py)."""
     return tmp_path
 
 
 @pytest.fixture
 def daemon(home: Path) -> Iterator[Daemon]:
     """`calmd serve` with the scripted engine in `home`, stopped after the test."""
-    from tests.daemon import running_daemon
+    from tests.support.daemon import running_daemon
 
     with running_daemon(home) as d:
         yield d
@@ -207,9 +207,9 @@ def store(tmp_path: Path) -> Iterator[HistoryStore]:
 
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny trained model of tests/tiny_model.py as a weight file, trained once per session
+    """The tiny trained model of tests/support/tiny_model.py as a weight file, trained once per session
     (a few seconds on a quiet machine, minutes on a busy one)."""
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny.cwgt")
 
@@ -218,6 +218,6 @@ def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def other_tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second tiny model, trained once per session on other lines (`make install` first): the
     model a swap or a comparison puts beside tiny_weights. Read it; copy it to change it."""
-    from tests.tiny_model import OTHER_COMMANDS, save_tiny, train_tiny
+    from tests.support.tiny_model import OTHER_COMMANDS, save_tiny, train_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "other.cwgt", train_tiny(OTHER_COMMANDS, favourite=0))

@@ -1,4 +1,4 @@
-"""The one way the tests and the benches start a daemon (tests/daemon.py), and where the suite
+"""The one way the tests and the benches start a daemon (tests/support/daemon.py), and where the suite
 keeps what it builds."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from calmd import paths
 from calmd.shell.client import CalmClient
-from tests.daemon import daemon_env, running_daemon
-from tests.waiting import HANG_S, wait_until
+from tests.support.daemon import daemon_env, running_daemon
+from tests.support.waiting import HANG_S, wait_until
 
 
 def test_a_daemon_is_ready_when_it_says_so_and_stops_cleanly(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import subprocess
 
 from calmd.cli import calm_parser, calmd_parser
 from calmd.shell.hooks import SHELLS
-from tests.daemon import BIN
+from tests.support.daemon import BIN
 
 INTERNAL = {"shell-helper"}  # started by the hooks, not by a person
 

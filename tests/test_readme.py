@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from calmd import paths
-from tests.daemon import BIN, daemon_env
-from tests.tools import need
-from tests.waiting import HANG_S
+from tests.support.daemon import BIN, daemon_env
+from tests.support.tools import need
+from tests.support.waiting import HANG_S
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_TXT = "".join(
@@ -264,7 +264,7 @@ def test_after_the_install_the_readmes_hook_line_finds_calmd(tmp_path: Path) -> 
     calmd`. The install puts calm and calmd in ~/.local/bin; a new zsh with the README's hook
     line runs `calmd init` from there, loads the hook and leaves its file in the data dir."""
     need("zsh", "tmux")
-    from tests.tmux import Terminal
+    from tests.support.tmux import Terminal
 
     install(tmp_path)
     hook_line = next(command for command, _ in sh_block("In your shell") if "calmd init zsh" in command)
@@ -289,8 +289,8 @@ def test_turn_it_off_as_the_readme_says(tmp_path: Path) -> None:
     """Each line of "Turn it off", typed in a real zsh with the hook and a daemon: this shell
     stops recording, suggestions go off in every shell, the daemon stops."""
     need("zsh", "tmux")
-    from tests.daemon import running_daemon
-    from tests.tmux import history_rows, wait_recorded, zsh_terminal
+    from tests.support.daemon import running_daemon
+    from tests.support.tmux import history_rows, wait_recorded, zsh_terminal
 
     lines = [command for command, _ in sh_block("Turn it off")]
     assert lines == ["CALM_RECORD=0", "calm disable", "calmd stop"], "README changed: test each new line"
@@ -320,7 +320,7 @@ def test_remove_everything_as_the_readme_says(tmp_path: Path) -> None:
     it was installed from (which the README says to delete by hand) and the sync folder, which
     holds no share of this machine's any more; not the runtime folder, not the unit folders."""
     need("bash", "tmux")
-    from tests.tmux import Terminal
+    from tests.support.tmux import Terminal
 
     user_install(tmp_path)
     env = user_env(tmp_path)

@@ -4,7 +4,7 @@ meant (the machine runs as root, which reads a chmod 000 file: a folder is the u
 here), a corrupt file or JSON, and a bad flag. Each answers with one line on stderr,
 `PROG: error: FILE: what` (`PROG: error: what` when no file is involved), no traceback, no
 `[Errno N]`, and exits 1 for a failure, 2 for a usage error (calmd/arguments.py's `run_tool`,
-calmd/errors.py's `one_line`). The whole walk (tests/test_cli_inputs.py) is in-process; this file
+calmd/errors.py's `one_line`). The whole walk (tests/cli/test_cli_inputs.py) is in-process; this file
 checks the entry points themselves."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 from calmd import paths
 from calmd.arguments import run_tool
 from calmd.errors import FormatError, one_line
-from tests.daemon import BIN, daemon_env
-from tests.waiting import HANG_S
+from tests.support.daemon import BIN, daemon_env
+from tests.support.waiting import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = [sys.executable, "-m"]

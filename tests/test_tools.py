@@ -1,4 +1,4 @@
-"""tests/tools.py: a missing program skips a test on a developer's machine and fails it in CI."""
+"""tests/support/tools.py: a missing program skips a test on a developer's machine and fails it in CI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools import need, need_root, shared_data
+from tests.support.tools import need, need_root, shared_data
 
 
 def test_a_missing_program_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,7 +32,7 @@ def test_the_shared_data_is_found_or_its_absence_fails_ci(
     (tmp_path / "histories" / "users").mkdir(parents=True)
     monkeypatch.setenv("CALM_SHARED_DATA", str(tmp_path))
     assert shared_data("histories", "users") == tmp_path / "histories" / "users"
-    monkeypatch.setattr("tests.tools.SHARED_DATA_PLACES", ())
+    monkeypatch.setattr("tests.support.tools.SHARED_DATA_PLACES", ())
     monkeypatch.delenv("CALM_SHARED_DATA")
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="needs the shared data"):

@@ -25,7 +25,7 @@ from calmd.cli import calm_main
 from calmd.cli.status_view import status_table
 from calmd.history import query
 from calmd.visible import HIDDEN, finite, hidden, json_text, visible
-from tests.builders import HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
+from tests.support.builders import HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
 
 NOW = 1_764_000_000.0  # 2025-11-24
 

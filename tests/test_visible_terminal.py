@@ -1,5 +1,5 @@
 """Every view that prints stored text, read in a real terminal (tmux), on a history holding each
-hostile form (tests/builders.py HOSTILE_FORMS) in a command and in a folder (issue 30): the screen
+hostile form (tests/support/builders.py HOSTILE_FORMS) in a command and in a folder (issue 30): the screen
 shows the escapes, the pane's title stays, no paste buffer is made (tmux takes OSC 52 with
 `set-clipboard on`), the screen is not cleared, and no byte of a form reaches the terminal.
 
@@ -21,10 +21,10 @@ from calmd.history import query
 from calmd.sync.config import SyncConfig, write_config
 from calmd.sync.seal import new_key, write_key
 from calmd.visible import json_text, visible
-from tests.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
-from tests.daemon import BIN, running_daemon
-from tests.tmux import PROMPT, Terminal, shell_env
-from tests.waiting import HANG_S, wait_until
+from tests.support.builders import HOSTILE_FORMS, HOSTILE_GROUPS, hostile_folder, hostile_rows, write_rows
+from tests.support.daemon import BIN, running_daemon
+from tests.support.tmux import PROMPT, Terminal, shell_env
+from tests.support.waiting import HANG_S, wait_until
 
 pytestmark = [pytest.mark.needs("bash", "tmux"), pytest.mark.slow]  # real terminals
 

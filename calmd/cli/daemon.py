@@ -45,7 +45,7 @@ SERVE_FLAGS: Flags = {
 
 
 def cmd_serve(args: argparse.Namespace, engine_loader: Callable[[Path], Engine] | None = None) -> int:
-    """`calmd serve`. `engine_loader` replaces the model for tests (tests/serve_scripted.py)."""
+    """`calmd serve`. `engine_loader` replaces the model for tests (tests/support/serve_scripted.py)."""
     import logging
 
     from calmd.daemon.server import run_server

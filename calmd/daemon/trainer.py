@@ -43,10 +43,10 @@ LAST_RESULT = ("state", "swapped", "reason", "finished", "old_loss", "new_loss",
                "ranker_refitted", "ranker_examples")  # fmt: skip
 LOG_ROTATE_BYTES = 1 << 20  # training.log is moved to training.log.old past this, at a run's start
 _PR_SET_PDEATHSIG = 1
-# The test suite's hook (tests/daemon.py sets it for the daemons it starts): "inherit" leaves a run
+# The test suite's hook (tests/support/daemon.py sets it for the daemons it starts): "inherit" leaves a run
 # at the daemon's own priority, so that a machine kept busy at nice 0 (the suite's check beside two
 # busy loops) cannot starve it for hours, as it starves SCHED_IDLE. A user's runs never see it; the
-# lowest priority itself is tested without it (tests/test_trainer_due.py).
+# lowest priority itself is tested without it (tests/daemon/test_trainer_due.py).
 TEST_PRIORITY_ENV = "CALM_TEST_TRAIN_PRIORITY"
 
 

@@ -30,7 +30,7 @@ the store), calmd/quality/panel_judges.py the prefixes and their judges, and thi
 what it prints.
 
 Targets (issue 31): at most 1 drawn ghost in 20 absurd, at least 40% of the (prefix, user) pairs
-drawing one, no placeholder drawn. tests/test_panel.py runs it and asserts them.
+drawing one, no placeholder drawn. tests/quality/test_panel.py runs it and asserts them.
 """
 
 from __future__ import annotations

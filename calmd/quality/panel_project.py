@@ -163,7 +163,7 @@ def panel_home() -> Iterator[Path]:
 @contextmanager
 def user_history(folder: Path, history: tuple[str, ...], cwd: Path) -> Iterator[HistoryStore]:
     """The store `folder`/history.sqlite3 holding `history`, typed in `cwd` on `BRANCH` in
-    `SESSION` over the last three days (also what tests/test_panel_shells.py gives a daemon)."""
+    `SESSION` over the last three days (also what tests/quality/test_panel_shells.py gives a daemon)."""
     store = HistoryStore(paths.history_path(folder))
     start = time.time() - 3600 * 24 * 3  # typed over the last three days
     for i, cmd in enumerate(history):

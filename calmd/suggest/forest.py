@@ -5,7 +5,7 @@ replay never import it. `Forest.from_lightgbm` turns a fitted booster's dump int
 row per node of every tree, the nodes of a tree together), and `scores` walks them: in the
 project's C++ library (calmd/model/csrc/forest.cpp, built on first use with the model's kernels),
 else with numpy, all the trees for all the rows at once, one level per step. The same scores as
-LightGBM's own `predict` (tests/test_anchor.py); what each costs a keystroke is in
+LightGBM's own `predict` (tests/quality/test_anchor.py); what each costs a keystroke is in
 bench/reranker_cost.py (docs/performance.md).
 
 A node is a split `x[feature] <= threshold ? left : right` or a leaf (`feature` -1) holding its

@@ -59,7 +59,7 @@ from calmd.sync.wire import chunk_payloads, to_ranges
 SEGMENT_BYTES = 4 << 20  # a segment is closed past this: the rest goes into the next one
 CLOSED_BYTES = 1 << 20  # a segment this large is never merged again ...
 COMPACT_SEGMENTS = 32  # ... smaller ones are merged into new ones once there are this many
-# A test's hook (tests/test_sync_daemons.py kills the daemon in the middle of writing a segment):
+# A test's hook (tests/sync/test_sync_daemons.py kills the daemon in the middle of writing a segment):
 # when set, each segment's write waits this many seconds once its temp file holds its bytes.
 TEST_HOLD_ENV = "CALM_TEST_SYNC_HOLD_S"
 

@@ -12,7 +12,7 @@ Here, `step` is the optimizer's own update run under `torch.no_grad()`, which is
 wrapper does for an optimizer that is not `differentiable` when nothing is being compiled; the
 four methods get the form the wrapper would have cached for them (themselves: "disabled"
 only matters under torch.compile). The numbers are torch.optim's to the bit, and no
-torch._dynamo is imported: tests/test_optim.py holds both. Where torch's internals are not what
+torch._dynamo is imported: tests/training/test_optim.py holds both. Where torch's internals are not what
 this expects (another torch version), the stock behaviour stays: slower to start, the same
 numbers.
 """

@@ -14,7 +14,7 @@ from calmd.history.store import HistoryStore
 from calmd.secrets import KEY_PHRASE, find_secret, forget_command
 from calmd.shell.client import CalmClient
 from calmd.sync.seal import key_phrase, new_key
-from tests.daemon import running_daemon
+from tests.support.daemon import running_daemon
 
 PHRASE_FORMS = [
     "{phrase}",

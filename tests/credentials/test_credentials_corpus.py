@@ -19,9 +19,9 @@ from calmd.history.store import HistoryStore
 from calmd.secrets import find_secret, is_reference, looks_random, name_kind, shannon_entropy
 from calmd.shell.client import CalmClient
 from tests.credentials.forms import DATA, load
-from tests.daemon import BIN, daemon_env, running_daemon
-from tests.tools import shared_data
-from tests.waiting import HANG_S
+from tests.support.daemon import BIN, daemon_env, running_daemon
+from tests.support.tools import shared_data
+from tests.support.waiting import HANG_S
 
 CREDENTIALS = load("credentials.tsv")
 LOOKALIKES = load("lookalikes.tsv")

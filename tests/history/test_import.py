@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -19,7 +21,7 @@ from calmd.history.store import HistoryStore
 from calmd.shell.client import CalmClient
 from tests.support.daemon import BIN, daemon_env, running_daemon, wait_imported
 from tests.support.tools import need
-from tests.support.waiting import HANG_S
+from tests.support.waiting import HANG_S, wait_until
 
 LOOP = 'for f in *.log; do\n  gzip "$f"\ndone'
 # What the user typed, as zsh keeps it: a multi-line loop, a command that ends in a backslash,
@@ -281,19 +283,38 @@ def test_a_line_with_no_end_is_skipped_unread(tmp_path: Path) -> None:
     store.close()
 
 
+def import_worker(daemon_pid: int) -> int:
+    """The pid of the daemon's worker process (`python -m calmd.daemon.worker`), once it runs."""
+
+    def find() -> int | None:
+        for child in Path(f"/proc/{daemon_pid}/task/{daemon_pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"calmd.daemon.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+        return None
+
+    return int(wait_until(find, "the daemon's worker process runs"))
+
+
 def test_a_daemon_killed_while_it_imports_goes_on_where_it_was(tmp_path: Path) -> None:
     """kill -9 in the middle of the first start's import (the daemon answers meanwhile): the next
     start imports the rest, each command once, in order."""
-    n = 200_000  # a wide window to kill it in, after a complete request, on a loaded machine too
+    n = 200_000  # a wide window to kill it in, on a loaded machine too
     (tmp_path / ".bash_history").write_text("".join(f"echo line-{i}\n" for i in range(n)))
     with running_daemon(tmp_path) as daemon, CalmClient(daemon.socket) as c:
         while (status := c.status()["status"])["history"]["commands"] < 2 * IMPORT_BATCH:
             assert status["history"]["import"]["running"], "the import ended before it could be killed"
             time.sleep(0.01)
+        # The import runs in the daemon's worker process (calmd/daemon/worker.py): held still there,
+        # it is mid-import whatever the request below costs on a busy machine (with two busy loops
+        # beside the suite, the import ended before the daemon had answered it).
+        worker = import_worker(daemon.proc.pid)
+        os.kill(worker, signal.SIGSTOP)
         assert any("candidate" in m for m in c.complete("echo", n=1))  # it serves while it imports
-        daemon.proc.kill()
+        assert c.status()["status"]["history"]["import"]["running"]
+        daemon.proc.kill()  # the worker dies with it (its parent-death signal), stopped or not
         daemon.proc.wait()
-        assert status["history"]["import"]["running"]
+        wait_until(lambda: not Path(f"/proc/{worker}").exists(), "the worker died with the daemon")
     store = HistoryStore(tmp_path / "data" / paths.HISTORY)
     stored_before = store.count()
     store.close()

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import check_format, read_json
-from calmd.errors import FormatError
-from calmd.suggest.forest import Forest
+from calmd.atomic import read_json
+from calmd.suggest.forest import Forest, ForestFile
 
 ANCHOR_SYSTEM = "history-lightgbm (no model)"
 ANCHOR_VERSION = 1
@@ -172,19 +171,13 @@ class Anchor:
         return [pool[i] for i in order]
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": "calm-anchor", "version": ANCHOR_VERSION, "forest": self.forest.to_json(),
-                "users": dict(sorted(self.users.items())), "info": dict(self.info)}  # fmt: skip
+        found = ForestFile(self.forest, dict(self.users), dict(self.info))
+        return found.to_json("calm-anchor", ANCHOR_VERSION)
 
     @classmethod
     def from_json(cls, data: Any, source: str = "anchor") -> Anchor:
-        data = check_format(data, "calm-anchor", ANCHOR_VERSION, source)
-        forest = Forest.from_json(data.get("forest"), ANCHOR_FEATURES, f"{source}: forest")
-        users = data.get("users")
-        if not isinstance(users, dict) or not all(
-            isinstance(c, str) and isinstance(n, int) and n >= 0 for c, n in users.items()
-        ):
-            raise FormatError(f"{source}: field 'users' must map lines to counts of users")
-        return cls(forest, users, dict(data.get("info") or {}))
+        found = ForestFile.from_json(data, "calm-anchor", ANCHOR_VERSION, ANCHOR_FEATURES, source)
+        return cls(found.forest, found.users, found.info)
 
     @classmethod
     def load(cls, path: Path) -> Anchor:
@@ -192,7 +185,7 @@ class Anchor:
 
 
 def packaged_anchor_path() -> Path:
-    return paths.PACKAGE_DATA / "anchor.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_ANCHOR
 
 
 @functools.cache

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from calmd.atomic import check_format
 from calmd.errors import FormatError
 
 MAX_NODES = 1 << 20  # a forest file holds at most this many nodes (a few hundred trees of 63 leaves: 40,000)
@@ -240,3 +241,32 @@ def _depth(feature: np.ndarray, left: np.ndarray, right: np.ndarray, roots: np.n
         if feature[i] >= 0:
             depth[left[i]] = depth[right[i]] = depth[i] + 1
     return int(depth.max()) if len(depth) else 0
+
+
+@dataclass(frozen=True)
+class ForestFile:
+    """What a forest's file holds (the anchor's and the reranker's): the trees, the training users'
+    popularity of each line (`users`: line -> how many of them ran it), and how it was fitted."""
+
+    forest: Forest
+    users: dict[str, int]
+    info: dict[str, Any]
+
+    def to_json(self, name: str, version: int) -> dict[str, Any]:
+        return {"format": name, "version": version, "forest": self.forest.to_json(),
+                "users": dict(sorted(self.users.items())), "info": dict(self.info)}  # fmt: skip
+
+    @classmethod
+    def from_json(
+        cls, data: Any, name: str, version: int, features: tuple[str, ...], source: str
+    ) -> ForestFile:
+        """A file `to_json` wrote as format `name`, checked (calmd/atomic.py `check_format`, the
+        forest's own checks, the users' counts); FormatError names the field."""
+        data = check_format(data, name, version, source)
+        forest = Forest.from_json(data.get("forest"), features, f"{source}: forest")
+        users = data.get("users")
+        if not isinstance(users, dict) or not all(
+            isinstance(c, str) and isinstance(n, int) and n >= 0 for c, n in users.items()
+        ):
+            raise FormatError(f"{source}: field 'users' must map lines to counts of users")
+        return cls(forest, users, dict(data.get("info") or {}))

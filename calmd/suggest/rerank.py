@@ -38,9 +38,8 @@ from typing import Any
 import numpy as np
 
 from calmd import paths
-from calmd.atomic import check_format, read_json
-from calmd.errors import FormatError
-from calmd.suggest.forest import Forest
+from calmd.atomic import read_json
+from calmd.suggest.forest import Forest, ForestFile
 from calmd.suggest.ranking import FEATURES as HISTORY_FEATURES
 from calmd.suggest.ranking import HistoryIndex
 
@@ -162,19 +161,13 @@ class Reranker:
         return s - top - math.log(np.exp(s - top).sum())
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": "calm-reranker", "version": RERANK_VERSION, "forest": self.forest.to_json(),
-                "users": dict(sorted(self.users.items())), "info": dict(self.info)}  # fmt: skip
+        found = ForestFile(self.forest, dict(self.users), dict(self.info))
+        return found.to_json("calm-reranker", RERANK_VERSION)
 
     @classmethod
     def from_json(cls, data: Any, source: str = "reranker") -> Reranker:
-        data = check_format(data, "calm-reranker", RERANK_VERSION, source)
-        forest = Forest.from_json(data.get("forest"), RERANK_FEATURES, f"{source}: forest")
-        users = data.get("users")
-        if not isinstance(users, dict) or not all(
-            isinstance(c, str) and isinstance(n, int) and n >= 0 for c, n in users.items()
-        ):
-            raise FormatError(f"{source}: field 'users' must map lines to counts of users")
-        return cls(forest, users, dict(data.get("info") or {}))
+        found = ForestFile.from_json(data, "calm-reranker", RERANK_VERSION, RERANK_FEATURES, source)
+        return cls(found.forest, found.users, found.info)
 
     @classmethod
     def load(cls, path: Path) -> Reranker:
@@ -182,7 +175,7 @@ class Reranker:
 
 
 def packaged_reranker_path() -> Path:
-    return paths.PACKAGE_DATA / "reranker.json"
+    return paths.PACKAGE_DATA / paths.PACKAGED_RERANKER
 
 
 @functools.cache

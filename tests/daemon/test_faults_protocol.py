@@ -57,6 +57,19 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def settled_fd_count(pid: int) -> int:
+    """The daemon's descriptors once the count holds still over ten reads: one it opens for a moment
+    (a file read, a query's connection) counted in the limit would let a waiting client in."""
+    counts: list[int] = []
+
+    def settled() -> bool:
+        counts.append(fd_count(pid))
+        return len(counts) >= 10 and len(set(counts[-10:])) == 1
+
+    wait_until(settled, "the daemon's descriptors to hold still", every=0.02)
+    return counts[-1]
+
+
 def socket_count(pid: int) -> int:
     """The daemon's open sockets: its listener and its connections."""
     found = 0
@@ -570,14 +583,17 @@ def test_the_default_cap_follows_a_low_fd_limit(tmp_path: Path) -> None:
 
 
 def test_out_of_descriptors_is_logged_and_waiting_clients_are_served_once_fds_free(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, args=NO_TRAINING) as d:
+    # --no-import: no first-start import in the worker process, whose pipes and the catch-up's
+    # connections opened and closed meanwhile would free a descriptor under the limit (a waiting
+    # client was once served while it should wait)
+    with running_daemon(tmp_path, args=(*NO_TRAINING, "--no-import")) as d:
         pid = d.proc.pid
         sockets = socket_count(pid)
         with CalmClient(d.socket) as warm:
             warm.status()
         # the limit is taken once the daemon has closed the warm-up connection
         wait_until(lambda: socket_count(pid) <= sockets, "the daemon to close the warm-up connection")
-        limit = fd_count(pid) + 6
+        limit = settled_fd_count(pid) + 6
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))  # lowered under the running daemon
         first: list[CalmClient] = []
         waiting: list[CalmClient] = []

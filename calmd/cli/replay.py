@@ -9,6 +9,8 @@ from calmd import paths
 from calmd.arguments import Parser, whole
 from calmd.cli.common import probability
 from calmd.errors import CalmError
+from calmd.formats.tokenizer import MAX_FRAME_ITEMS
+from calmd.suggest.context import HISTORY_FRAMES
 from calmd.visible import visible
 
 
@@ -50,7 +52,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                               comp=args.comp, min_confidence=args.min_confidence,
                               models=replay.model_names(models) if len(models) > 1 else {},
                               ranker=args.ranker, refit=args.refit, jobs=args.jobs,
-                              first=args.first,
+                              first=args.first, history_frames=args.history_frames,
                               reranker=Path(args.reranker) if args.reranker else None)  # fmt: skip
     result = replay.replay(files, cfg, progress=not args.quiet)
     print(report.format_table(result))
@@ -130,6 +132,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--reranker", metavar="FILE.json",
                    help="order the answers with this reranker (python -m calmd.quality.fit_reranker --output "
                    "FILE.json), to measure it; default: the packaged one, when there is one")  # fmt: skip
+    p.add_argument("--history-frames", type=whole(0, MAX_FRAME_ITEMS), default=HISTORY_FRAMES, metavar="N",
+                   help=f"past commands in the model's context (default {HISTORY_FRAMES}, the daemon's; the "
+                   f"template keeps {MAX_FRAME_ITEMS} at most)")  # fmt: skip
     p.add_argument("--refit", choices=("model", "ranker", "both"), default="model",
                    help="with --with-training: what a run refits: the model (the background fine-tuning, "
                    "default), the history ranker on the user's commands (seconds), or both")  # fmt: skip

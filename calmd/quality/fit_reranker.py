@@ -39,6 +39,7 @@ from calmd.atomic import atomic_write
 from calmd.errors import CalmError, FormatError
 from calmd.formats.cwgt import read_cwgt
 from calmd.quality.fit_anchor import popular, user_counts
+from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.forest import Forest
 from calmd.suggest.rerank import RERANK_FEATURES, Reranker, packaged_reranker_path
 from calmd.training.corpus import DEFAULT_DATA, held_out, history_users, read_history
@@ -87,15 +88,18 @@ class Collected:
         return found
 
 
-def _collect_user(args: tuple[Path, Path, int, int, dict[str, int]]) -> list[tuple[np.ndarray, int, int]]:
+def _collect_user(
+    args: tuple[Path, Path, int, int, dict[str, int], int],
+) -> list[tuple[np.ndarray, int, int]]:
     """One user's queries as rows: (rows, the target's index or -1, k)."""
-    path, model, positions, seed, table = args
+    path, model, positions, seed, table, frames = args
     from calmd.quality.replay import ReplayConfig, replay_user
     from calmd.quality.systems import Rows
     from calmd.suggest.calibration import uncalibrated
     from calmd.suggest.engine import ModelEngine
 
-    cfg = ReplayConfig(model=model, positions=positions, typing_positions=0, seed=seed, anchor=False)
+    cfg = ReplayConfig(model=model, positions=positions, typing_positions=0, seed=seed, anchor=False,
+                       history_frames=frames)  # fmt: skip
     calibrator = uncalibrated()  # the rows do not depend on it (the fit of the calibration comes after)
 
     def engine(weights: Path) -> ModelEngine:
@@ -110,15 +114,18 @@ def _collect_user(args: tuple[Path, Path, int, int, dict[str, int]]) -> list[tup
 
 
 def collect(files: Sequence[Path], model: Path, *, positions: int, seed: int, jobs: int,
-            tables: Sequence[dict[str, int]]) -> Collected:  # fmt: skip
-    """The rows of every user's sampled queries (module docstring), in file order."""
+            tables: Sequence[dict[str, int]], history_frames: int = HISTORY_FRAMES) -> Collected:  # fmt: skip
+    """The rows of every user's sampled queries (module docstring), in file order, the model
+    seeing `history_frames` past commands."""
     xs: list[np.ndarray] = []
     sizes: list[int] = []
     targets: list[int] = []
     ks: list[int] = []
     users: list[int] = []
     started = time.monotonic()
-    work = [(f, model, positions, seed, table) for f, table in zip(files, tables, strict=True)]
+    work = [
+        (f, model, positions, seed, table, history_frames) for f, table in zip(files, tables, strict=True)
+    ]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         for n, queries in enumerate(pool.map(_collect_user, work)):
             for x, target, k in queries:

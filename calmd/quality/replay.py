@@ -71,6 +71,7 @@ from calmd.quality.systems import (
 )
 from calmd.quality.tally import KS, Tally
 from calmd.quality.typist import Request, Suggest, keys_whole_line, keys_with_ghosts, keys_word_by_word
+from calmd.suggest.context import HISTORY_FRAMES
 from calmd.suggest.reconstruct import Reconstruction
 from calmd.training.corpus import read_history
 
@@ -95,6 +96,9 @@ class ReplayConfig:
     first: int = 0  # only each user's first N commands, from an empty history (no warm-up): a new user
     anchor: bool = True  # replay the anchor (calmd/quality/anchor.py): off where only calmd is wanted
     reranker: Path | None = None  # a reranker file (calmd/suggest/rerank.py) in place of the packaged one
+    history_frames: int = (
+        HISTORY_FRAMES  # past commands in the model's context (calm replay --history-frames)
+    )
 
     def systems(self) -> dict[str, Path]:
         """The calmd systems replayed: "calmd" for the one model, else one per model."""
@@ -153,9 +157,8 @@ def replay_user(
             shutil.copyfile(model, copy)
             engine = engine_factory(copy)
             engine.attach_history(store)
-            ours[system] = Ours(
-                system, engine, store, tallies[system], rows if n == 0 else None, cfg.min_confidence
-            )
+            ours[system] = Ours(system, engine, store, tallies[system], rows if n == 0 else None,
+                                cfg.min_confidence, history_frames=cfg.history_frames)  # fmt: skip
         disk = Reconstruction() if cfg.comp else None
         if disk is not None:
             path_commands = stand_in_path()
@@ -165,7 +168,8 @@ def replay_user(
                 def frames(prefix: str, engine: Any = engine, disk: Reconstruction = disk) -> dict[str, Any]:
                     return comp_frames(prefix, disk, path_commands, engine)
 
-                ours[twin] = Ours(twin, engine, store, tallies[twin], None, cfg.min_confidence, frames)
+                ours[twin] = Ours(twin, engine, store, tallies[twin], None, cfg.min_confidence, frames,
+                                  history_frames=cfg.history_frames)  # fmt: skip
         learner = next(iter(models))  # with training there is one model: the calmd that learns
         examples = None
         if cfg.train_every and cfg.refit in ("ranker", "both"):

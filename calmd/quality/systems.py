@@ -193,16 +193,17 @@ class Ours:
 
     def __init__(
         self, system: str, engine: Any, store: HistoryStore, tally: Tally, rows: Rows | None,
-        min_conf: float | None, frames: Frames | None = None,
+        min_conf: float | None, frames: Frames | None = None, *, history_frames: int = HISTORY_FRAMES,
     ) -> None:  # fmt: skip
         self.session, self.engine, self.store, self.tally = system, engine, store, tally
         self.rows, self.min_conf, self.frames = rows, min_conf, frames
+        self.history_frames = history_frames
         self.cache: dict[str, Answer] = {}  # prefix -> answer, for the command typed out
         self.never = threading.Event()
 
     def context(self, prefix: str) -> dict[str, Any]:
         """What the server builds: the store's latest commands of the session (and `frames`)."""
-        recent = recent_context(self.store, SESSION, HISTORY_FRAMES)
+        recent = recent_context(self.store, SESSION, self.history_frames)
         ctx: dict[str, Any] = {"input": prefix, "history": [{"cmd": r.cmd, "exit": r.exit} for r in recent]}
         return {**ctx, **self.frames(prefix)} if self.frames is not None else ctx
 

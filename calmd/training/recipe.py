@@ -37,7 +37,8 @@ from calmd.arguments import Parser, number, run_tool, whole
 from calmd.atomic import atomic_write, parse_json
 from calmd.errors import CalmError, SequenceTooLong
 from calmd.formats.ctds import CtdsWriter
-from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, Example, build_sequence
+from calmd.formats.cwgt import read_cwgt
+from calmd.formats.tokenizer import DEFAULT_SHELL_TEMPLATE, MAX_FRAME_ITEMS, Example, build_sequence
 from calmd.suggest.context import HISTORY_FRAMES
 from calmd.training.corpus import (
     DEFAULT_DATA,
@@ -53,29 +54,47 @@ from calmd.training.corpus import (
 PROG = "python -m calmd.training.recipe"
 
 
-def corpus_examples(data: Path, *, seed: int = 0, tldr_variants: int = 2) -> Iterator[Example]:
-    """tldr examples, then the training users' history examples, in a seeded shuffled order; all
-    with COMP (and ENV where a history activates one) built as the daemon builds them."""
+def corpus_examples(
+    data: Path,
+    *,
+    seed: int = 0,
+    tldr_variants: int = 2,
+    history_frames: int = HISTORY_FRAMES,
+    max_dup: int = 3,
+) -> Iterator[Example]:
+    """tldr examples, then the training users' history examples (each with its `history_frames`
+    preceding commands, each distinct command a target at most `max_dup` times), in a seeded
+    shuffled order; all with COMP (and ENV where a history
+    activates one) built as the daemon builds them."""
     sources = comp_sources(data / "tldr")
     examples: list[Example] = list(
         tldr_examples(data / "tldr", seed=seed, variants=tldr_variants, sources=sources)
     )
     for path in history_users(data):
         if not held_out(path.stem):
-            examples.extend(history_examples(read_history(path), context=HISTORY_FRAMES, names=[path.stem],
-                                             sources=sources))  # fmt: skip
+            examples.extend(history_examples(read_history(path), context=history_frames, names=[path.stem],
+                                             sources=sources, max_dup=max_dup))  # fmt: skip
     random.Random(seed).shuffle(examples)
     yield from examples
 
 
-def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> dict[str, int]:
+def build_corpus(
+    data: Path,
+    out: Path,
+    *,
+    seed: int = 0,
+    l_max: int = 768,
+    history_frames: int = HISTORY_FRAMES,
+    max_dup: int = 3,
+) -> dict[str, int]:
     """Write the corpus as CTDS; returns counts (sequences, skipped, tokens, and the history users:
     all of them and those trained on), what the provenance note says of it."""
     users = history_users(data)
     counts = {"sequences": 0, "skipped_too_long": 0, "tokens": 0, "users": len(users),
-              "trained_users": sum(not held_out(p.stem) for p in users)}  # fmt: skip
+              "trained_users": sum(not held_out(p.stem) for p in users), "history_frames": history_frames,
+              "max_dup": max_dup}  # fmt: skip
     with CtdsWriter(out) as writer:
-        for ex in corpus_examples(data, seed=seed):
+        for ex in corpus_examples(data, seed=seed, history_frames=history_frames, max_dup=max_dup):
             try:
                 seq = build_sequence(DEFAULT_SHELL_TEMPLATE, ex.context(), l_max=l_max, training=True)
             except SequenceTooLong:
@@ -87,10 +106,12 @@ def build_corpus(data: Path, out: Path, *, seed: int = 0, l_max: int = 768) -> d
     return counts
 
 
-def write_corpus(data: Path, corpus: Path, *, seed: int = 0) -> dict[str, int]:
+def write_corpus(
+    data: Path, corpus: Path, *, seed: int = 0, history_frames: int = HISTORY_FRAMES, max_dup: int = 3
+) -> dict[str, int]:
     """`build_corpus`, with its counts in the stamp beside it (`corpus` with .json), which
     `--corpus` and `--resume` read instead of building it again."""
-    counts = build_corpus(data, corpus, seed=seed)
+    counts = build_corpus(data, corpus, seed=seed, history_frames=history_frames, max_dup=max_dup)
     with atomic_write(corpus.with_suffix(".json")) as f:
         f.write(json.dumps(counts).encode())
     return counts
@@ -127,6 +148,19 @@ def main(argv: list[str] | None = None) -> int:
         "makes the model depend on the machine's speed: its state is saved, and --resume finishes it)",
     )
     parser.add_argument("--size", default="nano", choices=("nano", "micro", "mini"))
+    parser.add_argument("--history-frames", type=whole(0, MAX_FRAME_ITEMS), default=HISTORY_FRAMES,
+                        help=f"past commands in a history example's context (default {HISTORY_FRAMES}; "
+                        f"the template keeps {MAX_FRAME_ITEMS} at most)")  # fmt: skip
+    parser.add_argument("--max-dup", type=whole(1, 10**6), default=3,
+                        help="uses of one distinct command as a target, per user (default 3)")  # fmt: skip
+    parser.add_argument("--from", dest="start", type=Path, metavar="MODEL",
+                        help="fine-tune these weights (with their EWC block) instead of training a new "
+                        "model")  # fmt: skip
+    parser.add_argument("--lr", type=number(1e-7, 1.0), default=None,
+                        help="peak learning rate of the cosine schedule (default 3e-3, 1e-3 with "
+                        "--from)")  # fmt: skip
+    parser.add_argument("--val-fraction", type=number(0, 0.5), default=0.01,
+                        help="share of the corpus held out for validation (default 0.01)")  # fmt: skip
     parser.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     parser.add_argument("--threads", type=whole(1, 1024), default=2)
     parser.add_argument("--resume", action="store_true",
@@ -141,19 +175,28 @@ def main(argv: list[str] | None = None) -> int:
         raise CalmError(f"--corpus {corpus}: needs the corpus and its stamp {stamp.name} beside it")
     if not (args.corpus or (args.resume and corpus.exists())):
         check_data(args.data)
+    if args.start is not None:
+        read_cwgt(args.start)  # a bad file named before the corpus is built
     started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.corpus or (args.resume and corpus.exists() and stamp.exists()):
         counts = parse_json(stamp.read_bytes(), stamp)  # FormatError (one line) for a broken stamp
+        built = (counts.get("history_frames", HISTORY_FRAMES), counts.get("max_dup", 3))  # older stamps
+        if built != (args.history_frames, args.max_dup):
+            raise CalmError(f"{stamp}: the corpus was built with --history-frames {built[0]} --max-dup "
+                            f"{built[1]}: give those, or another --work")  # fmt: skip
         print(f"corpus: reusing {corpus}")
     else:
-        counts = write_corpus(args.data, corpus, seed=args.seed)
+        counts = write_corpus(args.data, corpus, seed=args.seed, history_frames=args.history_frames,
+                              max_dup=args.max_dup)  # fmt: skip
     print(f"corpus: {counts['sequences']:,} sequences, {counts['tokens']:,} tokens "
           f"({counts['skipped_too_long']} too long) in {time.time() - started:.0f} s")  # fmt: skip
+    lr = args.lr if args.lr is not None else (1e-3 if args.start is not None else 3e-3)
     cfg = TrainConfig(
-        model="new", size=args.size, dataset=str(corpus), output=str(args.output), epochs=args.epochs,
-        lr=3e-3, lr_schedule="cosine", batch_size=args.batch_size, seed=args.seed, threads=args.threads,
-        val_fraction=0.01, max_steps=args.steps, max_minutes=args.steps_minutes_cap, force=True,
+        model=str(args.start) if args.start is not None else "new", size=args.size, dataset=str(corpus),
+        output=str(args.output), epochs=args.epochs, lr=lr, lr_schedule="cosine", batch_size=args.batch_size,
+        seed=args.seed, threads=args.threads,
+        val_fraction=args.val_fraction, max_steps=args.steps, max_minutes=args.steps_minutes_cap, force=True,
         checkpoint=str(args.work / "train.ckpt"), resume=args.resume, precision=args.precision,
     )  # fmt: skip
     result = train(cfg)
@@ -174,7 +217,10 @@ def write_provenance(
     command = f"python -m calmd.training.recipe --steps {args.steps} --seed {args.seed} --size {args.size}"
     command += f" --threads {args.threads}"  # the thread count changes the float sums, so the bits
     scaled = {"--epochs": (args.epochs, 1), "--batch-size": (args.batch_size, 32),
-              "--precision": (args.precision, "fp32")}  # fmt: skip
+              "--precision": (args.precision, "fp32"),
+              "--history-frames": (args.history_frames, HISTORY_FRAMES), "--max-dup": (args.max_dup, 3),
+              "--lr": (args.lr, None), "--from": (args.start, None),
+              "--val-fraction": (args.val_fraction, 0.01)}  # fmt: skip
     command += "".join(f" {flag} {value}" for flag, (value, default) in scaled.items() if value != default)
     if args.steps_minutes_cap:  # where the cap ended the run, the steps it made are in the summary
         command += f" --steps-minutes-cap {args.steps_minutes_cap:g}"

@@ -5,7 +5,9 @@
 - One torch thread count for the whole suite (TEST_THREADS), restored after any test that changes
   it (`calm train --threads`, the background run): a test's speed does not depend on the one before.
 - `@pytest.mark.needs(...)`: programs a test drives (tests/support/tools.py).
-- The session's tiny trained model (tests/support/tiny_model.py).
+- The session's tiny trained models (tests/support/tiny_model.py), trained by one worker.
+- What the suite builds (the scan kernel, the rewritten test modules) kept between runs: in
+  pytest's cache, or without it in the user's private folder of the suite (private_folder).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
 - One torch thread count for the whole suite (TEST_THREADS), restored after any test that changes
   it (`calm train --threads`, the background run): a test's speed does not depend on the one before.
 - `@pytest.mark.needs(...)`: programs a test drives (tests/support/tools.py).
-- The session's tiny trained model (tests/support/tiny_model.py).
+- The session's tiny trained models (tests/support/tiny_model.py), trained by one worker.
+- What the suite builds (the scan kernel, the rewritten test modules) kept between runs: in
+  pytest's cache, or without it in the user's private folder of the suite (private_folder).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import fcntl
 import inspect
 import os
 import re
+import stat
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,17 +37,37 @@ if TYPE_CHECKING:
     from tests.support.daemon import Daemon
 
 
+def private_folder(name: str) -> Path | None:
+    """A folder of this user's that outlives the session, for what the suite builds and the next run
+    reuses where pytest has no cache (`-p no:cacheprovider`): under the temporary directory, 0700,
+    and used only when it is this user's own (not a link, nobody else can write it), else None."""
+    folder = Path(tempfile.gettempdir()) / f"calm-tests-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        held = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(held.st_mode) or held.st_uid != os.getuid() or held.st_mode & 0o077:
+        return None
+    (folder / name).mkdir(exist_ok=True)
+    return folder / name
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """In CI (CI=true) the run ends with the slowest tests' durations, whatever command ran it.
 
     Where PYTHONDONTWRITEBYTECODE is set, pytest rewrote every test module's asserts again in every
-    worker of every run (5 CPU-seconds a worker): the rewritten modules go to pytest's cache folder
-    instead (sys.pycache_prefix, outside the source tree, which stays as the setting wants it)."""
+    worker of every run (4 CPU-seconds a worker): the rewritten modules go to pytest's cache folder
+    instead, or without one to the user's private folder of the suite (sys.pycache_prefix, outside
+    the source tree, which stays as the setting wants it)."""
     if in_ci() and config.option.durations is None:  # --durations=0 asks for all of them
         config.option.durations = 15
+    if not sys.dont_write_bytecode:
+        return
     cache = getattr(config, "cache", None)
-    if sys.dont_write_bytecode and cache is not None:
-        sys.pycache_prefix = str(cache.mkdir("pycache"))
+    folder = Path(cache.mkdir("pycache")) if cache is not None else private_folder("pycache")
+    if folder is not None:
+        sys.pycache_prefix = str(folder)
         sys.dont_write_bytecode = False
 
 
@@ -58,8 +82,15 @@ def _starts_a_daemon(item: pytest.Item) -> bool:
     if "daemon" in getattr(item, "fixturenames", ()):
         return True
     function = getattr(item, "function", None)
-    module = getattr(item, "module", None)
-    return function is not None and _calls_running_daemon(function, vars(module) if module else {}, set())
+    if function is None:
+        return False
+    if function not in _STARTS:  # read once per function, not once per parameter (2,000 of them)
+        module = getattr(item, "module", None)
+        _STARTS[function] = _calls_running_daemon(function, vars(module) if module else {}, set())
+    return _STARTS[function]
+
+
+_STARTS: dict[object, bool] = {}
 
 
 def _calls_running_daemon(function: object, names: dict[str, object], seen: set[str]) -> bool:
@@ -128,12 +159,15 @@ def _kernel_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     """CALM_CACHE for the whole session, never the user's own ~/.cache/calm: the compiled kernels
     are built once, by the first worker (the other waits on the lock), and every daemon the tests
     start gets the same folder (tests/support/daemon.py). The folder is pytest's cache when it has one
-    (.pytest_cache, kept between runs: the next run builds nothing), else one of the session;
-    matplotlib's cache beside it."""
+    (.pytest_cache, kept between runs: the next run builds nothing), else the user's private folder
+    of the suite (private_folder), else one of the session; matplotlib's cache beside it."""
     cache = getattr(request.config, "cache", None)
+    private = private_folder("calm-kernels") if cache is None else None
     if cache is not None:
         folder = Path(cache.mkdir("calm-kernels"))
-    else:  # -p no:cacheprovider: the session's temporary folder, which the workers share
+    elif private is not None:  # -p no:cacheprovider: built once, not again in every run
+        folder = private
+    else:  # no folder of the user's: the session's temporary folder, which the workers share
         base = tmp_path_factory.getbasetemp()
         folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "calm-kernels"
         folder.mkdir(exist_ok=True)
@@ -205,13 +239,28 @@ def store(tmp_path: Path) -> Iterator[HistoryStore]:
     s.close()
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """NAME in the session's folder that every xdist worker sees, built by the first worker that
+    asks (the others wait on its lock, then read it): a model is trained once a run, not once a
+    worker. The build writes atomically, so a file there is a whole one."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    with open(folder / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            build(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny trained model of tests/support/tiny_model.py as a weight file, trained once per session
-    (a few seconds on a quiet machine, minutes on a busy one)."""
+    (a few seconds on a quiet machine, minutes on a busy one). Read it; copy it to change it."""
     from tests.support.tiny_model import save_tiny
 
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny.cwgt")
+    return built_once(tmp_path_factory, "tiny.cwgt", save_tiny)
 
 
 @pytest.fixture(scope="session")
@@ -220,4 +269,6 @@ def other_tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model a swap or a comparison puts beside tiny_weights. Read it; copy it to change it."""
     from tests.support.tiny_model import OTHER_COMMANDS, save_tiny, train_tiny
 
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "other.cwgt", train_tiny(OTHER_COMMANDS, favourite=0))
+    return built_once(
+        tmp_path_factory, "other.cwgt", lambda path: save_tiny(path, train_tiny(OTHER_COMMANDS, favourite=0))
+    )

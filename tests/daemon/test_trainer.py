@@ -4,13 +4,14 @@ and a failed run by its reason, and `calm rollback` swaps the two weight files a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,26 @@ LONG_RUN = ("--no-import", "--train-threshold", "0", "--train-arg=--min-examples
             "--train-arg=--holdout=10", "--train-arg=--epochs=500")  # fmt: skip
 
 
+@contextlib.contextmanager
+def held_still() -> Iterator[Callable[[int], None]]:
+    """hold(pid): a run stops where it is (SIGSTOP), alive, its lock held and its status as it was,
+    without spending CPU on LONG_RUN's 500 epochs while the test looks at what is around it; every
+    run held goes on (SIGCONT) when the block ends, so that the daemon's stop ends it as any run."""
+    held: list[int] = []
+
+    def hold(pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            held.append(pid)
+
+    try:
+        yield hold
+    finally:
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def test_a_run_dies_with_its_daemon_and_the_next_daemon_sees_it_dead(
     tmp_path: Path, tiny_weights: Path
 ) -> None:
@@ -128,27 +149,29 @@ def test_one_run_per_calm_home(tmp_path: Path, tiny_weights: Path) -> None:
         fill(c, 12)
         assert c.train()["started"] is True
         pid = wait_until(lambda: (t := training(c))["state"] == "training" and t["pid"], "the run to train")
-        # a second run started by hand says who holds the data dir, and touches nothing
-        second = subprocess.run(
-            [sys.executable, "-m", "calmd.training.background", "--data-dir", str(data), "--min-examples=10"],
-            capture_output=True, text=True, timeout=HANG_S, env=daemon_env(tmp_path),
-        )  # fmt: skip
-        assert second.returncode == background.EXIT_LOCKED, second.stderr
-        assert f"another training run (pid {pid}) holds" in second.stderr
-        assert read_status(data)["pid"] == pid
-        # a second daemon on the same CALM_HOME (another socket) sees that run and starts none
-        other = tmp_path / "other"
-        other.mkdir()
-        env = {"CALM_HOME": str(data), "CALMD_SOCKET": str(other / paths.SOCKET)}
-        with (
-            running_daemon(other, engine=ENGINE, args=LONG_RUN, env=env, weights=False) as d2,
-            CalmClient(d2.socket) as c2,
-        ):
-            seen = training(c2)
-            assert seen["pid"] == pid and seen["state"] in ("dataset", "training", "evaluating"), seen
-            refused = c2.train()
-            assert refused["started"] is False and f"(pid {pid}) already works on" in refused["reason"]
-        assert runs_on(data) == [pid]
+        with held_still() as hold:
+            hold(pid)
+            # a second run started by hand says who holds the data dir, and touches nothing
+            argv = [sys.executable, "-m", "calmd.training.background", "--data-dir", str(data),
+                    "--min-examples=10"]  # fmt: skip
+            env = daemon_env(tmp_path)
+            second = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, env=env)
+            assert second.returncode == background.EXIT_LOCKED, second.stderr
+            assert f"another training run (pid {pid}) holds" in second.stderr
+            assert read_status(data)["pid"] == pid
+            # a second daemon on the same CALM_HOME (another socket) sees that run and starts none
+            other = tmp_path / "other"
+            other.mkdir()
+            env = {"CALM_HOME": str(data), "CALMD_SOCKET": str(other / paths.SOCKET)}
+            with (
+                running_daemon(other, engine=ENGINE, args=LONG_RUN, env=env, weights=False) as d2,
+                CalmClient(d2.socket) as c2,
+            ):
+                seen = training(c2)
+                assert seen["pid"] == pid and seen["state"] in ("dataset", "training", "evaluating"), seen
+                refused = c2.train()
+                assert refused["started"] is False and f"(pid {pid}) already works on" in refused["reason"]
+            assert runs_on(data) == [pid]
 
 
 def test_a_run_killed_in_evaluation_leaves_nothing_behind(tmp_path: Path, tiny_weights: Path) -> None:
@@ -357,13 +380,16 @@ def test_a_pipelined_burst_of_records_starts_one_run(tmp_path: Path, tiny_weight
         answers = [other.read_message() for _ in range(11)] + [r for r in replies if "started" in r]
         assert sum(bool(r["started"]) for r in answers) <= 1, answers
         seen: set[int] = set()
-        deadline = time.monotonic() + 8  # each run imports torch for a second or two: all would show
-        while time.monotonic() < deadline:
-            seen.update(runs_on(data))
-            time.sleep(0.02)
-        log = (data / paths.TRAINING_LOG).read_text(errors="replace")[-2000:]
-        assert len(seen) == 1, (seen, d.read_output()[-3000:], log)
-        status = training(c)
-        assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))
-        assert c.train()["started"] is False  # and no second one on request while it runs
-        assert d.read_output().count("training started") == 1
+        with held_still() as hold:  # a run seen stops there: no CPU on training while the test watches
+            deadline = time.monotonic() + 8  # each run imports torch for a second or two: all would show
+            while time.monotonic() < deadline:
+                for pid in set(runs_on(data)) - seen:
+                    hold(pid)
+                    seen.add(pid)
+                time.sleep(0.02)
+            log = (data / paths.TRAINING_LOG).read_text(errors="replace")[-2000:]
+            assert len(seen) == 1, (seen, d.read_output()[-3000:], log)
+            status = training(c)
+            assert status["runs_started"] == 1 and status["pid"] == next(iter(seen))
+            assert c.train()["started"] is False  # and no second one on request while it runs
+            assert d.read_output().count("training started") == 1

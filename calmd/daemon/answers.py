@@ -17,12 +17,16 @@ the shells would draw it. The engine is told it is drawn (`drawn`): the final an
 unless it has a clearly better line (the ghost rule's margin, calmd/suggest/ghost.py), as when the
 user types along a ghost.
 
-What was prepared counts only for a request of the same session in the same context: every field
-of the request's context but the input (the folder, the branch, the history frames, ENV, ...)
-equal, and no command recorded or forgotten since (`Answers.version`). Drawn or not is the engine's
-decision for the early line (the shell's own threshold when it sent one, else the fitted rule's
-early threshold; an answer's line is drawn at its empty-prompt confidence: one more matching
-character only makes a line likelier).
+What was prepared counts only for a request in the same context: every field of the request's
+context but the input (the folder, the branch, the history frames, ENV, ...) equal, and no command
+recorded or forgotten since (`Answers.version`). The session's own answer first; a session without
+one in that context (a shell just opened, whose first line's frames are the user's latest commands)
+takes the newest answer of another session in the same context (`_by_context`): the engine would
+answer it the same, and it is ready, where the new session's own empty prompt is still being
+answered when a quick first key comes (the first line of a new zsh was the p90 of the first keys).
+Drawn or not is the engine's decision for the early line (the shell's own threshold when it sent
+one, else the fitted rule's early threshold; an answer's line is drawn at its empty-prompt
+confidence: one more matching character only makes a line likelier).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Answers:
 
     def __init__(self, scheduler: FairScheduler | None = None, gate: KeystrokeGate | None = None) -> None:
         self._last: OrderedDict[str, Answer] = OrderedDict()
+        self._by_context: OrderedDict[str, Answer] = OrderedDict()  # the newest answer per context key
         self._scheduler = scheduler
         self._gate = gate
         self._preparing: dict[str, Job] = {}  # each session's first keys being prepared
@@ -89,16 +94,18 @@ class Answers:
         """A command was stored or forgotten: every answer kept belongs to another history."""
         self.version += 1
         self._last.clear()
+        self._by_context.clear()
 
     def keep(self, session: str, answer: Answer) -> bool:
         """Keep the session's answer to the empty prompt (answers to a typed input are not kept:
         typing along them is the engine's, calmd/suggest/engine.py `_typed_through`)."""
         if not session or not answer.lines or answer.typed:
             return False
-        self._last[session] = answer
-        self._last.move_to_end(session)
-        while len(self._last) > MAX_SESSIONS:
-            self._last.popitem(last=False)
+        for kept, name in ((self._last, session), (self._by_context, answer.key)):
+            kept[name] = answer
+            kept.move_to_end(name)
+            while len(kept) > MAX_SESSIONS:
+                kept.popitem(last=False)
         return True
 
     def keep_and_prepare(self, session: str, answer: Answer, ctx: dict[str, Any], engine: Any) -> None:
@@ -133,8 +140,8 @@ class Answers:
         line the shell draws at once for each likely first key, each handed to `send` as soon as
         it is known. It stops when another keystroke waits (the rest is prepared between
         keystrokes, for the daemon's own early line) or the session's next request comes."""
-        known = self.current(session)
-        if known is not None and known.key == answer.key:
+        known = self.in_context(session, answer.key)
+        if known is not None:
             answer.keys.update(known.keys)  # this context's, prepared before
 
         def found(key: str) -> None:
@@ -151,11 +158,19 @@ class Answers:
         """The session's answer kept now (any thread: one dict lookup)."""
         return self._last.get(session)
 
+    def in_context(self, session: str, key: str) -> Answer | None:
+        """The empty-prompt answer kept for a request of `session` in the context `key`: the
+        session's own, else the newest of another session in that context (module docstring)."""
+        own = self._last.get(session)
+        if own is not None and own.key == key:
+            return own
+        return self._by_context.get(key)
+
     def pick(self, session: str, asked: Answer, min_confidence: float | None, engine: Any) -> Line | None:
         """The line to draw at once for the request `asked` (its context's key and input, no lines
-        yet), from the session's empty-prompt answer in the same context; else None."""
-        answer = self._last.get(session)
-        if answer is None or answer.key != asked.key:
+        yet), from an empty-prompt answer in the same context (`in_context`); else None."""
+        answer = self.in_context(session, asked.key)
+        if answer is None:
             return None
         return resolve(answer, asked.typed, min_confidence, engine)
 

@@ -192,7 +192,7 @@ class SearchService:
         """Delete every run of `cmd` through the store (`calm forget`'s path), drop it from the
         index at once, and rebuild the index in the background so that its text is gone from
         memory too."""
-        forgotten = self.store.forget_command(cmd)
+        forgotten, newest_left = self.store.forget_command(cmd)
         self.counts["forgotten"] += forgotten
         index = self._index
         if index is not None and forgotten:
@@ -201,6 +201,9 @@ class SearchService:
                 now = query.generation(self._db)
                 if now == index.generation + 1:  # the only deletion since it was read: ours
                     index.generation = now
+                    # the deleted rows may have been the newest, whose ids SQLite gives again: the
+                    # next command recorded would have been passed over by the index
+                    index.last_id = min(index.last_id, newest_left)
             if self._building is None:
                 self._rebuild()
         return {"ok": True, "forgotten": forgotten}

@@ -232,18 +232,29 @@ class HistoryStore:
             doomed = [rid for (rid,) in self._db.execute("SELECT id FROM commands")]
         return self._delete_ids(doomed, leave_sync=True)
 
-    def forget_command(self, cmd: str) -> int:
+    def forget_command(self, cmd: str) -> tuple[int, int]:
         """Delete every run of exactly `cmd`, for good (the history search's delete key): what
-        `forget` does, with the rows found through the `cmd` index instead of a scan of all."""
+        `forget` does, with the rows found through the `cmd` index instead of a scan of all.
+        Returns how many rows went, and the newest row id left right after (0: none): a row
+        stored later has a larger id, but not always one larger than the deleted rows' (SQLite
+        gives the newest rows' ids again), so a reader that goes on by id must go on from there."""
         with self._lock:
             doomed = [rid for (rid,) in self._db.execute("SELECT id FROM commands WHERE cmd = ?", (cmd,))]
-        return self._delete_ids(doomed)
+        newest: list[int] = []
+        return self._delete_ids(doomed, newest_left=newest), (newest[0] if newest else 0)
 
     def _delete_matching(self, match: Callable[[str], bool], *, counter: str = "") -> int:
         """Delete the matching rows and every trace of them (`_delete_ids`)."""
         return self._delete_ids([row.id for row in self.all_rows() if match(row.cmd)], counter=counter)
 
-    def _delete_ids(self, doomed: list[int], *, counter: str = "", leave_sync: bool = False) -> int:
+    def _delete_ids(
+        self,
+        doomed: list[int],
+        *,
+        counter: str = "",
+        leave_sync: bool = False,
+        newest_left: list[int] | None = None,
+    ) -> int:
         """Delete these rows and every trace of them: deleted cells are zeroed (secure_delete);
         the WAL, which still holds the pages as they were, is checkpointed and truncated; the
         datasets built from the old rows are removed; the generation is bumped. The shared ones
@@ -267,6 +278,9 @@ class HistoryStore:
             if counter:
                 self._meta_add(counter, len(doomed))
             self._meta_add("generation", 1)
+            if newest_left is not None:  # inside the write lock: no row came since the deletion
+                (newest,) = self._db.execute("SELECT coalesce(max(id), 0) FROM commands").fetchone()
+                newest_left.append(int(newest))
         with self._lock:
             self._truncate_wal()
         self.remove_derived_datasets()

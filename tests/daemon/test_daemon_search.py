@@ -3,16 +3,22 @@ search` asks at each keystroke, answered from what the shells recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 from calmd import paths
+from calmd.daemon.search import SearchService
+from calmd.history.store import HistoryStore
+from calmd.protocol import ForgetRequest, SearchRequest
 from calmd.shell.client import CalmClient
 from tests.support.daemon import BIN, daemon_env, running_daemon
 from tests.support.waiting import HANG_S, wait_until
@@ -203,3 +209,37 @@ def test_long_lines_are_cut_so_the_count_asked_for_comes_back_and_a_row_gives_on
         for row in (0, -1, "3", 2**63):
             c.send("search", row=row)
             assert c.read_message()["error"]["code"] == "bad_field"
+
+
+def test_a_command_run_again_after_its_newest_runs_were_forgotten_is_found_before_the_rebuild(
+    tmp_path: Path,
+) -> None:
+    """SQLite gives the deleted newest rows' ids again: the search index, which reads on by id,
+    must read on from the newest row left, not from the newest it had read (a CI run missed the
+    command run again when its search came before the rebuild that follows a forget)."""
+    store = HistoryStore(tmp_path / paths.HISTORY)
+    for i in range(5):
+        store.record(f"echo {i}", session="s")
+    for _ in range(3):
+        store.record("deploy --target prod-XYZZY", session="s")
+    service = SearchService(store)
+    service.start()
+    hold = threading.Event()
+    service._builder.submit(hold.wait)  # the rebuild after the forget waits behind this, as on a busy machine
+
+    async def scenario() -> list[str]:
+        def search(query: str) -> Any:
+            return service.search(SearchRequest(id=1, query=query), (), "owner")
+
+        assert [r["cmd"] for r in (await search("XYZZY"))["results"]] == ["deploy --target prod-XYZZY"]
+        forgot = await service.forget(ForgetRequest(id=2, cmd="deploy --target prod-XYZZY"))
+        assert forgot["forgotten"] == 3 and (await search("XYZZY"))["results"] == []
+        store.record("deploy --target prod-XYZZY", session="s")  # the id of the first one forgotten
+        return [r["cmd"] for r in (await search("XYZZY"))["results"]]
+
+    try:
+        assert asyncio.run(scenario()) == ["deploy --target prod-XYZZY"]
+    finally:
+        hold.set()
+        service.close()
+        store.close()

@@ -382,7 +382,7 @@ def test_a_client_that_never_reads_is_bounded_then_closed_and_its_memory_returne
         with CalmClient(d.socket) as other:  # everyone else is still served at once
             t0 = time.monotonic()
             assert other.status()["status"]["protocol"] == 1
-            assert time.monotonic() - t0 < 2.0
+            assert time.monotonic() - t0 < 5.0  # a daemon held by the flood: the client's 10 s
         d.wait_for("replies left unread for 2 s")
         flood.setblocking(True)
         messages = read_until_closed(flood)  # what the daemon had buffered, then its error

@@ -19,11 +19,12 @@ from tests.support.tmux import record, zsh_terminal
 GHOST = re.escape("\x1b[90m")
 
 
-def ask(client: CalmClient, typed: str, **fields: Any) -> list[dict[str, Any]]:
+def ask(
+    client: CalmClient, typed: str, session: str = "z", ctx: dict[str, Any] | None = None, **fields: Any
+) -> list[dict[str, Any]]:
     """A `complete` as zsh's helper sends it (session, early, its threshold), every reply."""
-    rid = client.send(
-        "complete", n=5, session="z", ctx={"input": typed}, early=True, min_confidence=0.5, **fields
-    )
+    rid = client.send("complete", n=5, session=session, ctx={**(ctx or {}), "input": typed}, early=True,
+                      min_confidence=0.5, **fields)  # fmt: skip
     return list(client.replies(rid))
 
 
@@ -44,6 +45,27 @@ def test_the_first_key_is_answered_from_the_empty_prompts_answer_before_the_engi
         assert c.status()["status"]["prefetch"]["first_keys"] == 1
         c.record("make", exit=0, session="z")  # another history: the answer kept is not this context's
         first, *_ = ask(c, "n")
+        assert first.get("early") == "nmmit"
+        assert c.status()["status"]["prefetch"]["first_keys"] == 1
+
+
+def test_a_new_shells_first_key_is_answered_from_another_sessions_answer_in_the_same_context(
+    home: Path,
+) -> None:
+    with running_daemon(home, env={"CALMD_TEST_DELAY": "0.05"}) as d, CalmClient(d.socket) as c:
+        c.record("git status", exit=0, session="z")
+        ask(c, "", keys=True)  # z's empty prompt, answered and kept
+        # a shell just opened: its frames are the user's latest commands, z's context; its own
+        # empty prompt's answer is not there yet
+        first, *rest = ask(c, "n", session="new")
+        assert first.get("early") == "nfig" and first.get("ghost") is True
+        assert next(m["candidate"] for m in rest if "candidate" in m) == "nmmit"  # then the engine's own
+        assert c.status()["status"]["prefetch"]["first_keys"] == 1
+        # another folder is another context: nothing prepared for it
+        first, *_ = ask(c, "n", session="elsewhere", ctx={"cwd": str(home)})
+        assert first.get("early") == "nmmit"  # the engine's own early line
+        c.record("make", exit=0, session="z")  # another history: no answer kept counts
+        first, *_ = ask(c, "n", session="later")
         assert first.get("early") == "nmmit"
         assert c.status()["status"]["prefetch"]["first_keys"] == 1
 

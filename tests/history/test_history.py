@@ -331,7 +331,7 @@ def test_deleting_commands_takes_them_out_of_the_count_since_the_last_training(s
     assert store.counter("recorded_since_train") == 5
     assert store.forget(lambda cmd: cmd == "old 3") == 1  # from before the run: not counted
     assert store.counter("recorded_since_train") == 5
-    assert store.forget_command("new 2") == 1
+    assert store.forget_command("new 2") == (1, 15)  # one run; the newest row left: new 4's
     assert store.counter("recorded_since_train") == 4
     assert store.forget(lambda cmd: cmd.startswith(("new", "old"))) == 13
     assert store.counter("recorded_since_train") == 0 == store.count()

@@ -43,7 +43,7 @@ def test_a_slow_directory_gives_no_comp_then_serves_a_later_keystroke(
     disk = Disk(budget=0.01)
     t0 = time.perf_counter()
     assert disk.listing(str(tmp_path)) is None
-    assert time.perf_counter() - t0 < 1.0  # the keystroke did not wait for the disk
+    assert time.perf_counter() - t0 < 5.0  # the keystroke did not wait for the disk (10 s)
     assert disk.exists(str(tmp_path), "notes.md") is None  # unknown: nothing is judged by it
     release.set()
     for _ in range(1000):  # the listing finishes in the background

@@ -163,7 +163,7 @@ def test_the_index_follows_the_store_and_starts_over_after_a_deletion(tmp_path: 
     store.forget(lambda cmd: "status" in cmd)  # `calm forget`, in another process as far as the index knows
     index.sync(db)
     assert found(index, "git") == {"git push"} and len(index) == 2
-    assert store.forget_command("git push") == 1 and store.count() == 1
+    assert store.forget_command("git push") == (1, 1) and store.count() == 1  # the row left: the first
     db.close()
     store.close()
 

@@ -9,8 +9,7 @@ from calmd import paths
 from calmd.arguments import Parser, whole
 from calmd.cli.common import probability
 from calmd.errors import CalmError
-from calmd.formats.tokenizer import MAX_FRAME_ITEMS
-from calmd.suggest.context import HISTORY_FRAMES
+from calmd.suggest.context import HISTORY_FRAMES, MAX_HISTORY_FRAMES
 from calmd.visible import visible
 
 
@@ -132,9 +131,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--reranker", metavar="FILE.json",
                    help="order the answers with this reranker (python -m calmd.quality.fit_reranker --output "
                    "FILE.json), to measure it; default: the packaged one, when there is one")  # fmt: skip
-    p.add_argument("--history-frames", type=whole(0, MAX_FRAME_ITEMS), default=HISTORY_FRAMES, metavar="N",
+    p.add_argument("--history-frames", type=whole(0, MAX_HISTORY_FRAMES), default=HISTORY_FRAMES, metavar="N",
                    help=f"past commands in the model's context (default {HISTORY_FRAMES}, the daemon's; the "
-                   f"template keeps {MAX_FRAME_ITEMS} at most)")  # fmt: skip
+                   f"template keeps {MAX_HISTORY_FRAMES} at most)")  # fmt: skip
     p.add_argument("--refit", choices=("model", "ranker", "both"), default="model",
                    help="with --with-training: what a run refits: the model (the background fine-tuning, "
                    "default), the history ranker on the user's commands (seconds), or both")  # fmt: skip

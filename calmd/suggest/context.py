@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from calmd.history.store import HistoryRow, HistoryStore
 
 HISTORY_FRAMES = 5  # past commands in the context (the template caps HIST frames at 15)
+MAX_HISTORY_FRAMES = 15  # the template's cap (formats/tokenizer.py MAX_FRAME_ITEMS, which imports numpy)
 
 
 class _Row(Protocol):

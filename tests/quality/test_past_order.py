@@ -39,6 +39,13 @@ def collected(queries: list[tuple[np.ndarray, int, int]]) -> Collected:
                      np.zeros(len(xs), dtype=np.int64), ["u"])  # fmt: skip
 
 
+def test_the_light_cap_of_history_frames_is_the_templates() -> None:
+    from calmd.formats.tokenizer import MAX_FRAME_ITEMS
+    from calmd.suggest.context import MAX_HISTORY_FRAMES
+
+    assert MAX_HISTORY_FRAMES == MAX_FRAME_ITEMS  # `calm replay --history-frames` reads the light one
+
+
 def test_only_the_scored_history_lines_that_hold_the_users_count() -> None:
     scored_past = {"scored": 1.0}
     rows = collected([

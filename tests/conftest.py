@@ -209,6 +209,17 @@ def _training_runs_at_the_daemons_priority() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _in_process_imports_keep_the_workers_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calm import` lowers its own priority (calmd/cli/history.py IMPORT_NICE): called in process by
+    a test, it lowered the xdist worker's for good (nice 10, then 19 after a second), and every later
+    test of that worker, with the daemons and training runs it started, ran below everything else:
+    beside a CPU hog, a whole run stalled behind it. In a subprocess it renices itself as for users."""
+    import calmd.cli.history
+
+    monkeypatch.setattr(calmd.cli.history, "IMPORT_NICE", 0)
+
+
+@pytest.fixture(autouse=True)
 def _private_calm_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path_factory.mktemp("calm-home")
     monkeypatch.setenv("CALM_HOME", str(home / "data"))

@@ -61,6 +61,12 @@ class CatchUp:
         self._search_behind = False  # rows the history index read that the search index was not told of
 
     def start(self) -> None:
+        """Catching up from now on: the engine's index is followed at once (the keystrokes read
+        a few rows each, not thousands) and the store is looked at now, not after POLL_S."""
+        index = getattr(self.parts.engine, "index", None)
+        if index is not None:
+            self.state.follow(index)
+        self._wake.set()
         self._task = asyncio.ensure_future(self._run())
 
     def stop(self) -> None:

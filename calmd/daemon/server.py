@@ -164,6 +164,7 @@ class Server:
         self.service.search = SearchService(self.history, pause=self.service.gate.pause)
         self.service.search.start()  # built in the background: a search waits for it only until it is
         freeze_heap(full=True)  # the model and the index: a full collection never walks them (catch_up.py)
+        self.catch_up.start()  # before the first keystroke: it reads a few new rows, not thousands
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:
@@ -175,7 +176,6 @@ class Server:
             self._import = asyncio.ensure_future(self._import_then_check())
         else:
             await self._due_check("start")  # commands counted before a restart
-        self.catch_up.start()
         timer = asyncio.ensure_future(self._training_timer())
         syncer = asyncio.ensure_future(self._sync_loop())
         try:

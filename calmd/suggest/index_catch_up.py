@@ -103,10 +103,16 @@ class IndexCatchUp:
         self.rebuilt = 0  # indexes built aside and adopted
         self.rows = 0  # rows read by the slices
 
+    def follow(self, index: HistoryIndex) -> None:
+        """From now on, `index` is caught up here: a keystroke reads at most KEYSTROKE_ROWS. Said
+        before the first keystroke is answered (the daemon's start): until the first step, a
+        keystroke read up to ALONE_ROWS while the first-start import wrote, 60-100 ms each."""
+        _IN_BACKGROUND[index] = self
+
     def step(self, index: HistoryIndex, store: HistoryStore, stop: Callable[[], bool]) -> bool:
         """Read on until `stop()` (looked at every SLICE_ROWS rows) says to yield; True when the
         index holds every row the store had when the step began."""
-        _IN_BACKGROUND[index] = self
+        self.follow(index)
         generation = store.generation()
         if generation != getattr(index, "_generation", None):
             self.aside = None

@@ -4,8 +4,14 @@ when an import brought more than it holds, and a forget."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+from types import SimpleNamespace
+
 import pytest
 
+from calmd.daemon.catch_up import CatchUp
+from calmd.daemon.scheduler import FairScheduler
 from calmd.history.store import HistoryStore
 from calmd.suggest import index_catch_up
 from calmd.suggest.index_catch_up import KEYSTROKE_ROWS, IndexCatchUp, keystroke_sync
@@ -91,3 +97,22 @@ def test_a_forget_starts_the_index_over_at_once(store: HistoryStore) -> None:
     assert "curl http://intranet/secret-page" not in index.count
     assert IndexCatchUp().step(index, store, never)
     assert index.count["git status"] == 50
+
+
+def test_the_daemons_catch_up_follows_the_index_before_the_first_keystroke(store: HistoryStore) -> None:
+    """From the daemon's start on (CatchUp.start, before `ready`), not from the first slice: a
+    keystroke answered before it read up to ALONE_ROWS while the first-start import wrote."""
+    index = fresh(store)
+    bulk(store, [f"echo {i}" for i in range(1000)])
+
+    async def started() -> int:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            engine = SimpleNamespace(index=index, history=store)
+            catch_up = CatchUp(FairScheduler(pool), SimpleNamespace(engine=engine, search=None))
+            catch_up.start()  # no slice has run: the scheduler does not even run
+            try:
+                return keystroke_sync(index, store)
+            finally:
+                catch_up.stop()
+
+    assert asyncio.run(started()) == KEYSTROKE_ROWS

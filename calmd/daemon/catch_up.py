@@ -103,6 +103,9 @@ class CatchUp:
             index, store = getattr(engine, "index", None), getattr(engine, "history", None)
             if index is None or store is None:
                 break
+            gate = getattr(self.parts, "gate", None)
+            if gate is not None:
+                await gate.between_keys()  # in the gaps the typing leaves (calmd/daemon/gate.py)
             done: list[bool] = []
             self.slices += 1
             await self.scheduler.submit(Job(owner=self, session="", run=self._slice(index, store, done),

@@ -7,9 +7,10 @@ keystroke paid 50 ms for them, more on a busy machine (2.3 s seen after a 100,00
 import, when the index started over from the newest 50,000 inside a keystroke). Now the work is
 split in two:
 
-- `keystroke_sync`, on the keystroke's path: at most KEYSTROKE_ROWS new rows (the commands the
-  shells recorded since the last keystroke: one or two), and never a start over because an import
-  added more than the index holds (the old index serves until the new one is complete); an index
+- `keystroke_sync`, on the keystroke's path: the commands the shells recorded since the last
+  keystroke (one or two), none when more came (KEYSTROKE_ROWS: an import, a sync), and never a start
+  over because an import added more than the index holds (the old index serves until the new one is
+  complete); an index
   nothing catches up in the background (`calm replay`, the benches: an engine in process) reads
   up to ALONE_ROWS a keystroke, as before;
 - `IndexCatchUp.step`, the rest, in slices the daemon runs between keystrokes
@@ -40,10 +41,11 @@ _IN_BACKGROUND: weakref.WeakKeyDictionary[HistoryIndex, IndexCatchUp] = weakref.
 
 
 def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
-    """A keystroke's share of the catch-up: the store's newest rows, at most KEYSTROKE_ROWS, in
-    order; none when an import added more than the index holds (the index built aside replaces
-    it). Caught up, it costs two indexed lookups (the generation, the newest row). Without a
-    catch-up in the background, up to ALONE_ROWS (HistoryIndex.sync, as before)."""
+    """A keystroke's share of the catch-up: the store's new rows when they are at most
+    KEYSTROKE_ROWS, in order; none when more came (the slices read them; when more than the index
+    holds, the index built aside replaces it). Caught up, it costs two indexed lookups (the
+    generation, the newest row). Without a catch-up in the background, up to ALONE_ROWS
+    (HistoryIndex.sync, as before)."""
     catch_up = _IN_BACKGROUND.get(index)
     if catch_up is None:
         return index.sync(store, budget=ALONE_ROWS)
@@ -54,7 +56,12 @@ def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
     newest = store.newest_after(0)
     if newest <= index.last_id:
         return 0
-    if newest - index.last_id > INDEX_LIMIT and store.more_after(index.last_id, INDEX_LIMIT):
+    if newest - index.last_id > KEYSTROKE_ROWS:
+        # More came than the shells record between two keys (an import, a sync): the slices read
+        # them, oldest first, so the keystroke's share would not reach the newest either; its reads
+        # and the count of what came (an OFFSET of INDEX_LIMIT rows, 4-14 ms) cost each key 1.5x
+        # while a first-start import ran (bench/heavy_jobs.py). Row ids only grow: the gap in ids
+        # bounds the rows.
         return 0
     added = 0
     for row in store.all_rows(after=index.last_id, until=newest, batch=KEYSTROKE_ROWS):

@@ -14,7 +14,7 @@ from calmd.daemon.catch_up import CatchUp
 from calmd.daemon.scheduler import FairScheduler
 from calmd.history.store import HistoryStore
 from calmd.suggest import index_catch_up
-from calmd.suggest.index_catch_up import KEYSTROKE_ROWS, IndexCatchUp, keystroke_sync
+from calmd.suggest.index_catch_up import IndexCatchUp, keystroke_sync
 from calmd.suggest.ranking import HistoryIndex
 
 
@@ -42,13 +42,15 @@ def test_a_keystroke_reads_a_bounded_share_once_the_catch_up_runs(store: History
     # an index nothing catches up (an engine in process: `calm replay`, the benches) reads as before
     assert keystroke_sync(index, store) == 1000
     bulk(store, [f"echo {i}" for i in range(1000)])
-    assert IndexCatchUp().step(index, store, lambda: True) is False  # one slice: it registers the index
-    read = [keystroke_sync(index, store) for _ in range(3)]
-    assert read == [KEYSTROKE_ROWS] * 3  # the rest is the slices'
-    store.record("git push", session="s")
-    while keystroke_sync(index, store):
+    catch_up = IndexCatchUp()
+    assert catch_up.step(index, store, lambda: True) is False  # one slice: it registers the index
+    assert keystroke_sync(index, store) == 0  # more than a keystroke's share came: the slices' to read
+    while not catch_up.step(index, store, never):
         pass
-    assert index.commands[-1] == "git push" and len(index) == 2001
+    store.record("git push", session="s")
+    store.record("git pull", session="t")
+    assert keystroke_sync(index, store) == 2  # what the shells recorded since the last key
+    assert index.commands[-2:] == ["git push", "git pull"] and len(index) == 2002
 
 
 def test_slices_stop_when_told_and_end_where_a_full_read_ends(store: HistoryStore) -> None:
@@ -102,6 +104,7 @@ def test_a_forget_starts_the_index_over_at_once(store: HistoryStore) -> None:
 def test_the_daemons_catch_up_follows_the_index_before_the_first_keystroke(store: HistoryStore) -> None:
     """From the daemon's start on (CatchUp.start, before `ready`), not from the first slice: a
     keystroke answered before it read up to ALONE_ROWS while the first-start import wrote."""
+    bulk(store, ["git status", "make test"])
     index = fresh(store)
     bulk(store, [f"echo {i}" for i in range(1000)])
 
@@ -115,4 +118,4 @@ def test_the_daemons_catch_up_follows_the_index_before_the_first_keystroke(store
             finally:
                 catch_up.stop()
 
-    assert asyncio.run(started()) == KEYSTROKE_ROWS
+    assert asyncio.run(started()) == 0  # the slices', not the keystroke's

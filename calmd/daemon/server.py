@@ -10,8 +10,8 @@ means), hosts the model and reports status.
   serving; a bad file at start is no reason not to start: the packaged model serves until a good
   file appears; every engine is warmed up on the worker thread before it serves;
 - the user's history ranker beside the weights (`ranker.json`, refitted by the training run) is
-  watched the same way and reloaded with them (the engine loader reads both); a bad ranker file
-  is logged and the packaged ranker serves with the model (the engine says so in `status`);
+  watched and reloaded with them (the engine loader reads both); a bad ranker file is logged and
+  the packaged ranker serves with the model (the engine says so in `status`);
 - SIGTERM/SIGINT (or a `shutdown` request): stop accepting, answer in-flight requests, stop the
   training run, remove the socket file we bound, exit, all within `graceful_timeout` seconds: a
   worker thread that does not finish (a hung model) is abandoned, and a watchdog ends the
@@ -122,9 +122,8 @@ class Server:
     async def serve(self, sock: socket.socket | None = None) -> None:
         """Bind (or take systemd's socket), start, serve until told to stop, shut down. The socket
         file this daemon bound is removed on every way out: a stop, a start that fails after the
-        bind (a store of a newer schema: issue 39 found the file left behind), an exception;
-        SIGTERM and SIGINT are handled from the bind on (before, their default ended the process
-        while the model loaded)."""
+        bind (a store of a newer schema), an exception; SIGTERM and SIGINT are handled from the
+        bind on (before, their default ended the process while the model loaded)."""
         loop = asyncio.get_running_loop()
         paths.private_data_dir(self.config.data_dir)  # before anything is written there
         if sock is None:
@@ -163,14 +162,16 @@ class Server:
             await self.reload()
         self.service.search = SearchService(self.history, pause=self.service.gate.pause)
         self.service.search.start()  # built in the background: a search waits for it only until it is
+        if self.config.import_shell_history:  # its worker's fork before `ready`, not beside a keystroke
+            await self.import_worker.start_for_first_import(self.history, Path.home())
         freeze_heap(full=True)  # the model and the index: a full collection never walks them (catch_up.py)
         self.catch_up.start()  # before the first keystroke: it reads a few new rows, not thousands
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
         print(f"calmd ready on {self.socket_path}", flush=True)
         if self.config.import_shell_history:
-            # After `ready`, in batches (the store's lock is free between two): however large the
-            # files, the daemon answers from the start (docs/history.md, "Importing").
-            # (set here, not in the task: a status answered before its first step says so too)
+            # After `ready`, in batches (the store's lock is free between two): however large the files,
+            # the daemon answers from the start (docs/history.md, "Importing"). (Set here, not in the
+            # task: a status answered before its first step says so too.)
             self.service.hold_training = "the first-start import of the shells' history files runs"
             self._importing = True
             self._import = asyncio.ensure_future(self._import_then_check())

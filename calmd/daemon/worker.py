@@ -73,6 +73,14 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
+    async def start_for_first_import(self, store: HistoryStore, home: Path) -> None:
+        """The child started before `ready` when the first-start import has files to read: the
+        fork of the daemon (a few hundred MB of mappings) holds the event loop 10-20 ms, which the
+        first keystroke after `ready` waited for."""
+        if await asyncio.to_thread(first_import_due, store, home):
+            async with self._lock:
+                await self._started()
+
     async def run(self, job: str, **args: Any) -> Any:
         """Run `job` (see `JOBS`) in the worker; its result, or WorkerError with the job's words."""
         async with self._lock:

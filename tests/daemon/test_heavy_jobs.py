@@ -17,8 +17,8 @@ from calmd.shell.client import CalmClient
 from calmd.sync.config import SyncConfig, write_config
 from calmd.sync.machine import Sync
 from calmd.sync.seal import new_key, write_key
-from tests.support.daemon import running_daemon
-from tests.support.waiting import HANG_S
+from tests.support.daemon import READY, running_daemon
+from tests.support.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.slow  # real daemons, tens of thousands of commands
 
@@ -57,6 +57,21 @@ def test_keystrokes_are_answered_while_the_first_start_import_runs_in_its_worker
         # in a process of its own: its log lines are the worker's
         assert "calmd-worker: " in d.read_output() and "echo line" not in d.read_output()
         assert keystroke(c, "echo line 5999")  # the daemon answers on once it is over
+
+
+@pytest.mark.parametrize("files", [True, False], ids=["a history file", "none"])
+def test_the_first_start_forks_its_import_worker_before_ready(tmp_path: Path, files: bool) -> None:
+    """The daemon's fork (a few hundred MB of mappings) held the event loop 10-20 ms, which the
+    first keystroke after `ready` waited for: the worker starts before `ready`, and only when the
+    import has a file to read."""
+    if files:
+        (tmp_path / ".bash_history").write_text("make test\ngit status\n")
+    with running_daemon(tmp_path, args=(*NO_TRAINING, "--verbose")) as d, CalmClient(d.socket) as c:
+        wait_until(lambda: not c.status()["status"]["history"]["import"]["running"], "the import's end")
+        lines = d.read_output().splitlines()
+    ready = next(i for i, line in enumerate(lines) if READY in line)
+    started = [i for i, line in enumerate(lines) if "the import worker started" in line]
+    assert started == ([started[0]] if files else []) and (not files or started[0] < ready), lines
 
 
 def test_a_sync_import_beside_typing_reaches_the_suggestions(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ keystroke paid 50 ms for them, more on a busy machine (2.3 s seen after a 100,00
 import, when the index started over from the newest 50,000 inside a keystroke). Now the work is
 split in two:
 
-- `keystroke_sync`, on the keystroke's path: the commands the shells recorded since the last
-  keystroke (one or two), none when more came (KEYSTROKE_ROWS: an import, a sync), and never a start
-  over because an import added more than the index holds (the old index serves until the new one is
-  complete); an index
+- `keystroke_sync`, on the keystroke's path: at most KEYSTROKE_ROWS new rows (the commands the
+  shells recorded since the last keystroke: one or two), none when more than BURST_ROWS came (an
+  import, a sync), and never a start over because an import added more than the index holds (the
+  old index serves until the new one is complete); an index
   nothing catches up in the background (`calm replay`, the benches: an engine in process) reads
   up to ALONE_ROWS a keystroke, as before;
 - `IndexCatchUp.step`, the rest, in slices the daemon runs between keystrokes
@@ -34,6 +34,7 @@ from calmd.history.store import HistoryRow, HistoryStore
 from calmd.suggest.ranking import INDEX_LIMIT, HistoryIndex
 
 KEYSTROKE_ROWS = 64  # new rows a keystroke reads at most (0.5-3 ms); the slices read the rest
+BURST_ROWS = 1_000  # more new rows than this came from an import or a sync: none read by a keystroke
 SLICE_ROWS = 64  # rows between two looks at the clock and at the next keystroke
 ALONE_ROWS = 5_000  # a keystroke's rows when nothing catches up between keystrokes (issue 30's bound)
 # the indexes a daemon catches up between keystrokes, and by what (`IndexCatchUp.step` registers them)
@@ -41,8 +42,8 @@ _IN_BACKGROUND: weakref.WeakKeyDictionary[HistoryIndex, IndexCatchUp] = weakref.
 
 
 def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
-    """A keystroke's share of the catch-up: the store's new rows when they are at most
-    KEYSTROKE_ROWS, in order; none when more came (the slices read them; when more than the index
+    """A keystroke's share of the catch-up: the store's new rows, at most KEYSTROKE_ROWS, in
+    order; none when more than BURST_ROWS came (the slices read them; when more than the index
     holds, the index built aside replaces it). Caught up, it costs two indexed lookups (the
     generation, the newest row). Without a catch-up in the background, up to ALONE_ROWS
     (HistoryIndex.sync, as before)."""
@@ -56,12 +57,13 @@ def keystroke_sync(index: HistoryIndex, store: HistoryStore) -> int:
     newest = store.newest_after(0)
     if newest <= index.last_id:
         return 0
-    if newest - index.last_id > KEYSTROKE_ROWS:
-        # More came than the shells record between two keys (an import, a sync): the slices read
-        # them, oldest first, so the keystroke's share would not reach the newest either; its reads
-        # and the count of what came (an OFFSET of INDEX_LIMIT rows, 4-14 ms) cost each key 1.5x
-        # while a first-start import ran (bench/heavy_jobs.py). Row ids only grow: the gap in ids
-        # bounds the rows.
+    if newest - index.last_id > BURST_ROWS:
+        # More came than the shells record in a burst (an import, a sync: batches of 2,000): the
+        # slices read them, oldest first, so the keystroke's share would not reach the newest
+        # either; its reads and the count of what came (an OFFSET of INDEX_LIMIT rows, 4-14 ms)
+        # cost each key 1.5x while a first-start import ran (bench/heavy_jobs.py). Row ids only
+        # grow: the gap in ids bounds the rows. (A burst of the shells' records, a few hundred, is
+        # read a share a key as before: the next keystrokes see them.)
         return 0
     added = 0
     for row in store.all_rows(after=index.last_id, until=newest, batch=KEYSTROKE_ROWS):

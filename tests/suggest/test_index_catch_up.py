@@ -14,7 +14,7 @@ from calmd.daemon.catch_up import CatchUp
 from calmd.daemon.scheduler import FairScheduler
 from calmd.history.store import HistoryStore
 from calmd.suggest import index_catch_up
-from calmd.suggest.index_catch_up import IndexCatchUp, keystroke_sync
+from calmd.suggest.index_catch_up import BURST_ROWS, KEYSTROKE_ROWS, IndexCatchUp, keystroke_sync
 from calmd.suggest.ranking import HistoryIndex
 
 
@@ -44,13 +44,16 @@ def test_a_keystroke_reads_a_bounded_share_once_the_catch_up_runs(store: History
     bulk(store, [f"echo {i}" for i in range(1000)])
     catch_up = IndexCatchUp()
     assert catch_up.step(index, store, lambda: True) is False  # one slice: it registers the index
-    assert keystroke_sync(index, store) == 0  # more than a keystroke's share came: the slices' to read
+    read = [keystroke_sync(index, store) for _ in range(3)]
+    assert read == [KEYSTROKE_ROWS] * 3  # a burst of the shells' records: a share a key, the rest the slices'
+    bulk(store, [f"echo {i}" for i in range(BURST_ROWS + 1)], session="import")
+    assert keystroke_sync(index, store) == 0  # an import's rows: the slices' alone
     while not catch_up.step(index, store, never):
         pass
     store.record("git push", session="s")
     store.record("git pull", session="t")
     assert keystroke_sync(index, store) == 2  # what the shells recorded since the last key
-    assert index.commands[-2:] == ["git push", "git pull"] and len(index) == 2002
+    assert index.commands[-2:] == ["git push", "git pull"] and len(index) == 3003
 
 
 def test_slices_stop_when_told_and_end_where_a_full_read_ends(store: HistoryStore) -> None:
@@ -106,7 +109,7 @@ def test_the_daemons_catch_up_follows_the_index_before_the_first_keystroke(store
     keystroke answered before it read up to ALONE_ROWS while the first-start import wrote."""
     bulk(store, ["git status", "make test"])
     index = fresh(store)
-    bulk(store, [f"echo {i}" for i in range(1000)])
+    bulk(store, [f"echo {i}" for i in range(BURST_ROWS + 1)])  # an import's first batch
 
     async def started() -> int:
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:

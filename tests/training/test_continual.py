@@ -290,6 +290,9 @@ def test_the_refitted_ranker_changes_the_daemons_order_and_calm_rollback_takes_i
     ):
         for cmd in rounds(50):  # a habit the packaged ranker misses (tests/training/test_ranker_refit.py)
             c.record(cmd, exit=0, session="s")
+        # a burst of 400 records reaches the history index between keystrokes, a share a key and
+        # the rest in the catch-up's slices (calmd/suggest/index_catch_up.py): all of it, first
+        wait_status(c, lambda s: s["model"]["indexed_commands"] == s["history"]["commands"])
 
         def order() -> list[list[str]]:
             """The daemon's five lines for a few inputs, all asked at the same state of the history."""

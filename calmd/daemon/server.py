@@ -46,7 +46,7 @@ from calmd.daemon.search import SearchService
 from calmd.daemon.service import Engine, EngineLoader, Service
 from calmd.daemon.trainer import Trainer
 from calmd.daemon.transport import AlreadyRunning, Listener, bind_socket, systemd_socket
-from calmd.daemon.worker import Worker, WorkerError, first_import_due, sync_turn
+from calmd.daemon.worker import Worker, WorkerError, sync_turn
 from calmd.errors import CalmError, one_line
 from calmd.history.store import HistoryStore
 from calmd.protocol import PROTOCOL_VERSION
@@ -105,10 +105,10 @@ class Server:
         self.catch_up = CatchUp(self.scheduler, self.service)  # the indexes follow the store between keys
         self._import: asyncio.Future[Any] | None = None  # the first start's import of the shells' files
         self._importing = False  # that import reads files (its task goes on to the due check after)
+        self._import_due = False  # it has files to read (looked for before `ready`)
         self.sync: Sync | None = None  # the history shared with the user's other machines (docs/sync.md)
         self._syncing: asyncio.Future[Any] | None = None
-        # the imports and sync turns run in processes of their own (calmd/daemon/worker.py)
-        store_path = paths.history_path(config.data_dir)
+        store_path = paths.history_path(config.data_dir)  # imports and sync turns: in processes (worker.py)
         self.import_worker = Worker("import", store_path, config.data_dir, idle_exit_s=0)
         self.sync_worker = Worker("sync", store_path, config.data_dir)
 
@@ -162,8 +162,8 @@ class Server:
             await self.reload()
         self.service.search = SearchService(self.history, pause=self.service.gate.pause)
         self.service.search.start()  # built in the background: a search waits for it only until it is
-        if self.config.import_shell_history:  # its worker's fork before `ready`, not beside a keystroke
-            await self.import_worker.start_for_first_import(self.history, Path.home())
+        if self.config.import_shell_history:  # its files looked for, its worker forked (not beside a key)
+            self._import_due = await self.import_worker.start_for_first_import(self.history, Path.home())
         freeze_heap(full=True)  # the model and the index: a full collection never walks them (catch_up.py)
         self.catch_up.start()  # before the first keystroke: it reads a few new rows, not thousands
         log.info("calmd %s ready on %s (protocol %d)", __version__, self.socket_path, PROTOCOL_VERSION)
@@ -270,7 +270,7 @@ class Server:
         # it ends, with its status. (Started by systemd or a hook's helper, no entry is.)
         leave_after = process_started() - START_SLACK_S if started_by_a_shell() else None
         assert self.history is not None
-        if await asyncio.to_thread(first_import_due, self.history, Path.home()):  # a process only for files
+        if self._import_due:  # looked for before `ready`: a process only for files
             await self.import_worker.run("first_import", home=str(Path.home()), leave_after=leave_after)
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:

@@ -73,13 +73,15 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
-    async def start_for_first_import(self, store: HistoryStore, home: Path) -> None:
-        """The child started before `ready` when the first-start import has files to read: the
-        fork of the daemon (a few hundred MB of mappings) holds the event loop 10-20 ms, which the
-        first keystroke after `ready` waited for."""
-        if await asyncio.to_thread(first_import_due, store, home):
+    async def start_for_first_import(self, store: HistoryStore, home: Path) -> bool:
+        """The child started before `ready` when the first-start import has files to read (the
+        fork of the daemon, a few hundred MB of mappings, holds the event loop 10-20 ms, which the
+        first keystroke after `ready` waited for); whether it has."""
+        due = await asyncio.to_thread(first_import_due, store, home)
+        if due:
             async with self._lock:
                 await self._started()
+        return due
 
     async def run(self, job: str, **args: Any) -> Any:
         """Run `job` (see `JOBS`) in the worker; its result, or WorkerError with the job's words."""
